@@ -1,0 +1,121 @@
+// The slice of the CUDA driver API podlink uses, declared here and loaded
+// from libcuda.so.1 with dlopen, so every binary builds and starts on a
+// machine without a GPU or CUDA headers. cuda_abi_check.cc verifies these
+// declarations against cuda.h whenever that header is available.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace podlink::cu {
+
+using Result = int;
+using Device = int;
+using Context = struct CtxSt*;
+using Stream = struct StreamSt*;
+using DevicePtr = unsigned long long;
+using MemHandle = unsigned long long;
+
+inline constexpr Result kSuccess = 0;
+inline constexpr Result kErrorInvalidValue = 1;
+inline constexpr Result kErrorNotInitialized = 3;
+inline constexpr Result kErrorNoDevice = 100;
+inline constexpr Result kErrorInvalidDevice = 101;
+inline constexpr Result kErrorNotSupported = 801;
+inline constexpr Result kErrorNotPermitted = 800;
+
+inline constexpr int kHandleTypePosixFd = 0x1;
+inline constexpr int kHandleTypeFabric = 0x8;
+inline constexpr int kLocationTypeDevice = 0x1;
+inline constexpr int kAllocationTypePinned = 0x1;
+inline constexpr int kAccessProtReadWrite = 0x3;
+inline constexpr int kGranularityRecommended = 0x1;
+
+inline constexpr int kAttrPciBusId = 33;
+inline constexpr int kAttrVmmSupported = 102;
+inline constexpr int kAttrPosixFdSupported = 103;
+inline constexpr int kAttrFabricSupported = 128;
+
+inline constexpr size_t kFabricHandleSize = 64;
+
+struct MemLocation {
+  int type;
+  int id;
+};
+
+struct MemAllocationProp {
+  int type;
+  int requestedHandleTypes;
+  MemLocation location;
+  void* win32HandleMetaData;
+  struct {
+    unsigned char compressionType;
+    unsigned char gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+  } allocFlags;
+};
+
+struct MemAccessDesc {
+  MemLocation location;
+  int flags;
+};
+
+struct FabricHandle {
+  unsigned char data[kFabricHandleSize];
+};
+
+struct Uuid {
+  char bytes[16];
+};
+
+// Function table. Every pointer is non-null once Load() succeeded.
+struct Driver {
+  Result (*Init)(unsigned int);
+  Result (*DriverGetVersion)(int*);
+  Result (*GetErrorName)(Result, const char**);
+  Result (*GetErrorString)(Result, const char**);
+  Result (*DeviceGetCount)(int*);
+  Result (*DeviceGet)(Device*, int);
+  Result (*DeviceGetName)(char*, int, Device);
+  Result (*DeviceGetUuid)(Uuid*, Device);
+  Result (*DeviceGetPCIBusId)(char*, int, Device);
+  Result (*DeviceGetAttribute)(int*, int, Device);
+  Result (*DeviceTotalMem)(size_t*, Device);
+  Result (*DeviceCanAccessPeer)(int*, Device, Device);
+  Result (*DevicePrimaryCtxRetain)(Context*, Device);
+  Result (*DevicePrimaryCtxRelease)(Device);
+  Result (*CtxSetCurrent)(Context);
+  Result (*CtxSynchronize)();
+  Result (*MemGetAllocationGranularity)(size_t*, const MemAllocationProp*, int);
+  Result (*MemCreate)(MemHandle*, size_t, const MemAllocationProp*, unsigned long long);
+  Result (*MemRelease)(MemHandle);
+  Result (*MemExportToShareableHandle)(void*, MemHandle, int, unsigned long long);
+  Result (*MemImportFromShareableHandle)(MemHandle*, void*, int);
+  Result (*MemGetAllocationPropertiesFromHandle)(MemAllocationProp*, MemHandle);
+  Result (*MemRetainAllocationHandle)(MemHandle*, void*);
+  Result (*MemAddressReserve)(DevicePtr*, size_t, size_t, DevicePtr, unsigned long long);
+  Result (*MemAddressFree)(DevicePtr, size_t);
+  Result (*MemMap)(DevicePtr, size_t, size_t, MemHandle, unsigned long long);
+  Result (*MemUnmap)(DevicePtr, size_t);
+  Result (*MemSetAccess)(DevicePtr, size_t, const MemAccessDesc*, size_t);
+  Result (*MemGetAddressRange)(DevicePtr*, size_t*, DevicePtr);
+  Result (*MemcpyHtoD)(DevicePtr, const void*, size_t);
+  Result (*MemcpyDtoH)(void*, DevicePtr, size_t);
+  Result (*MemsetD8)(DevicePtr, unsigned char, size_t);
+};
+
+// Loads libcuda.so.1 once and calls cuInit(0). Thread-safe. Fails with
+// UNAVAILABLE (library missing, no device) or INTERNAL (missing symbol).
+absl::StatusOr<const Driver*> LoadDriver();
+
+// "cuMemCreate: CUDA_ERROR_NOT_PERMITTED (operation not permitted)".
+absl::Status CuStatus(Result r, const char* what);
+
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx".
+std::string FormatUuid(const Uuid& u);
+
+}  // namespace podlink::cu
