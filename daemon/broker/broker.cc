@@ -1,0 +1,518 @@
+#include "daemon/broker/broker.h"
+
+#include <sys/random.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <fstream>
+
+#include "absl/strings/string_view.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/fd_channel.h"
+#include "common/status_util.h"
+#include "daemon/policy/policy.h"
+#include "common/log.h"
+
+namespace podlink {
+namespace {
+
+std::shared_ptr<spdlog::logger> Log() {
+  static auto l = spdlog::get("broker");
+  return l ? l : spdlog::default_logger();
+}
+
+std::string ReadBootId() {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(f, id);
+  return id.empty() ? "unknown-node" : id;
+}
+
+std::array<uint64_t, 2> NewToken() {
+  std::array<uint64_t, 2> t{};
+  size_t got = 0;
+  auto* p = reinterpret_cast<char*>(t.data());
+  while (got < sizeof(t)) {
+    ssize_t n = ::getrandom(p + got, sizeof(t) - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  return t;
+}
+
+bool ValidExportName(const std::string& n) {
+  if (n.empty() || n.size() > 200) return false;
+  for (char c : n) {
+    if (!(absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Kubernetes namespace and pod names: DNS labels / subdomains, <= 253.
+bool ValidK8sName(const std::string& n) {
+  if (n.empty() || n.size() > 253) return false;
+  for (char c : n) {
+    if (!(absl::ascii_islower(static_cast<unsigned char>(c)) ||
+          absl::ascii_isdigit(static_cast<unsigned char>(c)) || c == '-' || c == '.')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+v1::Event MakeEvent(v1::Event::Type type, uint64_t id, std::string name, std::string reason) {
+  v1::Event e;
+  e.set_type(type);
+  e.set_export_id(id);
+  e.set_export_name(std::move(name));
+  e.set_reason(std::move(reason));
+  return e;
+}
+
+}  // namespace
+
+Broker::Broker(BrokerOptions options, std::unique_ptr<PodSource> pods, GpuInventory inventory,
+               std::vector<std::unique_ptr<MemoryBackend>> backends)
+    : options_(options),
+      pods_(std::move(pods)),
+      inventory_(std::move(inventory)),
+      backends_(std::move(backends)),
+      registry_(options.registry),
+      node_id_(ReadBootId()) {}
+
+Broker::~Broker() { CloseAllSessions("daemon stopping"); }
+
+MemoryBackend* Broker::BackendFor(HandleKind kind) const {
+  for (const auto& b : backends_) {
+    if (b->Handles(kind)) return b.get();
+  }
+  return nullptr;
+}
+
+absl::StatusOr<std::shared_ptr<Session>> Broker::OpenSession(UniqueFd sock) {
+  auto goodbye = [&](const absl::Status& why) {
+    FdMessage m;
+    m.type = static_cast<uint16_t>(FdMsgType::kGoodbye);
+    m.a = static_cast<uint64_t>(why.code());
+    (void)SendFdMessage(sock.get(), m, -1, /*dontwait=*/true);
+    return why;
+  };
+  auto peer = IdentifyPeer(sock.get());
+  if (!peer.ok()) return goodbye(peer.status());
+  auto pod = pods_->Resolve(*peer);
+  if (!pod.ok()) return goodbye(pod.status());
+
+  std::shared_ptr<Session> s;
+  {
+    absl::MutexLock l(&mu_);
+    if (sessions_.size() >= options_.max_sessions) {
+      return goodbye(absl::ResourceExhaustedError(absl::StrCat(
+          "podlinkd serves at most ", options_.max_sessions, " sessions; try again later")));
+    }
+    uint64_t id = next_session_++;
+    s = std::make_shared<Session>(id, NewToken(), *std::move(peer), *std::move(pod), std::move(sock));
+    sessions_[id] = s;
+  }
+  FdMessage hello;
+  hello.type = static_cast<uint16_t>(FdMsgType::kHello);
+  hello.seq = s->id;
+  hello.a = s->token[0];
+  hello.b = s->token[1];
+  absl::Status sent;
+  {
+    absl::MutexLock l(&s->send_mu);
+    sent = SendFdMessage(s->sock.get(), hello, -1, /*dontwait=*/true);
+  }
+  if (!sent.ok()) {
+    CloseSession(s->id, "could not greet client");
+    return sent;
+  }
+  Log()->info("event=session_open session={} pid={} uid={} pod={} key={} container={} qos={}", s->id,
+              s->peer.pid, s->peer.uid, s->pod.Ref(), s->pod.key, s->peer.cgroup.container_id,
+              s->peer.cgroup.qos_class);
+  return s;
+}
+
+void Broker::OnOffer(Session& s, uint64_t slot, UniqueFd fd) {
+  uint64_t err = 0;
+  if (!fd.valid()) {
+    err = EBADF;
+  } else {
+    absl::MutexLock l(&s.mu);
+    if (s.closed) return;
+    if (s.offers.size() >= options_.max_pending_offers) {
+      err = EMFILE;
+    } else if (s.offers.contains(slot)) {
+      err = EEXIST;
+    } else {
+      s.offers.emplace(slot, std::move(fd));
+    }
+  }
+  FdMessage ack;
+  ack.type = static_cast<uint16_t>(FdMsgType::kOfferAck);
+  ack.seq = slot;
+  ack.a = err;
+  absl::MutexLock l(&s.send_mu);
+  (void)SendFdMessage(s.sock.get(), ack, -1, /*dontwait=*/true);
+}
+
+std::shared_ptr<Session> Broker::FindSession(uint64_t id) const {
+  absl::MutexLock l(&mu_);
+  auto it = sessions_.find(id);
+  return it == sessions_.end() ? nullptr : it->second;
+}
+
+void Broker::NotifyGone(const RemovedExport& removed, const std::string& reason) {
+  v1::Event e = MakeEvent(v1::Event::TYPE_EXPORT_GONE, removed.record->id, removed.record->name, reason);
+  for (uint64_t imp : removed.importers) {
+    std::shared_ptr<Session> s = FindSession(imp);
+    if (!s) continue;
+    absl::MutexLock l(&s->mu);
+    for (auto& w : s->watchers) w->Push(e);
+  }
+}
+
+void Broker::CloseSession(uint64_t session_id, const std::string& reason) {
+  std::shared_ptr<Session> s;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end()) return;
+    s = std::move(it->second);
+    sessions_.erase(it);
+  }
+  std::vector<std::shared_ptr<EventSink>> watchers;
+  {
+    absl::MutexLock l(&s->mu);
+    s->closed = true;
+    s->offers.clear();
+    watchers.swap(s->watchers);
+  }
+  ::shutdown(s->sock.get(), SHUT_RDWR);
+  std::vector<RemovedExport> removed = registry_.RemoveSession(session_id);
+  for (const RemovedExport& r : removed) {
+    NotifyGone(r, absl::StrCat("owner ", s->pod.Ref(), " session closed: ", reason));
+  }
+  v1::Event bye = MakeEvent(v1::Event::TYPE_SESSION_CLOSED, 0, "", reason);
+  for (auto& w : watchers) w->Close(bye);
+  Log()->info("event=session_close session={} pod={} exports_dropped={} reason=\"{}\"", session_id,
+              s->pod.Ref(), removed.size(), reason);
+}
+
+void Broker::CloseAllSessions(const std::string& reason) {
+  std::vector<uint64_t> ids;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [id, s] : sessions_) ids.push_back(id);
+  }
+  for (uint64_t id : ids) CloseSession(id, reason);
+}
+
+absl::StatusOr<std::shared_ptr<Session>> Broker::Authenticate(absl::string_view credential) {
+  auto unauth = [](absl::string_view why) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        why, ": every call must carry metadata '", kSessionMetadataKey,
+        "' from the HELLO of the descriptor channel (libpodlink's Client::Connect does this)"));
+  };
+  std::vector<absl::string_view> parts = absl::StrSplit(credential, '.');
+  uint64_t id;
+  if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &id) || parts[1].size() != 32) {
+    return unauth("missing or malformed session credential");
+  }
+  std::array<uint64_t, 2> token{};
+  for (int i = 0; i < 2; ++i) {
+    if (!absl::SimpleHexAtoi(parts[1].substr(i * 16, 16), &token[i])) {
+      return unauth("malformed session token");
+    }
+  }
+  std::shared_ptr<Session> s = FindSession(id);
+  // Compare without an early exit so timing reveals nothing of the token.
+  uint64_t diff = s ? ((s->token[0] ^ token[0]) | (s->token[1] ^ token[1])) : 1;
+  if (diff != 0) return unauth("unknown or closed session");
+  return s;
+}
+
+v1::NodeInfo Broker::GetNodeInfo() const {
+  v1::NodeInfo n;
+  n.set_node_id(node_id_);
+  n.set_daemon_version(PODLINK_VERSION);
+  n.set_cuda_available(inventory_.cuda_available);
+  n.set_cuda_status(inventory_.cuda_status);
+  n.set_cuda_driver_version(inventory_.driver_version);
+  bool any_posix = false, any_fabric = false;
+  for (const GpuDevice& g : inventory_.gpus) {
+    v1::Gpu* out = n.add_gpus();
+    out->set_index(g.ordinal);
+    out->set_uuid(g.uuid);
+    out->set_pci_bus_id(g.pci_bus_id);
+    out->set_device_node(g.device_node);
+    out->set_name(g.name);
+    out->set_total_memory(g.total_memory);
+    out->set_posix_fd_supported(g.posix_fd_supported);
+    out->set_fabric_supported(g.fabric_supported);
+    out->set_granularity(g.granularity);
+    for (const GpuPeer& p : g.peers) {
+      v1::NvLinkPeer* peer = out->add_peers();
+      peer->set_uuid(p.uuid);
+      peer->set_link_count(p.link_count);
+      peer->set_p2p_supported(p.p2p_supported);
+    }
+    any_posix |= g.posix_fd_supported && BackendFor(HandleKind::kPosixFd) != nullptr;
+    any_fabric |= g.fabric_supported && BackendFor(HandleKind::kFabric) != nullptr;
+  }
+  if (BackendFor(HandleKind::kHostMemfd)) n.add_handle_types(v1::HANDLE_TYPE_HOST_MEMFD);
+  if (any_posix) n.add_handle_types(v1::HANDLE_TYPE_POSIX_FD);
+  if (any_fabric) n.add_handle_types(v1::HANDLE_TYPE_FABRIC);
+  return n;
+}
+
+v1::WhoAmIResponse Broker::WhoAmI(const Session& s) const {
+  v1::WhoAmIResponse r;
+  r.set_session_id(s.id);
+  v1::Identity* id = r.mutable_identity();
+  id->set_pid(s.peer.pid);
+  id->set_uid(s.peer.uid);
+  id->set_gid(s.peer.gid);
+  id->set_container_id(s.peer.cgroup.container_id);
+  id->set_pod_uid(s.peer.cgroup.pod_uid);
+  id->set_namespace_(s.pod.namespace_);
+  id->set_pod_name(s.pod.name);
+  for (const auto& [k, v] : s.pod.annotations) (*id->mutable_annotations())[k] = v;
+  id->set_qos_class(s.peer.cgroup.qos_class);
+  id->set_cgroup_path(s.peer.cgroup.path);
+  id->set_source(s.pod.source);
+  return r;
+}
+
+absl::StatusOr<v1::ExportResponse> Broker::Export(Session& s, const v1::ExportRequest& req) {
+  // Take the offered descriptor first so that it is consumed whatever happens.
+  UniqueFd fd;
+  bool wants_fd = req.handle_type() == v1::HANDLE_TYPE_POSIX_FD ||
+                  req.handle_type() == v1::HANDLE_TYPE_HOST_MEMFD;
+  if (wants_fd) {
+    absl::MutexLock l(&s.mu);
+    auto it = s.offers.find(req.fd_slot());
+    if (it == s.offers.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "no descriptor offered in slot ", req.fd_slot(),
+          ": send the descriptor over the descriptor channel (OFFER) and wait for its ack before Export"));
+    }
+    fd = std::move(it->second);
+    s.offers.erase(it);
+  }
+  HandleKind kind;
+  switch (req.handle_type()) {
+    case v1::HANDLE_TYPE_POSIX_FD:
+      kind = HandleKind::kPosixFd;
+      break;
+    case v1::HANDLE_TYPE_FABRIC:
+      kind = HandleKind::kFabric;
+      break;
+    case v1::HANDLE_TYPE_HOST_MEMFD:
+      kind = HandleKind::kHostMemfd;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("handle_type ", req.handle_type(), " is not one of POSIX_FD, FABRIC, HOST_MEMFD"));
+  }
+  if (req.size() == 0 || req.size() > options_.max_export_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("export size ", req.size(), " out of range (1 .. ", options_.max_export_size, ")"));
+  }
+  if (!req.name().empty() && !ValidExportName(req.name())) {
+    return absl::InvalidArgumentError(
+        "export name must be 1-200 characters of [A-Za-z0-9._-] (no '/': import by name uses "
+        "'namespace/name')");
+  }
+  if (static_cast<size_t>(req.allowed_importers_size()) > options_.max_allowed_importers) {
+    return absl::InvalidArgumentError(absl::StrCat("at most ", options_.max_allowed_importers,
+                                                   " allowed_importers per export"));
+  }
+  ExportRecord rec;
+  for (const v1::PodRef& p : req.allowed_importers()) {
+    if (!ValidK8sName(p.namespace_()) || !ValidK8sName(p.name())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "allowed_importers entry '", p.namespace_(), "/", p.name(),
+          "' is not a valid namespace/name (lowercase DNS names)"));
+    }
+    rec.allowed_importers.push_back({p.namespace_(), p.name()});
+  }
+  if (!wants_fd && req.fd_slot() != 0) {
+    return absl::InvalidArgumentError("fd_slot is only meaningful for POSIX_FD and HOST_MEMFD exports");
+  }
+  MemoryBackend* backend = BackendFor(kind);
+  if (backend == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(HandleKindName(kind), " exports are not served by this daemon"));
+  }
+  ExportClaim claim{req.size(), req.gpu_uuid(), kind};
+  PODLINK_ASSIGN_OR_RETURN(rec.memory, backend->Adopt(claim, std::move(fd), req.fabric_handle()));
+  rec.name = req.name();
+  rec.size = req.size();
+  rec.gpu_uuid = req.gpu_uuid();
+  rec.kind = kind;
+  rec.owner_session = s.id;
+  rec.owner = s.pod;
+  {
+    // A session that closed while the backend validated must not leave an
+    // orphan export behind: check and insert under the session lock.
+    absl::MutexLock l(&s.mu);
+    if (s.closed) return absl::UnavailableError("session closed during export");
+    PODLINK_ASSIGN_OR_RETURN(uint64_t id, registry_.Add(std::move(rec)));
+    Log()->info("event=export session={} pod={} export={} name={} size={} kind={}", s.id, s.pod.Ref(), id,
+                req.name(), req.size(), HandleKindName(kind));
+    v1::ExportResponse resp;
+    resp.set_export_id(id);
+    return resp;
+  }
+}
+
+v1::ExportInfo Broker::Describe(const ExportRecord& rec, size_t import_count, uint64_t imports_total,
+                                uint64_t caller) const {
+  v1::ExportInfo e;
+  e.set_export_id(rec.id);
+  e.set_name(rec.name);
+  e.set_size(rec.size);
+  e.set_gpu_uuid(rec.gpu_uuid);
+  e.set_handle_type(static_cast<v1::HandleType>(rec.kind));
+  e.mutable_owner()->set_namespace_(rec.owner.namespace_);
+  e.mutable_owner()->set_name(rec.owner.name);
+  for (const PodName& p : rec.allowed_importers) {
+    v1::PodRef* r = e.add_allowed_importers();
+    r->set_namespace_(p.namespace_);
+    r->set_name(p.name);
+  }
+  e.set_peer_group(rec.owner.PeerGroup());
+  e.set_import_count(static_cast<uint32_t>(import_count));
+  e.set_owned_by_caller(rec.owner_session == caller);
+  e.set_imports_total(imports_total);
+  return e;
+}
+
+absl::StatusOr<v1::ImportResponse> Broker::Import(Session& s, const v1::ImportRequest& req) {
+  absl::StatusOr<std::shared_ptr<const ExportRecord>> found;
+  switch (req.target_case()) {
+    case v1::ImportRequest::kExportId:
+      found = registry_.Get(req.export_id());
+      break;
+    case v1::ImportRequest::kName: {
+      const std::string& n = req.name();
+      size_t slash = n.find('/');
+      found = slash == std::string::npos ? registry_.FindByName(s.pod.namespace_, n)
+                                         : registry_.FindByName(n.substr(0, slash), n.substr(slash + 1));
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError("import needs export_id or name");
+  }
+  if (!found.ok()) return found.status();
+  const ExportRecord& rec = **found;
+  ExportPolicyView view{rec.id, rec.name, &rec.owner, &rec.allowed_importers};
+  if (absl::Status allowed = CheckImport(view, s.pod); !allowed.ok()) {
+    denials_total_.fetch_add(1, std::memory_order_relaxed);
+    Log()->warn("event=deny session={} pod={} export={} reason=\"{}\"", s.id, s.pod.Ref(), rec.id,
+                allowed.message());
+    return allowed;
+  }
+  v1::ImportResponse resp;
+  *resp.mutable_export_() = Describe(rec, 0, 0, s.id);
+  if (const GpuDevice* g = inventory_.FindByUuid(rec.gpu_uuid)) {
+    resp.set_gpu_pci_bus_id(g->pci_bus_id);
+    resp.set_gpu_device_node(g->device_node);
+  }
+  {
+    // Recorded under the session lock so a session closing concurrently can
+    // never keep a stale import record.
+    absl::MutexLock l(&s.mu);
+    if (s.closed) return absl::UnavailableError("session closed during import");
+    PODLINK_RETURN_IF_ERROR(registry_.AddImporter(rec.id, s.id));
+  }
+  if (rec.kind == HandleKind::kFabric) {
+    resp.set_fabric_handle(rec.memory->FabricHandle());
+  } else {
+    absl::StatusOr<UniqueFd> dup = rec.memory->Duplicate();
+    absl::Status sent = dup.status();
+    uint64_t slot = 0;
+    if (dup.ok()) {
+      {
+        absl::MutexLock l(&s.mu);
+        slot = s.next_delivery++;
+      }
+      FdMessage m;
+      m.type = static_cast<uint16_t>(FdMsgType::kDeliver);
+      m.seq = slot;
+      m.a = rec.id;
+      absl::MutexLock l(&s.send_mu);
+      sent = SendFdMessage(s.sock.get(), m, dup->get(), /*dontwait=*/true);
+    }
+    if (!sent.ok()) {
+      RemovedExport unused;
+      (void)registry_.Release(rec.id, s.id, &unused);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("could not deliver the descriptor: ", sent.message()));
+    }
+    resp.set_delivery_slot(slot);
+  }
+  imports_total_.fetch_add(1, std::memory_order_relaxed);
+  Log()->info("event=import session={} pod={} export={} owner={}", s.id, s.pod.Ref(), rec.id,
+              rec.owner.Ref());
+  return resp;
+}
+
+absl::StatusOr<v1::ReleaseResponse> Broker::Release(Session& s, const v1::ReleaseRequest& req) {
+  RemovedExport removed;
+  PODLINK_ASSIGN_OR_RETURN(Registry::Released what, registry_.Release(req.export_id(), s.id, &removed));
+  v1::ReleaseResponse resp;
+  if (what == Registry::Released::kExport) {
+    NotifyGone(removed, absl::StrCat("released by its owner ", s.pod.Ref()));
+    resp.set_kind(v1::ReleaseResponse::KIND_EXPORT);
+    Log()->info("event=release session={} export={} importers={}", s.id, req.export_id(),
+                removed.importers.size());
+  } else {
+    resp.set_kind(v1::ReleaseResponse::KIND_IMPORT);
+  }
+  return resp;
+}
+
+v1::ListResponse Broker::List(const Session& s) const {
+  v1::ListResponse resp;
+  for (const Registry::Entry& e : registry_.Snapshot()) {
+    const ExportRecord& rec = *e.record;
+    ExportPolicyView view{rec.id, rec.name, &rec.owner, &rec.allowed_importers};
+    if (rec.owner_session != s.id && !CheckImport(view, s.pod).ok()) continue;
+    *resp.add_exports() = Describe(rec, e.import_count, e.imports_total, s.id);
+  }
+  return resp;
+}
+
+absl::Status Broker::AddWatcher(Session& s, std::shared_ptr<EventSink> sink) {
+  absl::MutexLock l(&s.mu);
+  if (s.closed) return absl::UnavailableError("session closed");
+  std::erase_if(s.watchers, [](const auto& w) { return w->done(); });
+  if (s.watchers.size() >= options_.max_watchers_per_session) {
+    return absl::ResourceExhaustedError(absl::StrCat("at most ", options_.max_watchers_per_session,
+                                                     " Watch streams per session"));
+  }
+  sink->Push(MakeEvent(v1::Event::TYPE_READY, 0, "", ""));
+  s.watchers.push_back(std::move(sink));
+  return absl::OkStatus();
+}
+
+BrokerStats Broker::Stats() const {
+  BrokerStats st;
+  {
+    absl::MutexLock l(&mu_);
+    st.sessions = sessions_.size();
+  }
+  st.exports = registry_.size();
+  st.imports_total = imports_total_.load(std::memory_order_relaxed);
+  st.denials_total = denials_total_.load(std::memory_order_relaxed);
+  return st;
+}
+
+}  // namespace podlink

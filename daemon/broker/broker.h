@@ -1,0 +1,98 @@
+// The broker: sessions, export/import/release/list with policy, and events.
+// Both transports (the descriptor channel server and the gRPC service) call
+// into it; it holds all logic, they only translate.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/broker/session.h"
+#include "daemon/gpu/gpu_inventory.h"
+#include "daemon/gpu/memory_object.h"
+#include "daemon/identity/pod_source.h"
+#include "daemon/registry/registry.h"
+#include "podlink/v1/podlink.pb.h"
+
+namespace podlink {
+
+inline constexpr char kSessionMetadataKey[] = "x-podlink-session";
+
+struct BrokerOptions {
+  size_t max_sessions = 1024;
+  size_t max_pending_offers = 64;       // offered but not yet exported, per session
+  size_t max_watchers_per_session = 4;
+  size_t max_allowed_importers = 64;
+  uint64_t max_export_size = uint64_t{1} << 40;  // 1 TiB
+  RegistryLimits registry;
+};
+
+struct BrokerStats {
+  size_t sessions = 0;
+  size_t exports = 0;
+  uint64_t imports_total = 0;
+  uint64_t denials_total = 0;
+};
+
+class Broker {
+ public:
+  Broker(BrokerOptions options, std::unique_ptr<PodSource> pods, GpuInventory inventory,
+         std::vector<std::unique_ptr<MemoryBackend>> backends);
+  ~Broker();
+
+  // --- descriptor channel side -------------------------------------------
+  // Identifies the peer of a freshly accepted descriptor channel, resolves
+  // its pod, creates the session and sends HELLO.
+  absl::StatusOr<std::shared_ptr<Session>> OpenSession(UniqueFd sock);
+  // A descriptor offered on the channel; answered with OFFER_ACK.
+  void OnOffer(Session& s, uint64_t slot, UniqueFd fd);
+  // Ends a session: drops its exports (telling their importers), its offers
+  // and ends its Watch streams. Idempotent.
+  void CloseSession(uint64_t session_id, const std::string& reason);
+  void CloseAllSessions(const std::string& reason);
+
+  // --- RPC side -------------------------------------------------------------
+  // Parses "<id>.<token hex>" and returns the live session it names.
+  absl::StatusOr<std::shared_ptr<Session>> Authenticate(absl::string_view credential);
+
+  v1::NodeInfo GetNodeInfo() const;
+  v1::WhoAmIResponse WhoAmI(const Session& s) const;
+  absl::StatusOr<v1::ExportResponse> Export(Session& s, const v1::ExportRequest& req);
+  absl::StatusOr<v1::ImportResponse> Import(Session& s, const v1::ImportRequest& req);
+  absl::StatusOr<v1::ReleaseResponse> Release(Session& s, const v1::ReleaseRequest& req);
+  v1::ListResponse List(const Session& s) const;
+  absl::Status AddWatcher(Session& s, std::shared_ptr<EventSink> sink);
+
+  BrokerStats Stats() const;
+  const std::string& node_id() const { return node_id_; }
+
+ private:
+  std::shared_ptr<Session> FindSession(uint64_t id) const ABSL_LOCKS_EXCLUDED(mu_);
+  void NotifyGone(const RemovedExport& removed, const std::string& reason);
+  v1::ExportInfo Describe(const ExportRecord& rec, size_t import_count, uint64_t imports_total,
+                          uint64_t caller) const;
+  MemoryBackend* BackendFor(HandleKind kind) const;
+
+  const BrokerOptions options_;
+  std::unique_ptr<PodSource> pods_;
+  const GpuInventory inventory_;
+  std::vector<std::unique_ptr<MemoryBackend>> backends_;
+  Registry registry_;
+  std::string node_id_;
+
+  mutable absl::Mutex mu_;  // protects sessions_ and next_session_
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
+
+  std::atomic<uint64_t> imports_total_{0};
+  std::atomic<uint64_t> denials_total_{0};
+};
+
+}  // namespace podlink

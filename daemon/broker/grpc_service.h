@@ -1,0 +1,33 @@
+// The gRPC face of the broker: authenticates each call by its session
+// credential and converts messages; no logic of its own.
+#pragma once
+
+#include "daemon/broker/broker.h"
+#include "podlink/v1/podlink.grpc.pb.h"
+
+namespace podlink {
+
+class BrokerService final : public v1::Broker::CallbackService {
+ public:
+  explicit BrokerService(Broker* broker) : broker_(broker) {}
+
+  grpc::ServerUnaryReactor* GetNodeInfo(grpc::CallbackServerContext* ctx, const v1::GetNodeInfoRequest* req,
+                                        v1::NodeInfo* resp) override;
+  grpc::ServerUnaryReactor* WhoAmI(grpc::CallbackServerContext* ctx, const v1::WhoAmIRequest* req,
+                                   v1::WhoAmIResponse* resp) override;
+  grpc::ServerUnaryReactor* Export(grpc::CallbackServerContext* ctx, const v1::ExportRequest* req,
+                                   v1::ExportResponse* resp) override;
+  grpc::ServerUnaryReactor* Import(grpc::CallbackServerContext* ctx, const v1::ImportRequest* req,
+                                   v1::ImportResponse* resp) override;
+  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* ctx, const v1::ReleaseRequest* req,
+                                    v1::ReleaseResponse* resp) override;
+  grpc::ServerUnaryReactor* List(grpc::CallbackServerContext* ctx, const v1::ListRequest* req,
+                                 v1::ListResponse* resp) override;
+  grpc::ServerWriteReactor<v1::Event>* Watch(grpc::CallbackServerContext* ctx,
+                                             const v1::WatchRequest* req) override;
+
+ private:
+  Broker* const broker_;
+};
+
+}  // namespace podlink

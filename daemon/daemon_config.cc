@@ -1,0 +1,60 @@
+#include "daemon/daemon_config.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace podlink {
+
+absl::StatusOr<DaemonConfig> ParseDaemonConfig(const std::string& json_text) {
+  DaemonConfig cfg;
+  nlohmann::json doc = nlohmann::json::parse(json_text, nullptr, false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    return absl::InvalidArgumentError("config is not a JSON object");
+  }
+  for (auto it = doc.begin(); it != doc.end(); ++it) {
+    if (it.key() != "limits" && it.key() != "pods") {
+      return absl::InvalidArgumentError(absl::StrCat("config: unknown key \"", it.key(), "\""));
+    }
+  }
+  if (doc.contains("limits")) {
+    const auto& l = doc["limits"];
+    if (!l.is_object()) return absl::InvalidArgumentError("config: \"limits\" must be an object");
+    for (auto it = l.begin(); it != l.end(); ++it) {
+      if (!it->is_number_unsigned() || it->get<uint64_t>() == 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("config: limits.", it.key(), " must be a positive integer"));
+      }
+      size_t v = it->get<size_t>();
+      if (it.key() == "max_sessions") {
+        cfg.broker.max_sessions = v;
+      } else if (it.key() == "max_exports_per_session") {
+        cfg.broker.registry.max_exports_per_session = v;
+      } else if (it.key() == "max_exports_total") {
+        cfg.broker.registry.max_exports_total = v;
+      } else if (it.key() == "max_pending_offers") {
+        cfg.broker.max_pending_offers = v;
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat("config: unknown limit \"", it.key(), "\""));
+      }
+    }
+  }
+  auto rules = StandalonePodSource::ParseRules(json_text);
+  if (!rules.ok()) return rules.status();
+  cfg.pods = *std::move(rules);
+  return cfg;
+}
+
+absl::StatusOr<DaemonConfig> LoadDaemonConfig(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return absl::NotFoundError(absl::StrCat("cannot open config file ", path));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  auto cfg = ParseDaemonConfig(ss.str());
+  if (!cfg.ok()) return absl::Status(cfg.status().code(), absl::StrCat(path, ": ", cfg.status().message()));
+  return cfg;
+}
+
+}  // namespace podlink

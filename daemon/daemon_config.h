@@ -1,0 +1,26 @@
+// podlinkd's configuration file (JSON). Every key is optional; defaults are
+// the daemon's defaults. See docs/usage.md.
+//
+//   {"limits": {"max_sessions": 1024, "max_exports_per_session": 4096,
+//               "max_exports_total": 65536, "max_pending_offers": 64},
+//    "pods": [ ...standalone pod rules... ]}
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "daemon/broker/broker.h"
+#include "daemon/identity/standalone_source.h"
+
+namespace podlink {
+
+struct DaemonConfig {
+  BrokerOptions broker;
+  std::vector<StandalonePodRule> pods;
+};
+
+absl::StatusOr<DaemonConfig> ParseDaemonConfig(const std::string& json_text);
+absl::StatusOr<DaemonConfig> LoadDaemonConfig(const std::string& path);
+
+}  // namespace podlink

@@ -1,0 +1,72 @@
+#include "daemon/gpu/host_backend.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "absl/strings/string_view.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_util.h"
+
+namespace podlink {
+
+namespace {
+
+class MemfdObject : public MemoryObject {
+ public:
+  explicit MemfdObject(UniqueFd fd) : fd_(std::move(fd)) {}
+  HandleKind kind() const override { return HandleKind::kHostMemfd; }
+  absl::StatusOr<UniqueFd> Duplicate() const override {
+    int d = ::fcntl(fd_.get(), F_DUPFD_CLOEXEC, 0);
+    if (d < 0) return ErrnoStatus(errno, "dup memfd");
+    return UniqueFd(d);
+  }
+
+ private:
+  UniqueFd fd_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<MemoryObject>> HostMemfdBackend::Adopt(
+    const ExportClaim& claim, UniqueFd fd, const std::string& fabric_handle) {
+  if (!claim.gpu_uuid.empty()) {
+    return absl::InvalidArgumentError("host-memory export must not name a GPU");
+  }
+  if (!fd.valid()) return absl::InvalidArgumentError("host-memory export needs a descriptor");
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(errno, "fstat exported descriptor");
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        "exported descriptor is not a memfd (not a regular file); host exports must be memfds");
+  }
+  char link[64];
+  std::string path = absl::StrCat("/proc/self/fd/", fd.get());
+  ssize_t n = ::readlink(path.c_str(), link, sizeof(link) - 1);
+  if (n < 0 || !absl::StartsWith(absl::string_view(link, n), "/memfd:")) {
+    return absl::InvalidArgumentError(
+        "exported descriptor is not a memfd; host exports must be created with memfd_create");
+  }
+  int seals = ::fcntl(fd.get(), F_GET_SEALS);
+  constexpr int kNeeded = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  if (seals < 0 || (seals & kNeeded) != kNeeded) {
+    return absl::InvalidArgumentError(
+        "memfd is not sealed: seal it with F_SEAL_SHRINK|F_SEAL_GROW|F_SEAL_SEAL before export "
+        "(libpodlink's AllocateHost does) so importers' mappings cannot be truncated");
+  }
+  if (claim.size == 0) return absl::InvalidArgumentError("export size must be > 0");
+  if (static_cast<uint64_t>(st.st_size) < claim.size) {
+    return absl::InvalidArgumentError(absl::StrCat("export claims ", claim.size,
+                                                   " bytes but the memfd holds only ", st.st_size));
+  }
+  int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || (flags & O_ACCMODE) != O_RDWR) {
+    return absl::InvalidArgumentError("memfd must be open read-write");
+  }
+  return std::make_shared<MemfdObject>(std::move(fd));
+}
+
+}  // namespace podlink

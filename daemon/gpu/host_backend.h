@@ -1,0 +1,19 @@
+// Host-memory backend: exports are sealed memfds. Serves host-memory users
+// and lets every broker test run without a GPU.
+#pragma once
+
+#include "daemon/gpu/memory_object.h"
+
+namespace podlink {
+
+class HostMemfdBackend : public MemoryBackend {
+ public:
+  bool Handles(HandleKind kind) const override { return kind == HandleKind::kHostMemfd; }
+  // Accepts only a memfd that is sealed against shrinking, growing and further
+  // sealing (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) and at least `size`
+  // bytes long: an importer's mapping can then never be truncated under it.
+  absl::StatusOr<std::shared_ptr<MemoryObject>> Adopt(const ExportClaim& claim, UniqueFd fd,
+                                                      const std::string& fabric_handle) override;
+};
+
+}  // namespace podlink

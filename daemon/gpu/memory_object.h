@@ -1,0 +1,45 @@
+// What the broker keeps for one export: the daemon's own reference to the
+// memory (descriptor, imported cuMem handle), kept until the export dies.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/unique_fd.h"
+
+namespace podlink {
+
+// Values equal podlink.v1.HandleType.
+enum class HandleKind : int { kPosixFd = 1, kFabric = 2, kHostMemfd = 3 };
+
+const char* HandleKindName(HandleKind k);
+
+class MemoryObject {
+ public:
+  virtual ~MemoryObject() = default;
+  virtual HandleKind kind() const = 0;
+  // A fresh duplicate of the descriptor for an importer (descriptor kinds).
+  virtual absl::StatusOr<UniqueFd> Duplicate() const = 0;
+  // The 64-byte fabric handle (kFabric), empty otherwise.
+  virtual std::string FabricHandle() const { return {}; }
+};
+
+// What an exporter claims; a backend checks it against the memory itself.
+struct ExportClaim {
+  uint64_t size = 0;
+  std::string gpu_uuid;  // empty for host memory
+  HandleKind kind = HandleKind::kHostMemfd;
+};
+
+// Validates and adopts memory handed over by a client. Implementations never
+// trust the claim: they inspect the descriptor or handle.
+class MemoryBackend {
+ public:
+  virtual ~MemoryBackend() = default;
+  virtual bool Handles(HandleKind kind) const = 0;
+  virtual absl::StatusOr<std::shared_ptr<MemoryObject>> Adopt(const ExportClaim& claim, UniqueFd fd,
+                                                              const std::string& fabric_handle) = 0;
+};
+
+}  // namespace podlink

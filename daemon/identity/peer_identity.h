@@ -1,0 +1,34 @@
+// Identity of a connected client, read from the kernel only.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/unique_fd.h"
+#include "daemon/identity/cgroup_parser.h"
+
+namespace podlink {
+
+struct PeerIdentity {
+  pid_t pid = 0;  // in the daemon's (host) PID namespace
+  uid_t uid = 0;
+  gid_t gid = 0;
+  uint64_t start_time = 0;  // /proc/<pid>/stat field 22, clock ticks since boot
+  CgroupInfo cgroup;
+  UniqueFd pidfd;  // refers to exactly this process; invalid if unsupported
+};
+
+// Reads SO_PEERCRED of a connected Unix socket, pins the process with a
+// pidfd (SO_PEERPIDFD where the kernel has it, pidfd_open otherwise), reads
+// /proc/<pid>/cgroup and /proc/<pid>/stat, then checks through the pidfd that
+// the process is still alive, so a pid reused between connect and lookup is
+// never attributed to the wrong pod. `proc_root` is "/proc" except in tests.
+absl::StatusOr<PeerIdentity> IdentifyPeer(int sock, const std::string& proc_root = "/proc");
+
+// True while the process behind `pidfd` has not exited.
+bool PidfdAlive(int pidfd);
+
+}  // namespace podlink

@@ -1,0 +1,193 @@
+// podlinkd: wires the parts together and serves until SIGINT/SIGTERM.
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "daemon/broker/broker.h"
+#include "daemon/broker/fd_server.h"
+#include "daemon/broker/grpc_service.h"
+#include "daemon/daemon_config.h"
+#include "daemon/gpu/cuda_backend.h"
+#include "daemon/gpu/gpu_inventory.h"
+#include "daemon/gpu/host_backend.h"
+#include "daemon/identity/standalone_source.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/resource_quota.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "common/log.h"
+
+namespace {
+
+constexpr char kUsage[] = R"(usage: podlinkd [options]
+
+Brokers GPU (and host) memory between isolated pods on this node.
+
+  --socket-dir DIR   where podlink.sock (gRPC) and podlink.fd.sock (descriptors)
+                     are created (default /run/podlink, env PODLINK_SOCKET_DIR)
+  --config FILE      JSON config: limits and standalone pod rules (docs/usage.md)
+  --no-gpu           do not load the CUDA driver; serve host memory only
+  --log-level LEVEL  trace|debug|info|warn|error (default info)
+  --help
+)";
+
+struct Args {
+  std::string socket_dir = "/run/podlink";
+  std::string config;
+  bool no_gpu = false;
+  std::string log_level = "info";
+};
+
+bool ParseArgs(int argc, char** argv, Args& a) {
+  if (const char* env = getenv("PODLINK_SOCKET_DIR")) a.socket_dir = env;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    auto value = [&](std::string& out) {
+      if (i + 1 >= argc) {
+        std::cerr << "podlinkd: " << k << " needs a value\n" << kUsage;
+        return false;
+      }
+      out = argv[++i];
+      return true;
+    };
+    if (k == "--socket-dir") {
+      if (!value(a.socket_dir)) return false;
+    } else if (k == "--config") {
+      if (!value(a.config)) return false;
+    } else if (k == "--log-level") {
+      if (!value(a.log_level)) return false;
+    } else if (k == "--no-gpu") {
+      a.no_gpu = true;
+    } else if (k == "--help" || k == "-h") {
+      std::cout << kUsage;
+      exit(0);
+    } else {
+      std::cerr << "podlinkd: unknown option " << k << "\n" << kUsage;
+      return false;
+    }
+  }
+  return true;
+}
+
+// True when something accepts connections on `path` (another daemon).
+bool SocketLive(const std::string& path, int type) {
+  int fd = ::socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  bool live = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return live;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  if (!ParseArgs(argc, argv, args)) return 2;
+  auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
+  for (const char* name : {"podlinkd", "broker", "fdchan", "gpu"}) {
+    spdlog::register_logger(std::make_shared<spdlog::logger>(name, sink));
+  }
+  spdlog::set_level(spdlog::level::from_str(args.log_level));
+  spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %n %v");
+  auto log = spdlog::get("podlinkd");
+
+  podlink::DaemonConfig cfg;
+  if (!args.config.empty()) {
+    auto loaded = podlink::LoadDaemonConfig(args.config);
+    if (!loaded.ok()) {
+      log->critical("event=bad_config error=\"{}\"", loaded.status().message());
+      return 2;
+    }
+    cfg = *std::move(loaded);
+  }
+
+  // Signals are taken synchronously by the main thread below.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGINT);
+  sigaddset(&sigs, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  if (::mkdir(args.socket_dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    log->critical("event=socket_dir_failed dir={} error=\"{}\"", args.socket_dir, std::strerror(errno));
+    return 1;
+  }
+  const std::string grpc_path = args.socket_dir + "/podlink.sock";
+  const std::string fd_path = args.socket_dir + "/podlink.fd.sock";
+  if (SocketLive(fd_path, SOCK_SEQPACKET) || SocketLive(grpc_path, SOCK_STREAM)) {
+    log->critical("event=already_running dir={} msg=\"another podlinkd serves this socket directory\"",
+                  args.socket_dir);
+    return 1;
+  }
+  ::unlink(grpc_path.c_str());
+  ::unlink(fd_path.c_str());
+
+  podlink::GpuInventory inv;
+  if (args.no_gpu) {
+    inv.cuda_status = "disabled with --no-gpu";
+  } else {
+    inv = podlink::DiscoverGpus();
+  }
+  if (inv.cuda_available) {
+    for (const auto& g : inv.gpus) {
+      log->info("event=gpu ordinal={} uuid={} bus={} node={} posix_fd={} fabric={} (attribute {})", g.ordinal,
+                g.uuid, g.pci_bus_id, g.device_node, g.posix_fd_supported, g.fabric_supported,
+                g.fabric_attribute);
+    }
+  } else {
+    log->info("event=no_cuda reason=\"{}\" msg=\"serving host memory only\"", inv.cuda_status);
+  }
+
+  std::vector<std::unique_ptr<podlink::MemoryBackend>> backends;
+  backends.push_back(std::make_unique<podlink::HostMemfdBackend>());
+  std::unique_ptr<podlink::CudaBackend> cuda;
+  auto* inv_for_backend = new podlink::GpuInventory(inv);  // lives as long as the process
+  if (inv.cuda_available) backends.push_back(std::make_unique<podlink::CudaBackend>(inv_for_backend));
+
+  podlink::Broker broker(cfg.broker, std::make_unique<podlink::StandalonePodSource>(cfg.pods), inv,
+                         std::move(backends));
+
+  auto fds = podlink::FdServer::Start(&broker, fd_path);
+  if (!fds.ok()) {
+    log->critical("event=fd_listen_failed path={} error=\"{}\"", fd_path, fds.status().message());
+    return 1;
+  }
+
+  podlink::BrokerService service(&broker);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + grpc_path, grpc::InsecureServerCredentials());
+  builder.RegisterService(&service);
+  builder.SetMaxReceiveMessageSize(64 * 1024);  // requests are small; bigger ones are refused
+  grpc::ResourceQuota quota("podlinkd");
+  quota.SetMaxThreads(64);
+  builder.SetResourceQuota(quota);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (!server) {
+    log->critical("event=grpc_listen_failed path={}", grpc_path);
+    return 1;
+  }
+  ::chmod(grpc_path.c_str(), 0666);
+  log->info("event=ready version={} node={} grpc={} fd={} handle_types={}", PODLINK_VERSION, broker.node_id(),
+            grpc_path, fd_path, broker.GetNodeInfo().handle_types_size());
+
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  log->info("event=stopping signal={}", sig);
+  (*fds)->Stop();  // closes every session; Watch streams end with SESSION_CLOSED
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  log->info("event=stopped");
+  return 0;
+}
