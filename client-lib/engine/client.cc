@@ -1,0 +1,619 @@
+#include "podlink/client.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "common/cuda_driver.h"
+#include "common/fd_channel.h"
+#include "common/status_util.h"
+#include "common/unique_fd.h"
+#include "grpcpp/grpcpp.h"
+#include "podlink/v1/podlink.grpc.pb.h"
+
+namespace podlink {
+
+const char* HandleTypeName(HandleType t) {
+  switch (t) {
+    case HandleType::kPosixFd:
+      return "posix-fd";
+    case HandleType::kFabric:
+      return "fabric";
+    case HandleType::kHostMemfd:
+      return "host-memfd";
+  }
+  return "unknown";
+}
+
+namespace {
+
+constexpr char kSessionMetadataKey[] = "x-podlink-session";
+
+std::string ResolveSocketDir(const std::string& configured) {
+  if (!configured.empty()) return configured;
+  const char* env = getenv("PODLINK_SOCKET");
+  if (env == nullptr || *env == '\0') return "/run/podlink";
+  std::string p = env;
+  struct stat st {};
+  if (::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return p;
+  size_t slash = p.rfind('/');
+  return slash == std::string::npos ? "." : p.substr(0, slash);
+}
+
+ExportInfo FromProto(const v1::ExportInfo& e) {
+  ExportInfo out;
+  out.export_id = e.export_id();
+  out.name = e.name();
+  out.size = e.size();
+  out.gpu_uuid = e.gpu_uuid();
+  out.handle_type = static_cast<HandleType>(e.handle_type());
+  out.owner = {e.owner().namespace_(), e.owner().name()};
+  for (const auto& p : e.allowed_importers()) out.allowed_importers.push_back({p.namespace_(), p.name()});
+  out.peer_group = e.peer_group();
+  out.import_count = e.import_count();
+  out.imports_total = e.imports_total();
+  out.owned_by_caller = e.owned_by_caller();
+  return out;
+}
+
+// Makes `device`'s primary context current on this thread (the context the
+// CUDA runtime uses, so buffers interoperate with cudaMemcpy and friends).
+absl::Status UseDevice(const cu::Driver& d, int device) {
+  cu::Context ctx = nullptr;
+  PODLINK_RETURN_IF_ERROR(cu::CuStatus(d.DevicePrimaryCtxRetain(&ctx, device), "cuDevicePrimaryCtxRetain"));
+  absl::Status st = cu::CuStatus(d.CtxSetCurrent(ctx), "cuCtxSetCurrent");
+  d.DevicePrimaryCtxRelease(device);  // the runtime / other users keep their own reference
+  return st;
+}
+
+absl::StatusOr<std::string> DeviceUuid(const cu::Driver& d, int device) {
+  cu::Device dev;
+  PODLINK_RETURN_IF_ERROR(cu::CuStatus(d.DeviceGet(&dev, device), "cuDeviceGet"));
+  cu::Uuid u{};
+  PODLINK_RETURN_IF_ERROR(cu::CuStatus(d.DeviceGetUuid(&u, dev), "cuDeviceGetUuid"));
+  return cu::FormatUuid(u);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+
+class Client::Impl {
+ public:
+  Impl(UniqueFd sock, uint64_t session, std::string credential, std::shared_ptr<grpc::Channel> ch,
+       absl::Duration timeout)
+      : sock_(std::move(sock)),
+        session_(session),
+        credential_(std::move(credential)),
+        stub_(v1::Broker::NewStub(ch)),
+        timeout_(timeout) {}
+
+  void Prepare(grpc::ClientContext& ctx) const {
+    ctx.AddMetadata(kSessionMetadataKey, credential_);
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::microseconds(absl::ToInt64Microseconds(timeout_)));
+  }
+
+  template <typename Req, typename Resp, typename Method>
+  absl::StatusOr<Resp> Call(Method method, const Req& req) {
+    grpc::ClientContext ctx;
+    Prepare(ctx);
+    Resp resp;
+    grpc::Status st = (stub_.get()->*method)(&ctx, req, &resp);
+    if (!st.ok()) {
+      absl::Status s = FromGrpcStatus(st);
+      if (st.error_code() == grpc::StatusCode::UNAVAILABLE) {
+        return absl::UnavailableError(absl::StrCat("podlinkd unreachable: ", s.message()));
+      }
+      return s;
+    }
+    return resp;
+  }
+
+  // Hands `fd` to the daemon and waits for its ack; returns the slot.
+  absl::StatusOr<uint64_t> Offer(int fd) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    uint64_t slot = next_offer_++;
+    FdMessage m;
+    m.type = static_cast<uint16_t>(FdMsgType::kOffer);
+    m.seq = slot;
+    PODLINK_RETURN_IF_ERROR(SendFdMessage(sock_.get(), m, fd, /*dontwait=*/false));
+    for (;;) {
+      PODLINK_ASSIGN_OR_RETURN(ReceivedMessage r, ReadOneLocked());
+      if (r.msg.type == static_cast<uint16_t>(FdMsgType::kOfferAck) && r.msg.seq == slot) {
+        if (r.msg.a != 0) {
+          return ErrnoStatus(static_cast<int>(r.msg.a),
+                             r.msg.a == EMFILE ? "podlinkd refused the descriptor (too many offered "
+                                                 "but not exported)"
+                                               : "podlinkd refused the descriptor");
+        }
+        return slot;
+      }
+    }
+  }
+
+  // Waits for the descriptor the daemon delivered in `slot`.
+  absl::StatusOr<UniqueFd> TakeDelivery(uint64_t slot) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    for (;;) {
+      auto it = delivered_.find(slot);
+      if (it != delivered_.end()) {
+        UniqueFd fd = std::move(it->second);
+        delivered_.erase(it);
+        return fd;
+      }
+      PODLINK_RETURN_IF_ERROR(ReadOneLocked().status());
+    }
+  }
+
+  uint64_t session() const { return session_; }
+  v1::Broker::Stub* stub() { return stub_.get(); }
+  const std::string& credential() const { return credential_; }
+
+ private:
+  // Reads one message; stashes deliveries. Fails on GOODBYE, EOF, timeout.
+  absl::StatusOr<ReceivedMessage> ReadOneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    pollfd p{sock_.get(), POLLIN, 0};
+    int r = ::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout_)));
+    if (r == 0) return absl::DeadlineExceededError("podlinkd did not answer on the descriptor channel");
+    if (r < 0) return ErrnoStatus(errno, "poll descriptor channel");
+    PODLINK_ASSIGN_OR_RETURN(std::optional<ReceivedMessage> got, RecvFdMessage(sock_.get(), false));
+    if (!got) return absl::UnavailableError("descriptor channel: no message");
+    ReceivedMessage m = std::move(*got);
+    if (m.msg.type == static_cast<uint16_t>(FdMsgType::kGoodbye)) {
+      return absl::UnavailableError("podlinkd closed this session");
+    }
+    if (m.msg.type == static_cast<uint16_t>(FdMsgType::kDeliver)) {
+      if (m.fd.valid()) delivered_[m.msg.seq] = std::move(m.fd);
+    }
+    return m;
+  }
+
+  UniqueFd sock_;
+  const uint64_t session_;
+  const std::string credential_;
+  std::unique_ptr<v1::Broker::Stub> stub_;
+  const absl::Duration timeout_;
+
+  absl::Mutex mu_;  // serializes use of the descriptor channel; protects below
+  uint64_t next_offer_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint64_t, UniqueFd> delivered_ ABSL_GUARDED_BY(mu_);
+};
+
+// ---------------------------------------------------------------------------
+
+HostBuffer::~HostBuffer() {
+  if (data_ != nullptr) ::munmap(data_, size_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+GpuBuffer::~GpuBuffer() {
+  auto d = cu::LoadDriver();
+  if (!d.ok()) return;
+  if (va_ != 0) {
+    (*d)->MemUnmap(va_, size_);
+    (*d)->MemAddressFree(va_, size_);
+  }
+  if (handle_ != 0) (*d)->MemRelease(handle_);
+}
+
+Imported::Imported(Imported&& o) noexcept
+    : info_(std::move(o.info_)),
+      fd_(std::exchange(o.fd_, -1)),
+      fabric_handle_(std::move(o.fabric_handle_)),
+      gpu_pci_bus_id_(std::move(o.gpu_pci_bus_id_)),
+      gpu_device_node_(std::move(o.gpu_device_node_)) {}
+
+Imported::~Imported() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Mapping::~Mapping() {
+  if (host_ != nullptr) ::munmap(host_, size_);
+  if (va_ != 0 || handle_ != 0) {
+    auto d = cu::LoadDriver();
+    if (!d.ok()) return;
+    if (va_ != 0) {
+      (*d)->MemUnmap(va_, reserved_);
+      (*d)->MemAddressFree(va_, reserved_);
+    }
+    if (handle_ != 0) (*d)->MemRelease(handle_);
+  }
+}
+
+// ---------------------------------------------------------------------------
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Client::~Client() = default;
+
+uint64_t Client::session_id() const { return impl_->session(); }
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& options) {
+  const std::string dir = ResolveSocketDir(options.socket_dir);
+  const std::string fd_path = dir + "/podlink.fd.sock";
+  const std::string grpc_path = dir + "/podlink.sock";
+  sockaddr_un addr{};
+  if (fd_path.size() >= sizeof(addr.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("socket path too long: ", fd_path));
+  }
+  UniqueFd sock(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!sock) return ErrnoStatus(errno, "socket");
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, fd_path.c_str(), fd_path.size() + 1);
+  if (::connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    int err = errno;
+    return absl::UnavailableError(absl::StrCat(
+        "cannot reach podlinkd at ", fd_path, ": ", std::strerror(err),
+        ". Is podlinkd running, and is its socket directory mounted into this container "
+        "(set PODLINK_SOCKET to its location)?"));
+  }
+  pollfd p{sock.get(), POLLIN, 0};
+  int r = ::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(options.timeout)));
+  if (r <= 0) return absl::DeadlineExceededError("podlinkd did not greet this client in time");
+  PODLINK_ASSIGN_OR_RETURN(std::optional<ReceivedMessage> hello, RecvFdMessage(sock.get(), false));
+  if (!hello) return absl::UnavailableError("podlinkd sent nothing");
+  if (hello->msg.type == static_cast<uint16_t>(FdMsgType::kGoodbye)) {
+    return absl::Status(static_cast<absl::StatusCode>(hello->msg.a),
+                        "podlinkd refused this client; its log names the reason (commonly: the daemon "
+                        "does not run in the host PID namespace, or its session limit is reached)");
+  }
+  if (hello->msg.type != static_cast<uint16_t>(FdMsgType::kHello)) {
+    return absl::InternalError("podlinkd sent an unexpected first message");
+  }
+  std::string credential = absl::StrFormat("%d.%016x%016x", hello->msg.seq, hello->msg.a, hello->msg.b);
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(16 << 20);
+  auto channel = grpc::CreateCustomChannel("unix:" + grpc_path, grpc::InsecureChannelCredentials(), args);
+  auto impl = std::make_unique<Impl>(std::move(sock), hello->msg.seq, std::move(credential), channel,
+                                     options.timeout);
+  return std::unique_ptr<Client>(new Client(std::move(impl)));
+}
+
+absl::StatusOr<NodeInfo> Client::GetNodeInfo() {
+  PODLINK_ASSIGN_OR_RETURN(v1::NodeInfo n, (impl_->Call<v1::GetNodeInfoRequest, v1::NodeInfo>(
+                                               &v1::Broker::Stub::GetNodeInfo, v1::GetNodeInfoRequest())));
+  NodeInfo out;
+  out.node_id = n.node_id();
+  out.daemon_version = n.daemon_version();
+  out.cuda_available = n.cuda_available();
+  out.cuda_status = n.cuda_status();
+  out.cuda_driver_version = n.cuda_driver_version();
+  for (const v1::Gpu& g : n.gpus()) {
+    GpuInfo gi;
+    gi.index = g.index();
+    gi.uuid = g.uuid();
+    gi.pci_bus_id = g.pci_bus_id();
+    gi.device_node = g.device_node();
+    gi.name = g.name();
+    gi.total_memory = g.total_memory();
+    gi.granularity = g.granularity();
+    gi.posix_fd_supported = g.posix_fd_supported();
+    gi.fabric_supported = g.fabric_supported();
+    for (const auto& p : g.peers()) gi.peers.push_back({p.uuid(), p.link_count(), p.p2p_supported()});
+    out.gpus.push_back(std::move(gi));
+  }
+  for (int t : n.handle_types()) out.handle_types.push_back(static_cast<HandleType>(t));
+  return out;
+}
+
+absl::StatusOr<Identity> Client::WhoAmI() {
+  PODLINK_ASSIGN_OR_RETURN(v1::WhoAmIResponse r, (impl_->Call<v1::WhoAmIRequest, v1::WhoAmIResponse>(
+                                                     &v1::Broker::Stub::WhoAmI, v1::WhoAmIRequest())));
+  const v1::Identity& i = r.identity();
+  Identity out;
+  out.session_id = r.session_id();
+  out.pid = i.pid();
+  out.uid = i.uid();
+  out.gid = i.gid();
+  out.container_id = i.container_id();
+  out.pod_uid = i.pod_uid();
+  out.namespace_ = i.namespace_();
+  out.pod_name = i.pod_name();
+  out.qos_class = i.qos_class();
+  out.cgroup_path = i.cgroup_path();
+  out.source = i.source();
+  for (const auto& [k, v] : i.annotations()) out.annotations[k] = v;
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<HostBuffer>> Client::AllocateHost(size_t size) {
+  if (size == 0) return absl::InvalidArgumentError("size must be > 0");
+  UniqueFd fd(::memfd_create("podlink-host", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd) return ErrnoStatus(errno, "memfd_create");
+  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) return ErrnoStatus(errno, "ftruncate memfd");
+  if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return ErrnoStatus(errno, "seal memfd");
+  }
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (p == MAP_FAILED) return ErrnoStatus(errno, "mmap memfd");
+  return std::unique_ptr<HostBuffer>(new HostBuffer(fd.Release(), p, size));
+}
+
+namespace {
+void FillExport(v1::ExportRequest& req, const ExportOptions& opts) {
+  req.set_name(opts.name);
+  for (const PodRef& p : opts.allowed_importers) {
+    v1::PodRef* r = req.add_allowed_importers();
+    r->set_namespace_(p.namespace_);
+    r->set_name(p.name);
+  }
+}
+}  // namespace
+
+absl::StatusOr<uint64_t> Client::Export(const HostBuffer& buf, const ExportOptions& opts) {
+  PODLINK_ASSIGN_OR_RETURN(uint64_t slot, impl_->Offer(buf.fd()));
+  v1::ExportRequest req;
+  FillExport(req, opts);
+  req.set_size(buf.size());
+  req.set_handle_type(v1::HANDLE_TYPE_HOST_MEMFD);
+  req.set_fd_slot(slot);
+  PODLINK_ASSIGN_OR_RETURN(v1::ExportResponse r, (impl_->Call<v1::ExportRequest, v1::ExportResponse>(
+                                                     &v1::Broker::Stub::Export, req)));
+  return r.export_id();
+}
+
+absl::StatusOr<std::unique_ptr<GpuBuffer>> Client::AllocateGpu(size_t size, int device, HandleType type) {
+  if (size == 0) return absl::InvalidArgumentError("size must be > 0");
+  if (type == HandleType::kHostMemfd) return absl::InvalidArgumentError("use AllocateHost for host memory");
+  PODLINK_ASSIGN_OR_RETURN(const cu::Driver* d, cu::LoadDriver());
+  PODLINK_RETURN_IF_ERROR(UseDevice(*d, device));
+  std::unique_ptr<GpuBuffer> buf(new GpuBuffer());
+  buf->device_ = device;
+  PODLINK_ASSIGN_OR_RETURN(buf->uuid_, DeviceUuid(*d, device));
+  cu::MemAllocationProp prop{};
+  prop.type = cu::kAllocationTypePinned;
+  prop.location = {cu::kLocationTypeDevice, device};
+  prop.requestedHandleTypes = cu::kHandleTypePosixFd;
+  size_t gran = 0;
+  PODLINK_RETURN_IF_ERROR(
+      cu::CuStatus(d->MemGetAllocationGranularity(&gran, &prop, 0), "cuMemGetAllocationGranularity"));
+  size = (size + gran - 1) / gran * gran;
+  cu::Result r = cu::kErrorNotSupported;
+  if (type == HandleType::kFabric) {
+    prop.requestedHandleTypes = cu::kHandleTypeFabric | cu::kHandleTypePosixFd;
+    r = d->MemCreate(&buf->handle_, size, &prop, 0);
+    if (r == cu::kSuccess) buf->type_ = HandleType::kFabric;
+  }
+  if (r != cu::kSuccess) {  // POSIX-FD, or fabric refused (no IMEX channel)
+    prop.requestedHandleTypes = cu::kHandleTypePosixFd;
+    PODLINK_RETURN_IF_ERROR(cu::CuStatus(d->MemCreate(&buf->handle_, size, &prop, 0), "cuMemCreate"));
+    buf->type_ = HandleType::kPosixFd;
+  }
+  PODLINK_RETURN_IF_ERROR(
+      cu::CuStatus(d->MemAddressReserve(&buf->va_, size, 0, 0, 0), "cuMemAddressReserve"));
+  buf->size_ = size;
+  if (cu::Result mr = d->MemMap(buf->va_, size, 0, buf->handle_, 0); mr != cu::kSuccess) {
+    d->MemAddressFree(buf->va_, size);
+    buf->va_ = 0;
+    return cu::CuStatus(mr, "cuMemMap");
+  }
+  cu::MemAccessDesc access{{cu::kLocationTypeDevice, device}, cu::kAccessProtReadWrite};
+  PODLINK_RETURN_IF_ERROR(cu::CuStatus(d->MemSetAccess(buf->va_, size, &access, 1), "cuMemSetAccess"));
+  return buf;
+}
+
+absl::StatusOr<uint64_t> Client::Export(const GpuBuffer& buf, const ExportOptions& opts) {
+  PODLINK_ASSIGN_OR_RETURN(const cu::Driver* d, cu::LoadDriver());
+  v1::ExportRequest req;
+  FillExport(req, opts);
+  req.set_size(buf.size());
+  req.set_gpu_uuid(buf.gpu_uuid());
+  if (buf.handle_type() == HandleType::kFabric) {
+    cu::FabricHandle fh{};
+    PODLINK_RETURN_IF_ERROR(cu::CuStatus(
+        d->MemExportToShareableHandle(&fh, buf.handle_, cu::kHandleTypeFabric, 0), "cuMemExportToShareableHandle"));
+    req.set_handle_type(v1::HANDLE_TYPE_FABRIC);
+    req.set_fabric_handle(std::string(reinterpret_cast<const char*>(fh.data), sizeof(fh.data)));
+  } else {
+    int raw = -1;
+    PODLINK_RETURN_IF_ERROR(cu::CuStatus(
+        d->MemExportToShareableHandle(&raw, buf.handle_, cu::kHandleTypePosixFd, 0), "cuMemExportToShareableHandle"));
+    UniqueFd fd(raw);
+    PODLINK_ASSIGN_OR_RETURN(uint64_t slot, impl_->Offer(fd.get()));
+    req.set_handle_type(v1::HANDLE_TYPE_POSIX_FD);
+    req.set_fd_slot(slot);
+  }
+  PODLINK_ASSIGN_OR_RETURN(v1::ExportResponse r, (impl_->Call<v1::ExportRequest, v1::ExportResponse>(
+                                                     &v1::Broker::Stub::Export, req)));
+  return r.export_id();
+}
+
+absl::StatusOr<uint64_t> Client::ExportExisting(uint64_t device_ptr, size_t size, const ExportOptions& opts) {
+  PODLINK_ASSIGN_OR_RETURN(const cu::Driver* d, cu::LoadDriver());
+  cu::MemHandle h = 0;
+  cu::Result r = d->MemRetainAllocationHandle(&h, reinterpret_cast<void*>(device_ptr));
+  if (r != cu::kSuccess) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "0x", absl::Hex(device_ptr), " is not the start of a cuMem allocation (",
+        cu::CuStatus(r, "cuMemRetainAllocationHandle").message(),
+        "); allocate with cuMemCreate and a POSIX-FD handle type, or use Client::AllocateGpu"));
+  }
+  struct Releaser {
+    const cu::Driver* d;
+    cu::MemHandle h;
+    ~Releaser() { d->MemRelease(h); }
+  } releaser{d, h};
+  cu::MemAllocationProp prop{};
+  PODLINK_RETURN_IF_ERROR(cu::CuStatus(d->MemGetAllocationPropertiesFromHandle(&prop, h),
+                                       "cuMemGetAllocationPropertiesFromHandle"));
+  if ((prop.requestedHandleTypes & cu::kHandleTypePosixFd) == 0) {
+    return absl::FailedPreconditionError(
+        "the allocation was created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR and cannot be "
+        "shared; create it with that requestedHandleTypes (PyTorch: expandable segments with "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)");
+  }
+  int raw = -1;
+  PODLINK_RETURN_IF_ERROR(cu::CuStatus(d->MemExportToShareableHandle(&raw, h, cu::kHandleTypePosixFd, 0),
+                                       "cuMemExportToShareableHandle"));
+  UniqueFd fd(raw);
+  PODLINK_ASSIGN_OR_RETURN(std::string uuid, DeviceUuid(*d, prop.location.id));
+  PODLINK_ASSIGN_OR_RETURN(uint64_t slot, impl_->Offer(fd.get()));
+  v1::ExportRequest req;
+  FillExport(req, opts);
+  req.set_size(size);
+  req.set_gpu_uuid(uuid);
+  req.set_handle_type(v1::HANDLE_TYPE_POSIX_FD);
+  req.set_fd_slot(slot);
+  PODLINK_ASSIGN_OR_RETURN(v1::ExportResponse resp, (impl_->Call<v1::ExportRequest, v1::ExportResponse>(
+                                                        &v1::Broker::Stub::Export, req)));
+  return resp.export_id();
+}
+
+absl::StatusOr<Imported> Client::Import(uint64_t export_id) {
+  v1::ImportRequest req;
+  req.set_export_id(export_id);
+  return DoImport(req);
+}
+
+absl::StatusOr<Imported> Client::Import(const std::string& name) {
+  v1::ImportRequest req;
+  req.set_name(name);
+  return DoImport(req);
+}
+
+absl::StatusOr<Imported> Client::DoImport(const v1::ImportRequest& req) {
+  PODLINK_ASSIGN_OR_RETURN(v1::ImportResponse r, (impl_->Call<v1::ImportRequest, v1::ImportResponse>(
+                                                     &v1::Broker::Stub::Import, req)));
+  Imported imp;
+  imp.info_ = FromProto(r.export_());
+  imp.gpu_pci_bus_id_ = r.gpu_pci_bus_id();
+  imp.gpu_device_node_ = r.gpu_device_node();
+  if (imp.info_.handle_type == HandleType::kFabric) {
+    imp.fabric_handle_ = r.fabric_handle();
+  } else {
+    PODLINK_ASSIGN_OR_RETURN(UniqueFd fd, impl_->TakeDelivery(r.delivery_slot()));
+    imp.fd_ = fd.Release();
+  }
+  return imp;
+}
+
+absl::StatusOr<std::unique_ptr<Mapping>> Client::Map(const Imported& imp, int access_device) {
+  std::unique_ptr<Mapping> m(new Mapping());
+  const ExportInfo& info = imp.info();
+  if (info.handle_type == HandleType::kHostMemfd) {
+    void* p = ::mmap(nullptr, info.size, PROT_READ | PROT_WRITE, MAP_SHARED, imp.fd(), 0);
+    if (p == MAP_FAILED) return ErrnoStatus(errno, "mmap imported memfd");
+    m->host_ = p;
+    m->size_ = info.size;
+    return m;
+  }
+  PODLINK_ASSIGN_OR_RETURN(const cu::Driver* d, cu::LoadDriver());
+  cu::Result r;
+  if (info.handle_type == HandleType::kFabric) {
+    cu::FabricHandle fh{};
+    std::memcpy(fh.data, imp.fabric_handle_.data(), std::min(imp.fabric_handle_.size(), sizeof(fh.data)));
+    r = d->MemImportFromShareableHandle(&m->handle_, &fh, cu::kHandleTypeFabric);
+  } else {
+    r = d->MemImportFromShareableHandle(&m->handle_, reinterpret_cast<void*>(static_cast<intptr_t>(imp.fd())),
+                                        cu::kHandleTypePosixFd);
+  }
+  if (r != cu::kSuccess) {
+    std::string where = imp.gpu_device_node().empty()
+                            ? absl::StrCat("GPU ", info.gpu_uuid)
+                            : absl::StrCat("GPU ", info.gpu_uuid, " (", imp.gpu_pci_bus_id(), ", ",
+                                           imp.gpu_device_node(), ")");
+    std::string cause = cu::CuStatus(r, "cuMemImportFromShareableHandle").ToString();
+    if (r == cu::kErrorInvalidDevice || r == cu::kErrorNoDevice) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot map export ", info.export_id, ": the ", where,
+          " that holds it is not accessible in this container (", cause,
+          "). Either let podlinkd move the bytes (relay: podlink write/read), or opt the pod into "
+          "direct mode (annotation podlink.io/direct=true, which mounts the peer GPU's device node)"));
+    }
+    return absl::Status(cu::CuStatus(r, "x").code(),
+                        absl::StrCat("cannot map export ", info.export_id, " of ", where, ": ", cause));
+  }
+  cu::MemAllocationProp prop{};
+  PODLINK_RETURN_IF_ERROR(cu::CuStatus(d->MemGetAllocationPropertiesFromHandle(&prop, m->handle_),
+                                       "cuMemGetAllocationPropertiesFromHandle"));
+  int dev = access_device >= 0 ? access_device : prop.location.id;
+  PODLINK_RETURN_IF_ERROR(UseDevice(*d, dev));
+  size_t gran = 0;
+  PODLINK_RETURN_IF_ERROR(
+      cu::CuStatus(d->MemGetAllocationGranularity(&gran, &prop, 0), "cuMemGetAllocationGranularity"));
+  size_t reserved = (info.size + gran - 1) / gran * gran;
+  PODLINK_RETURN_IF_ERROR(
+      cu::CuStatus(d->MemAddressReserve(&m->va_, reserved, 0, 0, 0), "cuMemAddressReserve"));
+  m->reserved_ = reserved;
+  if (cu::Result mr = d->MemMap(m->va_, reserved, 0, m->handle_, 0); mr != cu::kSuccess) {
+    d->MemAddressFree(m->va_, reserved);
+    m->va_ = 0;
+    return cu::CuStatus(mr, "cuMemMap");
+  }
+  cu::MemAccessDesc access{{cu::kLocationTypeDevice, dev}, cu::kAccessProtReadWrite};
+  if (cu::Result ar = d->MemSetAccess(m->va_, reserved, &access, 1); ar != cu::kSuccess) {
+    d->MemUnmap(m->va_, reserved);
+    d->MemAddressFree(m->va_, reserved);
+    m->va_ = 0;
+    return cu::CuStatus(ar, "cuMemSetAccess (is peer access between the GPUs possible?)");
+  }
+  m->size_ = info.size;
+  m->device_ = dev;
+  return m;
+}
+
+absl::Status Client::Release(uint64_t export_id) {
+  v1::ReleaseRequest req;
+  req.set_export_id(export_id);
+  return impl_->Call<v1::ReleaseRequest, v1::ReleaseResponse>(&v1::Broker::Stub::Release, req).status();
+}
+
+absl::StatusOr<std::vector<ExportInfo>> Client::List() {
+  PODLINK_ASSIGN_OR_RETURN(v1::ListResponse r, (impl_->Call<v1::ListRequest, v1::ListResponse>(
+                                                   &v1::Broker::Stub::List, v1::ListRequest())));
+  std::vector<ExportInfo> out;
+  for (const auto& e : r.exports()) out.push_back(FromProto(e));
+  return out;
+}
+
+namespace {
+class StreamWatcher : public Watcher {
+ public:
+  StreamWatcher(v1::Broker::Stub* stub, const std::string& credential, std::function<void(const WatchEvent&)> cb) {
+    ctx_.AddMetadata(kSessionMetadataKey, credential);
+    reader_ = stub->Watch(&ctx_, v1::WatchRequest());
+    thread_ = std::thread([this, cb = std::move(cb)] {
+      v1::Event e;
+      while (reader_->Read(&e)) {
+        WatchEvent we;
+        we.type = static_cast<WatchEvent::Type>(e.type());
+        we.export_id = e.export_id();
+        we.export_name = e.export_name();
+        we.reason = e.reason();
+        cb(we);
+      }
+      status_ = reader_->Finish();
+    });
+  }
+  ~StreamWatcher() override {
+    ctx_.TryCancel();
+    thread_.join();
+  }
+
+ private:
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReader<v1::Event>> reader_;
+  grpc::Status status_;
+  std::thread thread_;
+};
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Watcher>> Client::Watch(std::function<void(const WatchEvent&)> cb) {
+  return std::unique_ptr<Watcher>(new StreamWatcher(impl_->stub(), impl_->credential(), std::move(cb)));
+}
+
+}  // namespace podlink

@@ -1,0 +1,250 @@
+// libpodlink: the client library of podlinkd.
+//
+//   auto client = podlink::Client::Connect();                 // /run/podlink or $PODLINK_SOCKET
+//   auto buf = client->AllocateGpu(64 << 20, /*device=*/0);   // exportable cuMem memory
+//   auto id = client->Export(*buf, {.name = "kv-0"});
+//   ...in another pod...
+//   auto imp = client->Import("kv-0");
+//   auto map = client->Map(*imp);                             // device pointer into the peer's memory
+//
+// Every call returns absl::Status / StatusOr with a message that says what to
+// do. A Client is thread-safe. Objects it returns own their resources (RAII)
+// and may outlive the Client, except that exports die with the Client's
+// session (the daemon drops them when the session closes).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace podlink {
+namespace v1 {
+class ImportRequest;
+}
+
+enum class HandleType : int { kPosixFd = 1, kFabric = 2, kHostMemfd = 3 };
+const char* HandleTypeName(HandleType t);
+
+struct PodRef {
+  std::string namespace_;
+  std::string name;
+};
+
+struct GpuPeerInfo {
+  std::string uuid;
+  unsigned link_count = 0;
+  bool p2p_supported = false;
+};
+
+struct GpuInfo {
+  unsigned index = 0;  // the daemon's ordinal, not necessarily this process's
+  std::string uuid;
+  std::string pci_bus_id;
+  std::string device_node;
+  std::string name;
+  uint64_t total_memory = 0;
+  uint64_t granularity = 0;
+  bool posix_fd_supported = false;
+  bool fabric_supported = false;
+  std::vector<GpuPeerInfo> peers;
+};
+
+struct NodeInfo {
+  std::string node_id;
+  std::string daemon_version;
+  bool cuda_available = false;
+  std::string cuda_status;
+  int cuda_driver_version = 0;
+  std::vector<GpuInfo> gpus;
+  std::vector<HandleType> handle_types;
+};
+
+struct Identity {
+  uint64_t session_id = 0;
+  uint32_t pid = 0, uid = 0, gid = 0;
+  std::string container_id, pod_uid, namespace_, pod_name, qos_class, cgroup_path, source;
+  std::map<std::string, std::string> annotations;
+};
+
+struct ExportInfo {
+  uint64_t export_id = 0;
+  std::string name;
+  uint64_t size = 0;
+  std::string gpu_uuid;  // empty for host memory
+  HandleType handle_type = HandleType::kHostMemfd;
+  PodRef owner;
+  std::vector<PodRef> allowed_importers;
+  std::string peer_group;
+  uint32_t import_count = 0;   // sessions holding an import now
+  uint64_t imports_total = 0;  // imports ever made
+  bool owned_by_caller = false;
+};
+
+struct ExportOptions {
+  std::string name;                     // optional; unique within the pod's namespace
+  std::vector<PodRef> allowed_importers;  // besides the pod's peer group
+};
+
+// Host memory in a sealed memfd, mapped read-write.
+class HostBuffer {
+ public:
+  ~HostBuffer();
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  void* data() const { return data_; }
+  size_t size() const { return size_; }
+  int fd() const { return fd_; }
+
+ private:
+  friend class Client;
+  HostBuffer(int fd, void* data, size_t size) : fd_(fd), data_(data), size_(size) {}
+  int fd_;
+  void* data_;
+  size_t size_;
+};
+
+// Exportable GPU memory: a cuMem allocation mapped into this process with
+// read-write access from its device.
+class GpuBuffer {
+ public:
+  ~GpuBuffer();
+  GpuBuffer(const GpuBuffer&) = delete;
+  GpuBuffer& operator=(const GpuBuffer&) = delete;
+  uint64_t device_ptr() const { return va_; }
+  size_t size() const { return size_; }
+  int device() const { return device_; }  // this process's CUDA ordinal
+  HandleType handle_type() const { return type_; }
+  const std::string& gpu_uuid() const { return uuid_; }
+
+ private:
+  friend class Client;
+  GpuBuffer() = default;
+  unsigned long long handle_ = 0;
+  unsigned long long va_ = 0;
+  size_t size_ = 0;
+  int device_ = 0;
+  HandleType type_ = HandleType::kPosixFd;
+  std::string uuid_;
+};
+
+// An export obtained from the daemon: its description and the descriptor or
+// fabric handle. Map() turns it into usable memory.
+class Imported {
+ public:
+  ~Imported();
+  Imported(Imported&& o) noexcept;
+  Imported& operator=(Imported&&) = delete;
+  Imported(const Imported&) = delete;
+  const ExportInfo& info() const { return info_; }
+  int fd() const { return fd_; }  // -1 for fabric handles
+  const std::string& gpu_pci_bus_id() const { return gpu_pci_bus_id_; }
+  const std::string& gpu_device_node() const { return gpu_device_node_; }
+
+ private:
+  friend class Client;
+  Imported() = default;
+  ExportInfo info_;
+  int fd_ = -1;
+  std::string fabric_handle_;
+  std::string gpu_pci_bus_id_;
+  std::string gpu_device_node_;
+};
+
+// A peer's memory mapped into this process: host_ptr() for host memory,
+// device_ptr() for GPU memory.
+class Mapping {
+ public:
+  ~Mapping();
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  void* host_ptr() const { return host_; }
+  uint64_t device_ptr() const { return va_; }
+  size_t size() const { return size_; }
+  int device() const { return device_; }  // ordinal with access, -1 for host
+
+ private:
+  friend class Client;
+  Mapping() = default;
+  void* host_ = nullptr;
+  unsigned long long va_ = 0;
+  size_t size_ = 0;
+  size_t reserved_ = 0;
+  unsigned long long handle_ = 0;
+  int device_ = -1;
+};
+
+struct WatchEvent {
+  enum class Type { kReady = 1, kExportGone = 2, kSessionClosed = 3 };
+  Type type = Type::kReady;
+  uint64_t export_id = 0;
+  std::string export_name;
+  std::string reason;
+};
+
+// A running Watch stream; destroying it stops the stream.
+class Watcher {
+ public:
+  virtual ~Watcher() = default;
+};
+
+struct ConnectOptions {
+  // Directory holding podlink.sock and podlink.fd.sock. Empty: $PODLINK_SOCKET
+  // (a directory, or the path of podlink.sock), else /run/podlink.
+  std::string socket_dir;
+  absl::Duration timeout = absl::Seconds(10);  // per call
+};
+
+class Client {
+ public:
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ConnectOptions& options = {});
+  ~Client();  // closes the session: the daemon drops this client's exports
+
+  uint64_t session_id() const;
+
+  absl::StatusOr<NodeInfo> GetNodeInfo();
+  absl::StatusOr<Identity> WhoAmI();
+
+  // Host memory (sealed memfd), zero-filled.
+  absl::StatusOr<std::unique_ptr<HostBuffer>> AllocateHost(size_t size);
+  absl::StatusOr<uint64_t> Export(const HostBuffer& buf, const ExportOptions& opts = {});
+
+  // GPU memory on `device` (this process's CUDA ordinal), size rounded up to
+  // the allocation granularity. `type` kFabric falls back to kPosixFd when the
+  // node cannot create fabric handles.
+  absl::StatusOr<std::unique_ptr<GpuBuffer>> AllocateGpu(size_t size, int device,
+                                                         HandleType type = HandleType::kPosixFd);
+  absl::StatusOr<uint64_t> Export(const GpuBuffer& buf, const ExportOptions& opts = {});
+  // Exports an allocation this process made itself with cuMemCreate and a
+  // POSIX-FD handle type (cuMemRetainAllocationHandle finds it from `ptr`).
+  absl::StatusOr<uint64_t> ExportExisting(uint64_t device_ptr, size_t size, const ExportOptions& opts = {});
+
+  absl::StatusOr<Imported> Import(uint64_t export_id);
+  absl::StatusOr<Imported> Import(const std::string& name);  // "name" or "namespace/name"
+
+  // Maps an import. GPU memory is mapped with read-write access from
+  // `access_device` (this process's ordinal; -1: the GPU holding the memory).
+  absl::StatusOr<std::unique_ptr<Mapping>> Map(const Imported& imp, int access_device = -1);
+
+  // Withdraws an own export (importers are told) or drops an import record.
+  absl::Status Release(uint64_t export_id);
+  absl::StatusOr<std::vector<ExportInfo>> List();
+
+  // Calls `cb` from a private thread for each event of this session.
+  absl::StatusOr<std::unique_ptr<Watcher>> Watch(std::function<void(const WatchEvent&)> cb);
+
+  class Impl;
+
+ private:
+  explicit Client(std::unique_ptr<Impl> impl);
+  absl::StatusOr<Imported> DoImport(const v1::ImportRequest& req);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace podlink

@@ -1,0 +1,362 @@
+// podlink-demo: exports and imports memory through podlinkd. Used by the
+// README demo and, as the program running inside namespaced "pods", by the
+// integration and GPU tests. Every result is one JSON line on stdout.
+//
+//   podlink-demo info
+//   podlink-demo export --size N [--gpu D] [--name X] [--allow ns/name] [--seed S]
+//                       [--await-import] [--expect-writeback S2] [--commands]
+//   podlink-demo import (--id N | --name X) [--gpu D] [--verify S] [--writeback S2]
+//                       [--hold] [--watch]
+//   podlink-demo cycle --count N --size B     (export/import/close loop for leak tests)
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "common/cuda_driver.h"
+#include "nlohmann/json.hpp"
+#include "podlink/client.h"
+
+using nlohmann::json;
+
+namespace {
+
+struct Opts {
+  std::string cmd;
+  uint64_t size = 1 << 20;
+  int gpu = -1;
+  std::string name;
+  uint64_t id = 0;
+  std::vector<podlink::PodRef> allow;
+  int seed = -1, writeback = -1, verify = -1, expect_writeback = -1;
+  bool await_import = false, commands = false, hold = false, watch = false;
+  uint64_t count = 100;
+};
+
+void Emit(const json& j) {
+  std::cout << j.dump() << std::endl;
+}
+
+[[noreturn]] void Die(const std::string& what, const absl::Status& s) {
+  Emit({{"event", "error"},
+        {"what", what},
+        {"code", absl::StatusCodeToString(s.code())},
+        {"message", std::string(s.message())}});
+  std::exit(1);
+}
+
+uint8_t PatternByte(int seed, uint64_t i) {
+  return static_cast<uint8_t>((seed * 7919 + i * 131 + (i >> 13)) & 0xff);
+}
+
+// Where the demo writes back: the last quarter of the buffer.
+uint64_t WritebackOffset(uint64_t size) { return size - size / 4; }
+
+// Host or GPU memory behind one interface, copying in chunks via host staging.
+struct Region {
+  void* host = nullptr;
+  uint64_t dev = 0;
+  uint64_t size = 0;
+  int gpu = -1;
+};
+
+constexpr uint64_t kChunk = 64 << 20;
+
+void Fill(const Region& r, uint64_t begin, uint64_t end, int seed) {
+  if (r.host != nullptr) {
+    auto* p = static_cast<uint8_t*>(r.host);
+    for (uint64_t i = begin; i < end; ++i) p[i] = PatternByte(seed, i);
+    return;
+  }
+  const podlink::cu::Driver* d = *podlink::cu::LoadDriver();
+  std::vector<uint8_t> buf(std::min(kChunk, end - begin));
+  for (uint64_t off = begin; off < end; off += kChunk) {
+    uint64_t n = std::min(kChunk, end - off);
+    for (uint64_t i = 0; i < n; ++i) buf[i] = PatternByte(seed, off + i);
+    podlink::cu::Result res = d->MemcpyHtoD(r.dev + off, buf.data(), n);
+    if (res != 0) Die("fill", podlink::cu::CuStatus(res, "cuMemcpyHtoD"));
+  }
+}
+
+// Returns the number of mismatching bytes and the first bad offset.
+std::pair<uint64_t, int64_t> Check(const Region& r, uint64_t begin, uint64_t end, int seed) {
+  uint64_t bad = 0;
+  int64_t first = -1;
+  auto cmp = [&](const uint8_t* p, uint64_t off, uint64_t n) {
+    for (uint64_t i = 0; i < n; ++i) {
+      if (p[i] != PatternByte(seed, off + i)) {
+        if (first < 0) first = static_cast<int64_t>(off + i);
+        ++bad;
+      }
+    }
+  };
+  if (r.host != nullptr) {
+    cmp(static_cast<uint8_t*>(r.host) + begin, begin, end - begin);
+    return {bad, first};
+  }
+  const podlink::cu::Driver* d = *podlink::cu::LoadDriver();
+  std::vector<uint8_t> buf(std::min(kChunk, end - begin));
+  for (uint64_t off = begin; off < end; off += kChunk) {
+    uint64_t n = std::min(kChunk, end - off);
+    podlink::cu::Result res = d->MemcpyDtoH(buf.data(), r.dev + off, n);
+    if (res != 0) Die("verify", podlink::cu::CuStatus(res, "cuMemcpyDtoH"));
+    cmp(buf.data(), off, n);
+  }
+  return {bad, first};
+}
+
+json IdentityJson(const podlink::Identity& id) {
+  return {{"session", id.session_id}, {"pid", id.pid},         {"uid", id.uid},
+          {"pod_uid", id.pod_uid},    {"container_id", id.container_id},
+          {"namespace", id.namespace_}, {"pod", id.pod_name},  {"qos", id.qos_class},
+          {"cgroup", id.cgroup_path}, {"annotations", id.annotations}};
+}
+
+bool ParseArgs(int argc, char** argv, Opts& o) {
+  if (argc < 2) return false;
+  o.cmd = argv[1];
+  for (int i = 2; i < argc; ++i) {
+    std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::cerr << k << " needs a value\n";
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    auto num = [&](auto& out) {
+      std::string v = next();
+      if (!absl::SimpleAtoi(v, &out)) {
+        std::cerr << k << ": not a number: " << v << "\n";
+        std::exit(2);
+      }
+    };
+    if (k == "--size") num(o.size);
+    else if (k == "--gpu") num(o.gpu);
+    else if (k == "--name") o.name = next();
+    else if (k == "--id") num(o.id);
+    else if (k == "--seed") num(o.seed);
+    else if (k == "--verify") num(o.verify);
+    else if (k == "--writeback") num(o.writeback);
+    else if (k == "--expect-writeback") num(o.expect_writeback);
+    else if (k == "--count") num(o.count);
+    else if (k == "--await-import") o.await_import = true;
+    else if (k == "--commands") o.commands = true;
+    else if (k == "--hold") o.hold = true;
+    else if (k == "--watch") o.watch = true;
+    else if (k == "--allow") {
+      std::vector<std::string> p = absl::StrSplit(next(), '/');
+      if (p.size() != 2) {
+        std::cerr << "--allow takes namespace/name\n";
+        std::exit(2);
+      }
+      o.allow.push_back({p[0], p[1]});
+    } else {
+      std::cerr << "unknown option " << k << "\n";
+      return false;
+    }
+  }
+  return true;
+}
+
+int Info(podlink::Client& c) {
+  auto n = c.GetNodeInfo();
+  if (!n.ok()) Die("node-info", n.status());
+  auto id = c.WhoAmI();
+  if (!id.ok()) Die("whoami", id.status());
+  json gpus = json::array();
+  for (const auto& g : n->gpus) {
+    json peers = json::array();
+    for (const auto& p : g.peers) peers.push_back({{"uuid", p.uuid}, {"nvlinks", p.link_count}, {"p2p", p.p2p_supported}});
+    gpus.push_back({{"index", g.index}, {"uuid", g.uuid}, {"pci", g.pci_bus_id}, {"node", g.device_node},
+                    {"name", g.name}, {"posix_fd", g.posix_fd_supported}, {"fabric", g.fabric_supported},
+                    {"peers", peers}});
+  }
+  json types = json::array();
+  for (auto t : n->handle_types) types.push_back(podlink::HandleTypeName(t));
+  Emit({{"event", "info"},
+        {"node", n->node_id},
+        {"cuda", n->cuda_available},
+        {"cuda_status", n->cuda_status},
+        {"handle_types", types},
+        {"gpus", gpus},
+        {"identity", IdentityJson(*id)}});
+  return 0;
+}
+
+int Export(podlink::Client& c, const Opts& o) {
+  std::unique_ptr<podlink::HostBuffer> host;
+  std::unique_ptr<podlink::GpuBuffer> gpu;
+  Region r;
+  absl::StatusOr<uint64_t> id;
+  podlink::ExportOptions eo{o.name, o.allow};
+  if (o.gpu < 0) {
+    auto b = c.AllocateHost(o.size);
+    if (!b.ok()) Die("allocate", b.status());
+    host = *std::move(b);
+    r = {host->data(), 0, host->size(), -1};
+  } else {
+    auto b = c.AllocateGpu(o.size, o.gpu);
+    if (!b.ok()) Die("allocate", b.status());
+    gpu = *std::move(b);
+    r = {nullptr, gpu->device_ptr(), gpu->size(), o.gpu};
+  }
+  if (o.seed >= 0) Fill(r, 0, r.size, o.seed);
+  id = host ? c.Export(*host, eo) : c.Export(*gpu, eo);
+  if (!id.ok()) Die("export", id.status());
+  Emit({{"event", "exported"},
+        {"export_id", *id},
+        {"name", o.name},
+        {"size", r.size},
+        {"memory", host ? "host" : "gpu"},
+        {"handle_type", host ? "host-memfd" : podlink::HandleTypeName(gpu->handle_type())},
+        {"gpu_uuid", gpu ? gpu->gpu_uuid() : ""}});
+  if (o.await_import) {
+    // Wait for an importer to come and go (it drops its import when done).
+    bool seen = false;
+    for (int i = 0; i < 6000; ++i) {
+      auto l = c.List();
+      if (!l.ok()) Die("list", l.status());
+      uint32_t n = 0;
+      uint64_t total = 0;
+      for (const auto& e : *l) {
+        if (e.export_id == *id) {
+          n = e.import_count;
+          total = e.imports_total;
+        }
+      }
+      if (total > 0 && !seen) {
+        seen = true;
+        Emit({{"event", "imported_by_peer"}, {"export_id", *id}});
+      }
+      if (seen && n == 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (!seen) Die("await-import", absl::DeadlineExceededError("no importer within 120 s"));
+  }
+  if (o.expect_writeback >= 0) {
+    auto [bad, first] = Check(r, WritebackOffset(r.size), r.size, o.expect_writeback);
+    Emit({{"event", "writeback_checked"}, {"bytes", r.size - WritebackOffset(r.size)}, {"mismatches", bad},
+          {"first_bad", first}});
+    if (bad != 0) return 3;
+  }
+  if (!o.commands) return 0;
+  // Commands on stdin let a test drive the exporter's lifetime.
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    if (line == "release") {
+      absl::Status s = c.Release(*id);
+      Emit({{"event", "released"}, {"ok", s.ok()}, {"message", std::string(s.message())}});
+    } else if (line == "release-again") {
+      absl::Status s = c.Release(*id);
+      Emit({{"event", "released"}, {"ok", s.ok()}, {"code", absl::StatusCodeToString(s.code())},
+            {"message", std::string(s.message())}});
+    } else if (line == "exit") {
+      std::_Exit(0);  // no cleanup at all: the daemon must notice by itself
+    } else if (line == "check") {
+      auto [bad, first] = Check(r, 0, WritebackOffset(r.size), o.seed);
+      Emit({{"event", "checked"}, {"mismatches", bad}});
+    }
+  }
+  return 0;
+}
+
+int Import(podlink::Client& c, const Opts& o) {
+  absl::Mutex mu;
+  std::vector<podlink::WatchEvent> events;
+  std::unique_ptr<podlink::Watcher> watcher;
+  if (o.watch) {
+    auto w = c.Watch([&](const podlink::WatchEvent& e) {
+      Emit({{"event", "watch"}, {"type", static_cast<int>(e.type)}, {"export_id", e.export_id},
+            {"reason", e.reason}});
+    });
+    if (!w.ok()) Die("watch", w.status());
+    watcher = *std::move(w);
+  }
+  auto imp = o.name.empty() ? c.Import(o.id) : c.Import(o.name);
+  if (!imp.ok()) Die("import", imp.status());
+  const podlink::ExportInfo& info = imp->info();
+  Emit({{"event", "imported"},
+        {"export_id", info.export_id},
+        {"owner", info.owner.namespace_ + "/" + info.owner.name},
+        {"size", info.size},
+        {"handle_type", podlink::HandleTypeName(info.handle_type)},
+        {"gpu_device_node", imp->gpu_device_node()}});
+  auto m = c.Map(*imp, o.gpu);
+  if (!m.ok()) Die("map", m.status());
+  Region r{(*m)->host_ptr(), (*m)->device_ptr(), (*m)->size(), (*m)->device()};
+  if (o.verify >= 0) {
+    auto [bad, first] = Check(r, 0, WritebackOffset(r.size), o.verify);
+    Emit({{"event", "verified"}, {"bytes", WritebackOffset(r.size)}, {"mismatches", bad}, {"first_bad", first}});
+    if (bad != 0) return 3;
+  }
+  if (o.writeback >= 0) {
+    Fill(r, WritebackOffset(r.size), r.size, o.writeback);
+    Emit({{"event", "wrote_back"}, {"bytes", r.size - WritebackOffset(r.size)}});
+  }
+  if (o.hold) {
+    std::string line;
+    while (std::getline(std::cin, line)) {
+      if (line == "exit") std::_Exit(0);
+    }
+  }
+  m->reset();
+  absl::Status s = c.Release(info.export_id);
+  if (!s.ok()) Die("release-import", s);
+  Emit({{"event", "done"}});
+  return 0;
+}
+
+// Export -> import -> map -> close, `count` times, each on fresh sessions.
+int Cycle(const Opts& o) {
+  for (uint64_t i = 0; i < o.count; ++i) {
+    auto exporter = podlink::Client::Connect();
+    if (!exporter.ok()) Die("connect", exporter.status());
+    auto importer = podlink::Client::Connect();
+    if (!importer.ok()) Die("connect", importer.status());
+    auto b = (*exporter)->AllocateHost(o.size);
+    if (!b.ok()) Die("allocate", b.status());
+    static_cast<uint8_t*>((*b)->data())[0] = static_cast<uint8_t>(i);
+    auto id = (*exporter)->Export(**b);
+    if (!id.ok()) Die("export", id.status());
+    auto imp = (*importer)->Import(*id);
+    if (!imp.ok()) Die("import", imp.status());
+    auto m = (*importer)->Map(*imp);
+    if (!m.ok()) Die("map", m.status());
+    if (static_cast<uint8_t*>((*m)->host_ptr())[0] != static_cast<uint8_t>(i)) {
+      Die("cycle", absl::DataLossError("imported memory does not show the exporter's byte"));
+    }
+    // Exporter goes away without releasing: the daemon must clean up.
+    exporter->reset();
+  }
+  Emit({{"event", "cycled"}, {"count", o.count}});
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Opts o;
+  if (!ParseArgs(argc, argv, o)) {
+    std::cerr << "usage: podlink-demo info | export --size N [--gpu D] [--name X] [--allow ns/name] "
+                 "[--seed S] [--await-import] [--expect-writeback S] [--commands] | import (--id N | "
+                 "--name X) [--gpu D] [--verify S] [--writeback S] [--hold] [--watch] | cycle --count N "
+                 "--size B\n";
+    return 2;
+  }
+  if (o.cmd == "cycle") return Cycle(o);
+  auto c = podlink::Client::Connect();
+  if (!c.ok()) Die("connect", c.status());
+  if (o.cmd == "info") return Info(**c);
+  if (o.cmd == "export") return Export(**c, o);
+  if (o.cmd == "import") return Import(**c, o);
+  std::cerr << "unknown command " << o.cmd << "\n";
+  return 2;
+}
