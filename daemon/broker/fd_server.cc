@@ -139,6 +139,7 @@ void FdServer::Drain(uint64_t session_id) {
         got.ok() ? absl::StatusOr<ReceivedMessage>(std::move(**got)) : got.status();
     if (!m.ok()) {
       if (absl::IsNotFound(m.status())) return close("client closed its descriptor channel");
+      if (absl::IsUnavailable(m.status())) return close(std::string(m.status().message()));
       Log()->warn("event=protocol_violation session={} error=\"{}\"", session_id, m.status().message());
       return close(absl::StrCat("protocol violation: ", m.status().message()));
     }
