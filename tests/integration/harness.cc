@@ -1,0 +1,248 @@
+#include "tests/integration/harness.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+
+namespace podlink::testing {
+namespace {
+
+std::mt19937_64& Rng() {
+  static std::mt19937_64 rng(std::random_device{}());
+  return rng;
+}
+
+std::string ReadFile(const std::string& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+std::string RandomPodUid() {
+  uint64_t a = Rng()(), b = Rng()();
+  return absl::StrFormat("%08x-%04x-4%03x-a%03x-%012x", a >> 32, (a >> 16) & 0xffff, a & 0xfff, b >> 52,
+                         b & 0xffffffffffffULL);
+}
+
+std::string Cgroup2Root() {
+  std::ifstream f("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    // ... mount-point ... - fstype source options
+    std::vector<std::string> halves = absl::StrSplit(line, " - ");
+    if (halves.size() != 2) continue;
+    std::vector<std::string> left = absl::StrSplit(halves[0], ' ');
+    std::vector<std::string> right = absl::StrSplit(halves[1], ' ');
+    if (right.empty() || right[0] != "cgroup2" || left.size() < 5) continue;
+    if (::access(left[4].c_str(), W_OK) == 0) return left[4];
+  }
+  return "";
+}
+
+Daemon::Daemon(const std::string& config_json, std::vector<std::string> extra_args) {
+  char tmpl[] = "/tmp/podlink-it-XXXXXX";
+  dir_ = ::mkdtemp(tmpl);
+  std::string cfg = dir_ + "/config.json";
+  std::ofstream(cfg) << config_json;
+  pid_ = fork();
+  if (pid_ == 0) {
+    int log = ::open((dir_ + "/podlinkd.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(log, 2);
+    std::vector<std::string> args = {PODLINKD_PATH, "--socket-dir", dir_, "--config", cfg, "--no-gpu"};
+    for (auto& a : extra_args) args.push_back(a);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  for (int i = 0; i < 500; ++i) {
+    if (Log().find("event=ready") != std::string::npos) return;
+    if (!Alive()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ADD_FAILURE() << "podlinkd did not become ready:\n" << Log();
+}
+
+Daemon::~Daemon() {
+  if (pid_ > 0) {
+    kill(pid_, SIGTERM);
+    int st;
+    waitpid(pid_, &st, 0);
+  }
+  if (::testing::Test::HasFailure()) {
+    std::cerr << "---- podlinkd log ----\n" << Log().substr(0, 20000) << "\n";
+  }
+  std::string cmd = "rm -rf '" + dir_ + "'";
+  (void)!system(cmd.c_str());
+}
+
+bool Daemon::Alive() const { return pid_ > 0 && waitpid(pid_, nullptr, WNOHANG) == 0; }
+
+int Daemon::OpenFds() const {
+  std::string cmd = absl::StrCat("ls /proc/", pid_, "/fd | wc -l");
+  FILE* p = popen(cmd.c_str(), "r");
+  int n = -1;
+  if (p) {
+    if (fscanf(p, "%d", &n) != 1) n = -1;
+    pclose(p);
+  }
+  return n;
+}
+
+long Daemon::RssKb() const {
+  std::string status = ReadFile(absl::StrCat("/proc/", pid_, "/status"));
+  size_t at = status.find("VmRSS:");
+  return at == std::string::npos ? -1 : std::atol(status.c_str() + at + 6);
+}
+
+std::string Daemon::Log() const { return ReadFile(dir_ + "/podlinkd.log"); }
+
+PodCgroup::PodCgroup(const std::string& pod_uid, const std::string& qos) : pod_uid_(pod_uid) {
+  std::string root = Cgroup2Root();
+  if (root.empty()) {
+    ADD_FAILURE() << "these tests need a writable cgroup2 mount (run as root)";
+    return;
+  }
+  uint64_t r = Rng()();
+  container_id_ = absl::StrFormat("%016x%016x%016x%016x", r, r ^ 0x5555, r ^ 0xaaaa, r ^ 0xffff);
+  std::string u = absl::StrReplaceAll(pod_uid, {{"-", "_"}});
+  std::vector<std::string> parts = {
+      absl::StrCat("podlink-test-", getpid(), "-", r & 0xffffff), "kubepods.slice",
+      absl::StrCat("kubepods-", qos, ".slice"), absl::StrCat("kubepods-", qos, "-pod", u, ".slice"),
+      absl::StrCat("cri-containerd-", container_id_, ".scope")};
+  std::string p = root;
+  for (const auto& part : parts) {
+    p += "/" + part;
+    if (::mkdir(p.c_str(), 0755) != 0 && errno != EEXIST) {
+      ADD_FAILURE() << "mkdir " << p << ": " << strerror(errno);
+      return;
+    }
+    dirs_.push_back(p);
+  }
+  path_ = p;
+}
+
+PodCgroup::~PodCgroup() {
+  for (auto it = dirs_.rbegin(); it != dirs_.rend(); ++it) {
+    // Processes may take a moment to leave after being reaped.
+    for (int i = 0; i < 100 && ::rmdir(it->c_str()) != 0 && errno == EBUSY; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+}
+
+Pod::Pod(const Daemon& d, const PodCgroup* cg, std::vector<std::string> args) {
+  int in[2], out[2];
+  if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
+    ADD_FAILURE() << "pipe";
+    return;
+  }
+  std::string procs = cg ? cg->path() + "/cgroup.procs" : "";
+  pid_ = fork();
+  if (pid_ == 0) {
+    if (!procs.empty()) {
+      int fd = ::open(procs.c_str(), O_WRONLY);
+      if (fd < 0 || ::write(fd, "0", 1) != 1) _exit(126);
+      ::close(fd);
+    }
+    dup2(in[0], 0);
+    dup2(out[1], 1);
+    setenv("PODLINK_SOCKET", d.dir().c_str(), 1);
+    std::vector<std::string> full = {"unshare", "--pid",   "--fork", "--kill-child", "--mount-proc",
+                                     "--uts",   "--ipc",   "--net",  "--mount",      "--",
+                                     PODLINK_DEMO_PATH};
+    for (auto& a : args) full.push_back(a);
+    std::vector<char*> argv;
+    for (auto& a : full) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execvp("unshare", argv.data());
+    _exit(127);
+  }
+  ::close(in[0]);
+  ::close(out[1]);
+  in_ = in[1];
+  out_ = out[0];
+}
+
+Pod::~Pod() {
+  if (in_ >= 0) ::close(in_);
+  if (!waited_ && pid_ > 0) {
+    kill(pid_, SIGKILL);
+    Wait();
+  }
+  if (out_ >= 0) ::close(out_);
+}
+
+std::optional<nlohmann::json> Pod::Next(int timeout_ms) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    size_t nl = buf_.find('\n');
+    if (nl != std::string::npos) {
+      std::string line = buf_.substr(0, nl);
+      buf_.erase(0, nl + 1);
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded()) {
+        ADD_FAILURE() << "pod printed a non-JSON line: " << line;
+        continue;
+      }
+      return j;
+    }
+    int left = static_cast<int>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count());
+    if (left <= 0) return std::nullopt;
+    pollfd p{out_, POLLIN, 0};
+    if (::poll(&p, 1, left) <= 0) return std::nullopt;
+    char b[4096];
+    ssize_t n = ::read(out_, b, sizeof(b));
+    if (n <= 0) return std::nullopt;
+    buf_.append(b, n);
+  }
+}
+
+nlohmann::json Pod::Expect(const std::string& event, int timeout_ms) {
+  for (;;) {
+    auto j = Next(timeout_ms);
+    if (!j) {
+      ADD_FAILURE() << "timed out waiting for event " << event;
+      return nlohmann::json::object();
+    }
+    if ((*j)["event"] == event || (*j)["event"] == "error") return *j;
+  }
+}
+
+void Pod::Send(const std::string& line) {
+  std::string l = line + "\n";
+  (void)!::write(in_, l.data(), l.size());
+}
+
+void Pod::Kill(int sig) { kill(pid_, sig); }
+
+int Pod::Wait() {
+  if (!waited_) {
+    waitpid(pid_, &status_, 0);
+    waited_ = true;
+  }
+  return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
+}
+
+}  // namespace podlink::testing

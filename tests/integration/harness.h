@@ -1,0 +1,76 @@
+// Test harness: starts podlinkd on a temporary socket directory and runs
+// podlink-demo inside "pods" made by the test itself: own PID, UTS, IPC,
+// network and mount namespaces (unshare), placed in a kubepods-style cgroup
+// so the daemon resolves a pod UID, container id and QoS class.
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+
+namespace podlink::testing {
+
+class Daemon {
+ public:
+  // Starts podlinkd --no-gpu with `config_json`; waits until it serves.
+  explicit Daemon(const std::string& config_json, std::vector<std::string> extra_args = {});
+  ~Daemon();
+  const std::string& dir() const { return dir_; }
+  pid_t pid() const { return pid_; }
+  int OpenFds() const;     // entries in /proc/<pid>/fd
+  long RssKb() const;      // VmRSS
+  std::string Log() const;
+  bool Alive() const;
+
+ private:
+  std::string dir_;
+  pid_t pid_ = -1;
+};
+
+// A kubepods.slice/.../cri-containerd-<id>.scope cgroup under a private
+// test root in the cgroup2 hierarchy.
+class PodCgroup {
+ public:
+  PodCgroup(const std::string& pod_uid, const std::string& qos);
+  ~PodCgroup();
+  const std::string& path() const { return path_; }  // absolute, in the cgroupfs
+  const std::string& pod_uid() const { return pod_uid_; }
+  const std::string& container_id() const { return container_id_; }
+
+ private:
+  std::vector<std::string> dirs_;  // created, outermost first
+  std::string path_, pod_uid_, container_id_;
+};
+
+class Pod {
+ public:
+  // Runs podlink-demo `args` in new namespaces inside `cg` (nullptr: the
+  // test's own cgroup, namespaces still new).
+  Pod(const Daemon& d, const PodCgroup* cg, std::vector<std::string> args);
+  ~Pod();
+  // Next JSON line from stdout, or nullopt after `timeout_ms` / EOF.
+  std::optional<nlohmann::json> Next(int timeout_ms = 20000);
+  // Reads lines until one has "event" == `event` (or "error"); returns it.
+  nlohmann::json Expect(const std::string& event, int timeout_ms = 20000);
+  void Send(const std::string& line);
+  void Kill(int sig);
+  int Wait();  // exit status (128+sig when killed)
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  int in_ = -1, out_ = -1;
+  std::string buf_;
+  bool waited_ = false;
+  int status_ = 0;
+};
+
+// Locates a writable cgroup2 mount ("" if none).
+std::string Cgroup2Root();
+std::string RandomPodUid();
+
+}  // namespace podlink::testing

@@ -1,0 +1,92 @@
+#include "daemon/daemon_config.h"
+
+#include "daemon/identity/standalone_source.h"
+#include "gtest/gtest.h"
+
+namespace podlink {
+namespace {
+
+TEST(DaemonConfig, Defaults) {
+  auto c = ParseDaemonConfig("{}");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->broker.max_sessions, BrokerOptions().max_sessions);
+  EXPECT_TRUE(c->pods.empty());
+}
+
+TEST(DaemonConfig, LimitsAndPods) {
+  auto c = ParseDaemonConfig(R"({"limits": {"max_sessions": 7, "max_exports_per_session": 9},
+    "pods": [{"match": {"cgroup_prefix": "/a", "uid": 1000}, "namespace": "ml", "name": "p",
+              "annotations": {"podlink.io/peer-group": "g"}}]})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->broker.max_sessions, 7u);
+  EXPECT_EQ(c->broker.registry.max_exports_per_session, 9u);
+  ASSERT_EQ(c->pods.size(), 1u);
+  EXPECT_EQ(*c->pods[0].cgroup_prefix, "/a");
+  EXPECT_EQ(*c->pods[0].uid, 1000u);
+}
+
+TEST(DaemonConfig, RejectsBadInputWithReason) {
+  struct Case {
+    const char* json;
+    const char* mentions;
+  };
+  for (const Case& c : std::initializer_list<Case>{
+           {"not json", "JSON"},
+           {"[]", "object"},
+           {R"({"limitz": {}})", "limitz"},
+           {R"({"limits": {"max_sessions": 0}})", "positive"},
+           {R"({"limits": {"max_sessions": -3}})", "positive"},
+           {R"({"limits": {"bogus": 3}})", "bogus"},
+           {R"({"pods": {}})", "array"},
+           {R"({"pods": [{"namespace": "a", "name": "b"}]})", "match"},
+           {R"({"pods": [{"match": {"uid": "x"}, "namespace": "a", "name": "b"}]})", "uid"},
+           {R"({"pods": [{"match": {"uid": 1}, "name": "b"}]})", "namespace"},
+           {R"({"pods": [{"match": {"uid": 1}, "namespace": "a", "name": "b", "annotations": {"k": 1}}]})",
+            "annotations"},
+       }) {
+    auto r = ParseDaemonConfig(c.json);
+    ASSERT_FALSE(r.ok()) << c.json;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << c.json;
+    EXPECT_NE(r.status().message().find(c.mentions), absl::string_view::npos) << r.status();
+  }
+}
+
+PeerIdentity Peer(uint32_t uid, std::string cgroup_path) {
+  PeerIdentity p;
+  p.uid = uid;
+  p.cgroup = ParseCgroupPath(cgroup_path);
+  return p;
+}
+
+TEST(StandaloneSource, MatchesRulesInOrder) {
+  auto rules = StandalonePodSource::ParseRules(R"({"pods": [
+    {"match": {"cgroup_prefix": "/pods/a"}, "namespace": "ml", "name": "a",
+     "annotations": {"podlink.io/peer-group": "g"}},
+    {"match": {"uid": 1000}, "namespace": "ml", "name": "user"}]})");
+  ASSERT_TRUE(rules.ok());
+  StandalonePodSource src(*rules);
+  auto a = src.Resolve(Peer(0, "/pods/a/x"));
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->Ref(), "ml/a");
+  EXPECT_EQ(a->PeerGroup(), "g");
+  // Prefix matches whole path segments only.
+  auto ab = src.Resolve(Peer(0, "/pods/ab"));
+  EXPECT_EQ(ab->namespace_, "standalone");
+  auto u = src.Resolve(Peer(1000, "/elsewhere"));
+  EXPECT_EQ(u->Ref(), "ml/user");
+}
+
+TEST(StandaloneSource, UnmatchedClientsAreDistinctAndUnannotated) {
+  StandalonePodSource src({});
+  auto a = src.Resolve(Peer(0, "/x"));
+  auto b = src.Resolve(Peer(0, "/y"));
+  auto c = src.Resolve(Peer(1, "/x"));
+  EXPECT_NE(a->key, b->key);
+  EXPECT_NE(a->key, c->key);
+  EXPECT_NE(a->name, b->name);
+  EXPECT_TRUE(a->annotations.empty());
+  EXPECT_EQ(a->namespace_, "standalone");
+}
+
+}  // namespace
+}  // namespace podlink

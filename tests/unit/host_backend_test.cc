@@ -1,0 +1,77 @@
+#include "daemon/gpu/host_backend.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "daemon/gpu/cuda_backend.h"
+#include "gtest/gtest.h"
+
+namespace podlink {
+namespace {
+
+UniqueFd Memfd(size_t size, int seals) {
+  UniqueFd fd(::memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  EXPECT_EQ(::ftruncate(fd.get(), size), 0);
+  if (seals) EXPECT_EQ(::fcntl(fd.get(), F_ADD_SEALS, seals), 0);
+  return fd;
+}
+
+constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+
+TEST(HostBackend, AcceptsSealedMemfdAndDuplicates) {
+  HostMemfdBackend b;
+  auto obj = b.Adopt({4096, "", HandleKind::kHostMemfd}, Memfd(4096, kSeals), "");
+  ASSERT_TRUE(obj.ok()) << obj.status();
+  auto dup = (*obj)->Duplicate();
+  ASSERT_TRUE(dup.ok());
+  EXPECT_TRUE(dup->valid());
+}
+
+TEST(HostBackend, RejectsDescriptorsThatAreNotWhatTheyClaim) {
+  HostMemfdBackend b;
+  auto expect = [&](absl::StatusOr<std::shared_ptr<MemoryObject>> r, const char* mentions) {
+    ASSERT_FALSE(r.ok()) << mentions;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(mentions), absl::string_view::npos) << r.status();
+  };
+  expect(b.Adopt({4096, "", HandleKind::kHostMemfd}, Memfd(4096, 0), ""), "not sealed");
+  expect(b.Adopt({4096, "", HandleKind::kHostMemfd}, Memfd(4096, F_SEAL_SHRINK), ""), "not sealed");
+  expect(b.Adopt({8192, "", HandleKind::kHostMemfd}, Memfd(4096, kSeals), ""), "holds only 4096");
+  expect(b.Adopt({0, "", HandleKind::kHostMemfd}, Memfd(4096, kSeals), ""), "size");
+  expect(b.Adopt({4096, "GPU-x", HandleKind::kHostMemfd}, Memfd(4096, kSeals), ""), "must not name a GPU");
+  int p[2];
+  ASSERT_EQ(::pipe(p), 0);
+  ::close(p[1]);
+  expect(b.Adopt({1, "", HandleKind::kHostMemfd}, UniqueFd(p[0]), ""), "not a memfd");
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  ::close(sv[1]);
+  expect(b.Adopt({1, "", HandleKind::kHostMemfd}, UniqueFd(sv[0]), ""), "not a memfd");
+  char tmpl[] = "/tmp/podlink-backend-XXXXXX";
+  int f = ::mkstemp(tmpl);
+  ASSERT_GE(f, 0);
+  ::unlink(tmpl);
+  ASSERT_EQ(::ftruncate(f, 4096), 0);
+  expect(b.Adopt({4096, "", HandleKind::kHostMemfd}, UniqueFd(f), ""), "not a memfd");
+  expect(b.Adopt({4096, "", HandleKind::kHostMemfd}, UniqueFd(), ""), "needs a descriptor");
+  // A read-only reopen of a sealed memfd.
+  UniqueFd m = Memfd(4096, kSeals);
+  UniqueFd ro(::open(("/proc/self/fd/" + std::to_string(m.get())).c_str(), O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(ro.valid());
+  expect(b.Adopt({4096, "", HandleKind::kHostMemfd}, std::move(ro), ""), "read-write");
+}
+
+TEST(CudaBackend, WithoutCudaRefusesClearly) {
+  GpuInventory inv;
+  inv.cuda_status = "disabled with --no-gpu";
+  CudaBackend b(&inv);
+  auto r = b.Adopt({2 << 20, "GPU-x", HandleKind::kPosixFd}, Memfd(4096, kSeals), "");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("--no-gpu"), absl::string_view::npos) << r.status();
+}
+
+}  // namespace
+}  // namespace podlink
