@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs podlink's build and test dependencies from Debian packages.
+set -euo pipefail
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+pkgs=(build-essential cmake pkg-config protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
+      libgrpc++-dev libabsl-dev libspdlog-dev libgtest-dev libgmock-dev nlohmann-json3-dev
+      libibverbs-dev librdmacm-dev util-linux iproute2)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "podlink: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
