@@ -70,14 +70,15 @@ ExportInfo FromProto(const v1::ExportInfo& e) {
   return out;
 }
 
-// Makes `device`'s primary context current on this thread (the context the
-// CUDA runtime uses, so buffers interoperate with cudaMemcpy and friends).
-absl::Status UseDevice(const cu::Driver& d, int device) {
+// Retains `device`'s primary context (the one the CUDA runtime uses, so
+// buffers interoperate with cudaMemcpy and friends) and makes it current on
+// this thread. On success the caller owns one reference and stores the device
+// in `*retained`, to be released with cuDevicePrimaryCtxRelease.
+absl::Status RetainAndUse(const cu::Driver& d, int device, int* retained) {
   cu::Context ctx = nullptr;
   PODLINK_RETURN_IF_ERROR(cu::CuStatus(d.DevicePrimaryCtxRetain(&ctx, device), "cuDevicePrimaryCtxRetain"));
-  absl::Status st = cu::CuStatus(d.CtxSetCurrent(ctx), "cuCtxSetCurrent");
-  d.DevicePrimaryCtxRelease(device);  // the runtime / other users keep their own reference
-  return st;
+  *retained = device;
+  return cu::CuStatus(d.CtxSetCurrent(ctx), "cuCtxSetCurrent");
 }
 
 absl::StatusOr<std::string> DeviceUuid(const cu::Driver& d, int device) {
@@ -209,6 +210,7 @@ GpuBuffer::~GpuBuffer() {
     (*d)->MemAddressFree(va_, size_);
   }
   if (handle_ != 0) (*d)->MemRelease(handle_);
+  if (ctx_device_ >= 0) (*d)->DevicePrimaryCtxRelease(ctx_device_);
 }
 
 Imported::Imported(Imported&& o) noexcept
@@ -224,7 +226,7 @@ Imported::~Imported() {
 
 Mapping::~Mapping() {
   if (host_ != nullptr) ::munmap(host_, size_);
-  if (va_ != 0 || handle_ != 0) {
+  if (va_ != 0 || handle_ != 0 || ctx_device_ >= 0) {
     auto d = cu::LoadDriver();
     if (!d.ok()) return;
     if (va_ != 0) {
@@ -232,6 +234,7 @@ Mapping::~Mapping() {
       (*d)->MemAddressFree(va_, reserved_);
     }
     if (handle_ != 0) (*d)->MemRelease(handle_);
+    if (ctx_device_ >= 0) (*d)->DevicePrimaryCtxRelease(ctx_device_);
   }
 }
 
@@ -370,8 +373,8 @@ absl::StatusOr<std::unique_ptr<GpuBuffer>> Client::AllocateGpu(size_t size, int 
   if (size == 0) return absl::InvalidArgumentError("size must be > 0");
   if (type == HandleType::kHostMemfd) return absl::InvalidArgumentError("use AllocateHost for host memory");
   PODLINK_ASSIGN_OR_RETURN(const cu::Driver* d, cu::LoadDriver());
-  PODLINK_RETURN_IF_ERROR(UseDevice(*d, device));
   std::unique_ptr<GpuBuffer> buf(new GpuBuffer());
+  PODLINK_RETURN_IF_ERROR(RetainAndUse(*d, device, &buf->ctx_device_));
   buf->device_ = device;
   PODLINK_ASSIGN_OR_RETURN(buf->uuid_, DeviceUuid(*d, device));
   cu::MemAllocationProp prop{};
@@ -512,6 +515,7 @@ absl::StatusOr<std::unique_ptr<Mapping>> Client::Map(const Imported& imp, int ac
     return m;
   }
   PODLINK_ASSIGN_OR_RETURN(const cu::Driver* d, cu::LoadDriver());
+  if (access_device >= 0) PODLINK_RETURN_IF_ERROR(RetainAndUse(*d, access_device, &m->ctx_device_));
   cu::Result r;
   if (info.handle_type == HandleType::kFabric) {
     cu::FabricHandle fh{};
@@ -541,7 +545,7 @@ absl::StatusOr<std::unique_ptr<Mapping>> Client::Map(const Imported& imp, int ac
   PODLINK_RETURN_IF_ERROR(cu::CuStatus(d->MemGetAllocationPropertiesFromHandle(&prop, m->handle_),
                                        "cuMemGetAllocationPropertiesFromHandle"));
   int dev = access_device >= 0 ? access_device : prop.location.id;
-  PODLINK_RETURN_IF_ERROR(UseDevice(*d, dev));
+  if (m->ctx_device_ < 0) PODLINK_RETURN_IF_ERROR(RetainAndUse(*d, dev, &m->ctx_device_));
   size_t gran = 0;
   PODLINK_RETURN_IF_ERROR(
       cu::CuStatus(d->MemGetAllocationGranularity(&gran, &prop, 0), "cuMemGetAllocationGranularity"));

@@ -130,6 +130,7 @@ class GpuBuffer {
   unsigned long long va_ = 0;
   size_t size_ = 0;
   int device_ = 0;
+  int ctx_device_ = -1;  // primary context retained for this buffer's lifetime
   HandleType type_ = HandleType::kPosixFd;
   std::string uuid_;
 };
@@ -178,6 +179,7 @@ class Mapping {
   size_t reserved_ = 0;
   unsigned long long handle_ = 0;
   int device_ = -1;
+  int ctx_device_ = -1;  // primary context retained for this mapping's lifetime
 };
 
 struct WatchEvent {
