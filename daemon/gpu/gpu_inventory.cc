@@ -53,7 +53,10 @@ struct Nvml {
   int (*DeviceGetHandleByPciBusId)(const char*, void**);
   int (*DeviceGetNvLinkState)(void*, unsigned, int*);
   int (*DeviceGetNvLinkRemotePciInfo)(void*, unsigned, NvmlPciInfo*);
+  int (*DeviceGetP2PStatus)(void*, void*, int, int*);
 };
+constexpr int kNvmlP2PCapsIndexNvLink = 2;  // NVML_P2P_CAPS_INDEX_NVLINK
+constexpr int kNvmlP2PStatusOk = 0;         // NVML_P2P_STATUS_OK
 
 bool LoadNvml(Nvml& n) {
   static void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -65,8 +68,10 @@ bool LoadNvml(Nvml& n) {
       reinterpret_cast<int (*)(void*, unsigned, int*)>(dlsym(lib, "nvmlDeviceGetNvLinkState"));
   n.DeviceGetNvLinkRemotePciInfo = reinterpret_cast<int (*)(void*, unsigned, NvmlPciInfo*)>(
       dlsym(lib, "nvmlDeviceGetNvLinkRemotePciInfo_v2"));
+  n.DeviceGetP2PStatus =
+      reinterpret_cast<int (*)(void*, void*, int, int*)>(dlsym(lib, "nvmlDeviceGetP2PStatus"));
   return n.Init && n.DeviceGetHandleByPciBusId && n.DeviceGetNvLinkState &&
-         n.DeviceGetNvLinkRemotePciInfo && n.Init() == 0;
+         n.DeviceGetNvLinkRemotePciInfo && n.DeviceGetP2PStatus && n.Init() == 0;
 }
 
 // Normalizes "00000000:18:00.0" (NVML) and "0000:18:00.0" (CUDA) to the latter, lowercase.
@@ -151,29 +156,42 @@ GpuInventory DiscoverGpus() {
   }
   Nvml nvml{};
   bool have_nvml = LoadNvml(nvml);
-  for (GpuDevice& g : inv.gpus) {
-    for (const GpuDevice& p : inv.gpus) {
-      if (p.ordinal == g.ordinal) continue;
-      GpuPeer peer;
-      peer.uuid = p.uuid;
-      int can = 0;
-      d.DeviceCanAccessPeer(&can, g.ordinal, p.ordinal);
-      peer.p2p_supported = can != 0;
-      g.peers.push_back(peer);
-    }
-    if (!have_nvml) continue;
-    void* h = nullptr;
-    if (nvml.DeviceGetHandleByPciBusId(g.pci_bus_id.c_str(), &h) != 0) continue;
-    for (unsigned link = 0; link < 18; ++link) {
-      int active = 0;
-      if (nvml.DeviceGetNvLinkState(h, link, &active) != 0 || !active) continue;
+  if (!have_nvml) spdlog::get("gpu")->info("NVML unavailable: NVLink link counts not reported");
+  std::vector<void*> handles(inv.gpus.size(), nullptr);
+  for (size_t i = 0; have_nvml && i < inv.gpus.size(); ++i) {
+    if (nvml.DeviceGetHandleByPciBusId(inv.gpus[i].pci_bus_id.c_str(), &handles[i]) != 0) handles[i] = nullptr;
+  }
+  for (size_t i = 0; i < inv.gpus.size(); ++i) {
+    GpuDevice& g = inv.gpus[i];
+    // Active links, and how many of them end directly at each peer GPU. On
+    // NVSwitch systems links end at switches and count for every NVLink peer.
+    unsigned active = 0;
+    std::vector<unsigned> direct(inv.gpus.size(), 0);
+    for (unsigned link = 0; handles[i] != nullptr && link < 18; ++link) {
+      int on = 0;
+      if (nvml.DeviceGetNvLinkState(handles[i], link, &on) != 0 || !on) continue;
+      ++active;
       NvmlPciInfo pci{};
-      if (nvml.DeviceGetNvLinkRemotePciInfo(h, link, &pci) != 0) continue;
+      if (nvml.DeviceGetNvLinkRemotePciInfo(handles[i], link, &pci) != 0) continue;
       std::string remote = NormalizeBusId(pci.busId);
-      for (GpuPeer& peer : g.peers) {
-        const GpuDevice* pd = inv.FindByUuid(peer.uuid);
-        if (pd && pd->pci_bus_id == remote) ++peer.link_count;
+      for (size_t j = 0; j < inv.gpus.size(); ++j) {
+        if (inv.gpus[j].pci_bus_id == remote) ++direct[j];
       }
+    }
+    for (size_t j = 0; j < inv.gpus.size(); ++j) {
+      if (j == i) continue;
+      GpuPeer peer;
+      peer.uuid = inv.gpus[j].uuid;
+      int can = 0;
+      d.DeviceCanAccessPeer(&can, g.ordinal, inv.gpus[j].ordinal);
+      peer.p2p_supported = can != 0;
+      int status = -1;
+      if (handles[i] != nullptr && handles[j] != nullptr &&
+          nvml.DeviceGetP2PStatus(handles[i], handles[j], kNvmlP2PCapsIndexNvLink, &status) == 0 &&
+          status == kNvmlP2PStatusOk) {
+        peer.link_count = direct[j] > 0 ? direct[j] : active;
+      }
+      g.peers.push_back(peer);
     }
   }
   return inv;
