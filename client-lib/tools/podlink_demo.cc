@@ -260,6 +260,11 @@ int Export(podlink::Client& c, const Opts& o) {
             {"message", std::string(s.message())}});
     } else if (line == "exit") {
       std::_Exit(0);  // no cleanup at all: the daemon must notice by itself
+    } else if (line.rfind("check-writeback ", 0) == 0) {
+      int s2 = std::atoi(line.c_str() + 16);
+      auto [bad, first] = Check(r, WritebackOffset(r.size), r.size, s2);
+      Emit({{"event", "writeback_checked"}, {"bytes", r.size - WritebackOffset(r.size)}, {"mismatches", bad},
+            {"first_bad", first}});
     } else if (line == "check") {
       auto [bad, first] = Check(r, 0, WritebackOffset(r.size), o.seed);
       Emit({{"event", "checked"}, {"mismatches", bad}});

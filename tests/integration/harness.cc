@@ -35,6 +35,13 @@ std::string ReadFile(const std::string& p) {
   return ss.str();
 }
 
+// Binaries as built, unless the environment points elsewhere (the GPU
+// machine runs a carried bundle).
+const char* BinPath(const char* env, const char* built) {
+  const char* v = getenv(env);
+  return v != nullptr && *v != '\0' ? v : built;
+}
+
 }  // namespace
 
 std::string RandomPodUid() {
@@ -58,7 +65,7 @@ std::string Cgroup2Root() {
   return "";
 }
 
-Daemon::Daemon(const std::string& config_json, std::vector<std::string> extra_args) {
+Daemon::Daemon(const std::string& config_json, std::vector<std::string> extra_args, bool gpu) {
   char tmpl[] = "/tmp/podlink-it-XXXXXX";
   dir_ = ::mkdtemp(tmpl);
   std::string cfg = dir_ + "/config.json";
@@ -67,7 +74,8 @@ Daemon::Daemon(const std::string& config_json, std::vector<std::string> extra_ar
   if (pid_ == 0) {
     int log = ::open((dir_ + "/podlinkd.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(log, 2);
-    std::vector<std::string> args = {PODLINKD_PATH, "--socket-dir", dir_, "--config", cfg, "--no-gpu"};
+    std::vector<std::string> args = {BinPath("PODLINKD_PATH", PODLINKD_PATH), "--socket-dir", dir_, "--config", cfg};
+    if (!gpu) args.push_back("--no-gpu");
     for (auto& a : extra_args) args.push_back(a);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -75,7 +83,7 @@ Daemon::Daemon(const std::string& config_json, std::vector<std::string> extra_ar
     execv(argv[0], argv.data());
     _exit(127);
   }
-  for (int i = 0; i < 500; ++i) {
+  for (int i = 0; i < 3000; ++i) {  // GPU discovery can take seconds
     if (Log().find("event=ready") != std::string::npos) return;
     if (!Alive()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -170,7 +178,7 @@ Pod::Pod(const Daemon& d, const PodCgroup* cg, std::vector<std::string> args) {
     setenv("PODLINK_SOCKET", d.dir().c_str(), 1);
     std::vector<std::string> full = {"unshare", "--pid",   "--fork", "--kill-child", "--mount-proc",
                                      "--uts",   "--ipc",   "--net",  "--mount",      "--",
-                                     PODLINK_DEMO_PATH};
+                                     BinPath("PODLINK_DEMO_PATH", PODLINK_DEMO_PATH)};
     for (auto& a : args) full.push_back(a);
     std::vector<char*> argv;
     for (auto& a : full) argv.push_back(a.data());

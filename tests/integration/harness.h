@@ -16,8 +16,9 @@ namespace podlink::testing {
 
 class Daemon {
  public:
-  // Starts podlinkd --no-gpu with `config_json`; waits until it serves.
-  explicit Daemon(const std::string& config_json, std::vector<std::string> extra_args = {});
+  // Starts podlinkd with `config_json` (and --no-gpu unless `gpu`); waits
+  // until it serves.
+  explicit Daemon(const std::string& config_json, std::vector<std::string> extra_args = {}, bool gpu = false);
   ~Daemon();
   const std::string& dir() const { return dir_; }
   pid_t pid() const { return pid_; }

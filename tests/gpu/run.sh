@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# GPU tests for the broker, run on a machine with two GPUs (the device tool's
+# nvidia-h200-x2) from the repository root, with the bundle made by
+# scripts/device-bundle.sh in .devcarry/:
+#
+#   bash tests/gpu/run.sh [OUT_DIR]
+#
+# 1. podlinkd (with CUDA) and isolated "pods": own PID, UTS, IPC, network and
+#    mount namespaces, own kubepods-style cgroup, and in each pod the other
+#    GPU's /dev/nvidiaN replaced by /dev/null, as in a Kubernetes pod.
+#    Pod A exports a 1 GiB GPU buffer; other pods import it through the
+#    daemon, and the script reports which paths work and the bytes verified.
+# 2. The GPU gtests (ctest label gpu): hostile GPU exports, round trips, leaks.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${1:-/tmp/podlink-gpu-out}
+mkdir -p "$OUT"
+ROOT=$(pwd)
+BIN=$ROOT/.devcarry/bin
+export LD_LIBRARY_PATH=$ROOT/.devcarry/lib
+export PODLINKD_PATH=$BIN/podlinkd PODLINK_DEMO_PATH=$BIN/podlink-demo
+WORK=$(mktemp -d /tmp/podlink-gpu.XXXXXX)
+SOCK=$WORK/sock
+declare -a ROWS
+
+echo "== machine"; nvidia-smi -L; nvidia-smi topo -m | head -4; uname -r
+NGPU=$(nvidia-smi -L | wc -l)
+[ "$NGPU" -ge 2 ] || { echo "need 2 GPUs, have $NGPU"; exit 1; }
+
+# --- pods -------------------------------------------------------------------
+CG=$(awk '$9 == "cgroup2" {print $5; exit}' /proc/self/mountinfo)
+CG_OK=0; [ -n "$CG" ] && mkdir -p "$CG/podlink-gpu-$$" 2>/dev/null && CG_OK=1
+declare -A POD_UID POD_CG
+for p in A B C D; do
+  POD_UID[$p]=$(cat /proc/sys/kernel/random/uuid)
+  if [ $CG_OK = 1 ]; then
+    u=${POD_UID[$p]//-/_}
+    d="$CG/podlink-gpu-$$/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod$u.slice/cri-containerd-$(head -c 32 /dev/urandom | sha256sum | cut -c1-64).scope"
+    mkdir -p "$d"; POD_CG[$p]=$d
+  else
+    POD_CG[$p]=""
+  fi
+done
+echo "cgroup2 at '$CG' usable for pods: $CG_OK"
+rule() { echo "{\"match\": {\"pod_uid\": \"${POD_UID[$1]}\"}, \"namespace\": \"gpu\", \"name\": \"$2\", \"annotations\": {\"podlink.io/peer-group\": \"gpu-job\"}}"; }
+echo "{\"pods\": [$(rule A exporter-gpu0), $(rule B importer-gpu1-isolated), $(rule C importer-gpu1-direct), $(rule D importer-gpu0)]}" > "$WORK/config.json"
+
+mkdir -p "$SOCK"
+"$BIN/podlinkd" --socket-dir "$SOCK" --config "$WORK/config.json" 2> "$OUT/podlinkd.log" &
+DPID=$!
+for _ in $(seq 300); do grep -q event=ready "$OUT/podlinkd.log" && break; sleep 0.1; done
+grep -q event=ready "$OUT/podlinkd.log" || { cat "$OUT/podlinkd.log"; exit 1; }
+
+# pod NAME MASK ARGS...: podlink-demo in new namespaces; MASK = device nodes
+# replaced by /dev/null inside the pod's mount namespace.
+pod() {
+  local name=$1 mask=$2; shift 2
+  sh -c '[ -z "$1" ] || echo 0 > "$1/cgroup.procs"; shift; exec "$@"' pod "${POD_CG[$name]}" \
+    env PODLINK_SOCKET="$SOCK" unshare --pid --fork --kill-child --mount-proc --uts --ipc --net --mount -- \
+    sh -c 'for n in $1; do mount --bind /dev/null "$n" || exit 99; done; shift; exec "$@"' pod "$mask" \
+    "$BIN/podlink-demo" "$@"
+}
+field() { python3 -c "import json,sys; l=sys.stdin.readline(); print(json.loads(l).get('$1','') if l.strip() else '')"; }
+
+SIZE=$((1 << 30))
+echo "== pod A (sees only /dev/nvidia0) exports 1 GiB on its GPU"
+pod A /dev/nvidia1 info > "$WORK/pod-a-info.json"; cat "$WORK/pod-a-info.json"
+coproc EXP { pod A /dev/nvidia1 export --gpu 0 --size $SIZE --name kv-1g --seed 7 --commands 2>&1; }
+read -r -t 120 line <&"${EXP[0]}"; echo "$line" | cat
+echo "$line" | grep -q '"exported"' || { echo "export failed"; kill $DPID; exit 1; }
+
+run_import() {  # label pod mask args...
+  local label=$1 p=$2 mask=$3; shift 3
+  local t0=$(date +%s%N)
+  pod "$p" "$mask" import --name kv-1g "$@" > "$WORK/pod-$p-import.json" 2>&1
+  local rc=$? t1=$(date +%s%N)
+  cat "$WORK/pod-$p-import.json"
+  local verified=$(grep '"verified"' "$WORK/pod-$p-import.json" | field bytes)
+  local bad=$(grep '"verified"' "$WORK/pod-$p-import.json" | field mismatches)
+  local err=$(grep '"error"' "$WORK/pod-$p-import.json" | field code)
+  local result
+  if [ $rc = 0 ] && [ "$bad" = 0 ]; then result="works"; else result="fails (${err:-rc=$rc})"; fi
+  ROWS+=("| $label | $result | ${verified:-0} | ${bad:--} | $(( (t1 - t0) / 1000000 )) ms |")
+}
+echo "== pod B (sees only /dev/nvidia1) imports: direct mapping must fail with an actionable error"
+run_import "pod on GPU1, peer device node hidden (normal k8s pod)" B /dev/nvidia0 --gpu 0 --verify 7
+grep -q "not accessible in this container" "$WORK/pod-B-import.json" && echo "B: error names the missing device node and the alternatives"
+echo "== pod C (own GPU1, peer node visible = direct mode) imports, maps with access from GPU1, verifies, writes back"
+run_import "pod on GPU1, peer device node visible (direct mode)" C "" --gpu 1 --verify 7 --writeback 42
+echo "== pod D (sees only /dev/nvidia0, same GPU as exporter) imports"
+run_import "pod on GPU0 (same GPU as exporter)" D /dev/nvidia1 --gpu 0 --verify 7
+echo "check-writeback 42" >&"${EXP[1]}"
+read -r -t 120 line <&"${EXP[0]}"; echo "$line" | cat
+WB_BAD=$(echo "$line" | field mismatches); WB_BYTES=$(echo "$line" | field bytes)
+ROWS+=("| exporter reads back pod C's writes (NVLink, GPU1 -> GPU0 memory) | $([ "$WB_BAD" = 0 ] && echo works || echo fails) | $WB_BYTES | $WB_BAD | - |")
+echo "exit" >&"${EXP[1]}"; wait "$EXP_PID" 2>/dev/null
+
+kill $DPID; wait $DPID 2>/dev/null
+[ $CG_OK = 1 ] && find "$CG/podlink-gpu-$$" -depth -type d -exec rmdir {} \; 2>/dev/null
+
+echo "== GPU gtests"
+"$BIN/gpu_broker_test" 2>&1 | tee "$OUT/gpu_broker_test.log" | grep -E "^\[|gpu |GPU cycle" 
+GT=$(grep -E "^\[  (PASSED|FAILED)  \]" "$OUT/gpu_broker_test.log" | head -2 | tr '\n' ' ')
+
+{
+  echo "podlink GPU broker test — $(date -u +%Y-%m-%dT%H:%MZ) — $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$NGPU, driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1), kernel $(uname -r)"
+  echo "fabric handles: $(grep -o 'fabric=[a-z]* (attribute [a-z]*)' "$OUT/podlinkd.log" | sort -u | tr '\n' ' ')"
+  echo "pods in own cgroups: $CG_OK"
+  echo
+  echo "| path (1 GiB GPU buffer exported by pod A on GPU0) | result | bytes verified | mismatches | wall |"
+  echo "|---|---|---|---|---|"
+  for r in "${ROWS[@]}"; do echo "$r"; done
+  echo
+  echo "gtests: $GT"
+  grep -E "^GPU cycle" "$OUT/gpu_broker_test.log"
+} | tee "$OUT/summary.md"
+rm -rf "$WORK"
