@@ -81,6 +81,25 @@ absl::Status RetainAndUse(const cu::Driver& d, int device, int* retained) {
   return cu::CuStatus(d.CtxSetCurrent(ctx), "cuCtxSetCurrent");
 }
 
+// Reserves `size` bytes of address space, maps `handle` there and grants
+// read-write access from `device`. Leaves nothing behind on failure.
+absl::StatusOr<cu::DevicePtr> MapWithAccess(const cu::Driver& d, cu::MemHandle handle, size_t size, int device) {
+  cu::DevicePtr va = 0;
+  PODLINK_RETURN_IF_ERROR(cu::CuStatus(d.MemAddressReserve(&va, size, 0, 0, 0), "cuMemAddressReserve"));
+  if (cu::Result r = d.MemMap(va, size, 0, handle, 0); r != cu::kSuccess) {
+    d.MemAddressFree(va, size);
+    return cu::CuStatus(r, "cuMemMap");
+  }
+  cu::MemAccessDesc access{{cu::kLocationTypeDevice, device}, cu::kAccessProtReadWrite};
+  if (cu::Result r = d.MemSetAccess(va, size, &access, 1); r != cu::kSuccess) {
+    d.MemUnmap(va, size);
+    d.MemAddressFree(va, size);
+    return cu::CuStatus(r, absl::StrCat("cuMemSetAccess from device ", device,
+                                        " (is peer access between the GPUs possible?)").c_str());
+  }
+  return va;
+}
+
 absl::StatusOr<std::string> DeviceUuid(const cu::Driver& d, int device) {
   cu::Device dev;
   PODLINK_RETURN_IF_ERROR(cu::CuStatus(d.DeviceGet(&dev, device), "cuDeviceGet"));
@@ -396,16 +415,8 @@ absl::StatusOr<std::unique_ptr<GpuBuffer>> Client::AllocateGpu(size_t size, int 
     PODLINK_RETURN_IF_ERROR(cu::CuStatus(d->MemCreate(&buf->handle_, size, &prop, 0), "cuMemCreate"));
     buf->type_ = HandleType::kPosixFd;
   }
-  PODLINK_RETURN_IF_ERROR(
-      cu::CuStatus(d->MemAddressReserve(&buf->va_, size, 0, 0, 0), "cuMemAddressReserve"));
+  PODLINK_ASSIGN_OR_RETURN(buf->va_, MapWithAccess(*d, buf->handle_, size, device));
   buf->size_ = size;
-  if (cu::Result mr = d->MemMap(buf->va_, size, 0, buf->handle_, 0); mr != cu::kSuccess) {
-    d->MemAddressFree(buf->va_, size);
-    buf->va_ = 0;
-    return cu::CuStatus(mr, "cuMemMap");
-  }
-  cu::MemAccessDesc access{{cu::kLocationTypeDevice, device}, cu::kAccessProtReadWrite};
-  PODLINK_RETURN_IF_ERROR(cu::CuStatus(d->MemSetAccess(buf->va_, size, &access, 1), "cuMemSetAccess"));
   return buf;
 }
 
@@ -550,21 +561,8 @@ absl::StatusOr<std::unique_ptr<Mapping>> Client::Map(const Imported& imp, int ac
   PODLINK_RETURN_IF_ERROR(
       cu::CuStatus(d->MemGetAllocationGranularity(&gran, &prop, 0), "cuMemGetAllocationGranularity"));
   size_t reserved = (info.size + gran - 1) / gran * gran;
-  PODLINK_RETURN_IF_ERROR(
-      cu::CuStatus(d->MemAddressReserve(&m->va_, reserved, 0, 0, 0), "cuMemAddressReserve"));
+  PODLINK_ASSIGN_OR_RETURN(m->va_, MapWithAccess(*d, m->handle_, reserved, dev));
   m->reserved_ = reserved;
-  if (cu::Result mr = d->MemMap(m->va_, reserved, 0, m->handle_, 0); mr != cu::kSuccess) {
-    d->MemAddressFree(m->va_, reserved);
-    m->va_ = 0;
-    return cu::CuStatus(mr, "cuMemMap");
-  }
-  cu::MemAccessDesc access{{cu::kLocationTypeDevice, dev}, cu::kAccessProtReadWrite};
-  if (cu::Result ar = d->MemSetAccess(m->va_, reserved, &access, 1); ar != cu::kSuccess) {
-    d->MemUnmap(m->va_, reserved);
-    d->MemAddressFree(m->va_, reserved);
-    m->va_ = 0;
-    return cu::CuStatus(ar, "cuMemSetAccess (is peer access between the GPUs possible?)");
-  }
   m->size_ = info.size;
   m->device_ = dev;
   return m;

@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "podlink/podlink.h"  // PODLINK_API
 
 namespace podlink {
 namespace v1 {
@@ -30,7 +31,7 @@ class ImportRequest;
 }
 
 enum class HandleType : int { kPosixFd = 1, kFabric = 2, kHostMemfd = 3 };
-const char* HandleTypeName(HandleType t);
+PODLINK_API const char* HandleTypeName(HandleType t);
 
 struct PodRef {
   std::string namespace_;
@@ -93,7 +94,7 @@ struct ExportOptions {
 };
 
 // Host memory in a sealed memfd, mapped read-write.
-class HostBuffer {
+class PODLINK_API HostBuffer {
  public:
   ~HostBuffer();
   HostBuffer(const HostBuffer&) = delete;
@@ -112,7 +113,7 @@ class HostBuffer {
 
 // Exportable GPU memory: a cuMem allocation mapped into this process with
 // read-write access from its device.
-class GpuBuffer {
+class PODLINK_API GpuBuffer {
  public:
   ~GpuBuffer();
   GpuBuffer(const GpuBuffer&) = delete;
@@ -137,7 +138,7 @@ class GpuBuffer {
 
 // An export obtained from the daemon: its description and the descriptor or
 // fabric handle. Map() turns it into usable memory.
-class Imported {
+class PODLINK_API Imported {
  public:
   ~Imported();
   Imported(Imported&& o) noexcept;
@@ -160,7 +161,7 @@ class Imported {
 
 // A peer's memory mapped into this process: host_ptr() for host memory,
 // device_ptr() for GPU memory.
-class Mapping {
+class PODLINK_API Mapping {
  public:
   ~Mapping();
   Mapping(const Mapping&) = delete;
@@ -191,7 +192,7 @@ struct WatchEvent {
 };
 
 // A running Watch stream; destroying it stops the stream.
-class Watcher {
+class PODLINK_API Watcher {
  public:
   virtual ~Watcher() = default;
 };
@@ -203,7 +204,7 @@ struct ConnectOptions {
   absl::Duration timeout = absl::Seconds(10);  // per call
 };
 
-class Client {
+class PODLINK_API Client {
  public:
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const ConnectOptions& options = {});
   ~Client();  // closes the session: the daemon drops this client's exports
