@@ -66,6 +66,16 @@ Loaded* DoLoad() {
   Resolve(lib, "cuMemcpyHtoD_v2", d.MemcpyHtoD, missing);
   Resolve(lib, "cuMemcpyDtoH_v2", d.MemcpyDtoH, missing);
   Resolve(lib, "cuMemsetD8_v2", d.MemsetD8, missing);
+  Resolve(lib, "cuStreamCreate", d.StreamCreate, missing);
+  Resolve(lib, "cuStreamDestroy_v2", d.StreamDestroy, missing);
+  Resolve(lib, "cuStreamSynchronize", d.StreamSynchronize, missing);
+  Resolve(lib, "cuMemcpyAsync", d.MemcpyAsync, missing);
+  Resolve(lib, "cuEventCreate", d.EventCreate, missing);
+  Resolve(lib, "cuEventRecord", d.EventRecord, missing);
+  Resolve(lib, "cuEventQuery", d.EventQuery, missing);
+  Resolve(lib, "cuEventSynchronize", d.EventSynchronize, missing);
+  Resolve(lib, "cuEventDestroy_v2", d.EventDestroy, missing);
+  Resolve(lib, "cuEventElapsedTime_v2", d.EventElapsedTime, missing);
   if (!missing.empty()) {
     l->status = absl::InternalError(absl::StrCat("libcuda.so.1 lacks symbols: ", missing));
     return l;

@@ -16,6 +16,7 @@ using Result = int;
 using Device = int;
 using Context = struct CtxSt*;
 using Stream = struct StreamSt*;
+using Event = struct EventSt*;
 using DevicePtr = unsigned long long;
 using MemHandle = unsigned long long;
 
@@ -26,6 +27,9 @@ inline constexpr Result kErrorNoDevice = 100;
 inline constexpr Result kErrorInvalidDevice = 101;
 inline constexpr Result kErrorNotSupported = 801;
 inline constexpr Result kErrorNotPermitted = 800;
+inline constexpr Result kErrorNotReady = 600;
+inline constexpr unsigned kStreamNonBlocking = 0x1;
+inline constexpr unsigned kEventDisableTiming = 0x2;
 
 inline constexpr int kHandleTypePosixFd = 0x1;
 inline constexpr int kHandleTypeFabric = 0x8;
@@ -106,6 +110,16 @@ struct Driver {
   Result (*MemcpyHtoD)(DevicePtr, const void*, size_t);
   Result (*MemcpyDtoH)(void*, DevicePtr, size_t);
   Result (*MemsetD8)(DevicePtr, unsigned char, size_t);
+  Result (*StreamCreate)(Stream*, unsigned);
+  Result (*StreamDestroy)(Stream);
+  Result (*StreamSynchronize)(Stream);
+  Result (*MemcpyAsync)(DevicePtr, DevicePtr, size_t, Stream);
+  Result (*EventCreate)(Event*, unsigned);
+  Result (*EventRecord)(Event, Stream);
+  Result (*EventQuery)(Event);
+  Result (*EventSynchronize)(Event);
+  Result (*EventDestroy)(Event);
+  Result (*EventElapsedTime)(float*, Event, Event);
 };
 
 // Loads libcuda.so.1 once and calls cuInit(0). Thread-safe. Fails with

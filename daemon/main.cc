@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
   Args args;
   if (!ParseArgs(argc, argv, args)) return 2;
   auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
-  for (const char* name : {"podlinkd", "broker", "fdchan", "gpu"}) {
+  for (const char* name : {"podlinkd", "broker", "fdchan", "gpu", "relay"}) {
     spdlog::register_logger(std::make_shared<spdlog::logger>(name, sink));
   }
   spdlog::set_level(spdlog::level::from_str(args.log_level));

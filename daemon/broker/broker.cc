@@ -2,6 +2,7 @@
 
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <fstream>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "common/fd_channel.h"
 #include "common/status_util.h"
+#include "daemon/gpu/host_backend.h"
 #include "daemon/policy/policy.h"
 #include "common/log.h"
 
@@ -83,6 +85,9 @@ Broker::Broker(BrokerOptions options, std::unique_ptr<PodSource> pods, GpuInvent
       inventory_(std::move(inventory)),
       backends_(std::move(backends)),
       registry_(options.registry),
+      relay_(std::make_unique<RelayEngine>(
+          [this](uint64_t session, uint64_t id) { return registry_.GetUsable(id, session); }, inventory_,
+          options.relay)),
       node_id_(ReadBootId()) {}
 
 Broker::~Broker() { CloseAllSessions("daemon stopping"); }
@@ -194,6 +199,7 @@ void Broker::CloseSession(uint64_t session_id, const std::string& reason) {
     watchers.swap(s->watchers);
   }
   ::shutdown(s->sock.get(), SHUT_RDWR);
+  relay_->RemoveRing(session_id);
   std::vector<RemovedExport> removed = registry_.RemoveSession(session_id);
   for (const RemovedExport& r : removed) {
     NotifyGone(r, absl::StrCat("owner ", s->pod.Ref(), " session closed: ", reason));
@@ -289,21 +295,26 @@ v1::WhoAmIResponse Broker::WhoAmI(const Session& s) const {
   return r;
 }
 
+absl::StatusOr<UniqueFd> Broker::TakeOffer(Session& s, uint64_t slot, const char* what) {
+  absl::MutexLock l(&s.mu);
+  auto it = s.offers.find(slot);
+  if (it == s.offers.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no descriptor offered in slot ", slot, " for the ", what,
+        ": send it over the descriptor channel (OFFER) and wait for its ack first"));
+  }
+  UniqueFd fd = std::move(it->second);
+  s.offers.erase(it);
+  return fd;
+}
+
 absl::StatusOr<v1::ExportResponse> Broker::Export(Session& s, const v1::ExportRequest& req) {
   // Take the offered descriptor first so that it is consumed whatever happens.
   UniqueFd fd;
   bool wants_fd = req.handle_type() == v1::HANDLE_TYPE_POSIX_FD ||
                   req.handle_type() == v1::HANDLE_TYPE_HOST_MEMFD;
   if (wants_fd) {
-    absl::MutexLock l(&s.mu);
-    auto it = s.offers.find(req.fd_slot());
-    if (it == s.offers.end()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "no descriptor offered in slot ", req.fd_slot(),
-          ": send the descriptor over the descriptor channel (OFFER) and wait for its ack before Export"));
-    }
-    fd = std::move(it->second);
-    s.offers.erase(it);
+    PODLINK_ASSIGN_OR_RETURN(fd, TakeOffer(s, req.fd_slot(), "export"));
   }
   HandleKind kind;
   switch (req.handle_type()) {
@@ -501,6 +512,31 @@ absl::Status Broker::AddWatcher(Session& s, std::shared_ptr<EventSink> sink) {
   sink->Push(MakeEvent(v1::Event::TYPE_READY, 0, "", ""));
   s.watchers.push_back(std::move(sink));
   return absl::OkStatus();
+}
+
+absl::StatusOr<v1::OpenRelayResponse> Broker::OpenRelay(Session& s, const v1::OpenRelayRequest& req) {
+  PODLINK_ASSIGN_OR_RETURN(UniqueFd ring_fd, TakeOffer(s, req.ring_slot(), "relay ring"));
+  PODLINK_ASSIGN_OR_RETURN(UniqueFd doorbell, TakeOffer(s, req.doorbell_slot(), "relay doorbell"));
+  PODLINK_ASSIGN_OR_RETURN(RingLayout layout, RingLayout::Make(req.sq_entries(), req.cq_entries(), req.nq_entries()));
+  char link[64] = {};
+  std::string path = absl::StrCat("/proc/self/fd/", doorbell.get());
+  ssize_t n = ::readlink(path.c_str(), link, sizeof(link) - 1);
+  if (n <= 0 || std::string(link, n) != "anon_inode:[eventfd]") {
+    return absl::InvalidArgumentError("the relay doorbell must be an eventfd");
+  }
+  // The ring is a sealed memfd like a host export: the daemon maps it and a
+  // client must not be able to truncate it under the daemon.
+  HostMemfdBackend validator;
+  PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<MemoryObject> ring,
+                           validator.Adopt({layout.total, "", HandleKind::kHostMemfd}, std::move(ring_fd), ""));
+  {
+    absl::MutexLock l(&s.mu);
+    if (s.closed) return absl::UnavailableError("session closed");
+  }
+  PODLINK_RETURN_IF_ERROR(relay_->AddRing(s.id, std::move(ring), layout, std::move(doorbell)));
+  Log()->info("event=relay_open session={} pod={} sq={} cq={} nq={}", s.id, s.pod.Ref(), layout.sq_entries,
+              layout.cq_entries, layout.nq_entries);
+  return v1::OpenRelayResponse();
 }
 
 BrokerStats Broker::Stats() const {

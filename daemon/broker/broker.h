@@ -19,6 +19,7 @@
 #include "daemon/gpu/memory_object.h"
 #include "daemon/identity/pod_source.h"
 #include "daemon/registry/registry.h"
+#include "daemon/relay/relay_engine.h"
 #include "podlink/v1/podlink.pb.h"
 
 namespace podlink {
@@ -32,6 +33,7 @@ struct BrokerOptions {
   size_t max_allowed_importers = 64;
   uint64_t max_export_size = uint64_t{1} << 40;  // 1 TiB
   RegistryLimits registry;
+  RelayOptions relay;
 };
 
 struct BrokerStats {
@@ -69,6 +71,8 @@ class Broker {
   absl::StatusOr<v1::ReleaseResponse> Release(Session& s, const v1::ReleaseRequest& req);
   v1::ListResponse List(const Session& s) const;
   absl::Status AddWatcher(Session& s, std::shared_ptr<EventSink> sink);
+  absl::StatusOr<v1::OpenRelayResponse> OpenRelay(Session& s, const v1::OpenRelayRequest& req);
+  RelayCounters RelayStats() const { return relay_->Counters(); }
 
   BrokerStats Stats() const;
   const std::string& node_id() const { return node_id_; }
@@ -79,12 +83,15 @@ class Broker {
   v1::ExportInfo Describe(const ExportRecord& rec, size_t import_count, uint64_t imports_total,
                           uint64_t caller) const;
   MemoryBackend* BackendFor(HandleKind kind) const;
+  // Removes the descriptor offered in `slot` from the session.
+  absl::StatusOr<UniqueFd> TakeOffer(Session& s, uint64_t slot, const char* what);
 
   const BrokerOptions options_;
   std::unique_ptr<PodSource> pods_;
   const GpuInventory inventory_;
   std::vector<std::unique_ptr<MemoryBackend>> backends_;
   Registry registry_;
+  std::unique_ptr<RelayEngine> relay_;  // after registry_: destroyed first, it resolves through it
   std::string node_id_;
 
   mutable absl::Mutex mu_;  // protects sessions_ and next_session_

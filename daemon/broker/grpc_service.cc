@@ -214,6 +214,11 @@ grpc::ServerUnaryReactor* BrokerService::List(grpc::CallbackServerContext* ctx, 
   });
 }
 
+grpc::ServerUnaryReactor* BrokerService::OpenRelay(grpc::CallbackServerContext* ctx, const v1::OpenRelayRequest* req,
+                                                   v1::OpenRelayResponse* resp) {
+  return Unary(broker_, ctx, [&](Session& s) { return Assign(broker_->OpenRelay(s, *req), resp); });
+}
+
 grpc::ServerWriteReactor<v1::Event>* BrokerService::Watch(grpc::CallbackServerContext* ctx,
                                                           const v1::WatchRequest*) {
   auto reactor = std::make_shared<WatchReactor>();

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_driver.h"
@@ -30,8 +31,45 @@ class CuMemHandle {
 
 class CudaObject : public MemoryObject {
  public:
-  CudaObject(HandleKind kind, CuMemHandle handle, UniqueFd fd, std::string fabric)
-      : kind_(kind), handle_(std::move(handle)), fd_(std::move(fd)), fabric_(std::move(fabric)) {}
+  // `access` lists the daemon ordinals that get read-write access when the
+  // relay maps the memory: the owning GPU and its P2P peers.
+  CudaObject(HandleKind kind, CuMemHandle handle, UniqueFd fd, std::string fabric, const cu::Driver* d,
+             uint64_t size, int gpu, std::vector<int> access)
+      : kind_(kind),
+        handle_(std::move(handle)),
+        fd_(std::move(fd)),
+        fabric_(std::move(fabric)),
+        d_(d),
+        size_(size),
+        gpu_(gpu),
+        access_(std::move(access)) {}
+  ~CudaObject() override {
+    absl::MutexLock l(&mu_);
+    if (va_ != 0) {
+      d_->MemUnmap(va_, size_);
+      d_->MemAddressFree(va_, size_);
+    }
+  }
+  absl::StatusOr<RelayView> MapForRelay() override {
+    absl::MutexLock l(&mu_);
+    if (va_ == 0) {
+      cu::DevicePtr va = 0;
+      PODLINK_RETURN_IF_ERROR(cu::CuStatus(d_->MemAddressReserve(&va, size_, 0, 0, 0), "cuMemAddressReserve"));
+      if (cu::Result r = d_->MemMap(va, size_, 0, handle_.get(), 0); r != cu::kSuccess) {
+        d_->MemAddressFree(va, size_);
+        return cu::CuStatus(r, "cuMemMap (relay)");
+      }
+      std::vector<cu::MemAccessDesc> desc;
+      for (int dev : access_) desc.push_back({{cu::kLocationTypeDevice, dev}, cu::kAccessProtReadWrite});
+      if (cu::Result r = d_->MemSetAccess(va, size_, desc.data(), desc.size()); r != cu::kSuccess) {
+        d_->MemUnmap(va, size_);
+        d_->MemAddressFree(va, size_);
+        return cu::CuStatus(r, "cuMemSetAccess (relay)");
+      }
+      va_ = va;
+    }
+    return RelayView{true, gpu_, va_, size_};
+  }
   HandleKind kind() const override { return kind_; }
   absl::StatusOr<UniqueFd> Duplicate() const override {
     if (!fd_.valid()) return absl::FailedPreconditionError("fabric export has no descriptor");
@@ -46,6 +84,12 @@ class CudaObject : public MemoryObject {
   CuMemHandle handle_;
   UniqueFd fd_;
   std::string fabric_;
+  const cu::Driver* d_;
+  const uint64_t size_;
+  const int gpu_;
+  const std::vector<int> access_;
+  absl::Mutex mu_;
+  cu::DevicePtr va_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Maps [0, size) of the allocation into a scratch reservation and unmaps it:
@@ -145,8 +189,14 @@ absl::StatusOr<std::shared_ptr<MemoryObject>> CudaBackend::Adopt(const ExportCla
         prop.location.id));
   }
   PODLINK_RETURN_IF_ERROR(CheckSize(*d, h, claim.size, gpu->granularity));
+  std::vector<int> access = {gpu->ordinal};
+  for (const GpuPeer& p : gpu->peers) {
+    const GpuDevice* pd = inventory_->FindByUuid(p.uuid);
+    if (p.p2p_supported && pd != nullptr) access.push_back(pd->ordinal);
+  }
   return std::make_shared<CudaObject>(claim.kind, std::move(handle), std::move(fd),
-                                      claim.kind == HandleKind::kFabric ? fabric : std::string());
+                                      claim.kind == HandleKind::kFabric ? fabric : std::string(), d, claim.size,
+                                      gpu->ordinal, std::move(access));
 }
 
 }  // namespace podlink

@@ -1,6 +1,7 @@
 #include "daemon/gpu/host_backend.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status_util.h"
 
 namespace podlink {
@@ -17,7 +19,19 @@ namespace {
 
 class MemfdObject : public MemoryObject {
  public:
-  explicit MemfdObject(UniqueFd fd) : fd_(std::move(fd)) {}
+  MemfdObject(UniqueFd fd, uint64_t size) : fd_(std::move(fd)), size_(size) {}
+  ~MemfdObject() override {
+    if (map_ != nullptr) ::munmap(map_, size_);
+  }
+  absl::StatusOr<RelayView> MapForRelay() override {
+    absl::MutexLock l(&mu_);
+    if (map_ == nullptr) {
+      void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_.get(), 0);
+      if (p == MAP_FAILED) return ErrnoStatus(errno, "mmap export for relay");
+      map_ = p;
+    }
+    return RelayView{false, -1, reinterpret_cast<uint64_t>(map_), size_};
+  }
   HandleKind kind() const override { return HandleKind::kHostMemfd; }
   absl::StatusOr<UniqueFd> Duplicate() const override {
     int d = ::fcntl(fd_.get(), F_DUPFD_CLOEXEC, 0);
@@ -27,6 +41,9 @@ class MemfdObject : public MemoryObject {
 
  private:
   UniqueFd fd_;
+  const uint64_t size_;
+  absl::Mutex mu_;
+  void* map_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 }  // namespace
@@ -66,7 +83,7 @@ absl::StatusOr<std::shared_ptr<MemoryObject>> HostMemfdBackend::Adopt(
   if (flags < 0 || (flags & O_ACCMODE) != O_RDWR) {
     return absl::InvalidArgumentError("memfd must be open read-write");
   }
-  return std::make_shared<MemfdObject>(std::move(fd));
+  return std::make_shared<MemfdObject>(std::move(fd), claim.size);
 }
 
 }  // namespace podlink

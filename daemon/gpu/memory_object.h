@@ -15,9 +15,20 @@ enum class HandleKind : int { kPosixFd = 1, kFabric = 2, kHostMemfd = 3 };
 
 const char* HandleKindName(HandleKind k);
 
+// Where podlinkd itself reaches an export's bytes, for the relay.
+struct RelayView {
+  bool on_gpu = false;
+  int gpu = -1;           // the daemon's CUDA ordinal of the GPU holding the memory
+  uint64_t address = 0;   // host pointer, or device address in the daemon's address space
+  uint64_t size = 0;
+};
+
 class MemoryObject {
  public:
   virtual ~MemoryObject() = default;
+  // Maps the memory into the daemon once (later calls return the same view);
+  // the mapping lives as long as the object.
+  virtual absl::StatusOr<RelayView> MapForRelay() = 0;
   virtual HandleKind kind() const = 0;
   // A fresh duplicate of the descriptor for an importer (descriptor kinds).
   virtual absl::StatusOr<UniqueFd> Duplicate() const = 0;

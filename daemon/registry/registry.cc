@@ -59,6 +59,19 @@ absl::StatusOr<std::shared_ptr<const ExportRecord>> Registry::FindByName(const s
   return exports_.at(it->second).record;
 }
 
+absl::StatusOr<std::shared_ptr<const ExportRecord>> Registry::GetUsable(uint64_t id, uint64_t session) const {
+  absl::MutexLock l(&mu_);
+  auto it = exports_.find(id);
+  if (it == exports_.end()) {
+    return absl::NotFoundError(absl::StrCat("no export with id ", id, " (never existed or already gone)"));
+  }
+  if (it->second.record->owner_session != session && !it->second.importers.contains(session)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("export ", id, " is neither this session's nor imported by it: Import it first"));
+  }
+  return it->second.record;
+}
+
 absl::Status Registry::AddImporter(uint64_t id, uint64_t session) {
   absl::MutexLock l(&mu_);
   auto it = exports_.find(id);

@@ -55,6 +55,11 @@ class Registry {
                                                                  const std::string& name) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The export if `session` owns it or holds an import of it (the relay's
+  // check for every request).
+  absl::StatusOr<std::shared_ptr<const ExportRecord>> GetUsable(uint64_t id, uint64_t session) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Records that `session` imported export `id`; NOT_FOUND if it is gone.
   absl::Status AddImporter(uint64_t id, uint64_t session) ABSL_LOCKS_EXCLUDED(mu_);
 
