@@ -574,6 +574,19 @@ absl::Status Client::Release(uint64_t export_id) {
   return impl_->Call<v1::ReleaseRequest, v1::ReleaseResponse>(&v1::Broker::Stub::Release, req).status();
 }
 
+absl::Status Client::OpenRelayRing(int ring_memfd, int doorbell_eventfd, uint32_t sq_entries, uint32_t cq_entries,
+                                   uint32_t nq_entries) {
+  PODLINK_ASSIGN_OR_RETURN(uint64_t ring_slot, impl_->Offer(ring_memfd));
+  PODLINK_ASSIGN_OR_RETURN(uint64_t bell_slot, impl_->Offer(doorbell_eventfd));
+  v1::OpenRelayRequest req;
+  req.set_ring_slot(ring_slot);
+  req.set_doorbell_slot(bell_slot);
+  req.set_sq_entries(sq_entries);
+  req.set_cq_entries(cq_entries);
+  req.set_nq_entries(nq_entries);
+  return impl_->Call<v1::OpenRelayRequest, v1::OpenRelayResponse>(&v1::Broker::Stub::OpenRelay, req).status();
+}
+
 absl::StatusOr<std::vector<ExportInfo>> Client::List() {
   PODLINK_ASSIGN_OR_RETURN(v1::ListResponse r, (impl_->Call<v1::ListRequest, v1::ListResponse>(
                                                    &v1::Broker::Stub::List, v1::ListRequest())));

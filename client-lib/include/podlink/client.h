@@ -239,6 +239,11 @@ class PODLINK_API Client {
   absl::Status Release(uint64_t export_id);
   absl::StatusOr<std::vector<ExportInfo>> List();
 
+  // Hands podlinkd this session's relay ring and doorbell (see
+  // common/relay_ring.h; TransferEngine does this for you).
+  absl::Status OpenRelayRing(int ring_memfd, int doorbell_eventfd, uint32_t sq_entries, uint32_t cq_entries,
+                             uint32_t nq_entries);
+
   // Calls `cb` from a private thread for each event of this session.
   absl::StatusOr<std::unique_ptr<Watcher>> Watch(std::function<void(const WatchEvent&)> cb);
 

@@ -1,0 +1,123 @@
+// One-sided transfers between pods, shaped after what KV-cache movers (NIXL,
+// UCCL P2P, Mooncake) call: register local memory, advertise it as a small
+// serializable descriptor, and write/read into a peer's region.
+//
+//   TransferEngine eng = *TransferEngine::Create(client);
+//   LocalRegion kv = *eng.Register(*gpu_buffer);
+//   std::string wire = eng.Describe(kv).Serialize();     // ship it through your own channel
+//   ...peer...
+//   RemoteRegion peer = *eng.Open(*RegionDescriptor::Parse(wire));
+//   eng.Write({&kv, 0, &peer, 0, 1 << 20});
+//   eng.Notify(peer, /*value=*/42);                      // delivered after the data is visible
+//
+// The transport is chosen per remote region and logged once: host memcpy for
+// host-memory exports, direct (mapped in this process, copied by this
+// process's GPU) where the peer's GPU is accessible, otherwise the relay
+// (podlinkd copies with the GPUs' copy engines).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "podlink/client.h"
+
+namespace podlink {
+
+struct PODLINK_API RegionDescriptor {
+  std::string node_id;
+  uint64_t export_id = 0;
+  uint64_t size = 0;
+  HandleType handle_type = HandleType::kHostMemfd;
+  std::string gpu_uuid;
+
+  // "podlink1;<node>;<id>;<size>;<type>;<uuid>": text, at most ~150 bytes.
+  std::string Serialize() const;
+  static absl::StatusOr<RegionDescriptor> Parse(absl::string_view text);
+};
+
+enum class Transport { kHostMemcpy = 1, kDirect = 2, kRelay = 3 };
+PODLINK_API const char* TransportName(Transport t);
+
+// Memory of this process registered with the engine (exported to podlinkd).
+struct LocalRegion {
+  uint64_t export_id = 0;
+  uint64_t size = 0;
+  void* host = nullptr;         // host memory
+  uint64_t device_ptr = 0;      // GPU memory
+};
+
+// A peer's region, opened (imported) by this process.
+struct RemoteRegion {
+  uint64_t export_id = 0;
+  uint64_t size = 0;
+  Transport transport = Transport::kRelay;
+};
+
+struct TransferOp {
+  const LocalRegion* local = nullptr;
+  uint64_t local_offset = 0;
+  const RemoteRegion* remote = nullptr;
+  uint64_t remote_offset = 0;
+  uint64_t length = 0;
+};
+
+struct Notification {
+  uint64_t export_id = 0;  // which of this process's regions the peer named
+  uint64_t value = 0;
+};
+
+class PODLINK_API TransferEngine {
+ public:
+  struct Options {
+    uint32_t ring_entries = 512;  // relay queue depth (power of two)
+    bool allow_direct = true;     // map peers' GPU memory when this container can
+    int device = 0;               // this process's CUDA ordinal used for direct copies
+    absl::Duration timeout = absl::Seconds(30);
+    bool log_transport = true;    // one stderr line per transport the first time it is used
+    bool force_relay = false;     // always let podlinkd move the bytes (tests, benchmarks)
+  };
+
+  // The client must outlive the engine.
+  static absl::StatusOr<std::unique_ptr<TransferEngine>> Create(Client& client, Options options);
+  static absl::StatusOr<std::unique_ptr<TransferEngine>> Create(Client& client) { return Create(client, Options()); }
+  ~TransferEngine();
+
+  absl::StatusOr<LocalRegion> Register(const GpuBuffer& buf, const ExportOptions& opts = {});
+  absl::StatusOr<LocalRegion> Register(const HostBuffer& buf, const ExportOptions& opts = {});
+  absl::StatusOr<RegionDescriptor> Describe(const LocalRegion& region);
+  absl::StatusOr<RemoteRegion> Open(const RegionDescriptor& desc);
+
+  // Blocking: return when every byte is at its destination.
+  absl::Status Write(const TransferOp& op);
+  absl::Status Read(const TransferOp& op);
+  absl::Status Writev(const std::vector<TransferOp>& ops);
+  absl::Status Readv(const std::vector<TransferOp>& ops);
+
+  // Non-blocking: returns a batch id for Poll / Wait.
+  absl::StatusOr<uint64_t> WriteAsync(const std::vector<TransferOp>& ops);
+  absl::StatusOr<uint64_t> ReadAsync(const std::vector<TransferOp>& ops);
+  // true once the batch is complete (its status is then returned by Wait).
+  absl::StatusOr<bool> Poll(uint64_t batch);
+  absl::Status Wait(uint64_t batch);
+
+  // Tells the owner of `remote` `value` once every earlier transfer of this
+  // engine is visible at its destination.
+  absl::Status Notify(const RemoteRegion& remote, uint64_t value);
+  // Notifications peers sent to this process's regions (relay ring only).
+  std::vector<Notification> PollNotifications();
+
+  class Impl;
+
+ private:
+  explicit TransferEngine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace podlink
