@@ -14,7 +14,9 @@ namespace {
 UniqueFd Memfd(size_t size, int seals) {
   UniqueFd fd(::memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   EXPECT_EQ(::ftruncate(fd.get(), size), 0);
-  if (seals) EXPECT_EQ(::fcntl(fd.get(), F_ADD_SEALS, seals), 0);
+  if (seals) {
+    EXPECT_EQ(::fcntl(fd.get(), F_ADD_SEALS, seals), 0);
+  }
   return fd;
 }
 

@@ -1,0 +1,337 @@
+// The relay on host memory (memcpy in place of the copy engine): random
+// transfers checked byte for byte against poisoned destinations, batches,
+// notifications ordered after data, hostile rings and requests, floods and
+// fairness between sessions.
+#include <fcntl.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "common/relay_ring.h"
+#include "gtest/gtest.h"
+#include "podlink/client.h"
+#include "podlink/transfer.h"
+#include "tests/integration/harness.h"
+
+namespace podlink::testing {
+namespace {
+
+constexpr uint8_t kPoison = 0xA5;
+
+struct Peer {
+  std::unique_ptr<Client> client;
+  std::unique_ptr<TransferEngine> engine;
+  std::unique_ptr<HostBuffer> buf;
+  LocalRegion region;
+};
+
+Peer MakePeer(const Daemon& d, size_t size, uint8_t fill) {
+  Peer p;
+  p.client = *Client::Connect({.socket_dir = d.dir()});
+  TransferEngine::Options o;
+  o.force_relay = true;
+  o.log_transport = false;
+  auto e = TransferEngine::Create(*p.client, o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  p.engine = *std::move(e);
+  p.buf = *p.client->AllocateHost(size);
+  std::memset(p.buf->data(), fill, size);
+  p.region = *p.engine->Register(*p.buf);
+  return p;
+}
+
+class Relay : public ::testing::Test {
+ protected:
+  Relay() : daemon_("{}") {}
+  // b opens a's region (same standalone identity: same-pod policy applies).
+  RemoteRegion Open(Peer& from, Peer& to) {
+    auto desc = to.engine->Describe(to.region);
+    EXPECT_TRUE(desc.ok()) << desc.status();
+    auto parsed = RegionDescriptor::Parse(desc->Serialize());
+    EXPECT_TRUE(parsed.ok());
+    auto r = from.engine->Open(*parsed);
+    EXPECT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->transport, Transport::kRelay);
+    return *r;
+  }
+  Daemon daemon_;
+};
+
+TEST_F(Relay, RandomWritesAndReadsByteForByte) {
+  constexpr size_t kSize = 4 << 20;
+  Peer a = MakePeer(daemon_, kSize, kPoison);
+  Peer b = MakePeer(daemon_, kSize, 0);
+  std::mt19937_64 rng(1234);
+  auto* src = static_cast<uint8_t*>(b.buf->data());
+  for (size_t i = 0; i < kSize; ++i) src[i] = static_cast<uint8_t>(rng());
+  RemoteRegion ra = Open(b, a);
+  std::vector<uint8_t> expect(kSize, kPoison);
+  for (int i = 0; i < 300; ++i) {
+    uint64_t len = 1 + rng() % (i % 10 == 0 ? kSize : 65536);
+    uint64_t roff = rng() % (kSize - len + 1);
+    uint64_t loff = rng() % (kSize - len + 1);
+    ASSERT_TRUE(b.engine->Write({&b.region, loff, &ra, roff, len}).ok());
+    std::memcpy(expect.data() + roff, src + loff, len);
+  }
+  ASSERT_EQ(std::memcmp(a.buf->data(), expect.data(), kSize), 0) << "remote memory differs from the model";
+  // Reads into a poisoned local buffer.
+  std::memset(b.buf->data(), kPoison, kSize);
+  std::vector<uint8_t> local(kSize, kPoison);
+  for (int i = 0; i < 200; ++i) {
+    uint64_t len = 1 + rng() % 100000;
+    uint64_t roff = rng() % (kSize - len + 1);
+    uint64_t loff = rng() % (kSize - len + 1);
+    ASSERT_TRUE(b.engine->Read({&b.region, loff, &ra, roff, len}).ok());
+    std::memcpy(local.data() + loff, expect.data() + roff, len);
+  }
+  ASSERT_EQ(std::memcmp(b.buf->data(), local.data(), kSize), 0);
+}
+
+TEST_F(Relay, AsyncBatchesAndNotificationAfterData) {
+  constexpr size_t kSize = 1 << 20;
+  Peer a = MakePeer(daemon_, kSize, kPoison);
+  Peer b = MakePeer(daemon_, kSize, 7);
+  RemoteRegion ra = Open(b, a);
+  std::vector<TransferOp> ops;
+  for (uint64_t i = 0; i < 256; ++i) ops.push_back({&b.region, i * 4096, &ra, i * 4096, 4096});
+  auto id = b.engine->WriteAsync(ops);
+  ASSERT_TRUE(id.ok()) << id.status();
+  absl::StatusOr<bool> done;
+  do {
+    done = b.engine->Poll(*id);
+    ASSERT_TRUE(done.ok()) << done.status();
+  } while (!*done);
+  EXPECT_TRUE(b.engine->Wait(*id).ok());
+  EXPECT_EQ(b.engine->Wait(*id).code(), absl::StatusCode::kNotFound);  // a batch is waited for once
+  // Writes then a notification: when a sees it, the bytes are there.
+  std::memset(b.buf->data(), 9, kSize);
+  auto id2 = b.engine->WriteAsync({{&b.region, 0, &ra, 0, kSize}});
+  ASSERT_TRUE(id2.ok());
+  ASSERT_TRUE(b.engine->Notify(ra, 42).ok());
+  std::vector<Notification> got;
+  for (int i = 0; i < 100000 && got.empty(); ++i) got = a.engine->PollNotifications();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].export_id, a.region.export_id);
+  EXPECT_EQ(got[0].value, 42u);
+  auto* p = static_cast<uint8_t*>(a.buf->data());
+  EXPECT_EQ(p[0], 9);
+  EXPECT_EQ(p[kSize - 1], 9);
+  EXPECT_TRUE(b.engine->Wait(*id2).ok());
+}
+
+TEST_F(Relay, BadRequestsFailThatOpOnly) {
+  constexpr size_t kSize = 1 << 16;
+  Peer a = MakePeer(daemon_, kSize, kPoison);
+  Peer b = MakePeer(daemon_, kSize, 1);
+  RemoteRegion ra = Open(b, a);
+  // Client-side checks with clear messages.
+  absl::Status s = b.engine->Write({&b.region, 0, &ra, kSize - 10, 11});
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(s.message().find("exceeds region"), absl::string_view::npos) << s;
+  EXPECT_EQ(b.engine->Write({&b.region, ~0ull, &ra, 0, 2}).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(b.engine->Write({&b.region, 0, &ra, 0, 0}).code(), absl::StatusCode::kInvalidArgument);
+  RemoteRegion unknown{999999, kSize, Transport::kRelay};
+  EXPECT_EQ(b.engine->Write({&b.region, 0, &unknown, 0, 1}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(b.engine->Write({&b.region, 0, &ra, 0, kSize}).ok());
+  // Descriptors that are not descriptors.
+  for (const char* bad : {"", "podlink1;x", "podlink2;n;1;2;1;", "podlink1;n;x;2;1;", "podlink1;n;1;2;9;"}) {
+    EXPECT_EQ(RegionDescriptor::Parse(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  RegionDescriptor other{"another-node", a.region.export_id, kSize, HandleType::kHostMemfd, ""};
+  EXPECT_EQ(b.engine->Open(other).status().code(), absl::StatusCode::kUnimplemented);
+}
+
+// A client that writes the ring by hand.
+class RawRing {
+ public:
+  RawRing(Client& c, uint32_t entries) {
+    layout_ = *RingLayout::Make(entries, entries, entries);
+    fd_ = ::memfd_create("raw-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    EXPECT_EQ(::ftruncate(fd_, layout_.total), 0);
+    EXPECT_EQ(::fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
+    base_ = static_cast<char*>(::mmap(nullptr, layout_.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0));
+    hdr()->magic = kRingMagic;
+    hdr()->version = kRingVersion;
+    hdr()->sq_entries = hdr()->cq_entries = hdr()->nq_entries = entries;
+    bell_ = ::eventfd(0, EFD_CLOEXEC);
+    status_ = c.OpenRelayRing(fd_, bell_, entries, entries, entries);
+  }
+  ~RawRing() {
+    ::munmap(base_, layout_.total);
+    ::close(fd_);
+    ::close(bell_);
+  }
+  RingHeader* hdr() { return reinterpret_cast<RingHeader*>(base_); }
+  void Push(const RelaySqe& e) {
+    reinterpret_cast<RelaySqe*>(base_ + layout_.sq_offset)[tail_ & (layout_.sq_entries - 1)] = e;
+    ++tail_;
+    hdr()->sq_tail.value.store(tail_, std::memory_order_seq_cst);
+    uint64_t one = 1;
+    (void)!::write(bell_, &one, sizeof(one));
+  }
+  // Waits for the next completion.
+  std::optional<RelayCqe> Next() {
+    for (int i = 0; i < 2000000; ++i) {
+      if (hdr()->cq_tail.value.load(std::memory_order_acquire) != head_) {
+        RelayCqe c = reinterpret_cast<RelayCqe*>(base_ + layout_.cq_offset)[head_ & (layout_.cq_entries - 1)];
+        ++head_;
+        hdr()->cq_head.value.store(head_, std::memory_order_release);
+        return c;
+      }
+      if (i % 1000 == 999) std::this_thread::yield();
+    }
+    return std::nullopt;
+  }
+  uint32_t tail_ = 0;
+  absl::Status status_;
+
+ private:
+  RingLayout layout_;
+  int fd_ = -1, bell_ = -1;
+  char* base_ = nullptr;
+  uint32_t head_ = 0;
+};
+
+TEST_F(Relay, HostileRequestsOnARawRing) {
+  constexpr size_t kSize = 1 << 16;
+  Peer victim = MakePeer(daemon_, kSize, kPoison);  // exported, never imported by the attacker
+  auto attacker = *Client::Connect({.socket_dir = daemon_.dir()});
+  auto own = *attacker->AllocateHost(kSize);
+  uint64_t own_id = *attacker->Export(*own);
+  Peer imported = MakePeer(daemon_, kSize, kPoison);
+  auto imp = attacker->Import(imported.region.export_id);
+  ASSERT_TRUE(imp.ok());
+  RawRing ring(*attacker, 16);
+  ASSERT_TRUE(ring.status_.ok()) << ring.status_;
+  struct Case {
+    RelaySqe sqe;
+    absl::StatusCode expect;
+  };
+  auto sqe = [&](uint32_t op, uint64_t l, uint64_t loff, uint64_t r, uint64_t roff, uint64_t len) {
+    RelaySqe e{};
+    e.opcode = op;
+    e.local_export = l;
+    e.local_offset = loff;
+    e.remote_export = r;
+    e.remote_offset = roff;
+    e.length = len;
+    return e;
+  };
+  uint64_t victim_id = victim.region.export_id, imp_id = imported.region.export_id;
+  std::vector<Case> cases = {
+      {sqe(1, own_id, 0, imp_id, 0, 4096), absl::StatusCode::kOk},
+      {sqe(1, own_id, 0, victim_id, 0, 4096), absl::StatusCode::kPermissionDenied},  // not imported
+      {sqe(2, own_id, 0, victim_id, 0, 4096), absl::StatusCode::kPermissionDenied},
+      {sqe(1, victim_id, 0, imp_id, 0, 4096), absl::StatusCode::kPermissionDenied},  // not its local region
+      {sqe(1, own_id, 0, 424242, 0, 1), absl::StatusCode::kNotFound},
+      {sqe(1, own_id, 0, imp_id, kSize, 1), absl::StatusCode::kOutOfRange},
+      {sqe(1, own_id, 1, imp_id, 0, kSize), absl::StatusCode::kOutOfRange},
+      {sqe(1, own_id, 0, imp_id, ~0ull - 1, 4), absl::StatusCode::kOutOfRange},  // wrap-around
+      {sqe(1, own_id, 0, imp_id, 8, ~0ull - 4), absl::StatusCode::kOutOfRange},
+      {sqe(1, own_id, 0, imp_id, 0, 0), absl::StatusCode::kInvalidArgument},
+      {sqe(7, own_id, 0, imp_id, 0, 1), absl::StatusCode::kInvalidArgument},
+      {sqe(1, own_id, 0, own_id, 0, 8), absl::StatusCode::kInvalidArgument},  // overlapping self-copy
+      {sqe(3, 0, 0, victim_id, 0, 1), absl::StatusCode::kPermissionDenied},  // notify a stranger
+  };
+  RelaySqe flags = sqe(1, own_id, 0, imp_id, 0, 1);
+  flags.flags = 1;
+  cases.push_back({flags, absl::StatusCode::kInvalidArgument});
+  for (size_t i = 0; i < cases.size(); ++i) {
+    cases[i].sqe.user_data = 100 + i;
+    ring.Push(cases[i].sqe);
+    auto c = ring.Next();
+    ASSERT_TRUE(c.has_value()) << "case " << i;
+    EXPECT_EQ(c->user_data, 100 + i);
+    EXPECT_EQ(static_cast<absl::StatusCode>(c->status), cases[i].expect) << "case " << i;
+  }
+  // No byte of the victim was touched.
+  auto* v = static_cast<uint8_t*>(victim.buf->data());
+  for (size_t i = 0; i < kSize; ++i) ASSERT_EQ(v[i], kPoison) << "victim byte " << i;
+  // Garbage indices: the daemon stops serving this ring and says so.
+  ring.tail_ += 1000000;
+  ring.hdr()->sq_tail.value.store(ring.tail_, std::memory_order_seq_cst);
+  ring.Push(sqe(1, own_id, 0, imp_id, 0, 1));
+  uint32_t st = 0;
+  for (int i = 0; i < 200000 && st == 0; ++i) {
+    st = ring.hdr()->daemon_status.value.load(std::memory_order_acquire);
+    if (i % 100 == 99) std::this_thread::yield();
+  }
+  EXPECT_EQ(st, static_cast<uint32_t>(absl::StatusCode::kDataLoss));
+  // Other sessions are still served.
+  Peer a = MakePeer(daemon_, kSize, 0);
+  Peer b = MakePeer(daemon_, kSize, 3);
+  RemoteRegion ra = Open(b, a);
+  EXPECT_TRUE(b.engine->Write({&b.region, 0, &ra, 0, kSize}).ok());
+  EXPECT_EQ(static_cast<uint8_t*>(a.buf->data())[kSize - 1], 3);
+  EXPECT_TRUE(daemon_.Alive());
+}
+
+TEST_F(Relay, BadRingsAreRefused) {
+  auto c = *Client::Connect({.socket_dir = daemon_.dir()});
+  int bell = ::eventfd(0, EFD_CLOEXEC);
+  // Unsealed memfd: the client could truncate it under the daemon.
+  int fd = ::memfd_create("r", MFD_CLOEXEC);
+  auto layout = *RingLayout::Make(8, 8, 8);
+  ASSERT_EQ(::ftruncate(fd, layout.total), 0);
+  absl::Status s = c->OpenRelayRing(fd, bell, 8, 8, 8);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("sealed"), absl::string_view::npos) << s;
+  ::close(fd);
+  // Sealed, but the header does not match.
+  fd = ::memfd_create("r", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_EQ(::ftruncate(fd, layout.total), 0);
+  ASSERT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
+  s = c->OpenRelayRing(fd, bell, 8, 8, 8);
+  EXPECT_NE(s.message().find("header"), absl::string_view::npos) << s;
+  // Sizes that are not powers of two; a doorbell that is not an eventfd.
+  EXPECT_EQ(c->OpenRelayRing(fd, bell, 7, 8, 8).code(), absl::StatusCode::kInvalidArgument);
+  int p[2];
+  ASSERT_EQ(::pipe(p), 0);
+  s = c->OpenRelayRing(fd, p[0], 8, 8, 8);
+  EXPECT_NE(s.message().find("eventfd"), absl::string_view::npos) << s;
+  // Too small for the layout it claims.
+  int small = ::memfd_create("r", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  ASSERT_EQ(::ftruncate(small, 4096), 0);
+  ASSERT_EQ(::fcntl(small, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
+  EXPECT_EQ(c->OpenRelayRing(small, bell, 1024, 1024, 1024).code(), absl::StatusCode::kInvalidArgument);
+  for (int x : {fd, bell, p[0], p[1], small}) ::close(x);
+  // A second ring for one session.
+  TransferEngine::Options o;
+  o.log_transport = false;
+  auto e1 = TransferEngine::Create(*c, o);
+  ASSERT_TRUE(e1.ok()) << e1.status();
+  EXPECT_EQ(TransferEngine::Create(*c, o).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(Relay, ABusySessionDoesNotStarveAnother) {
+  constexpr size_t kSize = 8 << 20;
+  Peer a = MakePeer(daemon_, kSize, 0);
+  Peer busy = MakePeer(daemon_, kSize, 1);
+  Peer small = MakePeer(daemon_, 1 << 16, 2);
+  RemoteRegion ra_busy = Open(busy, a);
+  RemoteRegion ra_small = Open(small, a);
+  std::vector<TransferOp> flood;
+  for (int i = 0; i < 3000; ++i) flood.push_back({&busy.region, 0, &ra_busy, 0, 1 << 20});
+  std::atomic<bool> flood_done{false};
+  std::thread t([&] {
+    EXPECT_TRUE(busy.engine->Writev(flood).ok());
+    flood_done = true;
+  });
+  // Wait until the flood is under way, then do small transfers.
+  while (static_cast<uint8_t*>(a.buf->data())[0] != 1) std::this_thread::yield();
+  std::vector<TransferOp> ops;
+  for (int i = 0; i < 64; ++i) ops.push_back({&small.region, 0, &ra_small, static_cast<uint64_t>((1 << 20) + i * 1024), 1024});
+  EXPECT_TRUE(small.engine->Writev(ops).ok());
+  bool finished_first = !flood_done.load();
+  t.join();
+  EXPECT_TRUE(finished_first) << "the small session waited for the whole flood";
+  EXPECT_EQ(static_cast<uint8_t*>(a.buf->data())[(1 << 20) + 5], 2);
+}
+
+}  // namespace
+}  // namespace podlink::testing
