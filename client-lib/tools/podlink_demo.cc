@@ -8,6 +8,9 @@
 //   podlink-demo import (--id N | --name X) [--gpu D] [--verify S] [--writeback S2]
 //                       [--hold] [--watch]
 //   podlink-demo cycle --count N --size B     (export/import/close loop for leak tests)
+//   podlink-demo kv-serve --size N [--gpu D] --verify S    (register, print descriptor, wait for a
+//                                                          notification, check the bytes)
+//   podlink-demo kv-put --desc D [--gpu D] --seed S [--relay]  (write a whole region one-sided, notify)
 #include <unistd.h>
 
 #include <chrono>
@@ -23,6 +26,7 @@
 #include "common/cuda_driver.h"
 #include "nlohmann/json.hpp"
 #include "podlink/client.h"
+#include "podlink/transfer.h"
 
 using nlohmann::json;
 
@@ -36,7 +40,8 @@ struct Opts {
   uint64_t id = 0;
   std::vector<podlink::PodRef> allow;
   int seed = -1, writeback = -1, verify = -1, expect_writeback = -1;
-  bool await_import = false, commands = false, hold = false, watch = false;
+  bool await_import = false, commands = false, hold = false, watch = false, relay = false;
+  std::string desc;
   uint64_t count = 100;
 };
 
@@ -151,6 +156,8 @@ bool ParseArgs(int argc, char** argv, Opts& o) {
     else if (k == "--commands") o.commands = true;
     else if (k == "--hold") o.hold = true;
     else if (k == "--watch") o.watch = true;
+    else if (k == "--relay") o.relay = true;
+    else if (k == "--desc") o.desc = next();
     else if (k == "--allow") {
       std::vector<std::string> p = absl::StrSplit(next(), '/');
       if (p.size() != 2) {
@@ -319,6 +326,91 @@ int Import(podlink::Client& c, const Opts& o) {
   return 0;
 }
 
+// Registers a region, prints its descriptor, waits for the peer's
+// notification, then checks every byte.
+int KvServe(podlink::Client& c, const Opts& o) {
+  podlink::TransferEngine::Options eo;
+  eo.device = std::max(o.gpu, 0);
+  auto eng = podlink::TransferEngine::Create(c, eo);
+  if (!eng.ok()) Die("engine", eng.status());
+  std::unique_ptr<podlink::HostBuffer> host;
+  std::unique_ptr<podlink::GpuBuffer> gpu;
+  Region r;
+  absl::StatusOr<podlink::LocalRegion> reg;
+  if (o.gpu < 0) {
+    host = *c.AllocateHost(o.size);
+    r = {host->data(), 0, host->size(), -1};
+    std::memset(host->data(), 0xA5, host->size());
+    reg = (*eng)->Register(*host, {o.name, o.allow});
+  } else {
+    auto b = c.AllocateGpu(o.size, o.gpu);
+    if (!b.ok()) Die("allocate", b.status());
+    gpu = *std::move(b);
+    r = {nullptr, gpu->device_ptr(), gpu->size(), o.gpu};
+    podlink::cu::LoadDriver().value()->MemsetD8(gpu->device_ptr(), 0xA5, gpu->size());
+    reg = (*eng)->Register(*gpu, {o.name, o.allow});
+  }
+  if (!reg.ok()) Die("register", reg.status());
+  auto desc = (*eng)->Describe(*reg);
+  if (!desc.ok()) Die("describe", desc.status());
+  Emit({{"event", "serving"}, {"descriptor", desc->Serialize()}, {"size", r.size}});
+  std::vector<podlink::Notification> n;
+  for (int i = 0; i < 120000 && n.empty(); ++i) {
+    n = (*eng)->PollNotifications();
+    if (n.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (n.empty()) Die("kv-serve", absl::DeadlineExceededError("no notification within 120 s"));
+  auto [bad, first] = Check(r, 0, r.size, o.verify);
+  Emit({{"event", "verified"}, {"notification", n[0].value}, {"bytes", r.size}, {"mismatches", bad},
+        {"first_bad", first}});
+  return bad == 0 ? 0 : 3;
+}
+
+// Writes a whole peer region one-sided, in 64 MiB operations, then notifies.
+int KvPut(podlink::Client& c, const Opts& o) {
+  auto desc = podlink::RegionDescriptor::Parse(o.desc);
+  if (!desc.ok()) Die("descriptor", desc.status());
+  podlink::TransferEngine::Options eo;
+  eo.device = std::max(o.gpu, 0);
+  eo.force_relay = o.relay;
+  auto eng = podlink::TransferEngine::Create(c, eo);
+  if (!eng.ok()) Die("engine", eng.status());
+  std::unique_ptr<podlink::HostBuffer> host;
+  std::unique_ptr<podlink::GpuBuffer> gpu;
+  Region r;
+  absl::StatusOr<podlink::LocalRegion> reg;
+  if (o.gpu < 0) {
+    host = *c.AllocateHost(desc->size);
+    r = {host->data(), 0, host->size(), -1};
+    Fill(r, 0, r.size, o.seed);
+    reg = (*eng)->Register(*host);
+  } else {
+    auto b = c.AllocateGpu(desc->size, o.gpu);
+    if (!b.ok()) Die("allocate", b.status());
+    gpu = *std::move(b);
+    r = {nullptr, gpu->device_ptr(), gpu->size(), o.gpu};
+    Fill(r, 0, r.size, o.seed);
+    reg = (*eng)->Register(*gpu);
+  }
+  if (!reg.ok()) Die("register", reg.status());
+  auto remote = (*eng)->Open(*desc);
+  if (!remote.ok()) Die("open", remote.status());
+  std::vector<podlink::TransferOp> ops;
+  for (uint64_t off = 0; off < desc->size; off += kChunk) {
+    ops.push_back({&*reg, off, &*remote, off, std::min(kChunk, desc->size - off)});
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  absl::Status st = (*eng)->Writev(ops);
+  auto t1 = std::chrono::steady_clock::now();
+  if (!st.ok()) Die("write", st);
+  st = (*eng)->Notify(*remote, 1);
+  if (!st.ok()) Die("notify", st);
+  double secs = std::chrono::duration<double>(t1 - t0).count();
+  Emit({{"event", "put"}, {"transport", podlink::TransportName(remote->transport)}, {"bytes", desc->size},
+        {"seconds", secs}, {"gbps", desc->size / secs / 1e9}});
+  return 0;
+}
+
 // Export -> import -> map -> close, `count` times, each on fresh sessions.
 int Cycle(const Opts& o) {
   for (uint64_t i = 0; i < o.count; ++i) {
@@ -362,6 +454,8 @@ int main(int argc, char** argv) {
   if (o.cmd == "info") return Info(**c);
   if (o.cmd == "export") return Export(**c, o);
   if (o.cmd == "import") return Import(**c, o);
+  if (o.cmd == "kv-serve") return KvServe(**c, o);
+  if (o.cmd == "kv-put") return KvPut(**c, o);
   std::cerr << "unknown command " << o.cmd << "\n";
   return 2;
 }

@@ -179,3 +179,47 @@ TEST_F(BrokerNamespaces, ReleaseTellsImportersAndDoubleReleaseIsAnError) {
 
 }  // namespace
 }  // namespace podlink::testing
+
+namespace podlink::testing {
+namespace {
+
+// One-sided KV-cache style transfer between two pods: the receiver registers
+// a region and ships its descriptor; the sender writes it whole and notifies.
+void KvBetweenPods(Daemon& daemon, const PodCgroup& server_cg, const PodCgroup& client_cg, bool relay,
+                   const std::string& expect_transport) {
+  Pod server(daemon, &server_cg, {"kv-serve", "--size", "16777216", "--verify", "77"});
+  nlohmann::json s = server.Expect("serving");
+  ASSERT_EQ(s["event"], "serving") << s.dump();
+  std::vector<std::string> args = {"kv-put", "--desc", s["descriptor"].get<std::string>(), "--seed", "77"};
+  if (relay) args.push_back("--relay");
+  Pod client(daemon, &client_cg, args);
+  nlohmann::json put = client.Expect("put");
+  ASSERT_EQ(put["event"], "put") << put.dump();
+  EXPECT_EQ(put["transport"], expect_transport);
+  EXPECT_EQ(put["bytes"], 16777216);
+  nlohmann::json v = server.Expect("verified");
+  EXPECT_EQ(v["mismatches"], 0) << v.dump();
+  EXPECT_EQ(v["notification"], 1);
+  EXPECT_EQ(server.Wait(), 0);
+  EXPECT_EQ(client.Wait(), 0);
+}
+
+TEST_F(BrokerNamespaces, KvTransferThroughTheRelayBetweenPods) {
+  KvBetweenPods(daemon_, prefill_, decode_, /*relay=*/true, "podlink/relay");
+}
+
+TEST_F(BrokerNamespaces, KvTransferOverHostMappingBetweenPods) {
+  KvBetweenPods(daemon_, prefill_, decode_, /*relay=*/false, "podlink/host");
+}
+
+TEST_F(BrokerNamespaces, KvTransferToAPodOutsideTheGroupIsDenied) {
+  Pod server(daemon_, &prefill_, {"kv-serve", "--size", "65536", "--verify", "1"});
+  nlohmann::json s = server.Expect("serving");
+  Pod client(daemon_, &intruder_, {"kv-put", "--desc", s["descriptor"].get<std::string>(), "--seed", "1", "--relay"});
+  nlohmann::json e = client.Expect("put");
+  EXPECT_EQ(e["event"], "error");
+  EXPECT_EQ(e["code"], "PERMISSION_DENIED") << e.dump();
+}
+
+}  // namespace
+}  // namespace podlink::testing
