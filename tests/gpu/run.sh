@@ -95,6 +95,32 @@ WB_BAD=$(echo "$line" | field mismatches); WB_BYTES=$(echo "$line" | field bytes
 ROWS+=("| exporter reads back pod C's writes (NVLink, GPU1 -> GPU0 memory) | $([ "$WB_BAD" = 0 ] && echo works || echo fails) | $WB_BYTES | $WB_BAD | - |")
 echo "exit" >&"${EXP[1]}"; wait "$EXP_PID" 2>/dev/null
 
+# --- one-sided KV transfers between isolated pods (relay and direct) --------
+kv() {  # label server-pod server-mask client-pod client-mask client-gpu expect-transport
+  local label=$1 sp=$2 sm=$3 cp=$4 cm=$5 cg=$6 expect=$7
+  coproc SRV { pod "$sp" "$sm" kv-serve --gpu 0 --size $SIZE --verify 99 2>&1; }
+  read -r -t 120 line <&"${SRV[0]}"; echo "$line"
+  local desc=$(echo "$line" | field descriptor)
+  pod "$cp" "$cm" kv-put --desc "$desc" --gpu "$cg" --seed 99 > "$WORK/kv.json" 2>&1; cat "$WORK/kv.json"
+  read -r -t 120 vline <&"${SRV[0]}"; echo "$vline"
+  wait "$SRV_PID" 2>/dev/null
+  local put=$(grep '"put"' "$WORK/kv.json")
+  local tr=$(echo "$put" | field transport) gbps=$(echo "$put" | field gbps)
+  local bad=$(echo "$vline" | field mismatches) bytes=$(echo "$vline" | field bytes)
+  local ok=fails; [ "$bad" = 0 ] && [ "$tr" = "$expect" ] && ok=works
+  ROWS+=("| $label | $ok ($tr) | $bytes | ${bad:--} | $(printf '%.1f' "${gbps:-0}") GB/s incl. setup |")
+}
+echo "== KV: pod B (GPU1 only) writes 1 GiB into pod A's GPU0 region: must go via the relay"
+kv "one-sided write, pod on GPU1 -> pod on GPU0, no peer device node" A /dev/nvidia1 B /dev/nvidia0 0 podlink/relay
+echo "== KV: pod C (both device nodes, direct mode) writes 1 GiB into pod A's GPU0 region"
+kv "one-sided write, direct-mode pod on GPU1 -> pod on GPU0" A /dev/nvidia1 C "" 1 podlink/direct
+
+echo "== podlink-bench (host namespaces, GPU0 -> GPU1)"
+PODLINK_SOCKET=$SOCK "$BIN/podlink-bench" --src-gpu 0 --dst-gpu 1 --csv "$OUT/bench.csv" --json "$OUT/bench.json" \
+  > "$OUT/bench.md"
+cat "$OUT/bench.md"
+echo "relay counters in the daemon log:"; grep -c "event=relay_open" "$OUT/podlinkd.log"
+
 kill $DPID; wait $DPID 2>/dev/null
 [ $CG_OK = 1 ] && find "$CG/podlink-gpu-$$" -depth -type d -exec rmdir {} \; 2>/dev/null
 
@@ -112,6 +138,9 @@ GT=$(grep -E "^\[  (PASSED|FAILED)  \]" "$OUT/gpu_broker_test.log" | head -2 | t
   for r in "${ROWS[@]}"; do echo "$r"; done
   echo
   echo "gtests: $GT"
+  echo
+  echo "podlink-bench (GPU0 -> GPU1, 1 GiB written whole in operations of each size, mean of 5 passes):"
+  cat "$OUT/bench.md"
   grep -E "^GPU cycle" "$OUT/gpu_broker_test.log"
 } | tee "$OUT/summary.md"
 rm -rf "$WORK"

@@ -1,0 +1,249 @@
+// podlink-bench: GPU-to-GPU copy bandwidth and per-operation latency, for
+// sizes 4 KiB .. 1 GiB, in one run:
+//
+//   baseline  one process sees both GPUs and copies with cuMemcpyAsync on one
+//             stream (the copy-engine limit, as in shared/FACTS.md)
+//   direct    TransferEngine with the peer's buffer mapped in this process
+//   relay     TransferEngine through podlinkd's relay
+//
+// A 1 GiB (or --total) destination is written whole in operations of each
+// size; the mean of --passes passes is reported. Latency is the mean wall
+// time of one synchronous 4 KiB-size operation repeated --lat-iters times.
+// Writes a table to stdout and CSV / JSON when asked. Measures only; it
+// asserts nothing.
+//
+//   podlink-bench [--src-gpu 0] [--dst-gpu 1] [--total BYTES] [--passes 5]
+//                 [--modes baseline,direct,relay] [--csv F] [--json F]
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/cuda_driver.h"
+#include "nlohmann/json.hpp"
+#include "podlink/client.h"
+#include "podlink/transfer.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  int src_gpu = 0, dst_gpu = 1;
+  uint64_t total = 1ull << 30;
+  int passes = 5;
+  int lat_iters = 2000;
+  std::vector<std::string> modes = {"baseline", "direct", "relay"};
+  std::string csv, json;
+};
+
+struct Row {
+  std::string mode;
+  uint64_t size = 0;
+  double gbps = 0;
+  double op_us = 0;  // mean time per operation within the bandwidth run
+};
+
+[[noreturn]] void Fail(const std::string& what, const absl::Status& s) {
+  std::fprintf(stderr, "podlink-bench: %s: %s\n", what.c_str(), s.ToString().c_str());
+  std::exit(1);
+}
+
+std::string HumanSize(uint64_t b) {
+  if (b >= (1ull << 30)) return absl::StrFormat("%d GiB", b >> 30);
+  if (b >= (1ull << 20)) return absl::StrFormat("%d MiB", b >> 20);
+  return absl::StrFormat("%d KiB", b >> 10);
+}
+
+std::vector<uint64_t> Sizes(uint64_t total) {
+  std::vector<uint64_t> s;
+  for (uint64_t x = 4096; x <= total; x *= 4) s.push_back(x);
+  if (s.back() != total) s.push_back(total);
+  return s;
+}
+
+// Times `pass` (which moves `total` bytes) `passes` times; returns mean seconds.
+template <typename F>
+double TimePasses(int passes, F pass) {
+  pass();  // warm-up
+  double sum = 0;
+  for (int i = 0; i < passes; ++i) {
+    auto t0 = Clock::now();
+    pass();
+    sum += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  return sum / passes;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", k.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    bool ok = true;
+    if (k == "--src-gpu") ok = absl::SimpleAtoi(next(), &a.src_gpu);
+    else if (k == "--dst-gpu") ok = absl::SimpleAtoi(next(), &a.dst_gpu);
+    else if (k == "--total") ok = absl::SimpleAtoi(next(), &a.total);
+    else if (k == "--passes") ok = absl::SimpleAtoi(next(), &a.passes);
+    else if (k == "--lat-iters") ok = absl::SimpleAtoi(next(), &a.lat_iters);
+    else if (k == "--modes") a.modes = absl::StrSplit(next(), ',');
+    else if (k == "--csv") a.csv = next();
+    else if (k == "--json") a.json = next();
+    else {
+      std::fprintf(stderr, "usage: podlink-bench [--src-gpu N] [--dst-gpu N] [--total BYTES] [--passes N] "
+                           "[--lat-iters N] [--modes baseline,direct,relay] [--csv F] [--json F]\n");
+      return 2;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "%s: bad number\n", k.c_str());
+      return 2;
+    }
+  }
+  auto drv = podlink::cu::LoadDriver();
+  if (!drv.ok()) Fail("CUDA", drv.status());
+  const podlink::cu::Driver* d = *drv;
+  int ngpu = 0;
+  d->DeviceGetCount(&ngpu);
+  if (ngpu < 2) a.dst_gpu = a.src_gpu;  // one GPU: same-GPU copies
+
+  // Destination owner (session A) and source (session B), both in this process.
+  auto owner = podlink::Client::Connect();
+  if (!owner.ok()) Fail("connect", owner.status());
+  auto dst = (*owner)->AllocateGpu(a.total, a.dst_gpu);
+  if (!dst.ok()) Fail("allocate destination", dst.status());
+  podlink::TransferEngine::Options oo;
+  oo.device = a.dst_gpu;
+  oo.log_transport = false;
+  auto owner_eng = podlink::TransferEngine::Create(**owner, oo);
+  if (!owner_eng.ok()) Fail("engine", owner_eng.status());
+  auto dst_region = (*owner_eng)->Register(**dst);
+  if (!dst_region.ok()) Fail("register", dst_region.status());
+  auto desc = (*owner_eng)->Describe(*dst_region);
+
+  auto src_client = podlink::Client::Connect();
+  if (!src_client.ok()) Fail("connect", src_client.status());
+  auto src = (*src_client)->AllocateGpu(a.total, a.src_gpu);
+  if (!src.ok()) Fail("allocate source", src.status());
+
+  std::fprintf(stderr, "podlink-bench: GPU%d -> GPU%d, %s destination, %d passes\n", a.src_gpu, a.dst_gpu,
+               HumanSize(a.total).c_str(), a.passes);
+  std::vector<Row> rows;
+  std::map<std::string, double> latency_us;
+
+  for (const std::string& mode : a.modes) {
+    if (mode == "baseline") {
+      podlink::cu::Context ctx;
+      d->DevicePrimaryCtxRetain(&ctx, a.src_gpu);
+      d->CtxSetCurrent(ctx);
+      podlink::cu::Stream s;
+      d->StreamCreate(&s, podlink::cu::kStreamNonBlocking);
+      for (uint64_t size : Sizes(a.total)) {
+        uint64_t n = a.total / size;
+        double secs = TimePasses(a.passes, [&] {
+          for (uint64_t i = 0; i < n; ++i) d->MemcpyAsync((*dst)->device_ptr() + i * size, (*src)->device_ptr() + i * size, size, s);
+          d->StreamSynchronize(s);
+        });
+        rows.push_back({mode, size, n * size / secs / 1e9, secs / n * 1e6});
+        std::fprintf(stderr, "  %-8s %8s %8.1f GB/s\n", mode.c_str(), HumanSize(size).c_str(), rows.back().gbps);
+      }
+      auto t0 = Clock::now();
+      for (int i = 0; i < a.lat_iters; ++i) {
+        d->MemcpyAsync((*dst)->device_ptr(), (*src)->device_ptr(), 4096, s);
+        d->StreamSynchronize(s);
+      }
+      latency_us[mode] = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / a.lat_iters;
+      d->StreamDestroy(s);
+      d->DevicePrimaryCtxRelease(a.src_gpu);
+      continue;
+    }
+    if (mode != "direct" && mode != "relay") {
+      std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
+      return 2;
+    }
+    podlink::TransferEngine::Options eo;
+    eo.device = a.src_gpu;
+    eo.force_relay = mode == "relay";
+    eo.allow_direct = mode == "direct";
+    eo.timeout = absl::Minutes(5);
+    // A fresh session per mode: one relay ring per session.
+    auto c = podlink::Client::Connect();
+    if (!c.ok()) Fail("connect", c.status());
+    auto eng = podlink::TransferEngine::Create(**c, eo);
+    if (!eng.ok()) Fail("engine", eng.status());
+    auto buf = (*c)->AllocateGpu(a.total, a.src_gpu);
+    if (!buf.ok()) Fail("allocate", buf.status());
+    auto local = (*eng)->Register(**buf);
+    if (!local.ok()) Fail("register", local.status());
+    auto remote = (*eng)->Open(*desc);
+    if (!remote.ok()) Fail("open", remote.status());
+    if ((mode == "direct") != (remote->transport == podlink::Transport::kDirect)) {
+      std::fprintf(stderr, "  %s: transport is %s, skipping\n", mode.c_str(), podlink::TransportName(remote->transport));
+      continue;
+    }
+    for (uint64_t size : Sizes(a.total)) {
+      uint64_t n = a.total / size;
+      std::vector<podlink::TransferOp> ops;
+      ops.reserve(n);
+      for (uint64_t i = 0; i < n; ++i) ops.push_back({&*local, i * size, &*remote, i * size, size});
+      double secs = TimePasses(a.passes, [&] {
+        absl::Status st = (*eng)->Writev(ops);
+        if (!st.ok()) Fail(mode, st);
+      });
+      rows.push_back({mode, size, n * size / secs / 1e9, secs / n * 1e6});
+      std::fprintf(stderr, "  %-8s %8s %8.1f GB/s\n", mode.c_str(), HumanSize(size).c_str(), rows.back().gbps);
+    }
+    auto t0 = Clock::now();
+    for (int i = 0; i < a.lat_iters; ++i) {
+      absl::Status st = (*eng)->Write({&*local, 0, &*remote, 0, 4096});
+      if (!st.ok()) Fail(mode, st);
+    }
+    latency_us[mode] = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / a.lat_iters;
+  }
+
+  // Table: one row per size, one column per mode, plus ratios to baseline.
+  std::map<uint64_t, std::map<std::string, Row>> by_size;
+  for (const Row& r : rows) by_size[r.size][r.mode] = r;
+  std::printf("| size | baseline GB/s | direct GB/s | relay GB/s | direct/base | relay/base |\n|---|---|---|---|---|---|\n");
+  for (auto& [size, m] : by_size) {
+    auto get = [&](const char* k) { return m.count(k) ? m[k].gbps : 0.0; };
+    double b = get("baseline");
+    auto ratio = [&](double x) { return b > 0 && x > 0 ? absl::StrFormat("%.3f", x / b) : std::string("-"); };
+    std::printf("| %s | %.1f | %.1f | %.1f | %s | %s |\n", HumanSize(size).c_str(), b, get("direct"), get("relay"),
+                ratio(get("direct")).c_str(), ratio(get("relay")).c_str());
+  }
+  std::printf("\n| 4 KiB synchronous op | mean latency us | added vs baseline us |\n|---|---|---|\n");
+  for (auto& [mode, us] : latency_us) {
+    double added = latency_us.count("baseline") ? us - latency_us["baseline"] : 0;
+    std::printf("| %s | %.2f | %+.2f |\n", mode.c_str(), us, added);
+  }
+  if (!a.csv.empty()) {
+    std::ofstream f(a.csv);
+    f << "mode,size_bytes,gbps,op_us\n";
+    for (const Row& r : rows) f << r.mode << "," << r.size << "," << r.gbps << "," << r.op_us << "\n";
+  }
+  if (!a.json.empty()) {
+    nlohmann::json j;
+    j["src_gpu"] = a.src_gpu;
+    j["dst_gpu"] = a.dst_gpu;
+    j["total_bytes"] = a.total;
+    j["passes"] = a.passes;
+    for (const Row& r : rows) j["rows"].push_back({{"mode", r.mode}, {"size", r.size}, {"gbps", r.gbps}, {"op_us", r.op_us}});
+    for (auto& [mode, us] : latency_us) j["latency_4k_us"][mode] = us;
+    std::ofstream(a.json) << j.dump(2) << "\n";
+  }
+  return 0;
+}
