@@ -63,7 +63,7 @@ std::string HumanSize(uint64_t b) {
 
 std::vector<uint64_t> Sizes(uint64_t total) {
   std::vector<uint64_t> s;
-  for (uint64_t x = 4096; x <= total; x *= 4) s.push_back(x);
+  for (uint64_t x = 4096; x <= total; x *= 2) s.push_back(x);
   if (s.back() != total) s.push_back(total);
   return s;
 }
@@ -146,24 +146,36 @@ int main(int argc, char** argv) {
 
   for (const std::string& mode : a.modes) {
     if (mode == "baseline") {
+      // The destination mapped into this process with access from the source
+      // GPU, copied with the source GPU's copy engine on one stream.
+      auto imp = (*src_client)->Import(desc->export_id);
+      if (!imp.ok()) Fail("baseline import", imp.status());
+      auto mapped = (*src_client)->Map(*imp, a.src_gpu);
+      if (!mapped.ok()) Fail("baseline map (the process must see both GPUs)", mapped.status());
+      const uint64_t dst_va = (*mapped)->device_ptr();
       podlink::cu::Context ctx;
       d->DevicePrimaryCtxRetain(&ctx, a.src_gpu);
       d->CtxSetCurrent(ctx);
       podlink::cu::Stream s;
       d->StreamCreate(&s, podlink::cu::kStreamNonBlocking);
+      auto check = [](podlink::cu::Result r, const char* what) {
+        if (r != 0) Fail("baseline", podlink::cu::CuStatus(r, what));
+      };
       for (uint64_t size : Sizes(a.total)) {
         uint64_t n = a.total / size;
         double secs = TimePasses(a.passes, [&] {
-          for (uint64_t i = 0; i < n; ++i) d->MemcpyAsync((*dst)->device_ptr() + i * size, (*src)->device_ptr() + i * size, size, s);
-          d->StreamSynchronize(s);
+          for (uint64_t i = 0; i < n; ++i) {
+            check(d->MemcpyAsync(dst_va + i * size, (*src)->device_ptr() + i * size, size, s), "cuMemcpyAsync");
+          }
+          check(d->StreamSynchronize(s), "cuStreamSynchronize");
         });
         rows.push_back({mode, size, n * size / secs / 1e9, secs / n * 1e6});
         std::fprintf(stderr, "  %-8s %8s %8.1f GB/s\n", mode.c_str(), HumanSize(size).c_str(), rows.back().gbps);
       }
       auto t0 = Clock::now();
       for (int i = 0; i < a.lat_iters; ++i) {
-        d->MemcpyAsync((*dst)->device_ptr(), (*src)->device_ptr(), 4096, s);
-        d->StreamSynchronize(s);
+        check(d->MemcpyAsync(dst_va, (*src)->device_ptr(), 4096, s), "cuMemcpyAsync");
+        check(d->StreamSynchronize(s), "cuStreamSynchronize");
       }
       latency_us[mode] = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / a.lat_iters;
       d->StreamDestroy(s);

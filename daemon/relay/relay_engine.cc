@@ -231,7 +231,8 @@ bool RelayEngine::ServeRing(Ring& r) {
     return false;
   }
   // Every consumed SQE will post one CQE: take only what the CQ can hold.
-  uint64_t pending = r.inflight.size() + r.notifies.size();
+  uint64_t pending = r.notifies.size();
+  for (const Inflight& f : r.inflight) pending += f.done ? 0 : f.user_data.size();
   uint64_t room = r.layout.cq_entries - cq_used;
   room = room > pending ? room - pending : 0;
   uint64_t cap = options_.inflight_per_ring > pending ? options_.inflight_per_ring - pending : 0;
@@ -250,8 +251,12 @@ bool RelayEngine::ServeRing(Ring& r) {
     e.length = src.length;
     e.reserved = src.reserved;
     Process(r, e);
-    if (r.broken) return true;
+    if (r.broken) {
+      SealRound(r);  // copies already issued still get their event
+      return true;
+    }
   }
+  SealRound(r);
   r.sq_head += n;
   r.hdr->sq_head.value.store(r.sq_head, std::memory_order_release);
   return n > 0;
@@ -316,22 +321,17 @@ absl::Status RelayEngine::Copy(Ring& r, const RelaySqe& e, bool* async) {
   if (gpu < 0 || gpu >= static_cast<int>(streams_.size()) || streams_[gpu].empty()) {
     return absl::InternalError(absl::StrCat("no relay stream on GPU ", gpu));
   }
-  cu::Stream stream = streams_[gpu][next_stream_[gpu]++ % streams_[gpu].size()];
+  uint32_t si = next_stream_[gpu]++ % streams_[gpu].size();
   cuda_->CtxSetCurrent(contexts_[gpu]);
-  PODLINK_RETURN_IF_ERROR(cu::CuStatus(cuda_->MemcpyAsync(dst_addr, src_addr, e.length, stream), "cuMemcpyAsync"));
-  Inflight f;
-  f.seq = r.next_seq++;
-  f.user_data = e.user_data;
-  f.event = TakeEvent();
-  f.keep_a = std::move(local);
-  f.keep_b = std::move(remote);
-  if (f.event == nullptr || cuda_->EventRecord(f.event, stream) != cu::kSuccess) {
-    cuda_->StreamSynchronize(stream);  // no event: finish synchronously
-    if (f.event) free_events_.push_back(f.event);
-  } else {
-    r.inflight.push_back(std::move(f));
-    *async = true;
-  }
+  PODLINK_RETURN_IF_ERROR(
+      cu::CuStatus(cuda_->MemcpyAsync(dst_addr, src_addr, e.length, streams_[gpu][si]), "cuMemcpyAsync"));
+  Inflight& f = r.building[{gpu, si}];
+  uint64_t seq = r.next_seq++;
+  if (f.user_data.empty()) f.first_seq = seq;
+  f.user_data.push_back(e.user_data);
+  f.keep.push_back(std::move(local));
+  f.keep.push_back(std::move(remote));
+  *async = true;
   ops_.fetch_add(1, std::memory_order_relaxed);
   bytes_.fetch_add(e.length, std::memory_order_relaxed);
   return absl::OkStatus();
@@ -348,6 +348,22 @@ cu::Event RelayEngine::TakeEvent() {
   return e;
 }
 
+void RelayEngine::SealRound(Ring& r) {
+  for (auto& [key, f] : r.building) {
+    auto [gpu, si] = key;
+    f.event = TakeEvent();
+    if (f.event == nullptr || cuda_->EventRecord(f.event, streams_[gpu][si]) != cu::kSuccess) {
+      // No event to poll: finish synchronously.
+      absl::Status st = cu::CuStatus(cuda_->StreamSynchronize(streams_[gpu][si]), "relay copy");
+      for (uint64_t u : f.user_data) Complete(r, u, st);
+      if (f.event) free_events_.push_back(f.event);
+      continue;
+    }
+    r.inflight.push_back(std::move(f));
+  }
+  r.building.clear();
+}
+
 bool RelayEngine::PollInflight(Ring& r) {
   bool progress = false;
   for (Inflight& f : r.inflight) {
@@ -356,10 +372,10 @@ bool RelayEngine::PollInflight(Ring& r) {
     if (q == cu::kErrorNotReady) continue;
     f.done = true;
     progress = true;
-    Complete(r, f.user_data, cu::CuStatus(q, "relay copy"));
+    absl::Status st = cu::CuStatus(q, "relay copy");
+    for (uint64_t u : f.user_data) Complete(r, u, st);
     free_events_.push_back(f.event);
-    f.keep_a.reset();
-    f.keep_b.reset();
+    f.keep.clear();
   }
   while (!r.inflight.empty() && r.inflight.front().done) r.inflight.pop_front();
   return progress;
@@ -369,7 +385,9 @@ bool RelayEngine::FlushNotifies(Ring& r) {
   bool progress = false;
   while (!r.notifies.empty()) {
     const PendingNotify& p = r.notifies.front();
-    if (!r.inflight.empty() && r.inflight.front().seq <= p.after_seq) break;  // data not yet visible
+    bool earlier_pending = false;  // any copy issued before the notify still running?
+    for (const Inflight& f : r.inflight) earlier_pending |= !f.done && f.first_seq <= p.after_seq;
+    if (earlier_pending) break;
     absl::Status st = DeliverNotify(r, p.sqe);
     Complete(r, p.sqe.user_data, st);
     r.notifies.pop_front();

@@ -27,8 +27,8 @@
 namespace podlink {
 
 struct RelayOptions {
-  uint32_t batch_per_ring = 32;     // SQEs taken from one ring per round
-  uint32_t inflight_per_ring = 64;  // copies in flight per ring
+  uint32_t batch_per_ring = 64;      // SQEs taken from one ring per round
+  uint32_t inflight_per_ring = 512;  // copies in flight per ring
   uint32_t streams_per_gpu = 4;
   uint64_t spin_before_sleep_us = 100;
 };
@@ -57,12 +57,13 @@ class RelayEngine {
   RelayCounters Counters() const;
 
  private:
+  // Copies issued on one stream in one round, completed by one event.
   struct Inflight {
-    uint64_t seq = 0;
-    uint64_t user_data = 0;
+    uint64_t first_seq = 0;
     cu::Event event = nullptr;
     bool done = false;
-    std::shared_ptr<const ExportRecord> keep_a, keep_b;  // memory stays alive while copying
+    std::vector<uint64_t> user_data;
+    std::vector<std::shared_ptr<const ExportRecord>> keep;  // memory stays alive while copying
   };
   struct PendingNotify {
     uint64_t after_seq = 0;  // every op with seq <= after_seq must be complete
@@ -81,6 +82,7 @@ class RelayEngine {
     uint32_t sq_head = 0, cq_tail = 0, nq_tail = 0;
     uint64_t next_seq = 1;
     std::deque<Inflight> inflight;  // issue order
+    std::map<std::pair<int, uint32_t>, Inflight> building;  // (gpu, stream) -> copies of this round
     std::deque<PendingNotify> notifies;
     bool broken = false;
   };
@@ -89,6 +91,7 @@ class RelayEngine {
   void ApplyChanges();
   bool ServeRing(Ring& r);
   bool PollInflight(Ring& r);
+  void SealRound(Ring& r);  // one event per stream used this round
   bool FlushNotifies(Ring& r);
   void Process(Ring& r, const RelaySqe& e);
   absl::Status Copy(Ring& r, const RelaySqe& e, bool* async);
