@@ -84,7 +84,8 @@ class PODLINK_API TransferEngine {
     bool force_relay = false;     // always let podlinkd move the bytes (tests, benchmarks)
   };
 
-  // The client must outlive the engine.
+  // The client must outlive the engine. A session has one relay ring, so
+  // create one engine per Client (a second fails FAILED_PRECONDITION).
   static absl::StatusOr<std::unique_ptr<TransferEngine>> Create(Client& client, Options options);
   static absl::StatusOr<std::unique_ptr<TransferEngine>> Create(Client& client) { return Create(client, Options()); }
   ~TransferEngine();
