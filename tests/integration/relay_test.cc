@@ -97,6 +97,9 @@ TEST_F(Relay, AsyncBatchesAndNotificationAfterData) {
   Peer a = MakePeer(daemon_, kSize, kPoison);
   Peer b = MakePeer(daemon_, kSize, 7);
   RemoteRegion ra = Open(b, a);
+  RemoteRegion again = Open(b, a);  // a second Open returns the same region
+  EXPECT_EQ(again.export_id, ra.export_id);
+  EXPECT_EQ(again.size, ra.size);
   std::vector<TransferOp> ops;
   for (uint64_t i = 0; i < 256; ++i) ops.push_back({&b.region, i * 4096, &ra, i * 4096, 4096});
   auto id = b.engine->WriteAsync(ops);
