@@ -21,6 +21,7 @@
 #include "daemon/gpu/gpu_inventory.h"
 #include "daemon/gpu/host_backend.h"
 #include "daemon/identity/standalone_source.h"
+#include "daemon/metrics/http_server.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/resource_quota.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -36,6 +37,8 @@ Brokers GPU (and host) memory between isolated pods on this node.
                      are created (default /run/podlink, env PODLINK_SOCKET_DIR)
   --config FILE      JSON config: limits and standalone pod rules (docs/usage.md)
   --no-gpu           do not load the CUDA driver; serve host memory only
+  --metrics-addr A   host:port for /metrics, /healthz, /readyz (default 127.0.0.1:9477;
+                     "" disables; port 0 picks a free port)
   --log-level LEVEL  trace|debug|info|warn|error (default info)
   --help
 )";
@@ -45,6 +48,7 @@ struct Args {
   std::string config;
   bool no_gpu = false;
   std::string log_level = "info";
+  std::string metrics_addr = "127.0.0.1:9477";
 };
 
 bool ParseArgs(int argc, char** argv, Args& a) {
@@ -65,6 +69,8 @@ bool ParseArgs(int argc, char** argv, Args& a) {
       if (!value(a.config)) return false;
     } else if (k == "--log-level") {
       if (!value(a.log_level)) return false;
+    } else if (k == "--metrics-addr") {
+      if (!value(a.metrics_addr)) return false;
     } else if (k == "--no-gpu") {
       a.no_gpu = true;
     } else if (k == "--help" || k == "-h") {
@@ -180,12 +186,36 @@ int main(int argc, char** argv) {
     return 1;
   }
   ::chmod(grpc_path.c_str(), 0666);
-  log->info("event=ready version={} node={} grpc={} fd={} handle_types={}", PODLINK_VERSION, broker.node_id(),
-            grpc_path, fd_path, broker.GetNodeInfo().handle_types_size());
+
+  std::unique_ptr<podlink::HttpServer> http;
+  std::string metrics = "off";
+  if (!args.metrics_addr.empty()) {
+    auto h = podlink::HttpServer::Start(args.metrics_addr, [&broker](const std::string& path) {
+      if (path == "/metrics") {
+        return podlink::HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8", broker.RenderMetrics()};
+      }
+      if (path == "/healthz") return podlink::HttpResponse{200, "text/plain; charset=utf-8", "ok\n"};
+      if (path == "/readyz") {
+        return broker.ready() ? podlink::HttpResponse{200, "text/plain; charset=utf-8", "ready\n"}
+                              : podlink::HttpResponse{503, "text/plain; charset=utf-8", "not ready\n"};
+      }
+      return podlink::HttpResponse{404, "text/plain; charset=utf-8", "try /metrics, /healthz or /readyz\n"};
+    });
+    if (!h.ok()) {
+      log->critical("event=metrics_listen_failed addr={} error=\"{}\"", args.metrics_addr, h.status().message());
+      return 1;
+    }
+    http = *std::move(h);
+    metrics = args.metrics_addr.substr(0, args.metrics_addr.rfind(':') + 1) + std::to_string(http->port());
+  }
+  broker.set_ready(true);
+  log->info("event=ready version={} node={} grpc={} fd={} metrics={} handle_types={}", PODLINK_VERSION,
+            broker.node_id(), grpc_path, fd_path, metrics, broker.GetNodeInfo().handle_types_size());
 
   int sig = 0;
   sigwait(&sigs, &sig);
   log->info("event=stopping signal={}", sig);
+  broker.set_ready(false);
   (*fds)->Stop();  // closes every session; Watch streams end with SESSION_CLOSED
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   log->info("event=stopped");

@@ -123,6 +123,7 @@ absl::StatusOr<std::shared_ptr<Session>> Broker::OpenSession(UniqueFd sock) {
     s = std::make_shared<Session>(id, NewToken(), *std::move(peer), *std::move(pod), std::move(sock));
     sessions_[id] = s;
   }
+  sessions_total_.fetch_add(1, std::memory_order_relaxed);
   FdMessage hello;
   hello.type = static_cast<uint16_t>(FdMsgType::kHello);
   hello.seq = s->id;
@@ -375,6 +376,7 @@ absl::StatusOr<v1::ExportResponse> Broker::Export(Session& s, const v1::ExportRe
     absl::MutexLock l(&s.mu);
     if (s.closed) return absl::UnavailableError("session closed during export");
     PODLINK_ASSIGN_OR_RETURN(uint64_t id, registry_.Add(std::move(rec)));
+    exports_total_.fetch_add(1, std::memory_order_relaxed);
     Log()->info("event=export session={} pod={} export={} name={} size={} kind={}", s.id, s.pod.Ref(), id,
                 req.name(), req.size(), HandleKindName(kind));
     v1::ExportResponse resp;
@@ -424,8 +426,10 @@ absl::StatusOr<v1::ImportResponse> Broker::Import(Session& s, const v1::ImportRe
   if (!found.ok()) return found.status();
   const ExportRecord& rec = **found;
   ExportPolicyView view{rec.id, rec.name, &rec.owner, &rec.allowed_importers};
-  if (absl::Status allowed = CheckImport(view, s.pod); !allowed.ok()) {
+  const char* reason = "unknown";
+  if (absl::Status allowed = CheckImport(view, s.pod, &reason); !allowed.ok()) {
     denials_total_.fetch_add(1, std::memory_order_relaxed);
+    denials_.Inc(reason);
     Log()->warn("event=deny session={} pod={} export={} reason=\"{}\"", s.id, s.pod.Ref(), rec.id,
                 allowed.message());
     return allowed;
@@ -537,6 +541,39 @@ absl::StatusOr<v1::OpenRelayResponse> Broker::OpenRelay(Session& s, const v1::Op
   Log()->info("event=relay_open session={} pod={} sq={} cq={} nq={}", s.id, s.pod.Ref(), layout.sq_entries,
               layout.cq_entries, layout.nq_entries);
   return v1::OpenRelayResponse();
+}
+
+std::string Broker::RenderMetrics() const {
+  BrokerStats st = Stats();
+  RelayCounters rc = relay_->Counters();
+  std::string out;
+  auto one = [&](const char* name, const char* type, const char* help, double v) {
+    RenderFamily(&out, name, type, help, {{"", v}});
+  };
+  one("podlink_up", "gauge", "1 while podlinkd serves", 1);
+  one("podlink_ready", "gauge", "1 once both sockets serve", ready() ? 1 : 0);
+  one("podlink_gpus", "gauge", "GPUs podlinkd sees", static_cast<double>(inventory_.gpus.size()));
+  one("podlink_sessions", "gauge", "open client sessions", static_cast<double>(st.sessions));
+  one("podlink_sessions_total", "counter", "client sessions opened",
+      static_cast<double>(sessions_total_.load(std::memory_order_relaxed)));
+  one("podlink_exports", "gauge", "live exports", static_cast<double>(st.exports));
+  one("podlink_exports_total", "counter", "exports created",
+      static_cast<double>(exports_total_.load(std::memory_order_relaxed)));
+  one("podlink_imports_total", "counter", "imports granted", static_cast<double>(st.imports_total));
+  std::map<std::string, double> denials;
+  for (const auto& [reason, n] : denials_.Snapshot()) denials[reason] = static_cast<double>(n);
+  RenderFamily(&out, "podlink_denials_total", "counter", "imports refused, by reason", denials, "reason");
+  one("podlink_relay_rings", "gauge", "relay rings served", static_cast<double>(rc.rings));
+  one("podlink_relay_ops_total", "counter", "relay transfers issued", static_cast<double>(rc.ops));
+  one("podlink_relay_bytes_total", "counter", "bytes moved by the relay", static_cast<double>(rc.bytes));
+  one("podlink_relay_failed_total", "counter", "relay requests that failed", static_cast<double>(rc.failed));
+  one("podlink_relay_notifies_total", "counter", "notifications delivered", static_cast<double>(rc.notifies));
+  one("podlink_relay_broken_rings_total", "counter", "rings no longer served (corrupted)",
+      static_cast<double>(rc.broken_rings));
+  absl::StrAppend(&out, "# HELP podlink_relay_op_latency_seconds relay request from ring to completion\n",
+                  "# TYPE podlink_relay_op_latency_seconds histogram\n");
+  relay_->latency().Render("podlink_relay_op_latency_seconds", &out);
+  return out;
 }
 
 BrokerStats Broker::Stats() const {

@@ -18,6 +18,7 @@
 #include "daemon/gpu/gpu_inventory.h"
 #include "daemon/gpu/memory_object.h"
 #include "daemon/identity/pod_source.h"
+#include "daemon/metrics/metrics.h"
 #include "daemon/registry/registry.h"
 #include "daemon/relay/relay_engine.h"
 #include "podlink/v1/podlink.pb.h"
@@ -75,6 +76,10 @@ class Broker {
   RelayCounters RelayStats() const { return relay_->Counters(); }
 
   BrokerStats Stats() const;
+  // Prometheus text: sessions, exports, imports, denials by reason, relay.
+  std::string RenderMetrics() const;
+  void set_ready(bool r) { ready_.store(r, std::memory_order_release); }
+  bool ready() const { return ready_.load(std::memory_order_acquire); }
   const std::string& node_id() const { return node_id_; }
 
  private:
@@ -100,6 +105,10 @@ class Broker {
 
   std::atomic<uint64_t> imports_total_{0};
   std::atomic<uint64_t> denials_total_{0};
+  std::atomic<uint64_t> exports_total_{0};
+  std::atomic<uint64_t> sessions_total_{0};
+  LabeledCounter denials_;
+  std::atomic<bool> ready_{false};
 };
 
 }  // namespace podlink

@@ -4,7 +4,9 @@
 
 namespace podlink {
 
-absl::Status CheckImport(const ExportPolicyView& exp, const PodInfo& importer) {
+absl::Status CheckImport(const ExportPolicyView& exp, const PodInfo& importer, const char** reason) {
+  const char* unused;
+  if (reason == nullptr) reason = &unused;
   const PodInfo& owner = *exp.owner;
   if (owner.key == importer.key) return absl::OkStatus();
   for (const PodName& p : *exp.allowed_importers) {
@@ -17,6 +19,7 @@ absl::Status CheckImport(const ExportPolicyView& exp, const PodInfo& importer) {
   std::string importer_group = importer.PeerGroup();
   if (!owner_group.empty() && owner_group == importer_group) {
     if (owner.namespace_ == importer.namespace_) return absl::OkStatus();
+    *reason = "namespace_mismatch";
     return absl::PermissionDeniedError(absl::StrCat(
         "pod ", importer.Ref(), " may not import ", what, " of pod ", owner.Ref(),
         ": peer group '", owner_group, "' only joins pods of one namespace (", owner.namespace_,
@@ -24,6 +27,7 @@ absl::Status CheckImport(const ExportPolicyView& exp, const PodInfo& importer) {
         " in allowed_importers instead"));
   }
   if (owner_group.empty()) {
+    *reason = "exporter_not_in_group";
     return absl::PermissionDeniedError(absl::StrCat(
         "pod ", importer.Ref(), " may not import ", what, " of pod ", owner.Ref(),
         ": the exporting pod has no ", kPeerGroupAnnotation,
@@ -31,11 +35,13 @@ absl::Status CheckImport(const ExportPolicyView& exp, const PodInfo& importer) {
         kPeerGroupAnnotation, " or have the exporter allow ", importer.Ref()));
   }
   if (importer_group.empty()) {
+    *reason = "importer_not_in_group";
     return absl::PermissionDeniedError(absl::StrCat(
         "pod ", importer.Ref(), " may not import ", what, " of pod ", owner.Ref(), ": pod ",
         importer.Ref(), " has no ", kPeerGroupAnnotation, " annotation; add ",
         kPeerGroupAnnotation, "=", owner_group, " to it"));
   }
+  *reason = "group_mismatch";
   return absl::PermissionDeniedError(absl::StrCat(
       "pod ", importer.Ref(), " may not import ", what, " of pod ", owner.Ref(), ": pod ",
       importer.Ref(), " is in peer group '", importer_group, "', the exporter in '", owner_group,

@@ -29,6 +29,9 @@ struct ExportPolicyView {
   const std::vector<PodName>* allowed_importers = nullptr;
 };
 
-absl::Status CheckImport(const ExportPolicyView& exp, const PodInfo& importer);
+// `reason`, when given, receives a short label for metrics on denial:
+// "namespace_mismatch", "exporter_not_in_group", "importer_not_in_group",
+// "group_mismatch".
+absl::Status CheckImport(const ExportPolicyView& exp, const PodInfo& importer, const char** reason = nullptr);
 
 }  // namespace podlink

@@ -21,6 +21,11 @@ std::shared_ptr<spdlog::logger> Log() {
 
 constexpr uint64_t kWakeKey = ~uint64_t{0};
 
+uint64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 uint64_t NowUs() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -133,6 +138,7 @@ RelayCounters RelayEngine::Counters() const {
   c.failed = failed_.load(std::memory_order_relaxed);
   c.notifies = notifies_.load(std::memory_order_relaxed);
   c.broken_rings = broken_.load(std::memory_order_relaxed);
+  c.rings = rings_count_.load(std::memory_order_relaxed);
   return c;
 }
 
@@ -151,6 +157,7 @@ void RelayEngine::ApplyChanges() {
     ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, r->doorbell.get(), &ev);
     rings_[id] = std::move(r);
   }
+  rings_count_.store(rings_.size(), std::memory_order_relaxed);
   for (uint64_t id : remove) {
     auto it = rings_.find(id);
     if (it == rings_.end()) continue;
@@ -158,6 +165,7 @@ void RelayEngine::ApplyChanges() {
     ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, it->second->doorbell.get(), nullptr);
     rings_.erase(it);
   }
+  rings_count_.store(rings_.size(), std::memory_order_relaxed);
 }
 
 void RelayEngine::Run() {
@@ -237,6 +245,7 @@ bool RelayEngine::ServeRing(Ring& r) {
   room = room > pending ? room - pending : 0;
   uint64_t cap = options_.inflight_per_ring > pending ? options_.inflight_per_ring - pending : 0;
   uint32_t n = static_cast<uint32_t>(std::min<uint64_t>({avail, room, options_.batch_per_ring, cap}));
+  round_start_ns_ = NowNs();
   for (uint32_t i = 0; i < n; ++i) {
     RelaySqe e;
     // One copy out of shared memory; everything after looks only at `e`.
@@ -271,7 +280,10 @@ void RelayEngine::Process(Ring& r, const RelaySqe& e) {
     case RelayOp::kRead: {
       bool async = false;
       absl::Status st = Copy(r, e, &async);
-      if (!async) Complete(r, e.user_data, st);
+      if (!async) {
+        if (st.ok()) latency_.Observe((NowNs() - round_start_ns_) * 1e-9);
+        Complete(r, e.user_data, st);
+      }
       return;
     }
     case RelayOp::kNotify: {
@@ -327,7 +339,10 @@ absl::Status RelayEngine::Copy(Ring& r, const RelaySqe& e, bool* async) {
       cu::CuStatus(cuda_->MemcpyAsync(dst_addr, src_addr, e.length, streams_[gpu][si]), "cuMemcpyAsync"));
   Inflight& f = r.building[{gpu, si}];
   uint64_t seq = r.next_seq++;
-  if (f.user_data.empty()) f.first_seq = seq;
+  if (f.user_data.empty()) {
+    f.first_seq = seq;
+    f.start_ns = round_start_ns_;
+  }
   f.user_data.push_back(e.user_data);
   f.keep.push_back(std::move(local));
   f.keep.push_back(std::move(remote));
@@ -373,7 +388,11 @@ bool RelayEngine::PollInflight(Ring& r) {
     f.done = true;
     progress = true;
     absl::Status st = cu::CuStatus(q, "relay copy");
-    for (uint64_t u : f.user_data) Complete(r, u, st);
+    double secs = (NowNs() - f.start_ns) * 1e-9;
+    for (uint64_t u : f.user_data) {
+      if (st.ok()) latency_.Observe(secs);
+      Complete(r, u, st);
+    }
     free_events_.push_back(f.event);
     f.keep.clear();
   }

@@ -22,6 +22,7 @@
 #include "common/relay_ring.h"
 #include "common/unique_fd.h"
 #include "daemon/gpu/gpu_inventory.h"
+#include "daemon/metrics/metrics.h"
 #include "daemon/registry/registry.h"
 
 namespace podlink {
@@ -55,11 +56,14 @@ class RelayEngine {
   void RemoveRing(uint64_t session) ABSL_LOCKS_EXCLUDED(mu_);
 
   RelayCounters Counters() const;
+  // Time from a request being taken off its ring to its completion.
+  const LatencyHistogram& latency() const { return latency_; }
 
  private:
   // Copies issued on one stream in one round, completed by one event.
   struct Inflight {
     uint64_t first_seq = 0;
+    uint64_t start_ns = 0;
     cu::Event event = nullptr;
     bool done = false;
     std::vector<uint64_t> user_data;
@@ -123,7 +127,9 @@ class RelayEngine {
   std::map<uint64_t, std::unique_ptr<Ring>> rings_;  // thread-owned
   uint64_t round_ = 0;
 
-  std::atomic<uint64_t> ops_{0}, bytes_{0}, failed_{0}, notifies_{0}, broken_{0};
+  std::atomic<uint64_t> ops_{0}, bytes_{0}, failed_{0}, notifies_{0}, broken_{0}, rings_count_{0};
+  uint64_t round_start_ns_ = 0;
+  LatencyHistogram latency_;
 };
 
 }  // namespace podlink

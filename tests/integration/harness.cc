@@ -74,7 +74,8 @@ Daemon::Daemon(const std::string& config_json, std::vector<std::string> extra_ar
   if (pid_ == 0) {
     int log = ::open((dir_ + "/podlinkd.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(log, 2);
-    std::vector<std::string> args = {BinPath("PODLINKD_PATH", PODLINKD_PATH), "--socket-dir", dir_, "--config", cfg};
+    std::vector<std::string> args = {BinPath("PODLINKD_PATH", PODLINKD_PATH), "--socket-dir", dir_, "--config", cfg,
+                                     "--metrics-addr", "127.0.0.1:0"};
     if (!gpu) args.push_back("--no-gpu");
     for (auto& a : extra_args) args.push_back(a);
     std::vector<char*> argv;
@@ -84,7 +85,12 @@ Daemon::Daemon(const std::string& config_json, std::vector<std::string> extra_ar
     _exit(127);
   }
   for (int i = 0; i < 3000; ++i) {  // GPU discovery can take seconds
-    if (Log().find("event=ready") != std::string::npos) return;
+    std::string log = Log();
+    if (size_t at = log.find("event=ready"); at != std::string::npos) {
+      size_t m = log.find("metrics=127.0.0.1:", at);
+      if (m != std::string::npos) metrics_port_ = std::atoi(log.c_str() + m + 18);
+      return;
+    }
     if (!Alive()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

@@ -26,10 +26,12 @@ class Daemon {
   long RssKb() const;      // VmRSS
   std::string Log() const;
   bool Alive() const;
+  int metrics_port() const { return metrics_port_; }
 
  private:
   std::string dir_;
   pid_t pid_ = -1;
+  int metrics_port_ = 0;
 };
 
 // A kubepods.slice/.../cri-containerd-<id>.scope cgroup under a private

@@ -62,6 +62,20 @@ TEST(Policy, NamedImporterAllowedAcrossNamespacesAndGroups) {
   EXPECT_FALSE(Check(Pod("team-a", "prefill"), Pod("team-c", "decode"), {{"team-b", "decode"}}).ok());
 }
 
+TEST(Policy, DenialReasonLabels) {
+  std::vector<PodName> none;
+  auto label = [&](const PodInfo& o, const PodInfo& i) {
+    const char* r = "unset";
+    ExportPolicyView v{1, "", &o, &none};
+    EXPECT_FALSE(CheckImport(v, i, &r).ok());
+    return std::string(r);
+  };
+  EXPECT_EQ(label(Pod("a", "x", "g"), Pod("b", "y", "g")), "namespace_mismatch");
+  EXPECT_EQ(label(Pod("a", "x"), Pod("a", "y", "g")), "exporter_not_in_group");
+  EXPECT_EQ(label(Pod("a", "x", "g"), Pod("a", "y")), "importer_not_in_group");
+  EXPECT_EQ(label(Pod("a", "x", "g"), Pod("a", "y", "h")), "group_mismatch");
+}
+
 TEST(Policy, EmptyGroupsDoNotMatch) {
   PodInfo owner = Pod("ml", "a");
   owner.annotations[kPeerGroupAnnotation] = "";
