@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/broker/broker.h"
 #include "daemon/broker/fd_server.h"
@@ -21,6 +22,7 @@
 #include "daemon/gpu/gpu_inventory.h"
 #include "daemon/gpu/host_backend.h"
 #include "daemon/identity/standalone_source.h"
+#include "daemon/deviceplugin/device_plugin.h"
 #include "daemon/metrics/http_server.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/resource_quota.h"
@@ -39,6 +41,12 @@ Brokers GPU (and host) memory between isolated pods on this node.
   --no-gpu           do not load the CUDA driver; serve host memory only
   --metrics-addr A   host:port for /metrics, /healthz, /readyz (default 127.0.0.1:9477;
                      "" disables; port 0 picks a free port)
+  --device-plugin-dir DIR
+                     serve the kubelet device plugin for podlink.io/peer in DIR
+                     (normally /var/lib/kubelet/device-plugins; default off)
+  --device-plugin-devices N   shareable podlink.io/peer devices (default 64)
+  --host-lib-dir DIR host directory holding libpodlink and the NCCL plugin, mounted
+                     into allocated containers (default /var/lib/podlink/lib)
   --log-level LEVEL  trace|debug|info|warn|error (default info)
   --help
 )";
@@ -49,6 +57,9 @@ struct Args {
   bool no_gpu = false;
   std::string log_level = "info";
   std::string metrics_addr = "127.0.0.1:9477";
+  std::string device_plugin_dir;
+  std::string device_plugin_devices = "64";
+  std::string host_lib_dir = "/var/lib/podlink/lib";
 };
 
 bool ParseArgs(int argc, char** argv, Args& a) {
@@ -69,6 +80,12 @@ bool ParseArgs(int argc, char** argv, Args& a) {
       if (!value(a.config)) return false;
     } else if (k == "--log-level") {
       if (!value(a.log_level)) return false;
+    } else if (k == "--device-plugin-dir") {
+      if (!value(a.device_plugin_dir)) return false;
+    } else if (k == "--device-plugin-devices") {
+      if (!value(a.device_plugin_devices)) return false;
+    } else if (k == "--host-lib-dir") {
+      if (!value(a.host_lib_dir)) return false;
     } else if (k == "--metrics-addr") {
       if (!value(a.metrics_addr)) return false;
     } else if (k == "--no-gpu") {
@@ -102,7 +119,7 @@ int main(int argc, char** argv) {
   Args args;
   if (!ParseArgs(argc, argv, args)) return 2;
   auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
-  for (const char* name : {"podlinkd", "broker", "fdchan", "gpu", "relay"}) {
+  for (const char* name : {"podlinkd", "broker", "fdchan", "gpu", "relay", "deviceplugin"}) {
     spdlog::register_logger(std::make_shared<spdlog::logger>(name, sink));
   }
   spdlog::set_level(spdlog::level::from_str(args.log_level));
@@ -209,6 +226,39 @@ int main(int argc, char** argv) {
     metrics = args.metrics_addr.substr(0, args.metrics_addr.rfind(':') + 1) + std::to_string(http->port());
   }
   broker.set_ready(true);
+
+  std::unique_ptr<podlink::DevicePlugin> plugin;
+  if (!args.device_plugin_dir.empty()) {
+    podlink::DevicePluginConfig dp;
+    dp.dir = args.device_plugin_dir;
+    dp.host_socket_dir = args.socket_dir;
+    dp.host_lib_dir = args.host_lib_dir;
+    if (!absl::SimpleAtoi(args.device_plugin_devices, &dp.devices)) {
+      log->critical("event=bad_flag flag=--device-plugin-devices value={}", args.device_plugin_devices);
+      return 2;
+    }
+    // Healthy while the daemon serves and every GPU it found still has its device node.
+    auto health = [&broker, &inv](std::string* why) {
+      if (!broker.ready()) {
+        *why = "podlinkd not ready";
+        return false;
+      }
+      for (const auto& g : inv.gpus) {
+        if (!g.device_node.empty() && ::access(g.device_node.c_str(), F_OK) != 0) {
+          *why = g.device_node + " is gone";
+          return false;
+        }
+      }
+      why->clear();
+      return true;
+    };
+    auto p = podlink::DevicePlugin::Start(dp, health);
+    if (!p.ok()) {
+      log->critical("event=device_plugin_failed error=\"{}\"", p.status().message());
+      return 1;
+    }
+    plugin = *std::move(p);
+  }
   log->info("event=ready version={} node={} grpc={} fd={} metrics={} handle_types={}", PODLINK_VERSION,
             broker.node_id(), grpc_path, fd_path, metrics, broker.GetNodeInfo().handle_types_size());
 
@@ -216,6 +266,7 @@ int main(int argc, char** argv) {
   sigwait(&sigs, &sig);
   log->info("event=stopping signal={}", sig);
   broker.set_ready(false);
+  plugin.reset();
   (*fds)->Stop();  // closes every session; Watch streams end with SESSION_CLOSED
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   log->info("event=stopped");

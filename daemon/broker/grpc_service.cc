@@ -3,6 +3,7 @@
 #include <deque>
 
 #include "common/status_util.h"
+#include "daemon/broker/stream_reactor.h"
 
 namespace podlink {
 namespace {
@@ -30,147 +31,12 @@ absl::Status Assign(absl::StatusOr<T> v, T* out) {
   return absl::OkStatus();
 }
 
-// A Watch stream: events queue up and are written one at a time. StartWrite
-// and Finish are always called with mu_ released, since gRPC may run
-// reactions inline.
-class WatchReactor : public grpc::ServerWriteReactor<v1::Event>, public EventSink {
+// A Watch stream for the broker's events.
+class WatchReactor : public QueuedWriteReactor<v1::Event>, public EventSink {
  public:
-  static constexpr size_t kMaxQueued = 4096;
-
-  void Begin(std::shared_ptr<WatchReactor> self) {
-    absl::MutexLock l(&mu_);
-    self_ = std::move(self);
-  }
-
-  void Push(const v1::Event& e) override {
-    Action a;
-    {
-      absl::MutexLock l(&mu_);
-      if (finishing_ || done_) return;
-      if (queue_.size() >= kMaxQueued) {
-        // A client that never reads its stream loses the stream, not the
-        // daemon's memory.
-        finishing_ = true;
-        final_status_ = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                     "watch stream not drained; events dropped");
-        DropQueuedLocked();
-        a = NextLocked();
-      } else {
-        queue_.push_back(e);
-        a = NextLocked();
-      }
-    }
-    Run(a);
-  }
-
-  void Close(const v1::Event& final_event) override {
-    Action a;
-    {
-      absl::MutexLock l(&mu_);
-      if (finishing_ || done_) return;
-      queue_.push_back(final_event);
-      finishing_ = true;
-      a = NextLocked();
-    }
-    Run(a);
-  }
-
-  bool done() const override {
-    absl::MutexLock l(&mu_);
-    return done_ || finishing_;
-  }
-
-  void OnWriteDone(bool ok) override {
-    Action a;
-    {
-      absl::MutexLock l(&mu_);
-      writing_ = false;
-      if (!queue_.empty()) queue_.pop_front();
-      if (!ok) {
-        finishing_ = true;
-        queue_.clear();
-        final_status_ = grpc::Status::CANCELLED;
-      }
-      a = NextLocked();
-    }
-    Run(a);
-  }
-
-  void OnCancel() override {
-    Action a;
-    {
-      absl::MutexLock l(&mu_);
-      finishing_ = true;
-      DropQueuedLocked();
-      final_status_ = grpc::Status::CANCELLED;
-      a = NextLocked();
-    }
-    Run(a);
-  }
-
-  void OnDone() override {
-    std::shared_ptr<WatchReactor> keep;
-    {
-      absl::MutexLock l(&mu_);
-      done_ = true;
-      keep = std::move(self_);
-    }
-    // `keep` may hold the last reference; this object can die on return.
-  }
-
-  // Ends the stream at once with `st` (used when Watch is refused).
-  void FinishNow(const grpc::Status& st) {
-    {
-      absl::MutexLock l(&mu_);
-      finishing_ = true;
-      finished_ = true;
-    }
-    Finish(st);
-  }
-
- private:
-  struct Action {
-    const v1::Event* write = nullptr;
-    bool finish = false;
-    grpc::Status status;
-  };
-
-  // Drops queued events, except the one being written.
-  void DropQueuedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (writing_) {
-      queue_.erase(queue_.begin() + 1, queue_.end());
-    } else {
-      queue_.clear();
-    }
-  }
-
-  Action NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    Action a;
-    if (writing_ || finished_) return a;
-    if (!queue_.empty()) {
-      writing_ = true;
-      a.write = &queue_.front();  // stable: deque front is not popped while writing_
-    } else if (finishing_) {
-      finished_ = true;
-      a.finish = true;
-      a.status = final_status_;
-    }
-    return a;
-  }
-
-  void Run(const Action& a) {
-    if (a.write != nullptr) StartWrite(a.write);
-    if (a.finish) Finish(a.status);
-  }
-
-  mutable absl::Mutex mu_;
-  std::deque<v1::Event> queue_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finishing_ ABSL_GUARDED_BY(mu_) = false;  // no more events accepted
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;   // Finish called
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  grpc::Status final_status_ ABSL_GUARDED_BY(mu_) = grpc::Status::OK;
-  std::shared_ptr<WatchReactor> self_ ABSL_GUARDED_BY(mu_);
+  void Push(const v1::Event& e) override { QueuedWriteReactor::Push(e); }
+  void Close(const v1::Event& e) override { QueuedWriteReactor::Close(e); }
+  bool done() const override { return finished(); }
 };
 
 }  // namespace
@@ -222,7 +88,7 @@ grpc::ServerUnaryReactor* BrokerService::OpenRelay(grpc::CallbackServerContext* 
 grpc::ServerWriteReactor<v1::Event>* BrokerService::Watch(grpc::CallbackServerContext* ctx,
                                                           const v1::WatchRequest*) {
   auto reactor = std::make_shared<WatchReactor>();
-  reactor->Begin(reactor);
+  reactor->Begin(reactor);  // kept alive by itself until OnDone
   absl::StatusOr<std::shared_ptr<Session>> s = SessionOf(broker_, ctx);
   absl::Status st = s.ok() ? broker_->AddWatcher(**s, reactor) : s.status();
   if (!st.ok()) reactor->FinishNow(ToGrpcStatus(st));

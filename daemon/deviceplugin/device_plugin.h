@@ -1,0 +1,81 @@
+// The kubelet device plugin for `podlink.io/peer`: many shareable virtual
+// devices whose allocation mounts podlinkd's socket directory and the client
+// library into a container and sets its environment. Serves its socket in the
+// kubelet's device-plugin directory, registers with kubelet.sock, streams
+// ListAndWatch with health that can go bad and recover, and serves and
+// registers again when a restarting kubelet removes its socket or recreates
+// kubelet.sock. It only translates; the health check and the allocation
+// contents come from outside.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "deviceplugin/v1beta1/api.grpc.pb.h"
+
+namespace podlink {
+
+struct DevicePluginConfig {
+  std::string dir = "/var/lib/kubelet/device-plugins";
+  std::string resource = "podlink.io/peer";
+  std::string endpoint = "podlink.sock";  // file name inside `dir`
+  int devices = 64;                       // how many containers on the node may hold one at once
+  std::string host_socket_dir = "/run/podlink";
+  std::string container_socket_dir = "/run/podlink";
+  std::string host_lib_dir = "/var/lib/podlink/lib";
+  std::string container_lib_dir = "/usr/local/podlink/lib";
+  absl::Duration check_interval = absl::Seconds(1);
+};
+
+class DevicePluginService;
+
+class DevicePlugin {
+ public:
+  // true when healthy; otherwise `why` says what is wrong.
+  using HealthCheck = std::function<bool(std::string* why)>;
+
+  static absl::StatusOr<std::unique_ptr<DevicePlugin>> Start(DevicePluginConfig config, HealthCheck health);
+  ~DevicePlugin();
+
+  int registrations() const { return registrations_.load(); }
+  bool healthy() const { return healthy_.load(); }
+
+  // Translations, public for the service and for tests.
+  v1beta1::ListAndWatchResponse DeviceList() const;
+  absl::StatusOr<v1beta1::AllocateResponse> Allocate(const v1beta1::AllocateRequest& req) const;
+  v1beta1::PreferredAllocationResponse Preferred(const v1beta1::PreferredAllocationRequest& req) const;
+
+ private:
+  explicit DevicePlugin(DevicePluginConfig config, HealthCheck health);
+  absl::Status Serve() ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Register();
+  void Watch();
+  std::string SocketPath() const { return config_.dir + "/" + config_.endpoint; }
+
+  const DevicePluginConfig config_;
+  const HealthCheck health_;
+  std::unique_ptr<DevicePluginService> service_;
+  absl::Mutex mu_;  // guards the server
+  std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(mu_);
+  ino_t socket_inode_ = 0;   // our socket as served (watch thread only)
+  ino_t kubelet_inode_ = 0;  // kubelet.sock when we last registered (watch thread only)
+  bool registered_ = false;  // watch thread only
+  std::atomic<int> registrations_{0};
+  std::atomic<bool> healthy_{false};
+  std::atomic<bool> stop_{false};
+  absl::Mutex stop_mu_;
+  absl::CondVar stop_cv_;
+  std::thread watcher_;
+};
+
+}  // namespace podlink
