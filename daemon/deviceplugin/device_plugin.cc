@@ -18,11 +18,6 @@ std::shared_ptr<spdlog::logger> Log() {
   return l ? l : spdlog::default_logger();
 }
 
-ino_t InodeOf(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) ? st.st_ino : 0;
-}
-
 std::string DeviceId(int i) { return absl::StrCat("podlink-peer-", i); }
 
 }  // namespace
@@ -96,6 +91,12 @@ class DevicePluginService final : public v1beta1::DevicePlugin::CallbackService 
   std::vector<std::shared_ptr<QueuedWriteReactor<v1beta1::ListAndWatchResponse>>> streams_ ABSL_GUARDED_BY(mu_);
 };
 
+DevicePlugin::FileId DevicePlugin::IdOf(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) return {};
+  return {st.st_ino, static_cast<int64_t>(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec};
+}
+
 DevicePlugin::DevicePlugin(DevicePluginConfig config, HealthCheck health)
     : config_(std::move(config)), health_(std::move(health)) {}
 
@@ -142,7 +143,7 @@ absl::Status DevicePlugin::Serve() {
   b.RegisterService(service_.get());
   server_ = b.BuildAndStart();
   if (!server_) return absl::UnavailableError(absl::StrCat("cannot serve ", SocketPath()));
-  socket_inode_ = InodeOf(SocketPath());
+  socket_id_ = IdOf(SocketPath());
   return absl::OkStatus();
 }
 
@@ -164,19 +165,19 @@ void DevicePlugin::Watch() {
   const std::string kubelet = config_.dir + "/kubelet.sock";
   for (;;) {
     // Our socket gone (kubelet restarted and cleaned the directory) or never served.
-    if (socket_inode_ == 0 || InodeOf(SocketPath()) != socket_inode_) {
+    if (!socket_id_.exists() || !(IdOf(SocketPath()) == socket_id_)) {
       if (absl::Status s = Serve(); !s.ok()) {
         Log()->warn("event=serve_failed error=\"{}\"", s.message());
       } else {
         registered_ = false;
       }
     }
-    ino_t k = InodeOf(kubelet);
-    if (k != 0 && (!registered_ || k != kubelet_inode_)) {
+    FileId k = IdOf(kubelet);
+    if (k.exists() && (!registered_ || !(k == kubelet_id_))) {
       absl::Status s = Register();
       if (s.ok()) {
         registered_ = true;
-        kubelet_inode_ = k;
+        kubelet_id_ = k;
         ++registrations_;
         Log()->info("event=registered resource={} endpoint={}", config_.resource, config_.endpoint);
       } else {

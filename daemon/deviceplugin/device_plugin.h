@@ -67,8 +67,17 @@ class DevicePlugin {
   std::unique_ptr<DevicePluginService> service_;
   absl::Mutex mu_;  // guards the server
   std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(mu_);
-  ino_t socket_inode_ = 0;   // our socket as served (watch thread only)
-  ino_t kubelet_inode_ = 0;  // kubelet.sock when we last registered (watch thread only)
+  // A socket file's identity: inode and change time (an inode number alone
+  // can come back when a file is removed and created again).
+  struct FileId {
+    ino_t ino = 0;
+    int64_t ctime_ns = 0;
+    bool operator==(const FileId&) const = default;
+    bool exists() const { return ino != 0; }
+  };
+  static FileId IdOf(const std::string& path);
+  FileId socket_id_;   // our socket as served (watch thread only)
+  FileId kubelet_id_;  // kubelet.sock when we last registered (watch thread only)
   bool registered_ = false;  // watch thread only
   std::atomic<int> registrations_{0};
   std::atomic<bool> healthy_{false};
