@@ -21,6 +21,7 @@
 #include "daemon/gpu/cuda_backend.h"
 #include "daemon/gpu/gpu_inventory.h"
 #include "daemon/gpu/host_backend.h"
+#include "daemon/identity/cri_source.h"
 #include "daemon/identity/standalone_source.h"
 #include "daemon/deviceplugin/device_plugin.h"
 #include "daemon/metrics/http_server.h"
@@ -39,6 +40,9 @@ Brokers GPU (and host) memory between isolated pods on this node.
                      are created (default /run/podlink, env PODLINK_SOCKET_DIR)
   --config FILE      JSON config: limits and standalone pod rules (docs/usage.md)
   --no-gpu           do not load the CUDA driver; serve host memory only
+  --pod-source S     standalone (config file; default) or cri (pod names and
+                     annotations from the container runtime)
+  --cri-socket PATH  CRI socket (default: containerd's if present, else CRI-O's)
   --metrics-addr A   host:port for /metrics, /healthz, /readyz (default 127.0.0.1:9477;
                      "" disables; port 0 picks a free port)
   --device-plugin-dir DIR
@@ -58,6 +62,8 @@ struct Args {
   std::string log_level = "info";
   std::string metrics_addr = "127.0.0.1:9477";
   std::string device_plugin_dir;
+  std::string pod_source = "standalone";
+  std::string cri_socket;
   std::string device_plugin_devices = "64";
   std::string host_lib_dir = "/var/lib/podlink/lib";
 };
@@ -80,6 +86,10 @@ bool ParseArgs(int argc, char** argv, Args& a) {
       if (!value(a.config)) return false;
     } else if (k == "--log-level") {
       if (!value(a.log_level)) return false;
+    } else if (k == "--pod-source") {
+      if (!value(a.pod_source)) return false;
+    } else if (k == "--cri-socket") {
+      if (!value(a.cri_socket)) return false;
     } else if (k == "--device-plugin-dir") {
       if (!value(a.device_plugin_dir)) return false;
     } else if (k == "--device-plugin-devices") {
@@ -180,8 +190,16 @@ int main(int argc, char** argv) {
   auto* inv_for_backend = new podlink::GpuInventory(inv);  // lives as long as the process
   if (inv.cuda_available) backends.push_back(std::make_unique<podlink::CudaBackend>(inv_for_backend));
 
-  podlink::Broker broker(cfg.broker, std::make_unique<podlink::StandalonePodSource>(cfg.pods), inv,
-                         std::move(backends));
+  std::unique_ptr<podlink::PodSource> pods = std::make_unique<podlink::StandalonePodSource>(cfg.pods);
+  if (args.pod_source == "cri") {
+    std::string sock = args.cri_socket.empty() ? podlink::CriPodSource::DefaultSocket() : args.cri_socket;
+    log->info("event=pod_source source=cri socket={}", sock);
+    pods = std::make_unique<podlink::CriPodSource>(sock, std::move(pods));
+  } else if (args.pod_source != "standalone") {
+    log->critical("event=bad_flag flag=--pod-source value={} msg=\"use standalone or cri\"", args.pod_source);
+    return 2;
+  }
+  podlink::Broker broker(cfg.broker, std::move(pods), inv, std::move(backends));
 
   auto fds = podlink::FdServer::Start(&broker, fd_path);
   if (!fds.ok()) {
