@@ -5,11 +5,14 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 pkgs=(build-essential cmake pkg-config protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
       libgrpc++-dev libabsl-dev libspdlog-dev libgtest-dev libgmock-dev nlohmann-json3-dev
-      libibverbs-dev librdmacm-dev util-linux iproute2)
+      libibverbs-dev librdmacm-dev util-linux iproute2 yamllint)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# kubectl renders deploy/ (kustomize) and finds kubectl-podlink; Debian ships it
+# as kubernetes-client unless a kubectl package is already there.
+command -v kubectl >/dev/null 2>&1 || missing+=(kubernetes-client)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "podlink: installing ${missing[*]}"
   $SUDO apt-get update -qq

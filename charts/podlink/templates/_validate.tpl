@@ -1,0 +1,23 @@
+{{/* Fails the render on combinations podlinkd would refuse or that cannot work. */}}
+{{- define "podlink.validate" -}}
+{{- if not (has .Values.podSource (list "standalone" "cri")) -}}
+{{- fail (printf "podSource must be standalone or cri, not %q" .Values.podSource) -}}
+{{- end -}}
+{{- if and (eq .Values.podSource "cri") (not .Values.criSocket) -}}
+{{- fail "podSource=cri needs criSocket (containerd: /run/containerd/containerd.sock, CRI-O: /var/run/crio/crio.sock)" -}}
+{{- end -}}
+{{- if and .Values.devicePlugin.enabled (or (lt (int .Values.devicePlugin.devices) 1) (gt (int .Values.devicePlugin.devices) 100000)) -}}
+{{- fail "devicePlugin.devices must be in 1..100000" -}}
+{{- end -}}
+{{- if or (lt (int .Values.metrics.port) 1) (gt (int .Values.metrics.port) 65535) -}}
+{{- fail "metrics.port must be in 1..65535 (the probes use it)" -}}
+{{- end -}}
+{{- if and .Values.devicePlugin.enabled (eq .Values.podSource "standalone") -}}
+{{- fail "devicePlugin.enabled with podSource=standalone: pods would get no annotations; use podSource=cri" -}}
+{{- end -}}
+{{- range $k, $v := .Values.limits -}}
+{{- if lt (int $v) 1 -}}
+{{- fail (printf "limits.%s must be a positive integer" $k) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
