@@ -574,6 +574,32 @@ absl::Status Client::Release(uint64_t export_id) {
   return impl_->Call<v1::ReleaseRequest, v1::ReleaseResponse>(&v1::Broker::Stub::Release, req).status();
 }
 
+absl::StatusOr<std::vector<ExportInfo>> Client::ListAll() {
+  v1::ListRequest req;
+  req.set_all(true);
+  PODLINK_ASSIGN_OR_RETURN(v1::ListResponse r,
+                           (impl_->Call<v1::ListRequest, v1::ListResponse>(&v1::Broker::Stub::List, req)));
+  std::vector<ExportInfo> out;
+  for (const auto& e : r.exports()) out.push_back(FromProto(e));
+  return out;
+}
+
+absl::StatusOr<Client::NodeStats> Client::GetStats() {
+  PODLINK_ASSIGN_OR_RETURN(v1::Stats s, (impl_->Call<v1::GetStatsRequest, v1::Stats>(&v1::Broker::Stub::GetStats,
+                                                                                   v1::GetStatsRequest())));
+  NodeStats n;
+  n.sessions = s.sessions();
+  n.exports = s.exports();
+  n.imports_total = s.imports_total();
+  n.denials_total = s.denials_total();
+  n.relay_rings = s.relay_rings();
+  n.relay_ops_total = s.relay_ops_total();
+  n.relay_bytes_total = s.relay_bytes_total();
+  n.relay_failed_total = s.relay_failed_total();
+  n.relay_notifies_total = s.relay_notifies_total();
+  return n;
+}
+
 absl::Status Client::OpenRelayRing(int ring_memfd, int doorbell_eventfd, uint32_t sq_entries, uint32_t cq_entries,
                                    uint32_t nq_entries) {
   PODLINK_ASSIGN_OR_RETURN(uint64_t ring_slot, impl_->Offer(ring_memfd));

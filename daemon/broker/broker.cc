@@ -494,12 +494,37 @@ absl::StatusOr<v1::ReleaseResponse> Broker::Release(Session& s, const v1::Releas
   return resp;
 }
 
-v1::ListResponse Broker::List(const Session& s) const {
+absl::Status Broker::CheckAdmin(const Session& s) {
+  if (s.peer.uid == 0 && !s.peer.cgroup.in_pod() && s.peer.cgroup.container_id.empty()) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      "node-wide views need root on the host, outside any container (run kubectl-podlink on the node or "
+      "through kubectl exec into the podlinkd pod)");
+}
+
+absl::StatusOr<v1::Stats> Broker::GetStats(const Session& s) const {
+  PODLINK_RETURN_IF_ERROR(CheckAdmin(s));
+  BrokerStats st = Stats();
+  RelayCounters rc = relay_->Counters();
+  v1::Stats out;
+  out.set_sessions(st.sessions);
+  out.set_exports(st.exports);
+  out.set_imports_total(st.imports_total);
+  out.set_denials_total(st.denials_total);
+  out.set_relay_rings(rc.rings);
+  out.set_relay_ops_total(rc.ops);
+  out.set_relay_bytes_total(rc.bytes);
+  out.set_relay_failed_total(rc.failed);
+  out.set_relay_notifies_total(rc.notifies);
+  return out;
+}
+
+absl::StatusOr<v1::ListResponse> Broker::List(const Session& s, const v1::ListRequest& req) const {
+  if (req.all()) PODLINK_RETURN_IF_ERROR(CheckAdmin(s));
   v1::ListResponse resp;
   for (const Registry::Entry& e : registry_.Snapshot()) {
     const ExportRecord& rec = *e.record;
     ExportPolicyView view{rec.id, rec.name, &rec.owner, &rec.allowed_importers};
-    if (rec.owner_session != s.id && !CheckImport(view, s.pod).ok()) continue;
+    if (!req.all() && rec.owner_session != s.id && !CheckImport(view, s.pod).ok()) continue;
     *resp.add_exports() = Describe(rec, e.import_count, e.imports_total, s.id);
   }
   return resp;

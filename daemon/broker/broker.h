@@ -70,7 +70,10 @@ class Broker {
   absl::StatusOr<v1::ExportResponse> Export(Session& s, const v1::ExportRequest& req);
   absl::StatusOr<v1::ImportResponse> Import(Session& s, const v1::ImportRequest& req);
   absl::StatusOr<v1::ReleaseResponse> Release(Session& s, const v1::ReleaseRequest& req);
-  v1::ListResponse List(const Session& s) const;
+  absl::StatusOr<v1::ListResponse> List(const Session& s, const v1::ListRequest& req) const;
+  absl::StatusOr<v1::Stats> GetStats(const Session& s) const;
+  // Root on the host, outside any container.
+  static absl::Status CheckAdmin(const Session& s);
   absl::Status AddWatcher(Session& s, std::shared_ptr<EventSink> sink);
   absl::StatusOr<v1::OpenRelayResponse> OpenRelay(Session& s, const v1::OpenRelayRequest& req);
   RelayCounters RelayStats() const { return relay_->Counters(); }

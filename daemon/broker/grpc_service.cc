@@ -72,12 +72,14 @@ grpc::ServerUnaryReactor* BrokerService::Release(grpc::CallbackServerContext* ct
   return Unary(broker_, ctx, [&](Session& s) { return Assign(broker_->Release(s, *req), resp); });
 }
 
-grpc::ServerUnaryReactor* BrokerService::List(grpc::CallbackServerContext* ctx, const v1::ListRequest*,
+grpc::ServerUnaryReactor* BrokerService::List(grpc::CallbackServerContext* ctx, const v1::ListRequest* req,
                                               v1::ListResponse* resp) {
-  return Unary(broker_, ctx, [&](Session& s) {
-    *resp = broker_->List(s);
-    return absl::OkStatus();
-  });
+  return Unary(broker_, ctx, [&](Session& s) { return Assign(broker_->List(s, *req), resp); });
+}
+
+grpc::ServerUnaryReactor* BrokerService::GetStats(grpc::CallbackServerContext* ctx, const v1::GetStatsRequest*,
+                                                  v1::Stats* resp) {
+  return Unary(broker_, ctx, [&](Session& s) { return Assign(broker_->GetStats(s), resp); });
 }
 
 grpc::ServerUnaryReactor* BrokerService::OpenRelay(grpc::CallbackServerContext* ctx, const v1::OpenRelayRequest* req,

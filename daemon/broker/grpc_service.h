@@ -23,6 +23,8 @@ class BrokerService final : public v1::Broker::CallbackService {
                                     v1::ReleaseResponse* resp) override;
   grpc::ServerUnaryReactor* List(grpc::CallbackServerContext* ctx, const v1::ListRequest* req,
                                  v1::ListResponse* resp) override;
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx, const v1::GetStatsRequest* req,
+                                     v1::Stats* resp) override;
   grpc::ServerUnaryReactor* OpenRelay(grpc::CallbackServerContext* ctx, const v1::OpenRelayRequest* req,
                                       v1::OpenRelayResponse* resp) override;
   grpc::ServerWriteReactor<v1::Event>* Watch(grpc::CallbackServerContext* ctx,

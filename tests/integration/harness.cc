@@ -165,7 +165,7 @@ PodCgroup::~PodCgroup() {
   }
 }
 
-Pod::Pod(const Daemon& d, const PodCgroup* cg, std::vector<std::string> args) {
+Pod::Pod(const Daemon& d, const PodCgroup* cg, std::vector<std::string> args, const std::string& binary) {
   int in[2], out[2];
   if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
     ADD_FAILURE() << "pipe";
@@ -184,7 +184,7 @@ Pod::Pod(const Daemon& d, const PodCgroup* cg, std::vector<std::string> args) {
     setenv("PODLINK_SOCKET", d.dir().c_str(), 1);
     std::vector<std::string> full = {"unshare", "--pid",   "--fork", "--kill-child", "--mount-proc",
                                      "--uts",   "--ipc",   "--net",  "--mount",      "--",
-                                     BinPath("PODLINK_DEMO_PATH", PODLINK_DEMO_PATH)};
+                                     binary.empty() ? BinPath("PODLINK_DEMO_PATH", PODLINK_DEMO_PATH) : binary};
     for (auto& a : args) full.push_back(a);
     std::vector<char*> argv;
     for (auto& a : full) argv.push_back(a.data());

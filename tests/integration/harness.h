@@ -51,9 +51,9 @@ class PodCgroup {
 
 class Pod {
  public:
-  // Runs podlink-demo `args` in new namespaces inside `cg` (nullptr: the
-  // test's own cgroup, namespaces still new).
-  Pod(const Daemon& d, const PodCgroup* cg, std::vector<std::string> args);
+  // Runs podlink-demo (or `binary`) with `args` in new namespaces inside `cg`
+  // (nullptr: the test's own cgroup, namespaces still new).
+  Pod(const Daemon& d, const PodCgroup* cg, std::vector<std::string> args, const std::string& binary = "");
   ~Pod();
   // Next JSON line from stdout, or nullopt after `timeout_ms` / EOF.
   std::optional<nlohmann::json> Next(int timeout_ms = 20000);

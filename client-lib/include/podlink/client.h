@@ -239,6 +239,15 @@ class PODLINK_API Client {
   absl::Status Release(uint64_t export_id);
   absl::StatusOr<std::vector<ExportInfo>> List();
 
+  // Node-wide views for operators (root on the host, outside containers).
+  struct NodeStats {
+    uint64_t sessions = 0, exports = 0, imports_total = 0, denials_total = 0;
+    uint64_t relay_rings = 0, relay_ops_total = 0, relay_bytes_total = 0, relay_failed_total = 0,
+             relay_notifies_total = 0;
+  };
+  absl::StatusOr<std::vector<ExportInfo>> ListAll();
+  absl::StatusOr<NodeStats> GetStats();
+
   // Hands podlinkd this session's relay ring and doorbell (see
   // common/relay_ring.h; TransferEngine does this for you).
   absl::Status OpenRelayRing(int ring_memfd, int doorbell_eventfd, uint32_t sq_entries, uint32_t cq_entries,

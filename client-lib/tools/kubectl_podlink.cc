@@ -1,0 +1,362 @@
+// kubectl-podlink: diagnostics for podlink, as a kubectl plugin
+// (`kubectl podlink ...` once this binary is on PATH).
+//
+//   kubectl podlink status  [-o json]    node, GPUs, NVLink matrix, sessions, exports, relay counters
+//   kubectl podlink exports [-o json]    every export on the node
+//   kubectl podlink peers   [-o json]    the NVLink matrix
+//   kubectl podlink doctor POD [-n NS] [--pod-json FILE] [-o json]
+//                                        what keeps POD from using podlink, and how to fix it
+//
+// status/exports/peers talk to podlinkd's socket on this node (--socket DIR,
+// $PODLINK_SOCKET, or /run/podlink) and need root on the host: run them on
+// the node or with `kubectl exec -n podlink-system <podlinkd pod> --
+// kubectl-podlink ...`. doctor reads the pod with `kubectl get pod -o json`
+// (or --pod-json) and, where podlinkd is reachable, what it knows of the pod.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+#include "podlink/client.h"
+
+using nlohmann::json;
+
+namespace {
+
+constexpr char kUsage[] = R"(usage: kubectl podlink COMMAND [options]
+
+  status               node, GPUs, NVLink matrix, sessions, exports, relay counters
+  exports              every export on this node
+  peers                the NVLink matrix between this node's GPUs
+  doctor POD           what keeps POD from using podlink, in plain words, with fixes
+
+options:
+  -o json              machine-readable output
+  -n NAMESPACE         namespace of POD (doctor; default "default")
+  --pod-json FILE      read the pod from FILE instead of `kubectl get pod` (doctor)
+  --socket DIR         podlinkd's socket directory (default $PODLINK_SOCKET or /run/podlink)
+
+status, exports and peers need root on the node, outside containers: run them on the
+node, or through `kubectl exec -n podlink-system <podlinkd pod> -- kubectl-podlink ...`.
+)";
+
+struct Args {
+  std::string cmd, pod, ns = "default", pod_json, socket;
+  bool json_out = false;
+};
+
+std::string Human(uint64_t b) {
+  const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int i = 0;
+  while (v >= 1024 && i < 4) {
+    v /= 1024;
+    ++i;
+  }
+  return absl::StrFormat(i == 0 ? "%.0f %s" : "%.1f %s", v, u[i]);
+}
+
+int Fail(const std::string& what, const absl::Status& s) {
+  std::cerr << "kubectl-podlink: " << what << ": " << s.message() << "\n";
+  return 1;
+}
+
+absl::StatusOr<std::unique_ptr<podlink::Client>> Connect(const Args& a) {
+  podlink::ConnectOptions o;
+  o.socket_dir = a.socket;
+  o.timeout = absl::Seconds(5);
+  return podlink::Client::Connect(o);
+}
+
+json NodeJson(const podlink::NodeInfo& n) {
+  json gpus = json::array();
+  for (const auto& g : n.gpus) {
+    json peers = json::array();
+    for (const auto& p : g.peers) peers.push_back({{"uuid", p.uuid}, {"nvlinks", p.link_count}, {"p2p", p.p2p_supported}});
+    gpus.push_back({{"index", g.index}, {"uuid", g.uuid}, {"pci_bus_id", g.pci_bus_id}, {"device_node", g.device_node},
+                    {"name", g.name}, {"memory", g.total_memory}, {"fabric", g.fabric_supported}, {"peers", peers}});
+  }
+  json types = json::array();
+  for (auto t : n.handle_types) types.push_back(podlink::HandleTypeName(t));
+  return {{"node_id", n.node_id}, {"version", n.daemon_version}, {"cuda", n.cuda_available},
+          {"cuda_status", n.cuda_status}, {"handle_types", types}, {"gpus", gpus}};
+}
+
+json ExportJson(const podlink::ExportInfo& e) {
+  return {{"id", e.export_id}, {"name", e.name}, {"owner", e.owner.namespace_ + "/" + e.owner.name},
+          {"size", e.size}, {"type", podlink::HandleTypeName(e.handle_type)}, {"gpu", e.gpu_uuid},
+          {"peer_group", e.peer_group}, {"imports", e.import_count}, {"imports_total", e.imports_total}};
+}
+
+void PrintMatrix(const podlink::NodeInfo& n) {
+  if (n.gpus.size() < 2) {
+    std::cout << "NVLink matrix: fewer than two GPUs\n";
+    return;
+  }
+  std::cout << "NVLink matrix (links between GPUs; P2P = peer access without NVLink):\n      ";
+  for (const auto& g : n.gpus) std::cout << absl::StrFormat("%-7s", absl::StrFormat("GPU%d", g.index));
+  std::cout << "\n";
+  for (const auto& g : n.gpus) {
+    std::cout << absl::StrFormat("GPU%-3d", g.index);
+    for (const auto& h : n.gpus) {
+      std::string cell = "-";
+      if (g.uuid == h.uuid) {
+        cell = "X";
+      } else {
+        for (const auto& p : g.peers) {
+          if (p.uuid == h.uuid) cell = p.link_count > 0 ? absl::StrFormat("NV%d", p.link_count) : (p.p2p_supported ? "P2P" : "-");
+        }
+      }
+      std::cout << absl::StrFormat("%-7s", cell);
+    }
+    std::cout << "\n";
+  }
+}
+
+int Status(const Args& a) {
+  auto c = Connect(a);
+  if (!c.ok()) return Fail("connect", c.status());
+  auto n = (*c)->GetNodeInfo();
+  if (!n.ok()) return Fail("node info", n.status());
+  auto st = (*c)->GetStats();
+  if (!st.ok()) return Fail("stats", st.status());
+  if (a.json_out) {
+    json j = NodeJson(*n);
+    j["stats"] = {{"sessions", st->sessions}, {"exports", st->exports}, {"imports_total", st->imports_total},
+                  {"denials_total", st->denials_total}, {"relay_rings", st->relay_rings},
+                  {"relay_ops_total", st->relay_ops_total}, {"relay_bytes_total", st->relay_bytes_total},
+                  {"relay_failed_total", st->relay_failed_total}, {"relay_notifies_total", st->relay_notifies_total}};
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << "node " << n->node_id << ", podlinkd " << n->daemon_version << "\n";
+  std::cout << "CUDA: " << (n->cuda_available ? "yes" : "no (" + n->cuda_status + ")") << "; handle types:";
+  for (auto t : n->handle_types) std::cout << " " << podlink::HandleTypeName(t);
+  std::cout << "\n\n";
+  if (!n->gpus.empty()) {
+    std::cout << absl::StrFormat("%-4s %-42s %-14s %-13s %-10s %s\n", "GPU", "UUID", "PCI", "DEVICE", "MEMORY", "FABRIC");
+    for (const auto& g : n->gpus) {
+      std::cout << absl::StrFormat("%-4d %-42s %-14s %-13s %-10s %s\n", g.index, g.uuid, g.pci_bus_id, g.device_node,
+                                   Human(g.total_memory), g.fabric_supported ? "yes" : "no");
+    }
+    std::cout << "\n";
+    PrintMatrix(*n);
+    std::cout << "\n";
+  }
+  std::cout << absl::StrFormat("sessions %d, exports %d, imports %d, denials %d\n", st->sessions, st->exports,
+                               st->imports_total, st->denials_total);
+  std::cout << absl::StrFormat("relay: %d rings, %d ops, %s moved, %d failed, %d notifications\n", st->relay_rings,
+                               st->relay_ops_total, Human(st->relay_bytes_total), st->relay_failed_total,
+                               st->relay_notifies_total);
+  return 0;
+}
+
+int Exports(const Args& a) {
+  auto c = Connect(a);
+  if (!c.ok()) return Fail("connect", c.status());
+  auto l = (*c)->ListAll();
+  if (!l.ok()) return Fail("list", l.status());
+  if (a.json_out) {
+    json j = json::array();
+    for (const auto& e : *l) j.push_back(ExportJson(e));
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  if (l->empty()) {
+    std::cout << "no exports on this node\n";
+    return 0;
+  }
+  std::cout << absl::StrFormat("%-6s %-20s %-30s %-10s %-11s %-14s %s\n", "ID", "NAME", "OWNER", "SIZE", "TYPE",
+                               "PEER-GROUP", "IMPORTS");
+  for (const auto& e : *l) {
+    std::cout << absl::StrFormat("%-6d %-20s %-30s %-10s %-11s %-14s %d\n", e.export_id, e.name.empty() ? "-" : e.name,
+                                 e.owner.namespace_ + "/" + e.owner.name, Human(e.size),
+                                 podlink::HandleTypeName(e.handle_type), e.peer_group.empty() ? "-" : e.peer_group,
+                                 e.import_count);
+  }
+  return 0;
+}
+
+int Peers(const Args& a) {
+  auto c = Connect(a);
+  if (!c.ok()) return Fail("connect", c.status());
+  auto n = (*c)->GetNodeInfo();
+  if (!n.ok()) return Fail("node info", n.status());
+  if (a.json_out) {
+    std::cout << NodeJson(*n)["gpus"].dump(2) << "\n";
+    return 0;
+  }
+  PrintMatrix(*n);
+  return 0;
+}
+
+// --- doctor -------------------------------------------------------------------
+
+struct Finding {
+  bool ok;
+  std::string check, detail, fix;
+};
+
+absl::StatusOr<json> ReadPod(const Args& a) {
+  std::string text;
+  if (!a.pod_json.empty()) {
+    std::ifstream f(a.pod_json);
+    if (!f) return absl::NotFoundError("cannot read " + a.pod_json);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    text = ss.str();
+  } else {
+    std::string cmd = "kubectl get pod '" + a.pod + "' -n '" + a.ns + "' -o json 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    if (p == nullptr) return absl::UnavailableError("cannot run kubectl");
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) text.append(buf, n);
+    if (pclose(p) != 0) return absl::UnavailableError("kubectl get pod failed: " + text.substr(0, 500));
+  }
+  json j = json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || j.value("kind", "") != "Pod") {
+    return absl::InvalidArgumentError("not a Pod object in JSON");
+  }
+  return j;
+}
+
+int Doctor(const Args& a) {
+  auto pod = ReadPod(a);
+  if (!pod.ok()) return Fail("doctor", pod.status());
+  const json& p = *pod;
+  std::string name = p["metadata"].value("namespace", a.ns) + "/" + p["metadata"].value("name", a.pod);
+  std::vector<Finding> f;
+  json ann = p["metadata"].value("annotations", json::object());
+  std::string group = ann.value("podlink.io/peer-group", "");
+  f.push_back({!group.empty(), "peer group",
+               group.empty() ? "no podlink.io/peer-group annotation: other pods cannot import this pod's memory, and it "
+                               "can import only exports that name it"
+                             : "podlink.io/peer-group=" + group,
+               group.empty() ? "add the annotation podlink.io/peer-group=<job> to this pod and to its peers (same "
+                               "namespace)"
+                             : ""});
+  bool wants_peer = false, wants_gpu = false;
+  bool has_socket_mount = false;
+  std::string plugin_env;
+  for (const auto& c : p["spec"].value("containers", json::array())) {
+    json limits = c.value("resources", json::object()).value("limits", json::object());
+    wants_peer |= limits.contains("podlink.io/peer");
+    wants_gpu |= limits.contains("nvidia.com/gpu");
+    for (const auto& m : c.value("volumeMounts", json::array())) has_socket_mount |= m.value("mountPath", "") == "/run/podlink";
+    for (const auto& e : c.value("env", json::array())) {
+      if (e.value("name", "") == "NCCL_NET_PLUGIN") plugin_env = e.value("value", "");
+    }
+  }
+  f.push_back({wants_peer, "podlink.io/peer resource",
+               wants_peer ? "requested: the device plugin mounts /run/podlink and the client library and sets "
+                            "PODLINK_SOCKET and NCCL_NET_PLUGIN"
+                          : "not requested: nothing mounts podlinkd's socket into the container",
+               wants_peer ? "" : "add resources.limits[\"podlink.io/peer\"]: 1 to the container (or mount /run/podlink "
+                                 "yourself and set PODLINK_SOCKET)"});
+  if (!wants_peer) {
+    f.push_back({has_socket_mount, "socket mount",
+                 has_socket_mount ? "/run/podlink is mounted by the pod spec" : "/run/podlink is not mounted",
+                 has_socket_mount ? "" : "request podlink.io/peer, or mount the host's /run/podlink at /run/podlink"});
+  }
+  f.push_back({wants_gpu, "GPU", wants_gpu ? "nvidia.com/gpu requested" : "no nvidia.com/gpu requested",
+               wants_gpu ? "" : "host-memory sharing still works; GPU exports need a GPU in the container"});
+  if (!plugin_env.empty() && plugin_env != "podlink" && plugin_env.find("podlink") == std::string::npos) {
+    f.push_back({false, "NCCL environment", "NCCL_NET_PLUGIN=" + plugin_env + " overrides podlink's plugin",
+                 "remove NCCL_NET_PLUGIN from the pod spec; the device plugin sets it"});
+  }
+  bool direct = ann.value("podlink.io/direct", "") == "true";
+  f.push_back({true, "direct mode",
+               direct ? "podlink.io/direct=true: peers' GPU memory may be mapped in-process"
+                      : "off: peers' GPU memory moves through podlinkd's relay (about as fast at large sizes)",
+               ""});
+  std::string phase = p.value("status", json::object()).value("phase", "");
+  f.push_back({phase == "Running", "phase", phase.empty() ? "unknown" : phase,
+               phase == "Running" ? "" : "wait for the pod to run; `kubectl describe pod` says why it does not"});
+  // What podlinkd on this node knows, where reachable.
+  auto c = Connect(a);
+  if (c.ok()) {
+    auto l = (*c)->ListAll();
+    if (l.ok()) {
+      int owned = 0;
+      for (const auto& e : *l) owned += (e.owner.namespace_ + "/" + e.owner.name) == name;
+      f.push_back({true, "podlinkd", absl::StrFormat("reachable; %d export(s) owned by %s", owned, name), ""});
+    }
+  }
+  bool all_ok = true;
+  for (const auto& x : f) all_ok &= x.ok;
+  if (a.json_out) {
+    json j = {{"pod", name}, {"ok", all_ok}, {"checks", json::array()}};
+    for (const auto& x : f) j["checks"].push_back({{"check", x.check}, {"ok", x.ok}, {"detail", x.detail}, {"fix", x.fix}});
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << "pod " << name << ":\n";
+    for (const auto& x : f) {
+      std::cout << (x.ok ? "  ok    " : "  FIX   ") << x.check << ": " << x.detail << "\n";
+      if (!x.fix.empty()) std::cout << "        -> " << x.fix << "\n";
+    }
+    std::cout << (all_ok ? "nothing to fix\n" : "fix the items marked FIX\n");
+  }
+  return all_ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  std::vector<std::string> pos;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::cerr << k << " needs a value\n" << kUsage;
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (k == "-o" || k == "--output") {
+      std::string v = next();
+      if (v != "json") {
+        std::cerr << "-o supports json only\n";
+        return 2;
+      }
+      a.json_out = true;
+    } else if (k == "-n" || k == "--namespace") {
+      a.ns = next();
+    } else if (k == "--pod-json") {
+      a.pod_json = next();
+    } else if (k == "--socket") {
+      a.socket = next();
+    } else if (k == "-h" || k == "--help") {
+      std::cout << kUsage;
+      return 0;
+    } else if (!k.empty() && k[0] == '-') {
+      std::cerr << "unknown option " << k << "\n" << kUsage;
+      return 2;
+    } else {
+      pos.push_back(k);
+    }
+  }
+  if (pos.empty()) {
+    std::cerr << kUsage;
+    return 2;
+  }
+  a.cmd = pos[0];
+  if (a.cmd == "status") return Status(a);
+  if (a.cmd == "exports") return Exports(a);
+  if (a.cmd == "peers") return Peers(a);
+  if (a.cmd == "doctor") {
+    if (pos.size() < 2) {
+      std::cerr << "doctor needs a pod name\n" << kUsage;
+      return 2;
+    }
+    a.pod = pos[1];
+    return Doctor(a);
+  }
+  std::cerr << "unknown command " << a.cmd << "\n" << kUsage;
+  return 2;
+}

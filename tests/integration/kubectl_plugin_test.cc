@@ -1,0 +1,113 @@
+// kubectl-podlink: found by `kubectl plugin list`, its commands run against a
+// live podlinkd (tables and -o json), node-wide views refused inside a pod,
+// doctor on pod fixtures.
+#include <sys/wait.h>
+
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/integration/harness.h"
+
+namespace podlink::testing {
+namespace {
+
+struct ShellResult {
+  int code = -1;
+  std::string out;
+};
+
+ShellResult Shell(const std::string& cmd) {
+  ShellResult r;
+  std::string full = absl::StrCat("PATH=", KUBECTL_PODLINK_DIR, ":$PATH ", cmd, " 2>&1");
+  FILE* p = popen(full.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  int st = pclose(p);
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+nlohmann::json Json(const ShellResult& r) {
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << r.out;
+  return j;
+}
+
+TEST(KubectlPodlink, FoundByKubectlPluginList) {
+  ShellResult r = Shell("kubectl plugin list");
+  EXPECT_NE(r.out.find("kubectl-podlink"), std::string::npos) << r.out;
+  ShellResult help = Shell("kubectl podlink --help");
+  EXPECT_EQ(help.code, 0);
+  EXPECT_NE(help.out.find("doctor POD"), std::string::npos);
+  EXPECT_EQ(Shell("kubectl podlink frobnicate").code, 2);
+}
+
+TEST(KubectlPodlink, CommandsAgainstALiveDaemon) {
+  PodCgroup cg(RandomPodUid(), "burstable");
+  Daemon d(R"({"pods": [{"match": {"pod_uid": ")" + cg.pod_uid() +
+           R"("}, "namespace": "ml", "name": "prefill-0", "annotations": {"podlink.io/peer-group": "job-7"}}]})");
+  Pod exporter(d, &cg, {"export", "--size", "1048576", "--name", "kv", "--commands"});
+  ASSERT_EQ(exporter.Expect("exported")["event"], "exported");
+  std::string sock = " --socket " + d.dir();
+
+  ShellResult st = Shell("kubectl podlink status -o json" + sock);
+  ASSERT_EQ(st.code, 0) << st.out;
+  auto sj = Json(st);
+  EXPECT_EQ(sj["stats"]["exports"], 1);
+  EXPECT_GE(sj["stats"]["sessions"], 2);  // the exporter and this command
+  EXPECT_EQ(sj["cuda"], false);
+  ShellResult table = Shell("kubectl podlink status" + sock);
+  EXPECT_NE(table.out.find("sessions"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("relay:"), std::string::npos);
+
+  ShellResult ex = Shell("kubectl podlink exports -o json" + sock);
+  ASSERT_EQ(ex.code, 0) << ex.out;
+  auto ej = Json(ex);
+  ASSERT_EQ(ej.size(), 1u);
+  EXPECT_EQ(ej[0]["owner"], "ml/prefill-0");
+  EXPECT_EQ(ej[0]["name"], "kv");
+  EXPECT_EQ(ej[0]["peer_group"], "job-7");
+  EXPECT_EQ(ej[0]["size"], 1048576);
+  ShellResult ext = Shell("kubectl podlink exports" + sock);
+  EXPECT_NE(ext.out.find("ml/prefill-0"), std::string::npos) << ext.out;
+
+  ShellResult peers = Shell("kubectl podlink peers -o json" + sock);
+  EXPECT_EQ(peers.code, 0);
+  EXPECT_TRUE(Json(peers).is_array());
+
+  // Inside a pod the node-wide views are refused, with the way to get them.
+  Pod inside(d, &cg, {"exports", "--socket", d.dir()}, KUBECTL_PODLINK_DIR "/kubectl-podlink");
+  EXPECT_EQ(inside.Wait(), 1);
+  // Unreachable daemon: a clear error, not a hang.
+  ShellResult none = Shell("kubectl podlink status --socket /nonexistent");
+  EXPECT_EQ(none.code, 1);
+  EXPECT_NE(none.out.find("Is podlinkd running"), std::string::npos) << none.out;
+}
+
+TEST(KubectlPodlink, DoctorExplainsWhatToFix) {
+  std::string fx = std::string(PODLINK_SOURCE_DIR) + "/tests/fixtures/";
+  ShellResult good = Shell("kubectl podlink doctor decode-0 -n ml -o json --socket /nonexistent --pod-json " + fx + "pod-good.json");
+  EXPECT_EQ(good.code, 0) << good.out;
+  auto gj = Json(good);
+  EXPECT_EQ(gj["ok"], true);
+  EXPECT_EQ(gj["pod"], "ml/decode-0");
+
+  ShellResult bad = Shell("kubectl podlink doctor decode-1 -n ml --socket /nonexistent --pod-json " + fx + "pod-bad.json");
+  EXPECT_EQ(bad.code, 1) << bad.out;
+  EXPECT_NE(bad.out.find("add the annotation podlink.io/peer-group"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("podlink.io/peer\"]: 1"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("NCCL_NET_PLUGIN=aws-ofi overrides"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("Pending"), std::string::npos);
+
+  ShellResult missing = Shell("kubectl podlink doctor x --pod-json /nonexistent.json");
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.out.find("cannot read"), std::string::npos);
+  ShellResult notpod = Shell("kubectl podlink doctor x --pod-json " + fx + "../../.yamllint");
+  EXPECT_EQ(notpod.code, 1);
+  EXPECT_EQ(Shell("kubectl podlink doctor").code, 2);
+}
+
+}  // namespace
+}  // namespace podlink::testing
