@@ -12,6 +12,8 @@
 // the node or with `kubectl exec -n podlink-system <podlinkd pod> --
 // kubectl-podlink ...`. doctor reads the pod with `kubectl get pod -o json`
 // (or --pod-json) and, where podlinkd is reachable, what it knows of the pod.
+#include <sys/wait.h>
+
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -19,7 +21,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 #include "podlink/client.h"
 
@@ -33,21 +37,33 @@ constexpr char kUsage[] = R"(usage: kubectl podlink COMMAND [options]
   exports              every export on this node
   peers                the NVLink matrix between this node's GPUs
   doctor POD           what keeps POD from using podlink, in plain words, with fixes
+  bench POD_A POD_B    one-sided write of --size bytes from POD_B into POD_A (through podlink-demo in
+                       the pods, which the device plugin's mount provides), then the bandwidth
 
 options:
   -o json              machine-readable output
   -n NAMESPACE         namespace of POD (doctor; default "default")
   --pod-json FILE      read the pod from FILE instead of `kubectl get pod` (doctor)
   --socket DIR         podlinkd's socket directory (default $PODLINK_SOCKET or /run/podlink)
+  --for-pod POD        cluster mode: run status/exports/peers in the podlinkd pod on POD's node
+                       (kubectl exec), POD in -n NAMESPACE
+  --node NODE          cluster mode: the podlinkd pod on NODE
+  --daemon-namespace N namespace of the podlinkd DaemonSet (default podlink-system)
+  --size BYTES         bench transfer size (default 1073741824)
+  --demo PATH          podlink-demo inside the pods (default /usr/local/podlink/lib/podlink-demo)
 
 status, exports and peers need root on the node, outside containers: run them on the
 node, or through `kubectl exec -n podlink-system <podlinkd pod> -- kubectl-podlink ...`.
 )";
 
 struct Args {
-  std::string cmd, pod, ns = "default", pod_json, socket;
+  std::string cmd, pod, pod_b, ns = "default", pod_json, socket;
+  std::string for_pod, node, daemon_ns = "podlink-system", demo = "/usr/local/podlink/lib/podlink-demo";
+  uint64_t size = 1ull << 30;
   bool json_out = false;
+  std::vector<std::string> forwarded;  // arguments to repeat inside the podlinkd pod
 };
+
 
 std::string Human(uint64_t b) {
   const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -63,6 +79,109 @@ std::string Human(uint64_t b) {
 int Fail(const std::string& what, const absl::Status& s) {
   std::cerr << "kubectl-podlink: " << what << ": " << s.message() << "\n";
   return 1;
+}
+
+// Quotes for /bin/sh.
+std::string Q(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+struct Output {
+  int code = -1;
+  std::string text;
+};
+
+Output Sh(const std::string& cmd) {
+  Output o;
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return o;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) o.text.append(buf, n);
+  int st = pclose(p);
+  o.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return o;
+}
+
+std::string Trim(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+// Cluster mode: runs this command inside the podlinkd pod on the right node.
+int ViaCluster(const Args& a) {
+  std::string node = a.node;
+  if (node.empty()) {
+    Output o = Sh("kubectl get pod " + Q(a.for_pod) + " -n " + Q(a.ns) + " -o jsonpath='{.spec.nodeName}'");
+    node = Trim(o.text);
+    if (o.code != 0 || node.empty()) {
+      std::cerr << "kubectl-podlink: cannot find the node of pod " << a.ns << "/" << a.for_pod << ": " << o.text << "\n";
+      return 1;
+    }
+  }
+  Output d = Sh("kubectl get pods -n " + Q(a.daemon_ns) +
+                " -l app.kubernetes.io/component=podlinkd --field-selector spec.nodeName=" + Q(node) +
+                " -o jsonpath='{.items[0].metadata.name}'");
+  std::string daemon = Trim(d.text);
+  if (d.code != 0 || daemon.empty()) {
+    std::cerr << "kubectl-podlink: no podlinkd pod on node " << node << " in namespace " << a.daemon_ns
+              << " (is the DaemonSet installed and scheduled there?) " << d.text << "\n";
+    return 1;
+  }
+  std::string cmd = "kubectl exec -n " + Q(a.daemon_ns) + " " + Q(daemon) + " -- kubectl-podlink";
+  for (const std::string& f : a.forwarded) cmd += " " + Q(f);
+  Output r = Sh(cmd);
+  std::cout << r.text;
+  return r.code;
+}
+
+int Bench(const Args& a) {
+  // POD_A registers a region and waits; POD_B writes it whole and notifies.
+  std::string serve = "kubectl exec -n " + Q(a.ns) + " " + Q(a.pod) + " -- " + Q(a.demo) + " kv-serve --size " +
+                      std::to_string(a.size) + " --verify 7";
+  FILE* server = popen((serve + " 2>&1").c_str(), "r");
+  if (server == nullptr) return Fail("bench", absl::UnavailableError("cannot run kubectl"));
+  char line[4096];
+  std::string desc;
+  while (fgets(line, sizeof(line), server) != nullptr) {
+    json j = json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.value("event", "") == "serving") {
+      desc = j.value("descriptor", "");
+      break;
+    }
+    if (!j.is_discarded() && j.value("event", "") == "error") break;
+  }
+  if (desc.empty()) {
+    pclose(server);
+    return Fail("bench", absl::UnavailableError("pod " + a.pod + " did not register a region (is podlink-demo at " +
+                                                a.demo + " and does the pod request podlink.io/peer?)"));
+  }
+  Output put = Sh("kubectl exec -n " + Q(a.ns) + " " + Q(a.pod_b) + " -- " + Q(a.demo) + " kv-put --desc " + Q(desc) +
+                  " --seed 7");
+  json pj;
+  for (const auto& l : absl::StrSplit(put.text, '\n')) {
+    json j = json::parse(std::string(l), nullptr, false);
+    if (!j.is_discarded() && j.value("event", "") != "") pj = j;
+  }
+  json vj;
+  while (fgets(line, sizeof(line), server) != nullptr) {
+    json j = json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.value("event", "") == "verified") vj = j;
+  }
+  pclose(server);
+  bool ok = put.code == 0 && pj.value("event", "") == "put" && vj.value("mismatches", -1) == 0;
+  if (a.json_out) {
+    std::cout << json({{"ok", ok}, {"from", a.pod_b}, {"to", a.pod}, {"put", pj}, {"verified", vj}}).dump(2) << "\n";
+  } else if (ok) {
+    std::cout << absl::StrFormat("%s -> %s: %s via %s in %.3f s = %.1f GB/s (incl. first-use setup), %s verified\n",
+                                 a.pod_b, a.pod, Human(a.size), pj.value("transport", "?"), pj.value("seconds", 0.0),
+                                 pj.value("gbps", 0.0), Human(vj.value("bytes", 0ull)));
+  } else {
+    std::cout << "bench failed: " << (pj.is_null() ? put.text : pj.dump()) << "\n";
+  }
+  return ok ? 0 : 1;
 }
 
 absl::StatusOr<std::unique_ptr<podlink::Client>> Connect(const Args& a) {
@@ -331,6 +450,22 @@ int main(int argc, char** argv) {
       a.pod_json = next();
     } else if (k == "--socket") {
       a.socket = next();
+      a.forwarded.push_back(k);
+      a.forwarded.push_back(a.socket);
+      continue;
+    } else if (k == "--for-pod") {
+      a.for_pod = next();
+    } else if (k == "--node") {
+      a.node = next();
+    } else if (k == "--daemon-namespace") {
+      a.daemon_ns = next();
+    } else if (k == "--demo") {
+      a.demo = next();
+    } else if (k == "--size") {
+      if (!absl::SimpleAtoi(next(), &a.size) || a.size == 0) {
+        std::cerr << "--size needs a positive number\n";
+        return 2;
+      }
     } else if (k == "-h" || k == "--help") {
       std::cout << kUsage;
       return 0;
@@ -340,12 +475,30 @@ int main(int argc, char** argv) {
     } else {
       pos.push_back(k);
     }
+    if (k == "-o" || k == "--output") {
+      a.forwarded.push_back("-o");
+      a.forwarded.push_back("json");
+    }
   }
   if (pos.empty()) {
     std::cerr << kUsage;
     return 2;
   }
   a.cmd = pos[0];
+  bool node_cmd = a.cmd == "status" || a.cmd == "exports" || a.cmd == "peers";
+  if (node_cmd && (!a.for_pod.empty() || !a.node.empty())) {
+    a.forwarded.insert(a.forwarded.begin(), a.cmd);
+    return ViaCluster(a);
+  }
+  if (a.cmd == "bench") {
+    if (pos.size() < 3) {
+      std::cerr << "bench needs two pods: the receiver and the sender\n" << kUsage;
+      return 2;
+    }
+    a.pod = pos[1];
+    a.pod_b = pos[2];
+    return Bench(a);
+  }
   if (a.cmd == "status") return Status(a);
   if (a.cmd == "exports") return Exports(a);
   if (a.cmd == "peers") return Peers(a);

@@ -111,3 +111,76 @@ TEST(KubectlPodlink, DoctorExplainsWhatToFix) {
 
 }  // namespace
 }  // namespace podlink::testing
+
+namespace podlink::testing {
+namespace {
+
+// Cluster mode and bench, with a fake kubectl first on PATH.
+class KubectlPodlinkCluster : public ::testing::Test {
+ protected:
+  KubectlPodlinkCluster() : daemon_("{}") {
+    char tmpl[] = "/tmp/podlink-fakekube-XXXXXX";
+    bin_ = ::mkdtemp(tmpl);
+    std::string cmd = "cp '" + std::string(PODLINK_SOURCE_DIR) + "/tests/fixtures/fake-kubectl' '" + bin_ + "/kubectl'";
+    EXPECT_EQ(system(cmd.c_str()), 0);
+    log_ = bin_ + "/log";
+  }
+  ~KubectlPodlinkCluster() override {
+    std::string cmd = "rm -rf '" + bin_ + "'";
+    (void)!system(cmd.c_str());
+  }
+  ShellResult Kube(const std::string& args, const std::string& env = "") {
+    return Shell("env PATH=" + bin_ + ":" + KUBECTL_PODLINK_DIR + ":$PATH FAKE_KUBECTL_LOG=" + log_ +
+                 " PODLINK_SOCKET=" + daemon_.dir() + " " + env + " kubectl-podlink " + args);
+  }
+  std::string Log() {
+    ShellResult r = Shell("cat " + log_);
+    return r.out;
+  }
+  Daemon daemon_;
+  std::string bin_, log_;
+};
+
+TEST_F(KubectlPodlinkCluster, StatusRunsInThePodlinkdPodOnThePodsNode) {
+  ShellResult r = Kube("status --for-pod decode-0 -n ml -o json --socket " + daemon_.dir());
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = Json(r);
+  EXPECT_GE(j["stats"]["sessions"], 1);
+  std::string log = Log();
+  EXPECT_NE(log.find("get pod decode-0 -n ml -o jsonpath={.spec.nodeName}"), std::string::npos) << log;
+  EXPECT_NE(log.find("--field-selector spec.nodeName=gpu-node-1"), std::string::npos) << log;
+  // The command is repeated inside the podlinkd pod, arguments in the user's order.
+  EXPECT_NE(log.find("exec -n podlink-system podlinkd-abcde -- kubectl-podlink status -o json --socket " +
+                     daemon_.dir()),
+            std::string::npos)
+      << log;
+  ShellResult node = Kube("exports --node gpu-node-7 --socket " + daemon_.dir());
+  EXPECT_EQ(node.code, 0) << node.out;
+  EXPECT_NE(Log().find("spec.nodeName=gpu-node-7"), std::string::npos);
+}
+
+TEST_F(KubectlPodlinkCluster, NoDaemonOnTheNodeIsExplained) {
+  ShellResult r = Kube("peers --for-pod decode-0 -n ml", "FAKE_NO_DAEMON=1");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.out.find("no podlinkd pod on node gpu-node-1"), std::string::npos) << r.out;
+}
+
+TEST_F(KubectlPodlinkCluster, BenchWritesBetweenTwoPods) {
+  ShellResult r = Kube(std::string("bench prefill-0 decode-0 -n ml --size 8388608 -o json --demo ") +
+                       KUBECTL_PODLINK_DIR + "/podlink-demo");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = Json(r);
+  EXPECT_EQ(j["ok"], true);
+  EXPECT_EQ(j["put"]["bytes"], 8388608);
+  EXPECT_EQ(j["verified"]["mismatches"], 0);
+  std::string log = Log();
+  EXPECT_NE(log.find("exec -n ml prefill-0 --"), std::string::npos) << log;
+  EXPECT_NE(log.find("exec -n ml decode-0 --"), std::string::npos) << log;
+  ShellResult bad = Kube("bench prefill-0 decode-0 --demo /nonexistent/podlink-demo");
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.out.find("did not register a region"), std::string::npos) << bad.out;
+  EXPECT_EQ(Kube("bench only-one").code, 2);
+}
+
+}  // namespace
+}  // namespace podlink::testing
