@@ -245,7 +245,7 @@ int main(int argc, char** argv) {
   }
   broker.set_ready(true);
 
-  std::unique_ptr<podlink::DevicePlugin> plugin;
+  std::unique_ptr<podlink::DevicePlugin> plugin, direct_plugin;
   if (!args.device_plugin_dir.empty()) {
     podlink::DevicePluginConfig dp;
     dp.dir = args.device_plugin_dir;
@@ -276,6 +276,23 @@ int main(int argc, char** argv) {
       return 1;
     }
     plugin = *std::move(p);
+    // Direct mode is a second resource: Allocate is not told which pod it
+    // serves, so pods opt in by requesting podlink.io/peer-direct, whose
+    // allocation also adds every GPU's device node.
+    if (!inv.gpus.empty()) {
+      podlink::DevicePluginConfig direct = dp;
+      direct.resource = "podlink.io/peer-direct";
+      direct.endpoint = "podlink-direct.sock";
+      for (const auto& g : inv.gpus) {
+        if (!g.device_node.empty()) direct.device_nodes.push_back(g.device_node);
+      }
+      auto d = podlink::DevicePlugin::Start(direct, health);
+      if (!d.ok()) {
+        log->critical("event=device_plugin_failed resource=podlink.io/peer-direct error=\"{}\"", d.status().message());
+        return 1;
+      }
+      direct_plugin = *std::move(d);
+    }
   }
   log->info("event=ready version={} node={} grpc={} fd={} metrics={} handle_types={}", PODLINK_VERSION,
             broker.node_id(), grpc_path, fd_path, metrics, broker.GetNodeInfo().handle_types_size());
@@ -285,6 +302,7 @@ int main(int argc, char** argv) {
   log->info("event=stopping signal={}", sig);
   broker.set_ready(false);
   plugin.reset();
+  direct_plugin.reset();
   (*fds)->Stop();  // closes every session; Watch streams end with SESSION_CLOSED
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   log->info("event=stopped");

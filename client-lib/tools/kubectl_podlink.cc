@@ -364,7 +364,7 @@ int Doctor(const Args& a) {
   std::string plugin_env;
   for (const auto& c : p["spec"].value("containers", json::array())) {
     json limits = c.value("resources", json::object()).value("limits", json::object());
-    wants_peer |= limits.contains("podlink.io/peer");
+    wants_peer |= limits.contains("podlink.io/peer") || limits.contains("podlink.io/peer-direct");
     wants_gpu |= limits.contains("nvidia.com/gpu");
     for (const auto& m : c.value("volumeMounts", json::array())) has_socket_mount |= m.value("mountPath", "") == "/run/podlink";
     for (const auto& e : c.value("env", json::array())) {
@@ -389,10 +389,21 @@ int Doctor(const Args& a) {
                  "remove NCCL_NET_PLUGIN from the pod spec; the device plugin sets it"});
   }
   bool direct = ann.value("podlink.io/direct", "") == "true";
-  f.push_back({true, "direct mode",
-               direct ? "podlink.io/direct=true: peers' GPU memory may be mapped in-process"
-                      : "off: peers' GPU memory moves through podlinkd's relay (about as fast at large sizes)",
-               ""});
+  bool wants_direct = false;
+  for (const auto& c : p["spec"].value("containers", json::array())) {
+    wants_direct |= c.value("resources", json::object()).value("limits", json::object()).contains("podlink.io/peer-direct");
+  }
+  if (direct && !wants_direct) {
+    f.push_back({false, "direct mode",
+                 "podlink.io/direct=true, but without the podlink.io/peer-direct resource the peers' device nodes are "
+                 "not in the container, so transfers go through the relay",
+                 "request podlink.io/peer-direct: 1 instead of podlink.io/peer (it also mounts every GPU's /dev/nvidiaN)"});
+  } else {
+    f.push_back({true, "direct mode",
+                 wants_direct ? "podlink.io/peer-direct requested: peers' GPU memory is mapped in-process"
+                              : "off: peers' GPU memory moves through podlinkd's relay (about as fast at large sizes)",
+                 ""});
+  }
   std::string phase = p.value("status", json::object()).value("phase", "");
   f.push_back({phase == "Running", "phase", phase.empty() ? "unknown" : phase,
                phase == "Running" ? "" : "wait for the pod to run; `kubectl describe pod` says why it does not"});

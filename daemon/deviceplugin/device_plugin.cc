@@ -233,6 +233,13 @@ absl::StatusOr<v1beta1::AllocateResponse> DevicePlugin::Allocate(const v1beta1::
     // applications that link libpodlink.
     env["NCCL_NET_PLUGIN"] = config_.container_lib_dir + "/libnccl-net-podlink.so";
     env["PODLINK_LIBRARY_DIR"] = config_.container_lib_dir;
+    for (const std::string& node : config_.device_nodes) {
+      v1beta1::DeviceSpec* d = out->add_devices();
+      d->set_host_path(node);
+      d->set_container_path(node);
+      d->set_permissions("rw");
+    }
+    if (!config_.device_nodes.empty()) env["PODLINK_DIRECT"] = "1";
   }
   return resp;
 }

@@ -35,6 +35,9 @@ struct DevicePluginConfig {
   std::string host_lib_dir = "/var/lib/podlink/lib";
   std::string container_lib_dir = "/usr/local/podlink/lib";
   absl::Duration check_interval = absl::Seconds(1);
+  // Device nodes added to every allocation (direct mode: every GPU's
+  // /dev/nvidiaN, so the container can map peers' memory itself).
+  std::vector<std::string> device_nodes;
 };
 
 class DevicePluginService;

@@ -201,6 +201,26 @@ TEST_F(DevicePluginTest, ReRegistersWhenKubeletRestarts) {
   EXPECT_GE(plugin_->registrations(), 2);
 }
 
+TEST(DevicePluginDirect, AllocateAddsGpuDeviceNodes) {
+  DevicePluginConfig c;
+  c.dir = "/nonexistent-kubelet-dir";  // registration is retried in the background; Allocate works without it
+  c.resource = "podlink.io/peer-direct";
+  c.devices = 2;
+  c.device_nodes = {"/dev/nvidia0", "/dev/nvidia1"};
+  auto p = DevicePlugin::Start(c, [](std::string*) { return true; });
+  ASSERT_TRUE(p.ok());
+  v1beta1::AllocateRequest req;
+  req.add_container_requests()->add_devices_ids("podlink-peer-1");
+  auto resp = (*p)->Allocate(req);
+  ASSERT_TRUE(resp.ok()) << resp.status();
+  const auto& cr = resp->container_responses(0);
+  ASSERT_EQ(cr.devices_size(), 2);
+  EXPECT_EQ(cr.devices(1).host_path(), "/dev/nvidia1");
+  EXPECT_EQ(cr.devices(1).container_path(), "/dev/nvidia1");
+  EXPECT_EQ(cr.devices(1).permissions(), "rw");
+  EXPECT_EQ(cr.envs().at("PODLINK_DIRECT"), "1");
+}
+
 TEST(DevicePluginConfigTest, BadConfigRefused) {
   DevicePluginConfig c;
   c.devices = 0;

@@ -101,6 +101,11 @@ TEST(KubectlPodlink, DoctorExplainsWhatToFix) {
   EXPECT_NE(bad.out.find("NCCL_NET_PLUGIN=aws-ofi overrides"), std::string::npos) << bad.out;
   EXPECT_NE(bad.out.find("Pending"), std::string::npos);
 
+  ShellResult direct = Shell("kubectl podlink doctor decode-2 --socket /nonexistent --pod-json " + fx +
+                             "pod-direct-missing.json");
+  EXPECT_EQ(direct.code, 1) << direct.out;
+  EXPECT_NE(direct.out.find("request podlink.io/peer-direct"), std::string::npos) << direct.out;
+
   ShellResult missing = Shell("kubectl podlink doctor x --pod-json /nonexistent.json");
   EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.out.find("cannot read"), std::string::npos);
