@@ -117,22 +117,21 @@ class TransferEngine::Impl {
     return client_.OpenRelayRing(fd.get(), bell_.get(), n, n, n);
   }
 
-  absl::StatusOr<LocalRegion> Register(uint64_t export_id, uint64_t size, void* host, uint64_t dev) {
+  absl::StatusOr<LocalRegion> Register(uint64_t export_id, uint64_t size, void* host, uint64_t dev, HandleType type,
+                                       const std::string& gpu_uuid) {
     LocalRegion r{export_id, size, host, dev};
     absl::MutexLock l(&mu_);
-    local_sizes_[export_id] = size;
+    local_[export_id] = RegionDescriptor{node_id_, export_id, size, type, gpu_uuid};
     return r;
   }
 
   absl::StatusOr<RegionDescriptor> Describe(const LocalRegion& r) {
-    auto list = client_.List();
-    if (!list.ok()) return list.status();
-    for (const ExportInfo& e : *list) {
-      if (e.export_id == r.export_id && e.owned_by_caller) {
-        return RegionDescriptor{node_id_, e.export_id, e.size, e.handle_type, e.gpu_uuid};
-      }
+    absl::MutexLock l(&mu_);
+    auto it = local_.find(r.export_id);
+    if (it == local_.end()) {
+      return absl::NotFoundError(absl::StrCat("region ", r.export_id, " was not registered with this engine"));
     }
-    return absl::NotFoundError(absl::StrCat("region ", r.export_id, " is not registered by this process"));
+    return it->second;
   }
 
   absl::StatusOr<RemoteRegion> Open(const RegionDescriptor& d) {
@@ -294,7 +293,7 @@ class TransferEngine::Impl {
   absl::Status Validate(const TransferOp& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (op.local == nullptr || op.remote == nullptr) return absl::InvalidArgumentError("op without regions");
     if (op.length == 0) return absl::InvalidArgumentError("length must be > 0");
-    if (!local_sizes_.contains(op.local->export_id)) {
+    if (!local_.contains(op.local->export_id)) {
       return absl::FailedPreconditionError(
           absl::StrCat("local region ", op.local->export_id, " was not registered with this engine"));
     }
@@ -309,7 +308,7 @@ class TransferEngine::Impl {
       }
       return absl::OkStatus();
     };
-    PODLINK_RETURN_IF_ERROR(fits(op.local_offset, local_sizes_[op.local->export_id], "local", op.local->export_id));
+    PODLINK_RETURN_IF_ERROR(fits(op.local_offset, local_[op.local->export_id].size, "local", op.local->export_id));
     return fits(op.remote_offset, opened_[op.remote->export_id]->region.size, "remote", op.remote->export_id);
   }
 
@@ -425,7 +424,7 @@ class TransferEngine::Impl {
   uint64_t next_batch_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Batch> batches_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::unique_ptr<Opened>> opened_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, uint64_t> local_sizes_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, RegionDescriptor> local_ ABSL_GUARDED_BY(mu_);  // registered regions
   cu::Stream stream_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool logged_[4] ABSL_GUARDED_BY(mu_) = {false, false, false, false};
 };
@@ -441,12 +440,12 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(Client& c
 
 absl::StatusOr<LocalRegion> TransferEngine::Register(const GpuBuffer& buf, const ExportOptions& opts) {
   PODLINK_ASSIGN_OR_RETURN(uint64_t id, impl_->client().Export(buf, opts));
-  return impl_->Register(id, buf.size(), nullptr, buf.device_ptr());
+  return impl_->Register(id, buf.size(), nullptr, buf.device_ptr(), buf.handle_type(), buf.gpu_uuid());
 }
 
 absl::StatusOr<LocalRegion> TransferEngine::Register(const HostBuffer& buf, const ExportOptions& opts) {
   PODLINK_ASSIGN_OR_RETURN(uint64_t id, impl_->client().Export(buf, opts));
-  return impl_->Register(id, buf.size(), buf.data(), 0);
+  return impl_->Register(id, buf.size(), buf.data(), 0, HandleType::kHostMemfd, "");
 }
 
 absl::StatusOr<RegionDescriptor> TransferEngine::Describe(const LocalRegion& r) { return impl_->Describe(r); }
