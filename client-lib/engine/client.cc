@@ -221,16 +221,23 @@ HostBuffer::~HostBuffer() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-GpuBuffer::~GpuBuffer() {
+namespace {
+// Undoes what allocation/import and MapWithAccess set up, in reverse order;
+// zero / negative members mean "not set up".
+void ReleaseCuMemory(unsigned long long va, size_t reserved, unsigned long long handle, int ctx_device) {
+  if (va == 0 && handle == 0 && ctx_device < 0) return;
   auto d = cu::LoadDriver();
   if (!d.ok()) return;
-  if (va_ != 0) {
-    (*d)->MemUnmap(va_, size_);
-    (*d)->MemAddressFree(va_, size_);
+  if (va != 0) {
+    (*d)->MemUnmap(va, reserved);
+    (*d)->MemAddressFree(va, reserved);
   }
-  if (handle_ != 0) (*d)->MemRelease(handle_);
-  if (ctx_device_ >= 0) (*d)->DevicePrimaryCtxRelease(ctx_device_);
+  if (handle != 0) (*d)->MemRelease(handle);
+  if (ctx_device >= 0) (*d)->DevicePrimaryCtxRelease(ctx_device);
 }
+}  // namespace
+
+GpuBuffer::~GpuBuffer() { ReleaseCuMemory(va_, size_, handle_, ctx_device_); }
 
 Imported::Imported(Imported&& o) noexcept
     : info_(std::move(o.info_)),
@@ -245,16 +252,7 @@ Imported::~Imported() {
 
 Mapping::~Mapping() {
   if (host_ != nullptr) ::munmap(host_, size_);
-  if (va_ != 0 || handle_ != 0 || ctx_device_ >= 0) {
-    auto d = cu::LoadDriver();
-    if (!d.ok()) return;
-    if (va_ != 0) {
-      (*d)->MemUnmap(va_, reserved_);
-      (*d)->MemAddressFree(va_, reserved_);
-    }
-    if (handle_ != 0) (*d)->MemRelease(handle_);
-    if (ctx_device_ >= 0) (*d)->DevicePrimaryCtxRelease(ctx_device_);
-  }
+  ReleaseCuMemory(va_, reserved_, handle_, ctx_device_);
 }
 
 // ---------------------------------------------------------------------------
