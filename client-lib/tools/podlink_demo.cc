@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <functional>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -326,42 +327,69 @@ int Import(podlink::Client& c, const Opts& o) {
   return 0;
 }
 
+// Host or GPU memory (o.gpu < 0: host) registered with a transfer engine.
+struct KvRegion {
+  std::unique_ptr<podlink::HostBuffer> host;
+  std::unique_ptr<podlink::GpuBuffer> gpu;
+  // Declared after the buffers so it is destroyed first: its destructor waits
+  // for copies still in flight into them.
+  std::unique_ptr<podlink::TransferEngine> engine;
+  Region region;
+  podlink::LocalRegion local;
+};
+
+// Creates the engine, allocates `size` bytes, lets `init` fill them, registers.
+KvRegion MakeKvRegion(podlink::Client& c, const Opts& o, uint64_t size, bool relay,
+                      const std::function<void(const Region&)>& init) {
+  KvRegion k;
+  podlink::TransferEngine::Options eo;
+  eo.device = std::max(o.gpu, 0);
+  eo.force_relay = relay;
+  auto eng = podlink::TransferEngine::Create(c, eo);
+  if (!eng.ok()) Die("engine", eng.status());
+  k.engine = *std::move(eng);
+  absl::StatusOr<podlink::LocalRegion> reg;
+  if (o.gpu < 0) {
+    auto b = c.AllocateHost(size);
+    if (!b.ok()) Die("allocate", b.status());
+    k.host = *std::move(b);
+    k.region = {k.host->data(), 0, k.host->size(), -1};
+    init(k.region);
+    reg = k.engine->Register(*k.host, {o.name, o.allow});
+  } else {
+    auto b = c.AllocateGpu(size, o.gpu);
+    if (!b.ok()) Die("allocate", b.status());
+    k.gpu = *std::move(b);
+    k.region = {nullptr, k.gpu->device_ptr(), k.gpu->size(), o.gpu};
+    init(k.region);
+    reg = k.engine->Register(*k.gpu, {o.name, o.allow});
+  }
+  if (!reg.ok()) Die("register", reg.status());
+  k.local = *reg;
+  return k;
+}
+
 // Registers a region, prints its descriptor, waits for the peer's
 // notification, then checks every byte.
 int KvServe(podlink::Client& c, const Opts& o) {
-  podlink::TransferEngine::Options eo;
-  eo.device = std::max(o.gpu, 0);
-  auto eng = podlink::TransferEngine::Create(c, eo);
-  if (!eng.ok()) Die("engine", eng.status());
-  std::unique_ptr<podlink::HostBuffer> host;
-  std::unique_ptr<podlink::GpuBuffer> gpu;
-  Region r;
-  absl::StatusOr<podlink::LocalRegion> reg;
-  if (o.gpu < 0) {
-    host = *c.AllocateHost(o.size);
-    r = {host->data(), 0, host->size(), -1};
-    std::memset(host->data(), 0xA5, host->size());
-    reg = (*eng)->Register(*host, {o.name, o.allow});
-  } else {
-    auto b = c.AllocateGpu(o.size, o.gpu);
-    if (!b.ok()) Die("allocate", b.status());
-    gpu = *std::move(b);
-    r = {nullptr, gpu->device_ptr(), gpu->size(), o.gpu};
-    podlink::cu::LoadDriver().value()->MemsetD8(gpu->device_ptr(), 0xA5, gpu->size());
-    reg = (*eng)->Register(*gpu, {o.name, o.allow});
-  }
-  if (!reg.ok()) Die("register", reg.status());
-  auto desc = (*eng)->Describe(*reg);
+  KvRegion k = MakeKvRegion(c, o, o.size, /*relay=*/false, [](const Region& r) {
+    if (r.host != nullptr) {
+      std::memset(r.host, 0xA5, r.size);
+    } else {
+      podlink::cu::LoadDriver().value()->MemsetD8(r.dev, 0xA5, r.size);
+    }
+  });
+  auto desc = k.engine->Describe(k.local);
   if (!desc.ok()) Die("describe", desc.status());
-  Emit({{"event", "serving"}, {"descriptor", desc->Serialize()}, {"size", r.size}});
+  Emit({{"event", "serving"}, {"descriptor", desc->Serialize()}, {"size", k.region.size}});
   std::vector<podlink::Notification> n;
   for (int i = 0; i < 120000 && n.empty(); ++i) {
-    n = (*eng)->PollNotifications();
+    n = k.engine->PollNotifications();
     if (n.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   if (n.empty()) Die("kv-serve", absl::DeadlineExceededError("no notification within 120 s"));
-  auto [bad, first] = Check(r, 0, r.size, o.verify);
-  Emit({{"event", "verified"}, {"notification", n[0].value}, {"bytes", r.size}, {"mismatches", bad},
+  auto [bad, first] = Check(k.region, 0, k.region.size, o.verify);
+  Emit({{"event", "verified"}, {"notification", n[0].value}, {"bytes", k.region.size}, {"mismatches", bad},
         {"first_bad", first}});
   return bad == 0 ? 0 : 3;
 }
@@ -370,40 +398,18 @@ int KvServe(podlink::Client& c, const Opts& o) {
 int KvPut(podlink::Client& c, const Opts& o) {
   auto desc = podlink::RegionDescriptor::Parse(o.desc);
   if (!desc.ok()) Die("descriptor", desc.status());
-  podlink::TransferEngine::Options eo;
-  eo.device = std::max(o.gpu, 0);
-  eo.force_relay = o.relay;
-  auto eng = podlink::TransferEngine::Create(c, eo);
-  if (!eng.ok()) Die("engine", eng.status());
-  std::unique_ptr<podlink::HostBuffer> host;
-  std::unique_ptr<podlink::GpuBuffer> gpu;
-  Region r;
-  absl::StatusOr<podlink::LocalRegion> reg;
-  if (o.gpu < 0) {
-    host = *c.AllocateHost(desc->size);
-    r = {host->data(), 0, host->size(), -1};
-    Fill(r, 0, r.size, o.seed);
-    reg = (*eng)->Register(*host);
-  } else {
-    auto b = c.AllocateGpu(desc->size, o.gpu);
-    if (!b.ok()) Die("allocate", b.status());
-    gpu = *std::move(b);
-    r = {nullptr, gpu->device_ptr(), gpu->size(), o.gpu};
-    Fill(r, 0, r.size, o.seed);
-    reg = (*eng)->Register(*gpu);
-  }
-  if (!reg.ok()) Die("register", reg.status());
-  auto remote = (*eng)->Open(*desc);
+  KvRegion k = MakeKvRegion(c, o, desc->size, o.relay, [&](const Region& r) { Fill(r, 0, r.size, o.seed); });
+  auto remote = k.engine->Open(*desc);
   if (!remote.ok()) Die("open", remote.status());
   std::vector<podlink::TransferOp> ops;
   for (uint64_t off = 0; off < desc->size; off += kChunk) {
-    ops.push_back({&*reg, off, &*remote, off, std::min(kChunk, desc->size - off)});
+    ops.push_back({&k.local, off, &*remote, off, std::min(kChunk, desc->size - off)});
   }
   auto t0 = std::chrono::steady_clock::now();
-  absl::Status st = (*eng)->Writev(ops);
+  absl::Status st = k.engine->Writev(ops);
   auto t1 = std::chrono::steady_clock::now();
   if (!st.ok()) Die("write", st);
-  st = (*eng)->Notify(*remote, 1);
+  st = k.engine->Notify(*remote, 1);
   if (!st.ok()) Die("notify", st);
   double secs = std::chrono::duration<double>(t1 - t0).count();
   Emit({{"event", "put"}, {"transport", podlink::TransportName(remote->transport)}, {"bytes", desc->size},
