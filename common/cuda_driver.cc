@@ -48,6 +48,7 @@ Loaded* DoLoad() {
   Resolve(lib, "cuDevicePrimaryCtxRetain", d.DevicePrimaryCtxRetain, missing);
   Resolve(lib, "cuDevicePrimaryCtxRelease_v2", d.DevicePrimaryCtxRelease, missing);
   Resolve(lib, "cuCtxSetCurrent", d.CtxSetCurrent, missing);
+  Resolve(lib, "cuCtxGetCurrent", d.CtxGetCurrent, missing);
   Resolve(lib, "cuCtxSynchronize", d.CtxSynchronize, missing);
   Resolve(lib, "cuMemGetAllocationGranularity", d.MemGetAllocationGranularity, missing);
   Resolve(lib, "cuMemCreate", d.MemCreate, missing);

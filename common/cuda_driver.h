@@ -93,6 +93,7 @@ struct Driver {
   Result (*DevicePrimaryCtxRetain)(Context*, Device);
   Result (*DevicePrimaryCtxRelease)(Device);
   Result (*CtxSetCurrent)(Context);
+  Result (*CtxGetCurrent)(Context*);
   Result (*CtxSynchronize)();
   Result (*MemGetAllocationGranularity)(size_t*, const MemAllocationProp*, int);
   Result (*MemCreate)(MemHandle*, size_t, const MemAllocationProp*, unsigned long long);

@@ -125,6 +125,33 @@ class TransferEngine::Impl {
     return r;
   }
 
+  absl::Status Unregister(uint64_t export_id) {
+    {
+      absl::MutexLock l(&mu_);
+      if (local_.erase(export_id) == 0) {
+        return absl::NotFoundError(absl::StrCat("region ", export_id, " was not registered with this engine"));
+      }
+    }
+    return client_.Release(export_id);
+  }
+
+  absl::Status Close(uint64_t export_id) {
+    std::unique_ptr<Opened> o;
+    {
+      absl::MutexLock l(&mu_);
+      auto it = opened_.find(export_id);
+      if (it == opened_.end()) {
+        return absl::NotFoundError(absl::StrCat("region ", export_id, " was not opened by this engine"));
+      }
+      o = std::move(it->second);
+      opened_.erase(it);
+    }
+    o.reset();  // unmaps and closes the descriptor
+    absl::Status st = client_.Release(export_id);
+    // An export its owner already withdrew has no import record left to drop.
+    return st.code() == absl::StatusCode::kNotFound ? absl::OkStatus() : st;
+  }
+
   absl::StatusOr<RegionDescriptor> Describe(const LocalRegion& r) {
     absl::MutexLock l(&mu_);
     auto it = local_.find(r.export_id);
@@ -447,6 +474,16 @@ absl::StatusOr<LocalRegion> TransferEngine::Register(const HostBuffer& buf, cons
   PODLINK_ASSIGN_OR_RETURN(uint64_t id, impl_->client().Export(buf, opts));
   return impl_->Register(id, buf.size(), buf.data(), 0, HandleType::kHostMemfd, "");
 }
+
+absl::StatusOr<LocalRegion> TransferEngine::RegisterExisting(uint64_t device_ptr, size_t size,
+                                                             const ExportOptions& opts) {
+  PODLINK_ASSIGN_OR_RETURN(uint64_t id, impl_->client().ExportExisting(device_ptr, size, opts));
+  // The descriptor's GPU UUID is informational; the daemon knows the export's GPU.
+  return impl_->Register(id, size, nullptr, device_ptr, HandleType::kPosixFd, "");
+}
+
+absl::Status TransferEngine::Unregister(const LocalRegion& r) { return impl_->Unregister(r.export_id); }
+absl::Status TransferEngine::Close(const RemoteRegion& r) { return impl_->Close(r.export_id); }
 
 absl::StatusOr<RegionDescriptor> TransferEngine::Describe(const LocalRegion& r) { return impl_->Describe(r); }
 absl::StatusOr<RemoteRegion> TransferEngine::Open(const RegionDescriptor& d) { return impl_->Open(d); }

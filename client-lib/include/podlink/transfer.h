@@ -92,8 +92,16 @@ class PODLINK_API TransferEngine {
 
   absl::StatusOr<LocalRegion> Register(const GpuBuffer& buf, const ExportOptions& opts = {});
   absl::StatusOr<LocalRegion> Register(const HostBuffer& buf, const ExportOptions& opts = {});
+  // Exports and registers memory this process allocated itself with
+  // cuMemCreate and a POSIX-FD handle type (see Client::ExportExisting).
+  absl::StatusOr<LocalRegion> RegisterExisting(uint64_t device_ptr, size_t size, const ExportOptions& opts = {});
+  // Withdraws the region's export; transfers already submitted complete.
+  absl::Status Unregister(const LocalRegion& region);
   absl::StatusOr<RegionDescriptor> Describe(const LocalRegion& region);
   absl::StatusOr<RemoteRegion> Open(const RegionDescriptor& desc);
+  // Drops an opened region (its mapping and import record). Transfers to it
+  // must be complete.
+  absl::Status Close(const RemoteRegion& remote);
 
   // Blocking: return when every byte is at its destination.
   absl::Status Write(const TransferOp& op);

@@ -1,0 +1,309 @@
+// Conformance of libnccl-net-podlink.so, driven the way NCCL's proxy drives a
+// net plugin, between two "pods" (own PID, UTS, IPC, network and mount
+// namespaces, kubepods cgroups, a veth pair between them) on host memory:
+//   podlink transport (same node: control region shared through podlinkd,
+//   bytes through the shared mapping or, forced, podlinkd's relay) and TCP
+//   (the other-node transport, over the veth). Each mode runs every scenario:
+//   connect/accept retries, ordering with 32 receives in flight, a 33rd
+//   receive refused, large messages, grouped receives, receives larger than
+//   the send, zero bytes, truncation errors, closing with requests in flight,
+//   corrupted handles, and finalize + dlclose leaving no thread behind.
+#include <dlfcn.h>
+#include <sched.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "client-lib/nccl/nccl_net_abi.h"
+#include "gtest/gtest.h"
+#include "podlink/client.h"
+#include "tests/integration/harness.h"
+
+namespace podlink::testing {
+namespace {
+
+using json = nlohmann::json;
+
+std::string NetNs(pid_t pid) {
+  char buf[64] = {};
+  ssize_t n = ::readlink(absl::StrCat("/proc/", pid, "/ns/net").c_str(), buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, n) : "";
+}
+
+int Sh(const std::string& cmd) {
+  int rc = std::system(cmd.c_str());
+  EXPECT_EQ(rc, 0) << cmd;
+  return rc;
+}
+
+struct Mode {
+  const char* name;
+  std::vector<std::string> env;
+  const char* transport;
+  bool v8 = false;
+  bool relay = false;
+};
+void PrintTo(const Mode& m, std::ostream* os) { *os << m.name; }
+
+class NcclNet : public ::testing::TestWithParam<Mode> {
+ protected:
+  NcclNet()
+      : recv_cg_(RandomPodUid(), "burstable"),
+        send_cg_(RandomPodUid(), "burstable"),
+        daemon_(absl::StrCat(R"({"pods": [)", Rule(recv_cg_, "decode-0"), ",", Rule(send_cg_, "prefill-0"), "]}")) {}
+
+  static std::string Rule(const PodCgroup& cg, const std::string& name) {
+    return absl::StrCat(R"({"match": {"pod_uid": ")", cg.pod_uid(), R"("}, "namespace": "ml", "name": ")", name,
+                        R"(", "annotations": {"podlink.io/peer-group": "job-1"}})");
+  }
+
+  void SetUp() override {
+    std::vector<std::string> args = GetParam().env;
+    if (GetParam().v8) args.insert(args.begin(), "v8");
+    args.insert(args.begin(), PLUGIN_PATH);
+    recv_ = std::make_unique<Pod>(daemon_, &recv_cg_, args, NCCL_NET_PEER_PATH);
+    send_ = std::make_unique<Pod>(daemon_, &send_cg_, args, NCCL_NET_PEER_PATH);
+    // Wait until both have their own network namespace, then join them with a veth pair.
+    std::string mine = NetNs(getpid());
+    for (int i = 0; i < 500 && (NetNs(recv_->pid()) == mine || NetNs(send_->pid()) == mine); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_NE(NetNs(recv_->pid()), mine);
+    ASSERT_NE(NetNs(send_->pid()), mine);
+    std::string a = absl::StrCat("pln", getpid() % 100000, "a"), b = absl::StrCat("pln", getpid() % 100000, "b");
+    Sh(absl::StrCat("ip link add ", a, " type veth peer name ", b));
+    Sh(absl::StrCat("ip link set ", a, " netns ", recv_->pid()));
+    Sh(absl::StrCat("ip link set ", b, " netns ", send_->pid()));
+    Sh(absl::StrCat("nsenter -t ", recv_->pid(), " -n sh -c 'ip link set lo up && ip addr add 10.77.0.1/24 dev ", a,
+                    " && ip link set ", a, " up'"));
+    Sh(absl::StrCat("nsenter -t ", send_->pid(), " -n sh -c 'ip link set lo up && ip addr add 10.77.0.2/24 dev ", b,
+                    " && ip link set ", b, " up'"));
+    for (Pod* p : {recv_.get(), send_.get()}) {
+      p->Send(R"({"cmd": "init"})");
+      json r = p->Expect("ready");
+      ASSERT_EQ(r["result"], 0) << r.dump();
+      ASSERT_GE(r["ndev"], 1);
+    }
+  }
+
+  // listen in the receiver pod, connect from the sender pod; returns the handle.
+  std::string Connect(bool delay_accept = false) {
+    recv_->Send(R"({"cmd": "listen"})");
+    json h = recv_->Expect("handle");
+    EXPECT_EQ(h["result"], 0);
+    send_->Send(json{{"cmd", "connect"}, {"hex", h["hex"]}}.dump());
+    // Accepting late makes the connector come back with NULL comms first.
+    if (delay_accept) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    recv_->Send(R"({"cmd": "accept"})");
+    json acc = recv_->Expect("accepted");
+    json con = send_->Expect("connected");
+    EXPECT_TRUE(acc["ok"]) << acc.dump();
+    EXPECT_TRUE(con["ok"]) << con.dump();
+    EXPECT_EQ(con["transport"], GetParam().transport) << con.dump();
+    if (delay_accept) {
+      EXPECT_GT(con["tries"].get<int>(), 1) << "connect should have returned a NULL comm while accept had not run";
+    }
+    return h["hex"];
+  }
+
+  void Scenario(const std::string& name) {
+    SCOPED_TRACE(name);
+    Connect(name == "ordering");
+    send_->Send(json{{"cmd", "send"}, {"scenario", name}}.dump());
+    recv_->Send(json{{"cmd", "recv"}, {"scenario", name}}.dump());
+    json s = send_->Expect("done", 60000);
+    json r = recv_->Expect("done", 60000);
+    EXPECT_TRUE(s["ok"]) << s.dump();
+    EXPECT_TRUE(r["ok"]) << r.dump();
+    if (name == "ordering") {
+      EXPECT_EQ(r["33rd_result"], 0) << r.dump();
+      EXPECT_TRUE(r["33rd_null"]) << "a 33rd receive with 32 in flight must get a NULL request";
+    }
+    send_->Send(R"({"cmd": "close", "listen": true})");
+    recv_->Send(R"({"cmd": "close", "listen": true})");
+    EXPECT_EQ(send_->Expect("closed")["result"], 0);
+    EXPECT_EQ(recv_->Expect("closed")["result"], 0);
+  }
+
+  PodCgroup recv_cg_, send_cg_;
+  Daemon daemon_;
+  std::unique_ptr<Pod> recv_, send_;
+};
+
+TEST_P(NcclNet, EveryScenario) {
+  auto admin = Client::Connect({.socket_dir = daemon_.dir()});
+  ASSERT_TRUE(admin.ok()) << admin.status();
+  auto before = (*admin)->GetStats();
+  ASSERT_TRUE(before.ok()) << before.status();
+  for (const char* sc : {"ordering", "large", "grouped", "smaller", "truncate", "inflight-close"}) Scenario(sc);
+  auto after = (*admin)->GetStats();
+  ASSERT_TRUE(after.ok());
+  if (GetParam().relay) {
+    EXPECT_GT(after->relay_ops_total, before->relay_ops_total + 32) << "podlinkd's relay should have moved the bytes";
+  } else {
+    EXPECT_EQ(after->relay_ops_total, before->relay_ops_total);
+  }
+}
+
+TEST_P(NcclNet, CorruptedHandlesFailCleanly) {
+  recv_->Send(R"({"cmd": "listen"})");
+  json h = recv_->Expect("handle");
+  for (const char* how : {"garbage", "magic"}) {
+    send_->Send(json{{"cmd", "connect"}, {"hex", h["hex"]}, {"corrupt", how}, {"timeout_ms", 5000}}.dump());
+    json con = send_->Expect("connected");
+    EXPECT_FALSE(con["ok"]) << how;
+    EXPECT_EQ(con["result"], nccl_abi::kInvalidArgument) << how << ": " << con.dump();
+  }
+  // A handle whose nonce was altered reaches the listener, which drops it:
+  // the connector gets an error, the listener no comm.
+  send_->Send(json{{"cmd", "connect"}, {"hex", h["hex"]}, {"corrupt", "nonce"}, {"timeout_ms", 5000}}.dump());
+  recv_->Send(R"({"cmd": "accept", "timeout_ms": 1500})");
+  json acc = recv_->Expect("accepted");
+  json con = send_->Expect("connected");
+  EXPECT_FALSE(acc["ok"]) << acc.dump();
+  EXPECT_FALSE(con["ok"]) << con.dump();
+  EXPECT_NE(con["result"], 0) << con.dump();
+  // The same listen comm still accepts the genuine peer.
+  send_->Send(json{{"cmd", "connect"}, {"hex", h["hex"]}}.dump());
+  recv_->Send(R"({"cmd": "accept"})");
+  EXPECT_TRUE(recv_->Expect("accepted")["ok"]);
+  EXPECT_TRUE(send_->Expect("connected")["ok"]);
+  send_->Send(json{{"cmd", "send"}, {"scenario", "smaller"}}.dump());
+  recv_->Send(json{{"cmd", "recv"}, {"scenario", "smaller"}}.dump());
+  EXPECT_TRUE(send_->Expect("done")["ok"]);
+  EXPECT_TRUE(recv_->Expect("done")["ok"]);
+}
+
+TEST_P(NcclNet, FinalizeReleasesEverything) {
+  if (GetParam().v8) GTEST_SKIP() << "ncclNet_v8 has no finalize: NCCL before 2.28 keeps the plugin for the process";
+  Connect();
+  send_->Send(json{{"cmd", "send"}, {"scenario", "grouped"}}.dump());
+  recv_->Send(json{{"cmd", "recv"}, {"scenario", "grouped"}}.dump());
+  EXPECT_TRUE(send_->Expect("done")["ok"]);
+  EXPECT_TRUE(recv_->Expect("done")["ok"]);
+  for (Pod* p : {send_.get(), recv_.get()}) {
+    p->Send(R"({"cmd": "close", "listen": true})");
+    EXPECT_EQ(p->Expect("closed")["result"], 0);
+    p->Send(R"({"cmd": "finalize"})");
+    json f = p->Expect("finalized");
+    EXPECT_EQ(f["result"], 0) << f.dump();
+    EXPECT_EQ(f["dlclose"], 0) << f.dump();
+    EXPECT_TRUE(f["reopen"]) << f.dump();
+    EXPECT_EQ(f["dlclose2"], 0) << f.dump();
+    // No thread of the plugin (or of the gRPC client inside it) outlives finalize.
+    EXPECT_EQ(f["threads_after"], f["threads_before"]) << f.dump();
+  }
+  // Both plugins closed their podlinkd sessions: nothing left registered.
+  auto admin = Client::Connect({.socket_dir = daemon_.dir()});
+  ASSERT_TRUE(admin.ok());
+  auto stats = (*admin)->GetStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->exports, 0u);
+  EXPECT_EQ(stats->sessions, 1u);  // this test's own
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, NcclNet,
+    ::testing::Values(Mode{"podlink", {}, "podlink"},
+                      Mode{"podlink_relay", {"PODLINK_NCCL_FORCE_RELAY=1"}, "podlink", false, true},
+                      Mode{"tcp", {"PODLINK_NCCL_TRANSPORT=tcp"}, "TCP"},
+                      Mode{"podlink_v8_table", {}, "podlink", true}),
+    [](const ::testing::TestParamInfo<Mode>& i) { return std::string(i.param.name); });
+
+// In one process, without a daemon, the way NCCL probes GPUDirect support:
+// connect and accept interleaved in one thread on one handle.
+TEST(NcclNetAbi, TablesAndSelfConnectWithoutDaemon) {
+  setenv("PODLINK_SOCKET", "/nonexistent-podlink-dir", 1);
+  void* lib = dlopen(PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(lib, nullptr) << dlerror();
+  for (const char* sym : {"ncclNetPlugin_v8", "ncclNetPlugin_v9", "ncclNetPlugin_v10", "ncclNetPlugin_v11"}) {
+    auto* name = static_cast<const char* const*>(dlsym(lib, sym));
+    ASSERT_NE(name, nullptr) << sym;
+    EXPECT_STREQ(*name, "podlink") << sym;
+  }
+  auto* v8 = static_cast<nccl_abi::NetV8*>(dlsym(lib, "ncclNetPlugin_v8"));
+  auto* v11 = static_cast<nccl_abi::NetV11*>(dlsym(lib, "ncclNetPlugin_v11"));
+  ASSERT_NE(v11->finalize, nullptr);
+  void* ctx = nullptr;
+  ASSERT_EQ(v11->init(&ctx, 1, nullptr, nullptr, nullptr), 0);
+  int n = 0;
+  ASSERT_EQ(v11->devices(&n), 0);
+  ASSERT_GE(n, 1);
+  nccl_abi::PropertiesV11 p11{};
+  nccl_abi::PropertiesV8 p8{};
+  ASSERT_EQ(v11->getProperties(0, &p11), 0);
+  ASSERT_EQ(v8->getProperties(0, &p8), 0);
+  EXPECT_STREQ(p11.name, "podlink0");
+  EXPECT_STREQ(p8.name, p11.name);
+  EXPECT_EQ(p8.speed, p11.speed);
+  EXPECT_GT(p11.speed, 0);
+  EXPECT_TRUE(p11.ptrSupport & nccl_abi::kPtrHost);
+  EXPECT_EQ(p11.maxRecvs, 8);
+  EXPECT_EQ(p11.netDeviceType, nccl_abi::kDeviceHost);
+  EXPECT_EQ(p11.vProps.ndevs, 1);
+  EXPECT_EQ(v11->getProperties(n, &p11), nccl_abi::kInvalidArgument);
+
+  char handle[nccl_abi::kHandleMaxSize];
+  void *lc = nullptr, *sc = nullptr, *rc = nullptr;
+  ASSERT_EQ(v11->listen(ctx, 0, handle, &lc), 0);
+  ASSERT_NE(lc, nullptr);
+  for (int i = 0; i < 100000 && (sc == nullptr || rc == nullptr); ++i) {
+    if (sc == nullptr) {
+      ASSERT_EQ(v11->connect(ctx, 0, handle, &sc, nullptr), 0);
+    }
+    if (rc == nullptr) {
+      ASSERT_EQ(v11->accept(lc, &rc, nullptr), 0);
+    }
+  }
+  ASSERT_NE(sc, nullptr);
+  ASSERT_NE(rc, nullptr);
+  std::vector<char> src(1 << 20), dst(1 << 20, 0);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i * 13);
+  void *smh = nullptr, *rmh = nullptr;
+  ASSERT_EQ(v11->regMr(sc, src.data(), src.size(), nccl_abi::kPtrHost, &smh), 0);
+  ASSERT_EQ(v11->regMr(rc, dst.data(), dst.size(), nccl_abi::kPtrHost, &rmh), 0);
+  // Registered memory used on the wrong comm is refused.
+  void* req = nullptr;
+  EXPECT_EQ(v11->isend(sc, src.data(), 16, 0, rmh, nullptr, &req), nccl_abi::kInvalidArgument);
+  EXPECT_EQ(req, nullptr);
+  void* rreq = nullptr;
+  void* sreq = nullptr;
+  void* data = dst.data();
+  size_t size = dst.size();
+  int tag = 0;
+  for (int i = 0; i < 100000 && rreq == nullptr; ++i) {
+    ASSERT_EQ(v11->irecv(rc, 1, &data, &size, &tag, &rmh, nullptr, &rreq), 0);
+  }
+  for (int i = 0; i < 100000 && sreq == nullptr; ++i) {
+    ASSERT_EQ(v11->isend(sc, src.data(), src.size(), 0, smh, nullptr, &sreq), 0);
+  }
+  ASSERT_NE(sreq, nullptr);
+  int sdone = 0, rdone = 0, got = -1;
+  for (int i = 0; i < 1000000 && !(sdone && rdone); ++i) {
+    if (!sdone) {
+      ASSERT_EQ(v11->test(sreq, &sdone, nullptr), 0);
+    }
+    if (!rdone) {
+      ASSERT_EQ(v11->test(rreq, &rdone, &got), 0);
+    }
+  }
+  ASSERT_TRUE(sdone && rdone);
+  EXPECT_EQ(got, static_cast<int>(src.size()));
+  EXPECT_EQ(src, dst);
+  EXPECT_EQ(v11->deregMr(sc, smh), 0);
+  EXPECT_EQ(v11->deregMr(rc, rmh), 0);
+  EXPECT_EQ(v11->closeSend(sc), 0);
+  EXPECT_EQ(v11->closeRecv(rc), 0);
+  EXPECT_EQ(v11->closeListen(lc), 0);
+  // Objects of the wrong kind are refused, not dereferenced as another kind.
+  EXPECT_EQ(v11->closeListen(ctx), nccl_abi::kInvalidArgument);
+  EXPECT_EQ(v11->finalize(ctx), 0);
+  EXPECT_EQ(dlclose(lib), 0);
+}
+
+}  // namespace
+}  // namespace podlink::testing

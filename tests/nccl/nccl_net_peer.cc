@@ -1,0 +1,419 @@
+// One side of the NCCL net plugin conformance test. It dlopens
+// libnccl-net-podlink.so and drives it the way NCCL's proxy thread does:
+// non-blocking listen/connect/accept retried until they yield a comm,
+// isend/irecv retried while they return a NULL request, test() polled.
+// Commands arrive as JSON lines on stdin, results leave as JSON lines.
+//
+//   nccl_net_peer <plugin.so> [v8|v11] [KEY=VALUE ...]   (environment for the plugin)
+#include <dirent.h>
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client-lib/nccl/nccl_net_abi.h"
+#include "nlohmann/json.hpp"
+
+namespace abi = podlink::nccl_abi;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::vector<std::string> g_log;
+
+void Logger(int level, unsigned long, const char*, int, const char* fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  g_log.emplace_back(buf);
+  std::fprintf(stderr, "[plugin %d] %s\n", level, buf);
+}
+
+void Emit(const json& j) {
+  std::cout << j.dump() << std::endl;
+}
+
+int Threads() {
+  int n = 0;
+  DIR* d = opendir("/proc/self/task");
+  while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+// The plugin through one table version.
+struct Api {
+  void* lib = nullptr;
+  bool v8 = false;
+  abi::NetV8* t8 = nullptr;
+  abi::NetV11* t11 = nullptr;
+  void* ctx = nullptr;
+
+  bool Open(const std::string& path, bool use_v8) {
+    v8 = use_v8;
+    lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) return false;
+    t8 = static_cast<abi::NetV8*>(dlsym(lib, "ncclNetPlugin_v8"));
+    t11 = static_cast<abi::NetV11*>(dlsym(lib, "ncclNetPlugin_v11"));
+    return t8 != nullptr && t11 != nullptr;
+  }
+  int Init() { return v8 ? t8->init(Logger) : t11->init(&ctx, 42, nullptr, Logger, nullptr); }
+  int Finalize() { return v8 ? 0 : t11->finalize(ctx); }
+  int Devices(int* n) { return v8 ? t8->devices(n) : t11->devices(n); }
+  int Listen(void* h, void** l) { return v8 ? t8->listen(0, h, l) : t11->listen(ctx, 0, h, l); }
+  int Connect(void* h, void** s) { return v8 ? t8->connect(0, h, s, nullptr) : t11->connect(ctx, 0, h, s, nullptr); }
+  int Accept(void* l, void** r) { return v8 ? t8->accept(l, r, nullptr) : t11->accept(l, r, nullptr); }
+  int RegMr(void* c, void* p, size_t n, void** mh) {
+    return v8 ? t8->regMr(c, p, n, abi::kPtrHost, mh) : t11->regMr(c, p, n, abi::kPtrHost, mh);
+  }
+  int DeregMr(void* c, void* mh) { return v8 ? t8->deregMr(c, mh) : t11->deregMr(c, mh); }
+  int Isend(void* c, void* p, size_t n, int tag, void* mh, void** req) {
+    return v8 ? t8->isend(c, p, static_cast<int>(n), tag, mh, req) : t11->isend(c, p, n, tag, mh, nullptr, req);
+  }
+  int Irecv(void* c, int n, void** p, size_t* sizes, int* tags, void** mh, void** req) {
+    if (!v8) return t11->irecv(c, n, p, sizes, tags, mh, nullptr, req);
+    int s[8];
+    for (int i = 0; i < n; ++i) s[i] = static_cast<int>(sizes[i]);
+    return t8->irecv(c, n, p, s, tags, mh, req);
+  }
+  int Test(void* req, int* done, int* sizes) { return v8 ? t8->test(req, done, sizes) : t11->test(req, done, sizes); }
+  int CloseSend(void* c) { return v8 ? t8->closeSend(c) : t11->closeSend(c); }
+  int CloseRecv(void* c) { return v8 ? t8->closeRecv(c) : t11->closeRecv(c); }
+  int CloseListen(void* c) { return v8 ? t8->closeListen(c) : t11->closeListen(c); }
+};
+
+Api g;
+void* g_listen = nullptr;
+void* g_send = nullptr;
+void* g_recv = nullptr;
+char g_handle[abi::kHandleMaxSize];
+
+uint8_t Pattern(int msg, size_t i) { return static_cast<uint8_t>(msg * 131 + i * 7 + (i >> 12)); }
+
+struct Buf {
+  std::vector<uint8_t> mem;
+  void* mh = nullptr;
+  void* comm = nullptr;
+  Buf(void* c, size_t n, uint8_t fill) : mem(n, fill), comm(c) {
+    if (g.RegMr(c, mem.data(), n, &mh) != 0) mh = nullptr;
+  }
+  ~Buf() {
+    if (mh) g.DeregMr(comm, mh);
+  }
+};
+
+// Retries a call that returns a NULL request for "not now".
+int PostUntil(const std::function<int(void**)>& post, void** req, int timeout_ms = 20000) {
+  auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    *req = nullptr;
+    int r = post(req);
+    if (r != 0 || *req != nullptr) return r;
+    if (Clock::now() > deadline) return -1;
+  }
+}
+
+// Polls test() until done; returns the ncclResult (-1 on timeout).
+int WaitReq(void* req, int* sizes, int timeout_ms = 30000) {
+  auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    int done = 0;
+    int r = g.Test(req, &done, sizes);
+    if (r != 0) return r;
+    if (done) return 0;
+    if (Clock::now() > deadline) return -1;
+  }
+}
+
+size_t OrderSize(int i) { return 1 + static_cast<size_t>(i) * 4099; }
+
+json RunSend(const std::string& sc) {
+  json out = {{"event", "done"}, {"ok", false}};
+  void* c = g_send;
+  if (sc == "ordering" || sc == "large") {
+    int count = sc == "ordering" ? 32 : 2;
+    std::vector<std::unique_ptr<Buf>> bufs;
+    std::vector<void*> reqs(count);
+    for (int i = 0; i < count; ++i) {
+      size_t n = sc == "ordering" ? OrderSize(i) : (i == 0 ? (48u << 20) : (3u << 20) + 5);
+      bufs.push_back(std::make_unique<Buf>(c, n, 0));
+      for (size_t k = 0; k < n; ++k) bufs.back()->mem[k] = Pattern(i, k);
+      int r = PostUntil([&](void** q) { return g.Isend(c, bufs[i]->mem.data(), n, 7, bufs[i]->mh, q); }, &reqs[i]);
+      if (r != 0) return out.update({{"error", "isend"}, {"result", r}, {"msg", i}}), out;
+    }
+    for (int i = 0; i < count; ++i) {
+      int size = -1;
+      int r = WaitReq(reqs[i], &size);
+      if (r != 0) return out.update({{"error", "test"}, {"result", r}, {"msg", i}}), out;
+    }
+    out["ok"] = true;
+  } else if (sc == "grouped") {
+    const int tags[4] = {103, 101, 100, 102};
+    const size_t sizes[4] = {1000, 2000, 3000, 0};
+    std::vector<std::unique_ptr<Buf>> bufs;
+    void* reqs[4];
+    for (int i = 0; i < 4; ++i) {
+      bufs.push_back(std::make_unique<Buf>(c, 4096, static_cast<uint8_t>(tags[i])));
+      int r = PostUntil([&](void** q) { return g.Isend(c, bufs[i]->mem.data(), sizes[i], tags[i], bufs[i]->mh, q); },
+                        &reqs[i]);
+      if (r != 0) return out.update({{"error", "isend"}, {"result", r}}), out;
+    }
+    for (void* q : reqs) {
+      if (WaitReq(q, nullptr) != 0) return out.update({{"error", "test"}}), out;
+    }
+    out["ok"] = true;
+  } else if (sc == "smaller") {
+    Buf b(c, 100, 0x5a);
+    void* q;
+    if (PostUntil([&](void** r) { return g.Isend(c, b.mem.data(), 100, 7, b.mh, r); }, &q) != 0 ||
+        WaitReq(q, nullptr) != 0) {
+      return out.update({{"error", "send 100"}}), out;
+    }
+    if (PostUntil([&](void** r) { return g.Isend(c, b.mem.data(), 0, 7, b.mh, r); }, &q) != 0 ||
+        WaitReq(q, nullptr) != 0) {
+      return out.update({{"error", "send 0"}}), out;
+    }
+    out["ok"] = true;
+  } else if (sc == "truncate") {
+    Buf b(c, 4096, 1);
+    void* q = nullptr;
+    int r = PostUntil([&](void** x) { return g.Isend(c, b.mem.data(), 4096, 7, b.mh, x); }, &q);
+    if (r == 0 && q != nullptr) r = WaitReq(q, nullptr);
+    out["result"] = r;
+    out["ok"] = r != 0 && r != -1;  // an error, not a hang
+  } else if (sc == "inflight-close") {
+    std::vector<std::unique_ptr<Buf>> bufs;
+    for (int i = 0; i < 4; ++i) {
+      bufs.push_back(std::make_unique<Buf>(c, 1 << 20, 9));
+      void* q;
+      int r = PostUntil([&](void** x) { return g.Isend(c, bufs[i]->mem.data(), 1 << 20, 7, bufs[i]->mh, x); }, &q);
+      if (r != 0) return out.update({{"error", "isend"}, {"result", r}}), out;
+    }
+    out["ok"] = g.CloseSend(c) == 0;  // four sends never tested
+    g_send = nullptr;
+  } else {
+    out["error"] = "unknown scenario";
+  }
+  return out;
+}
+
+json RunRecv(const std::string& sc) {
+  json out = {{"event", "done"}, {"ok", false}};
+  void* c = g_recv;
+  int tag7 = 7;
+  if (sc == "ordering" || sc == "large") {
+    int count = sc == "ordering" ? 32 : 2;
+    size_t cap = sc == "ordering" ? 256 << 10 : 64 << 20;
+    std::vector<std::unique_ptr<Buf>> bufs;
+    std::vector<void*> reqs(count);
+    for (int i = 0; i < count; ++i) {
+      bufs.push_back(std::make_unique<Buf>(c, cap, 0xEE));
+      void* p = bufs[i]->mem.data();
+      int r = PostUntil([&](void** q) { return g.Irecv(c, 1, &p, &cap, &tag7, &bufs[i]->mh, q); }, &reqs[i]);
+      if (r != 0) return out.update({{"error", "irecv"}, {"result", r}}), out;
+    }
+    if (count == 32) {
+      // A 33rd receive while 32 are in flight: "not now", nothing consumed.
+      Buf extra(c, 64, 0);
+      void* p = extra.mem.data();
+      size_t n = 64;
+      void* q = reinterpret_cast<void*>(abi::kOptionalRecvCompletion);
+      int r = g.Irecv(c, 1, &p, &n, &tag7, &extra.mh, &q);
+      out["33rd_result"] = r;
+      out["33rd_null"] = q == nullptr;
+    }
+    for (int i = 0; i < count; ++i) {
+      int size = -1;
+      int r = WaitReq(reqs[i], &size);
+      if (r != 0) return out.update({{"error", "test"}, {"result", r}, {"msg", i}}), out;
+      size_t want = sc == "ordering" ? OrderSize(i) : (i == 0 ? (48u << 20) : (3u << 20) + 5);
+      if (static_cast<size_t>(size) != want) {
+        return out.update({{"error", "size"}, {"msg", i}, {"got", size}, {"want", want}}), out;
+      }
+      for (size_t k = 0; k < want; ++k) {
+        if (bufs[i]->mem[k] != Pattern(i, k)) return out.update({{"error", "content"}, {"msg", i}, {"at", k}}), out;
+      }
+      if (cap > want && bufs[i]->mem[want] != 0xEE) return out.update({{"error", "wrote past size"}}), out;
+    }
+    out["ok"] = true;
+  } else if (sc == "grouped") {
+    std::vector<std::unique_ptr<Buf>> bufs;
+    void* ptrs[4];
+    void* mhs[4];
+    size_t caps[4] = {4096, 4096, 4096, 4096};
+    int tags[4] = {100, 101, 102, 103};
+    for (int i = 0; i < 4; ++i) {
+      bufs.push_back(std::make_unique<Buf>(c, 4096, 0));
+      ptrs[i] = bufs[i]->mem.data();
+      mhs[i] = bufs[i]->mh;
+    }
+    void* q;
+    if (PostUntil([&](void** x) { return g.Irecv(c, 4, ptrs, caps, tags, mhs, x); }, &q) != 0) {
+      return out.update({{"error", "irecv"}}), out;
+    }
+    int sizes[4] = {-1, -1, -1, -1};
+    if (WaitReq(q, sizes) != 0) return out.update({{"error", "test"}}), out;
+    out["sizes"] = {sizes[0], sizes[1], sizes[2], sizes[3]};
+    bool ok = sizes[0] == 3000 && sizes[1] == 2000 && sizes[2] == 0 && sizes[3] == 1000;
+    for (int i = 0; i < 4 && ok; ++i) {
+      for (int k = 0; k < sizes[i]; ++k) ok &= bufs[i]->mem[k] == static_cast<uint8_t>(tags[i]);
+    }
+    out["ok"] = ok;
+  } else if (sc == "smaller") {
+    Buf b(c, 1 << 20, 0);
+    void* p = b.mem.data();
+    size_t cap = 1 << 20;
+    void* q;
+    int s1 = -1, s2 = -1;
+    if (PostUntil([&](void** x) { return g.Irecv(c, 1, &p, &cap, &tag7, &b.mh, x); }, &q) != 0 ||
+        WaitReq(q, &s1) != 0) {
+      return out.update({{"error", "recv 1"}}), out;
+    }
+    bool content = b.mem[0] == 0x5a && b.mem[99] == 0x5a && b.mem[100] == 0;
+    if (PostUntil([&](void** x) { return g.Irecv(c, 1, &p, &cap, &tag7, &b.mh, x); }, &q) != 0 ||
+        WaitReq(q, &s2) != 0) {
+      return out.update({{"error", "recv 2"}}), out;
+    }
+    out["sizes"] = {s1, s2};
+    out["ok"] = s1 == 100 && s2 == 0 && content;
+  } else if (sc == "truncate") {
+    Buf b(c, 1024, 0);
+    void* p = b.mem.data();
+    size_t cap = 1024;
+    void* q;
+    int r = PostUntil([&](void** x) { return g.Irecv(c, 1, &p, &cap, &tag7, &b.mh, x); }, &q);
+    if (r == 0) r = WaitReq(q, nullptr);
+    out["result"] = r;
+    out["ok"] = r != 0 && r != -1;
+  } else if (sc == "inflight-close") {
+    std::vector<std::unique_ptr<Buf>> bufs;
+    for (int i = 0; i < 4; ++i) {
+      bufs.push_back(std::make_unique<Buf>(c, 1 << 20, 0));
+      void* p = bufs[i]->mem.data();
+      size_t cap = 1 << 20;
+      void* q;
+      if (PostUntil([&](void** x) { return g.Irecv(c, 1, &p, &cap, &tag7, &bufs[i]->mh, x); }, &q) != 0) {
+        return out.update({{"error", "irecv"}}), out;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    out["ok"] = g.CloseRecv(c) == 0;  // four receives never tested
+    g_recv = nullptr;
+  } else {
+    out["error"] = "unknown scenario";
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: nccl_net_peer <plugin.so> [v8|v11] [KEY=VALUE ...]\n");
+    return 2;
+  }
+  bool use_v8 = false;
+  for (int i = 2; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "v8") use_v8 = true;
+    else if (a.find('=') != std::string::npos) putenv(argv[i]);
+  }
+  std::string line;
+  int threads_before = Threads();
+  while (std::getline(std::cin, line)) {
+    json cmd = json::parse(line, nullptr, false);
+    if (cmd.is_discarded()) continue;
+    std::string what = cmd.value("cmd", "");
+    if (what == "init") {
+      if (!g.Open(argv[1], use_v8)) {
+        Emit({{"event", "error"}, {"error", dlerror() ? dlerror() : "dlsym"}});
+        continue;
+      }
+      int r = g.Init();
+      int n = 0;
+      g.Devices(&n);
+      Emit({{"event", "ready"}, {"result", r}, {"ndev", n}});
+    } else if (what == "listen") {
+      int r = g.Listen(g_handle, &g_listen);
+      std::string hex;
+      char b[3];
+      for (unsigned char ch : g_handle) std::snprintf(b, 3, "%02x", ch), hex += b;
+      Emit({{"event", "handle"}, {"result", r}, {"hex", hex}});
+    } else if (what == "accept") {
+      auto deadline = Clock::now() + std::chrono::milliseconds(cmd.value("timeout_ms", 20000));
+      int tries = 0, r = 0;
+      g_recv = nullptr;
+      while (g_recv == nullptr && Clock::now() < deadline) {
+        ++tries;
+        r = g.Accept(g_listen, &g_recv);
+        if (r != 0) break;
+      }
+      Emit({{"event", "accepted"}, {"result", r}, {"tries", tries}, {"ok", g_recv != nullptr}});
+    } else if (what == "connect") {
+      std::string hex = cmd["hex"];
+      char h[abi::kHandleMaxSize] = {};
+      for (size_t i = 0; i < sizeof(h) && 2 * i + 1 < hex.size(); ++i) {
+        h[i] = static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
+      }
+      if (cmd.value("corrupt", "") == "magic") h[0] ^= 0x55;
+      if (cmd.value("corrupt", "") == "nonce") h[32] ^= 0x55;  // WireHandle::nonce
+      if (cmd.value("corrupt", "") == "garbage") {
+        for (char& ch : h) ch = static_cast<char>(std::rand());
+      }
+      auto deadline = Clock::now() + std::chrono::milliseconds(cmd.value("timeout_ms", 20000));
+      int tries = 0, r = 0;
+      g_send = nullptr;
+      size_t log_mark = g_log.size();
+      while (g_send == nullptr && Clock::now() < deadline) {
+        ++tries;
+        r = g.Connect(h, &g_send);
+        if (r != 0) break;
+      }
+      std::string transport;
+      for (size_t i = log_mark; i < g_log.size(); ++i) {
+        if (g_log[i].find("via podlink") != std::string::npos) transport = "podlink";
+        if (g_log[i].find("via TCP") != std::string::npos) transport = "TCP";
+      }
+      Emit({{"event", "connected"}, {"result", r}, {"tries", tries}, {"ok", g_send != nullptr},
+            {"transport", transport}});
+    } else if (what == "send") {
+      Emit(RunSend(cmd["scenario"]));
+    } else if (what == "recv") {
+      Emit(RunRecv(cmd["scenario"]));
+    } else if (what == "close") {
+      int r = 0;
+      if (g_send) r |= g.CloseSend(g_send);
+      if (g_recv) r |= g.CloseRecv(g_recv);
+      if (g_listen && cmd.value("listen", false)) r |= g.CloseListen(g_listen), g_listen = nullptr;
+      g_send = g_recv = nullptr;
+      Emit({{"event", "closed"}, {"result", r}});
+    } else if (what == "finalize") {
+      int r = g.Finalize();
+      int rc = dlclose(g.lib);
+      g.lib = nullptr;
+      // NCCL 2.28 may load the plugin again for the next communicator.
+      bool reopen = g.Open(argv[1], use_v8) && g.Init() == 0;
+      int r2 = g.Finalize();
+      int rc2 = dlclose(g.lib);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      Emit({{"event", "finalized"}, {"result", r}, {"dlclose", rc}, {"reopen", reopen}, {"result2", r2},
+            {"dlclose2", rc2}, {"threads_before", threads_before}, {"threads_after", Threads()}});
+    } else if (what == "exit") {
+      break;
+    }
+  }
+  return 0;
+}
