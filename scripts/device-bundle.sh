@@ -16,5 +16,20 @@ ldd "${bins[@]}" | awk '/=> \// {print $3}' | sort -u | while read -r lib; do
     *) cp -L "$lib" "$OUT/lib/" ;;
   esac
 done
+# The NCCL net plugin next to the libpodlink.so.0 it loads ($ORIGIN).
+cp "$BUILD/client-lib/libnccl-net-podlink.so" "$OUT/lib/"
+cp -L "$BUILD/client-lib/libpodlink.so.0" "$OUT/lib/"
+# iproute2 for veth pairs (the GPU machine has no `ip`): Debian packages
+# unpacked into $OUT/iproute, run there through the dynamic loader.
+if [ ! -d "${IPROUTE_CACHE:=/var/tmp/podlink-iproute}/bin" ]; then
+  rm -rf "$IPROUTE_CACHE" && mkdir -p "$IPROUTE_CACHE/debs"
+  (cd "$IPROUTE_CACHE/debs" && apt-get download iproute2 libbpf1 libelf1 libmnl0 libcap2 libxtables12 libbsd0 libmd0 \
+     libtirpc3 libdb5.3 2>/dev/null || apt-get download iproute2 libbpf1 libelf1 libmnl0 libcap2 libxtables12 libbsd0 libmd0)
+  for d in "$IPROUTE_CACHE"/debs/*.deb; do dpkg -x "$d" "$IPROUTE_CACHE/root"; done
+  mkdir -p "$IPROUTE_CACHE/bin" "$IPROUTE_CACHE/lib"
+  cp "$IPROUTE_CACHE/root/bin/ip" "$IPROUTE_CACHE/bin/"
+  find "$IPROUTE_CACHE/root" -name "*.so*" -exec cp -P {} "$IPROUTE_CACHE/lib/" \;
+fi
+mkdir -p "$OUT/iproute" && cp -r "$IPROUTE_CACHE/bin" "$IPROUTE_CACHE/lib" "$OUT/iproute/"
 strip --strip-debug "$OUT"/bin/* "$OUT"/lib/* 2>/dev/null || true
 du -sh "$OUT"

@@ -202,6 +202,7 @@ struct Comm {
   uint64_t next_seq = 0;
   Result failed = kSuccess;
   uint64_t calls = 0;
+  bool warned_truncation = false;
   cu::Stream stream = nullptr;  // staging / bounce copies
   // podlink transport
   std::unique_ptr<HostBuffer> region_buf;  // receiver: the control region
@@ -537,6 +538,18 @@ void CloseRemotes(Comm& c) {
   c.opened.clear();
 }
 
+// A send larger than the posted receive delivers what fits, as NCCL's own
+// IB transport does (NCCL 2.28 posts such sends: a receive sized for one
+// protocol's step may meet a larger send). Logged once per comm.
+size_t Truncate(Comm& c, size_t size, size_t room) {
+  if (!c.warned_truncation) {
+    c.warned_truncation = true;
+    INFO("send of %zu bytes to %s truncated to the posted receive of %zu bytes (further truncations not logged)",
+         size, c.peer.c_str(), room);
+  }
+  return room;
+}
+
 Result PodlinkIsend(Comm& c, void* data, size_t size, int tag, Mr* mr, void** request) {
   if (!c.have_cts) {
     CtsSlot& slot = c.region->cts[c.next_seq % kSlots];
@@ -584,12 +597,7 @@ Result PodlinkIsend(Comm& c, void* data, size_t size, int tag, Mr* mr, void** re
   r->seq = seq;
   r->index = index;
   r->size = size;
-  if (size > cts.sizes[index]) {
-    PublishDone(c, seq, index, kSizeError);
-    DropRequest(*r);
-    return Fail(kInvalidUsage, absl::StrCat("send of ", size, " bytes to ", c.peer, " exceeds the posted receive of ",
-                                            cts.sizes[index], " bytes (truncation)"));
-  }
+  if (size > cts.sizes[index]) size = r->size = Truncate(c, size, cts.sizes[index]);
   if (size > 0) {
     uint64_t off = static_cast<char*>(data) - mr->base;
     if (mr->bounce()) {
@@ -773,8 +781,12 @@ void EnumerateDevices(State& s) {
       for (char& ch : id) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
       char* real = ::realpath(absl::StrCat("/sys/bus/pci/devices/", id).c_str(), nullptr);
       if (real != nullptr) {
+        // The GPU's parent (its PCIe switch port, or the root complex):
+        // NCCL places the NIC beside the GPU. NCCL 2.28 crashes building its
+        // topology when a NIC claims the GPU's own PCI function.
         d.pci_path = real;
         std::free(real);
+        if (!EnvIs("PODLINK_NCCL_PCI_PATH", "gpu")) d.pci_path = d.pci_path.substr(0, d.pci_path.rfind('/'));
       }
     }
     s.devs.push_back(d);
@@ -1280,20 +1292,14 @@ Result Isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, v
   f.type = kFrameData;
   f.seq = cts.seq;
   f.index = static_cast<uint32_t>(index);
-  bool truncated = size > cts.sizes[index];
-  f.sizes[0] = truncated ? kSizeError : size;
+  if (size > cts.sizes[index]) size = r->size = Truncate(*c, size, cts.sizes[index]);
+  f.sizes[0] = size;
   c->cts_consumed |= 1u << index;
   if (c->cts_consumed == (1u << cts.n) - 1) {
     c->cts_queue.pop_front();
     c->cts_consumed = 0;
   }
   TcpQueueFrame(*c, f);
-  if (truncated) {
-    DropRequest(*r);
-    (void)TcpProgress(*c);
-    return Fail(kInvalidUsage, absl::StrCat("send of ", size, " bytes to ", c->peer, " exceeds the posted receive of ",
-                                            cts.sizes[index], " bytes (truncation)"));
-  }
   char* src = p;
   if (mr->type != nccl_abi::kPtrHost && size > 0) {
     r->staging[0].resize(size);

@@ -233,6 +233,15 @@ absl::StatusOr<v1beta1::AllocateResponse> DevicePlugin::Allocate(const v1beta1::
     // applications that link libpodlink.
     env["NCCL_NET_PLUGIN"] = config_.container_lib_dir + "/libnccl-net-podlink.so";
     env["PODLINK_LIBRARY_DIR"] = config_.container_lib_dir;
+    // NCCL settings the plugin needs (measured on 2x H200, docs/performance.md):
+    // GPU-direct buffers although the plugin's NIC sits at the GPU's parent
+    // bridge, the Simple protocol (the LL/LL128 mix stalls through the plugin,
+    // an open bug), and enough channels and buffer for the relay to pipeline.
+    env["NCCL_NET_GDR_LEVEL"] = "SYS";
+    env["NCCL_NET_GDR_READ"] = "1";
+    env["NCCL_PROTO"] = "Simple";
+    env["NCCL_MIN_NCHANNELS"] = "16";
+    env["NCCL_BUFFSIZE"] = "16777216";
     for (const std::string& node : config_.device_nodes) {
       v1beta1::DeviceSpec* d = out->add_devices();
       d->set_host_path(node);

@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# NCCL between two isolated pods on a two-GPU node (the device tool's
+# nvidia-h200-x2), from the repository root, with the bundle made by
+# scripts/device-bundle.sh in .devcarry/ (binaries, libraries, iproute2):
+#
+#   bash tests/gpu/nccl_pods.sh [OUT_DIR]
+#
+# Pods: own PID, UTS (hostname), IPC, network and mount namespaces, private
+# /dev/shm and /tmp, a veth pair between them, each able to open only its own
+# /dev/nvidiaN (the other bind-mounted over by /dev/null), each in its own
+# kubepods-style cgroup that podlinkd maps to a pod of peer group nccl-job.
+# Each pod runs one rank of tests/gpu/nccl_check.py (torch.distributed):
+# results of all_reduce, all_gather and send/recv are checked, then
+# all_reduce bus bandwidth is measured, in three setups:
+#   plugin   the pods, NCCL_NET_PLUGIN=libnccl-net-podlink.so
+#   socket   the same pods, no plugin (NCCL's NET/Socket over the veth)
+#   native   the same two ranks in the host namespaces (NCCL's P2P over NVLink)
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${1:-/tmp/podlink-nccl-out}
+mkdir -p "$OUT"
+ROOT=$(pwd)
+BIN=$ROOT/.devcarry/bin
+LIB=$ROOT/.devcarry/lib
+IPR=$ROOT/.devcarry/iproute
+PLUGIN=$LIB/libnccl-net-podlink.so
+SIZES=${NCCL_TEST_SIZES_MIB:-1,4,16,64,128,256,512,1024}
+WORK=/var/tmp/podlink-nccl.$$  # not under /tmp: the pods get a private /tmp
+mkdir -p "$WORK/sock"
+ip_() { /lib64/ld-linux-x86-64.so.2 --library-path "$IPR/lib" "$IPR/bin/ip" "$@"; }
+ip_ -V >/dev/null || { echo "iproute2 bundle missing in $IPR"; exit 1; }
+
+echo "== machine"; nvidia-smi -L; uname -r
+python3 -c 'import torch; print("torch", torch.__version__, "nccl", torch.cuda.nccl.version())'
+
+CG=$(awk '$9 == "cgroup2" {print $5; exit}' /proc/self/mountinfo)
+CG_OK=0; [ -n "$CG" ] && mkdir -p "$CG/podlink-nccl-$$" 2>/dev/null && CG_OK=1
+declare -A POD_UID POD_CG
+for p in a b; do
+  POD_UID[$p]=$(cat /proc/sys/kernel/random/uuid)
+  POD_CG[$p]=""
+  if [ $CG_OK = 1 ]; then
+    u=${POD_UID[$p]//-/_}
+    d="$CG/podlink-nccl-$$/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod$u.slice/cri-containerd-$(head -c 32 /dev/urandom | sha256sum | cut -c1-64).scope"
+    mkdir -p "$d" && POD_CG[$p]=$d
+  fi
+done
+rule() { echo "{\"match\": {\"pod_uid\": \"${POD_UID[$1]}\"}, \"namespace\": \"ml\", \"name\": \"$2\", \"annotations\": {\"podlink.io/peer-group\": \"nccl-job\"}}"; }
+echo "{\"pods\": [$(rule a rank0-gpu0), $(rule b rank1-gpu1)]}" > "$WORK/config.json"
+LD_LIBRARY_PATH=$LIB "$BIN/podlinkd" --socket-dir "$WORK/sock" --config "$WORK/config.json" 2> "$OUT/podlinkd.log" &
+DPID=$!
+for _ in $(seq 300); do grep -q event=ready "$OUT/podlinkd.log" && break; sleep 0.1; done
+grep -q event=ready "$OUT/podlinkd.log" || { cat "$OUT/podlinkd.log"; exit 1; }
+
+netns() { readlink "/proc/$1/ns/net"; }
+
+# run_pods LABEL ENV... : rank 0 in pod a (GPU0), rank 1 in pod b (GPU1).
+run_pods() {
+  local label=$1; shift
+  local port=$((29500 + RANDOM % 1000))
+  rm -f "$WORK"/net-ready
+  ip_ link del pla 2>/dev/null
+  local pids=()
+  for r in 0 1; do
+    local p mask; [ $r = 0 ] && p=a mask=/dev/nvidia1 || { p=b; mask=/dev/nvidia0; }
+    sh -c '[ -z "$1" ] || echo 0 > "$1/cgroup.procs"; shift; exec "$@"' pod "${POD_CG[$p]}" \
+      unshare --pid --fork --kill-child --mount-proc --uts --ipc --net --mount -- \
+      sh -c 'mount -t tmpfs tmpfs /dev/shm && mount -t tmpfs tmpfs /tmp && mount --bind /dev/null "$1" &&
+             hostname "pod-$2" || exit 99
+             while [ ! -e "$3/net-ready" ]; do sleep 0.05; done
+             shift 3; exec "$@"' pod "$mask" "$p" "$WORK" \
+      env RANK=$r WORLD_SIZE=2 MASTER_ADDR=10.78.0.1 MASTER_PORT=$port LABEL="$label" NCCL_SOCKET_IFNAME=pl \
+          NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,GRAPH,ENV "$@" \
+      timeout 300 python3 "$ROOT/tests/gpu/nccl_check.py" --sizes-mib "$SIZES" \
+      > "$OUT/$label-rank$r.jsonl" 2> "$OUT/$label-rank$r.log" &
+    pids+=($!)
+  done
+  local mine; mine=$(netns $$)
+  for _ in $(seq 200); do
+    [ "$(netns "${pids[0]}")" != "$mine" ] && [ "$(netns "${pids[1]}")" != "$mine" ] && break; sleep 0.05
+  done
+  ip_ link add pla type veth peer name plb
+  ip_ link set pla netns "${pids[0]}"; ip_ link set plb netns "${pids[1]}"
+  nsenter -t "${pids[0]}" -n bash -c "$(declare -f ip_); IPR=$IPR; ip_ link set lo up; ip_ addr add 10.78.0.1/24 dev pla; ip_ link set pla up"
+  nsenter -t "${pids[1]}" -n bash -c "$(declare -f ip_); IPR=$IPR; ip_ link set lo up; ip_ addr add 10.78.0.2/24 dev plb; ip_ link set plb up"
+  touch "$WORK/net-ready"
+  local rc=0
+  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+  echo "$label: exit $rc"
+}
+
+run_native() {
+  local label=$1; shift
+  local port=$((29500 + RANDOM % 1000)) pids=()
+  for r in 0 1; do
+    env RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port LABEL="$label" CUDA_VISIBLE_DEVICES=$r \
+        NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,GRAPH,ENV "$@" \
+      timeout 300 python3 "$ROOT/tests/gpu/nccl_check.py" --sizes-mib "$SIZES" \
+      > "$OUT/$label-rank$r.jsonl" 2> "$OUT/$label-rank$r.log" &
+    pids+=($!)
+  done
+  local rc=0
+  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+  echo "$label: exit $rc"
+}
+
+SETUPS=${NCCL_TEST_SETUPS:-plugin plugin_tuned plugin_tuned2 socket native}
+# What the device plugin's Allocate sets for the plugin (see docs/usage.md).
+PLUGIN_ENV=(NCCL_NET_PLUGIN="$PLUGIN" NCCL_NET=podlink NCCL_NET_GDR_LEVEL=SYS NCCL_NET_GDR_READ=1)
+if [[ " $SETUPS " == *" plugin "* ]]; then
+  echo "== plugin: pods, NCCL_NET_PLUGIN=libnccl-net-podlink.so"
+  run_pods plugin "${PLUGIN_ENV[@]}" PODLINK_SOCKET="$WORK/sock" ${PODLINK_NCCL_EXTRA_ENV:-}
+fi
+# Plugin with NCCL settings for bandwidth (Simple protocol only: see docs/performance.md).
+declare -A TUNED=([plugin_tuned]="${PODLINK_NCCL_TUNED:-NCCL_PROTO=Simple NCCL_MIN_NCHANNELS=16 NCCL_BUFFSIZE=16777216}"
+                  [plugin_tuned2]="${PODLINK_NCCL_TUNED2:-NCCL_PROTO=Simple NCCL_MIN_NCHANNELS=32 NCCL_BUFFSIZE=67108864}")
+for t in plugin_tuned plugin_tuned2; do
+  if [[ " $SETUPS " == *" $t "* ]]; then
+    echo "== $t: as plugin, with ${TUNED[$t]}"
+    run_pods "$t" "${PLUGIN_ENV[@]}" PODLINK_SOCKET="$WORK/sock" ${TUNED[$t]}
+  fi
+done
+if [[ " $SETUPS " == *" socket "* ]]; then
+  echo "== socket: the same pods without the plugin"
+  run_pods socket NCCL_NET_PLUGIN=none
+fi
+if [[ " $SETUPS " == *" native "* ]]; then
+  echo "== native: host namespaces"
+  run_native native NCCL_NET_PLUGIN=none
+fi
+
+kill $DPID; wait $DPID 2>/dev/null
+[ $CG_OK = 1 ] && find "$CG/podlink-nccl-$$" -depth -type d -exec rmdir {} \; 2>/dev/null
+
+for l in $SETUPS; do
+  echo "-- $l: transport lines (rank 0)"
+  grep -E "NET/podlink|Using network|via NET|via P2P|Channel 00/|nChannels|GDR" "$OUT/$l-rank0.log" | sed 's/^.*NCCL INFO //' | sort | uniq -c | sort -rn | head -8
+  grep -E '"event": "(checks|start)"' "$OUT/$l-rank0.jsonl" "$OUT/$l-rank1.jsonl" | cut -c1-300
+  grep -iE "error|Traceback|WARN" "$OUT/$l-rank0.log" | head -5
+done
+python3 - "$OUT" <<'EOF' | tee "$OUT/nccl-summary.md"
+import json, sys, os, datetime
+out = sys.argv[1]
+def load(label):
+    bw, ok = {}, None
+    p = os.path.join(out, f"{label}-rank0.jsonl")
+    if not os.path.exists(p): return bw, ok
+    for line in open(p):
+        try: j = json.loads(line)
+        except ValueError: continue
+        if j.get("event") == "bw": bw[j["mib"]] = j["busbw"]
+        if j.get("event") == "checks": ok = j["ok"]
+    return bw, ok
+data = {l: load(l) for l in ("plugin", "plugin_tuned", "plugin_tuned2", "socket", "native")}
+print(f"NCCL all_reduce bus bandwidth, 2 ranks (GB/s) — {datetime.datetime.utcnow():%Y-%m-%dT%H:%MZ}")
+print("checks (all_reduce, all_gather, send/recv results): " +
+      ", ".join(f"{l} {'pass' if d[1] else 'FAIL' if d[1] is False else 'not run'}" for l, d in data.items()))
+print()
+print("| size | plugin (isolated pods) | plugin, tuned | plugin, tuned2 | socket (same pods) | native (host namespaces) | best plugin/native |")
+print("|---|---|---|---|---|---|---|")
+sizes = sorted(set().union(*[d[0].keys() for d in data.values()]))
+for s in sizes:
+    p, pt, pt2, so, n = (data[l][0].get(s) for l in ("plugin", "plugin_tuned", "plugin_tuned2", "socket", "native"))
+    best = max([v for v in (p, pt, pt2) if v is not None], default=None)
+    ratio = f"{best / n:.2f}" if best and n else "-"
+    cell = lambda v: "-" if v is None else v
+    print(f"| {s} MiB | {cell(p)} | {cell(pt)} | {cell(pt2)} | {cell(so)} | {cell(n)} | {ratio} |")
+EOF
+rm -rf "$WORK"
+# Few files travel back from the device tool: pack the logs.
+(cd "$OUT" && tar czf nccl-logs.tgz ./*.log ./*.jsonl && rm -f ./*-rank*.log ./*-rank*.jsonl)
