@@ -782,8 +782,9 @@ void EnumerateDevices(State& s) {
       char* real = ::realpath(absl::StrCat("/sys/bus/pci/devices/", id).c_str(), nullptr);
       if (real != nullptr) {
         // The GPU's parent (its PCIe switch port, or the root complex):
-        // NCCL places the NIC beside the GPU. NCCL 2.28 crashes building its
-        // topology when a NIC claims the GPU's own PCI function.
+        // NCCL places the NIC beside the GPU. With the GPU's own PCI function
+        // as the NIC's path, NCCL 2.28.9 died right after adding the NIC to
+        // its topology on the test machine (docs/nccl.md).
         d.pci_path = real;
         std::free(real);
         if (!EnvIs("PODLINK_NCCL_PCI_PATH", "gpu")) d.pci_path = d.pci_path.substr(0, d.pci_path.rfind('/'));
