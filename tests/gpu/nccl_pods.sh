@@ -118,6 +118,9 @@ for t in plugin_tuned plugin_tuned2; do
   if [[ " $SETUPS " == *" $t "* ]]; then
     echo "== $t: as plugin, with ${TUNED[$t]}"
     run_pods "$t" "${PLUGIN_ENV[@]}" PODLINK_SOCKET="$WORK/sock" ${TUNED[$t]}
+    # podlinkd's relay counters and latency histogram after the run (cumulative).
+    python3 -c 'import urllib.request as u; print(u.urlopen("http://127.0.0.1:9477/metrics").read().decode())' \
+      | grep -E "^podlink_relay" > "$OUT/metrics-$t.txt" || true
   fi
 done
 if [[ " $SETUPS " == *" socket "* ]]; then
