@@ -538,6 +538,24 @@ void CloseRemotes(Comm& c) {
   c.opened.clear();
 }
 
+// The buffer of a clear-to-send entry a send with `tag` goes to: the first
+// one not yet consumed with that tag (NCCL matches grouped receives by tag).
+Result MatchTag(const int32_t* tags, uint32_t n, uint32_t consumed, int tag, const std::string& peer, int* index) {
+  for (uint32_t i = 0; i < n; ++i) {
+    if ((consumed & (1u << i)) == 0 && tags[i] == tag) {
+      *index = static_cast<int>(i);
+      return kSuccess;
+    }
+  }
+  return Fail(kInvalidUsage, absl::StrCat("send with tag ", tag, " to ", peer, " does not match the posted receive"));
+}
+
+// [p, p + size) lies inside the registration.
+bool Covers(const Mr& mr, const void* p, size_t size) {
+  const char* q = static_cast<const char*>(p);
+  return size == 0 || (q >= mr.base && size <= mr.size && static_cast<size_t>(q - mr.base) <= mr.size - size);
+}
+
 // A send larger than the posted receive delivers what fits, as NCCL's own
 // IB transport does (NCCL 2.28 posts such sends: a receive sized for one
 // protocol's step may meet a larger send). Logged once per comm.
@@ -575,16 +593,7 @@ Result PodlinkIsend(Comm& c, void* data, size_t size, int tag, Mr* mr, void** re
   }
   const CtsSlot& cts = c.cts_copy;
   int index = -1;
-  for (uint32_t i = 0; i < cts.n; ++i) {
-    if ((c.cts_consumed & (1u << i)) == 0 && cts.tags[i] == tag) {
-      index = static_cast<int>(i);
-      break;
-    }
-  }
-  if (index < 0) {
-    return Fail(kInvalidUsage, absl::StrCat("send with tag ", tag, " to ", c.peer,
-                                            " does not match the posted receive (tags ", cts.tags[0], "...)"));
-  }
+  if (Result m = MatchTag(cts.tags, cts.n, c.cts_consumed, tag, c.peer, &index); m != kSuccess) return m;
   Request* r = TakeRequest(c);
   if (r == nullptr) return kSuccess;  // all 32 in use: not now
   uint64_t seq = c.next_seq;
@@ -1263,7 +1272,7 @@ Result Isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, v
     return Fail(kInvalidArgument, "isend: memory handle not registered on this comm");
   }
   char* p = static_cast<char*>(data);
-  if (size > 0 && (p < mr->base || size > mr->size || p - mr->base > static_cast<ptrdiff_t>(mr->size - size))) {
+  if (!Covers(*mr, p, size)) {
     return Fail(kInvalidArgument, "isend: buffer outside its registration");
   }
   if (c->transport == Transport::kPodlink) return PodlinkIsend(*c, data, size, tag, mr, request);
@@ -1273,16 +1282,7 @@ Result Isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, v
   if (c->cts_queue.empty()) return kSuccess;
   const Frame cts = c->cts_queue.front();  // by value: consuming it may pop it
   int index = -1;
-  for (uint32_t i = 0; i < cts.n; ++i) {
-    if ((c->cts_consumed & (1u << i)) == 0 && cts.tags[i] == tag) {
-      index = static_cast<int>(i);
-      break;
-    }
-  }
-  if (index < 0) {
-    return Fail(kInvalidUsage, absl::StrCat("send with tag ", tag, " to ", c->peer,
-                                            " does not match the posted receive"));
-  }
+  if (Result m = MatchTag(cts.tags, cts.n, c->cts_consumed, tag, c->peer, &index); m != kSuccess) return m;
   Request* r = TakeRequest(*c);
   if (r == nullptr) return kSuccess;
   r->send = true;
@@ -1334,12 +1334,10 @@ Result Irecv(void* recv_comm, int n, void** data, const size_t* sizes, const int
   Mr* mrs[kMaxRecvs];
   for (int i = 0; i < n; ++i) {
     mrs[i] = static_cast<Mr*>(mhandles[i]);
-    char* p = static_cast<char*>(data[i]);
     if (mrs[i] == nullptr || mrs[i]->magic != kMrMagic || mrs[i]->comm != c) {
       return Fail(kInvalidArgument, "irecv: memory handle not registered on this comm");
     }
-    if (sizes[i] > 0 && (p < mrs[i]->base || sizes[i] > mrs[i]->size ||
-                         p - mrs[i]->base > static_cast<ptrdiff_t>(mrs[i]->size - sizes[i]))) {
+    if (!Covers(*mrs[i], data[i], sizes[i])) {
       return Fail(kInvalidArgument, "irecv: buffer outside its registration");
     }
   }
