@@ -51,6 +51,9 @@ Brokers GPU (and host) memory between isolated pods on this node.
   --device-plugin-devices N   shareable podlink.io/peer devices (default 64)
   --host-lib-dir DIR host directory holding libpodlink and the NCCL plugin, mounted
                      into allocated containers (default /var/lib/podlink/lib)
+  --relay-workers N  relay threads; each serves a share of the sessions' rings
+                     (default 0: one per GPU, at most 8; 1 without GPUs)
+  --relay-streams N  copy streams per GPU per relay thread (default 4)
   --log-level LEVEL  trace|debug|info|warn|error (default info)
   --help
 )";
@@ -66,6 +69,8 @@ struct Args {
   std::string cri_socket;
   std::string device_plugin_devices = "64";
   std::string host_lib_dir = "/var/lib/podlink/lib";
+  std::string relay_workers = "0";
+  std::string relay_streams = "4";
 };
 
 bool ParseArgs(int argc, char** argv, Args& a) {
@@ -96,6 +101,10 @@ bool ParseArgs(int argc, char** argv, Args& a) {
       if (!value(a.device_plugin_devices)) return false;
     } else if (k == "--host-lib-dir") {
       if (!value(a.host_lib_dir)) return false;
+    } else if (k == "--relay-workers") {
+      if (!value(a.relay_workers)) return false;
+    } else if (k == "--relay-streams") {
+      if (!value(a.relay_streams)) return false;
     } else if (k == "--metrics-addr") {
       if (!value(a.metrics_addr)) return false;
     } else if (k == "--no-gpu") {
@@ -199,6 +208,16 @@ int main(int argc, char** argv) {
     log->critical("event=bad_flag flag=--pod-source value={} msg=\"use standalone or cri\"", args.pod_source);
     return 2;
   }
+  if (!absl::SimpleAtoi(args.relay_workers, &cfg.broker.relay.workers) || cfg.broker.relay.workers > 64) {
+    log->critical("event=bad_flag flag=--relay-workers value={} msg=\"use 0 (one per GPU) to 64\"",
+                  args.relay_workers);
+    return 2;
+  }
+  if (!absl::SimpleAtoi(args.relay_streams, &cfg.broker.relay.streams_per_gpu) ||
+      cfg.broker.relay.streams_per_gpu == 0 || cfg.broker.relay.streams_per_gpu > 64) {
+    log->critical("event=bad_flag flag=--relay-streams value={} msg=\"use 1 to 64\"", args.relay_streams);
+    return 2;
+  }
   podlink::Broker broker(cfg.broker, std::move(pods), inv, std::move(backends));
 
   auto fds = podlink::FdServer::Start(&broker, fd_path);
@@ -294,8 +313,9 @@ int main(int argc, char** argv) {
       direct_plugin = *std::move(d);
     }
   }
-  log->info("event=ready version={} node={} grpc={} fd={} metrics={} handle_types={}", PODLINK_VERSION,
-            broker.node_id(), grpc_path, fd_path, metrics, broker.GetNodeInfo().handle_types_size());
+  log->info("event=ready version={} node={} grpc={} fd={} metrics={} handle_types={} relay_workers={}",
+            PODLINK_VERSION, broker.node_id(), grpc_path, fd_path, metrics, broker.GetNodeInfo().handle_types_size(),
+            broker.RelayStats().workers);
 
   int sig = 0;
   sigwait(&sigs, &sig);

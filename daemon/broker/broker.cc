@@ -589,6 +589,7 @@ std::string Broker::RenderMetrics() const {
   for (const auto& [reason, n] : denials_.Snapshot()) denials[reason] = static_cast<double>(n);
   RenderFamily(&out, "podlink_denials_total", "counter", "imports refused, by reason", denials, "reason");
   one("podlink_relay_rings", "gauge", "relay rings served", static_cast<double>(rc.rings));
+  one("podlink_relay_workers", "gauge", "relay threads", static_cast<double>(rc.workers));
   one("podlink_relay_ops_total", "counter", "relay transfers issued", static_cast<double>(rc.ops));
   one("podlink_relay_bytes_total", "counter", "bytes moved by the relay", static_cast<double>(rc.bytes));
   one("podlink_relay_failed_total", "counter", "relay requests that failed", static_cast<double>(rc.failed));

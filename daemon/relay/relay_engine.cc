@@ -4,6 +4,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -36,49 +37,76 @@ uint64_t NowUs() {
 
 RelayEngine::RelayEngine(Resolver resolve, const GpuInventory& inventory, RelayOptions options)
     : resolve_(std::move(resolve)), inventory_(inventory), options_(options) {
-  epoll_.Reset(::epoll_create1(EPOLL_CLOEXEC));
-  wake_.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.u64 = kWakeKey;
-  ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &ev);
+  int ngpu = 0;
   if (inventory_.cuda_available) {
     auto d = cu::LoadDriver();
     if (d.ok()) {
       cuda_ = *d;
-      int n = static_cast<int>(inventory_.gpus.size());
-      contexts_.assign(n, nullptr);
-      streams_.assign(n, {});
-      next_stream_.assign(n, 0);
-      for (int g = 0; g < n; ++g) {
-        if (cuda_->DevicePrimaryCtxRetain(&contexts_[g], g) != cu::kSuccess) {
-          contexts_[g] = nullptr;
-          continue;
-        }
-        cuda_->CtxSetCurrent(contexts_[g]);
-        for (uint32_t i = 0; i < options_.streams_per_gpu; ++i) {
-          cu::Stream s = nullptr;
-          if (cuda_->StreamCreate(&s, cu::kStreamNonBlocking) == cu::kSuccess) streams_[g].push_back(s);
-        }
+      ngpu = static_cast<int>(inventory_.gpus.size());
+      contexts_.assign(ngpu, nullptr);
+      for (int g = 0; g < ngpu; ++g) {
+        if (cuda_->DevicePrimaryCtxRetain(&contexts_[g], g) != cu::kSuccess) contexts_[g] = nullptr;
       }
     }
   }
-  thread_ = std::thread([this] { Run(); });
+  size_t n = options_.workers;
+  if (n == 0) n = std::clamp<size_t>(static_cast<size_t>(ngpu), 1, 8);
+  for (size_t i = 0; i < n; ++i) {
+    auto w = std::make_unique<Worker>();
+    w->index = i;
+    w->epoll.Reset(::epoll_create1(EPOLL_CLOEXEC));
+    w->wake.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = kWakeKey;
+    ::epoll_ctl(w->epoll.get(), EPOLL_CTL_ADD, w->wake.get(), &ev);
+    w->streams.assign(ngpu, {});
+    w->next_stream.assign(ngpu, 0);
+    for (int g = 0; g < ngpu; ++g) {
+      if (contexts_[g] == nullptr) continue;
+      cuda_->CtxSetCurrent(contexts_[g]);
+      for (uint32_t k = 0; k < options_.streams_per_gpu; ++k) {
+        cu::Stream s = nullptr;
+        if (cuda_->StreamCreate(&s, cu::kStreamNonBlocking) == cu::kSuccess) w->streams[g].push_back(s);
+      }
+    }
+    workers_.push_back(std::move(w));
+  }
+  {
+    absl::MutexLock l(&mu_);
+    load_.assign(n, 0);
+  }
+  for (auto& w : workers_) {
+    Worker* p = w.get();
+    w->thread = std::thread([this, p] { Run(*p); });
+  }
 }
 
 RelayEngine::~RelayEngine() {
   stop_.store(true, std::memory_order_release);
-  uint64_t one = 1;
-  (void)!::write(wake_.get(), &one, sizeof(one));
-  thread_.join();
-  for (auto& [id, r] : rings_) Drain(*r);
+  for (auto& w : workers_) Wake(*w);
+  for (auto& w : workers_) w->thread.join();
+  for (auto& w : workers_) {
+    ApplyChanges(*w);  // rings added after the thread's last look are drained too
+    for (auto& [id, r] : w->rings) Drain(*w, *r);
+    w->rings.clear();
+    if (cuda_ != nullptr) {
+      for (cu::Event e : w->free_events) cuda_->EventDestroy(e);
+      for (auto& per_gpu : w->streams) {
+        for (cu::Stream s : per_gpu) cuda_->StreamDestroy(s);
+      }
+    }
+  }
   if (cuda_ != nullptr) {
-    for (cu::Event e : free_events_) cuda_->EventDestroy(e);
-    for (size_t g = 0; g < streams_.size(); ++g) {
-      for (cu::Stream s : streams_[g]) cuda_->StreamDestroy(s);
+    for (size_t g = 0; g < contexts_.size(); ++g) {
       if (contexts_[g] != nullptr) cuda_->DevicePrimaryCtxRelease(static_cast<int>(g));
     }
   }
+}
+
+void RelayEngine::Wake(Worker& w) {
+  uint64_t one = 1;
+  (void)!::write(w.wake.get(), &one, sizeof(one));
 }
 
 absl::Status RelayEngine::AddRing(uint64_t session, std::shared_ptr<MemoryObject> memory, const RingLayout& layout,
@@ -88,7 +116,7 @@ absl::Status RelayEngine::AddRing(uint64_t session, std::shared_ptr<MemoryObject
     return absl::InvalidArgumentError(
         absl::StrCat("ring memfd holds ", view.size, " bytes, the layout needs ", layout.total));
   }
-  auto r = std::make_unique<Ring>();
+  auto r = std::make_shared<Ring>();
   r->session = session;
   r->memory = std::move(memory);
   r->layout = layout;
@@ -105,30 +133,49 @@ absl::Status RelayEngine::AddRing(uint64_t session, std::shared_ptr<MemoryObject
   r->nq = reinterpret_cast<RelayNqe*>(base + layout.nq_offset);
   r->sq_head = r->hdr->sq_head.value.load(std::memory_order_acquire);
   r->cq_tail = r->hdr->cq_tail.value.load(std::memory_order_acquire);
-  r->nq_tail = r->hdr->nq_tail.value.load(std::memory_order_acquire);
+  {
+    absl::MutexLock l(&r->nq_mu);
+    r->nq_tail = r->hdr->nq_tail.value.load(std::memory_order_acquire);
+  }
   r->hdr->daemon_status.value.store(0, std::memory_order_release);
   r->doorbell = std::move(doorbell);
+  Worker* w = nullptr;
   {
     absl::MutexLock l(&mu_);
-    if (registered_.contains(session)) {
+    if (sessions_.contains(session)) {
       return absl::FailedPreconditionError("this session already has a relay ring");
     }
-    registered_[session] = true;
-    to_add_.emplace_back(session, std::move(r));
+    r->worker = static_cast<size_t>(std::min_element(load_.begin(), load_.end()) - load_.begin());
+    ++load_[r->worker];
+    sessions_[session] = r;
+    rings_count_.store(sessions_.size(), std::memory_order_relaxed);
+    w = workers_[r->worker].get();
   }
-  uint64_t one = 1;
-  (void)!::write(wake_.get(), &one, sizeof(one));
+  {
+    absl::MutexLock l(&w->mu);
+    w->to_add.push_back(std::move(r));
+  }
+  Wake(*w);
   return absl::OkStatus();
 }
 
 void RelayEngine::RemoveRing(uint64_t session) {
+  Worker* w = nullptr;
   {
     absl::MutexLock l(&mu_);
-    if (registered_.erase(session) == 0) return;
-    to_remove_.push_back(session);
+    auto it = sessions_.find(session);
+    if (it == sessions_.end()) return;
+    size_t index = it->second->worker;
+    --load_[index];
+    sessions_.erase(it);
+    rings_count_.store(sessions_.size(), std::memory_order_relaxed);
+    w = workers_[index].get();
   }
-  uint64_t one = 1;
-  (void)!::write(wake_.get(), &one, sizeof(one));
+  {
+    absl::MutexLock l(&w->mu);
+    w->to_remove.push_back(session);
+  }
+  Wake(*w);
 }
 
 RelayCounters RelayEngine::Counters() const {
@@ -139,54 +186,52 @@ RelayCounters RelayEngine::Counters() const {
   c.notifies = notifies_.load(std::memory_order_relaxed);
   c.broken_rings = broken_.load(std::memory_order_relaxed);
   c.rings = rings_count_.load(std::memory_order_relaxed);
+  c.workers = static_cast<uint32_t>(workers_.size());
   return c;
 }
 
-void RelayEngine::ApplyChanges() {
-  std::vector<std::pair<uint64_t, std::unique_ptr<Ring>>> add;
+void RelayEngine::ApplyChanges(Worker& w) {
+  std::vector<std::shared_ptr<Ring>> add;
   std::vector<uint64_t> remove;
   {
-    absl::MutexLock l(&mu_);
-    add.swap(to_add_);
-    remove.swap(to_remove_);
+    absl::MutexLock l(&w.mu);
+    add.swap(w.to_add);
+    remove.swap(w.to_remove);
   }
-  for (auto& [id, r] : add) {
+  for (auto& r : add) {
     epoll_event ev{};
     ev.events = EPOLLIN;
-    ev.data.u64 = id;
-    ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, r->doorbell.get(), &ev);
-    rings_[id] = std::move(r);
+    ev.data.u64 = r->session;
+    ::epoll_ctl(w.epoll.get(), EPOLL_CTL_ADD, r->doorbell.get(), &ev);
+    w.rings[r->session] = std::move(r);
   }
-  rings_count_.store(rings_.size(), std::memory_order_relaxed);
   for (uint64_t id : remove) {
-    auto it = rings_.find(id);
-    if (it == rings_.end()) continue;
-    Drain(*it->second);
-    ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, it->second->doorbell.get(), nullptr);
-    rings_.erase(it);
+    auto it = w.rings.find(id);
+    if (it == w.rings.end()) continue;
+    Drain(w, *it->second);
+    ::epoll_ctl(w.epoll.get(), EPOLL_CTL_DEL, it->second->doorbell.get(), nullptr);
+    w.rings.erase(it);
   }
-  rings_count_.store(rings_.size(), std::memory_order_relaxed);
 }
 
-void RelayEngine::Run() {
-  if (cuda_ != nullptr && !contexts_.empty() && contexts_[0] != nullptr) cuda_->CtxSetCurrent(contexts_[0]);
+void RelayEngine::Run(Worker& w) {
   uint64_t idle_since = 0;
   while (!stop_.load(std::memory_order_acquire)) {
-    ApplyChanges();
+    ApplyChanges(w);
     bool progress = false;
     bool inflight = false;
     // Round robin: start at a different ring each round.
-    if (!rings_.empty()) {
-      auto it = rings_.begin();
-      std::advance(it, static_cast<long>(round_++ % rings_.size()));
-      for (size_t i = 0; i < rings_.size(); ++i, ++it) {
-        if (it == rings_.end()) it = rings_.begin();
+    if (!w.rings.empty()) {
+      auto it = w.rings.begin();
+      std::advance(it, static_cast<long>(w.round++ % w.rings.size()));
+      for (size_t i = 0; i < w.rings.size(); ++i, ++it) {
+        if (it == w.rings.end()) it = w.rings.begin();
         Ring& r = *it->second;
-        if (r.broken) continue;
-        progress |= PollInflight(r);
+        if (r.broken.load(std::memory_order_relaxed)) continue;
+        progress |= PollInflight(w, r);
         progress |= FlushNotifies(r);
-        progress |= ServeRing(r);
-        inflight |= !r.inflight.empty() || !r.notifies.empty();
+        progress |= ServeRing(w, r);
+        inflight |= r.copies_pending != 0 || !r.notifies.empty();
       }
     }
     if (progress || inflight) {
@@ -196,35 +241,38 @@ void RelayEngine::Run() {
     uint64_t now = NowUs();
     if (idle_since == 0) idle_since = now;
     if (now - idle_since < options_.spin_before_sleep_us) continue;
-    Sleep();
+    Sleep(w);
     idle_since = 0;
   }
 }
 
-void RelayEngine::Sleep() {
+void RelayEngine::Sleep(Worker& w) {
   // Announce the sleep, then look once more so a request that raced with the
   // announcement is not left waiting for a doorbell that will never ring.
-  for (auto& [id, r] : rings_) r->hdr->daemon_idle.value.store(1, std::memory_order_seq_cst);
+  for (auto& [id, r] : w.rings) r->hdr->daemon_idle.value.store(1, std::memory_order_seq_cst);
   bool work = false;
-  for (auto& [id, r] : rings_) {
-    if (!r->broken && r->hdr->sq_tail.value.load(std::memory_order_seq_cst) != r->sq_head) work = true;
+  for (auto& [id, r] : w.rings) {
+    if (!r->broken.load(std::memory_order_relaxed) &&
+        r->hdr->sq_tail.value.load(std::memory_order_seq_cst) != r->sq_head) {
+      work = true;
+    }
   }
   if (!work) {
     epoll_event events[32];
-    int n = ::epoll_wait(epoll_.get(), events, 32, 1000);
+    int n = ::epoll_wait(w.epoll.get(), events, 32, 1000);
     for (int i = 0; i < n; ++i) {
       uint64_t v;
       if (events[i].data.u64 == kWakeKey) {
-        (void)!::read(wake_.get(), &v, sizeof(v));
-      } else if (auto it = rings_.find(events[i].data.u64); it != rings_.end()) {
+        (void)!::read(w.wake.get(), &v, sizeof(v));
+      } else if (auto it = w.rings.find(events[i].data.u64); it != w.rings.end()) {
         (void)!::read(it->second->doorbell.get(), &v, sizeof(v));
       }
     }
   }
-  for (auto& [id, r] : rings_) r->hdr->daemon_idle.value.store(0, std::memory_order_seq_cst);
+  for (auto& [id, r] : w.rings) r->hdr->daemon_idle.value.store(0, std::memory_order_seq_cst);
 }
 
-bool RelayEngine::ServeRing(Ring& r) {
+bool RelayEngine::ServeRing(Worker& w, Ring& r) {
   uint32_t tail = r.hdr->sq_tail.value.load(std::memory_order_acquire);
   uint32_t avail = tail - r.sq_head;
   if (avail == 0) return false;
@@ -239,13 +287,12 @@ bool RelayEngine::ServeRing(Ring& r) {
     return false;
   }
   // Every consumed SQE will post one CQE: take only what the CQ can hold.
-  uint64_t pending = r.notifies.size();
-  for (const Inflight& f : r.inflight) pending += f.done ? 0 : f.user_data.size();
+  uint64_t pending = r.notifies.size() + r.copies_pending;
   uint64_t room = r.layout.cq_entries - cq_used;
   room = room > pending ? room - pending : 0;
   uint64_t cap = options_.inflight_per_ring > pending ? options_.inflight_per_ring - pending : 0;
   uint32_t n = static_cast<uint32_t>(std::min<uint64_t>({avail, room, options_.batch_per_ring, cap}));
-  round_start_ns_ = NowNs();
+  w.round_start_ns = NowNs();
   for (uint32_t i = 0; i < n; ++i) {
     RelaySqe e;
     // One copy out of shared memory; everything after looks only at `e`.
@@ -259,19 +306,19 @@ bool RelayEngine::ServeRing(Ring& r) {
     e.remote_offset = src.remote_offset;
     e.length = src.length;
     e.reserved = src.reserved;
-    Process(r, e);
-    if (r.broken) {
-      SealRound(r);  // copies already issued still get their event
+    Process(w, r, e);
+    if (r.broken.load(std::memory_order_relaxed)) {
+      SealRound(w, r);  // copies already issued still get their event
       return true;
     }
   }
-  SealRound(r);
+  SealRound(w, r);
   r.sq_head += n;
   r.hdr->sq_head.value.store(r.sq_head, std::memory_order_release);
   return n > 0;
 }
 
-void RelayEngine::Process(Ring& r, const RelaySqe& e) {
+void RelayEngine::Process(Worker& w, Ring& r, const RelaySqe& e) {
   if (e.flags != 0 || e.reserved != 0) {
     return Complete(r, e.user_data, absl::InvalidArgumentError("flags and reserved must be 0"));
   }
@@ -279,9 +326,9 @@ void RelayEngine::Process(Ring& r, const RelaySqe& e) {
     case RelayOp::kWrite:
     case RelayOp::kRead: {
       bool async = false;
-      absl::Status st = Copy(r, e, &async);
+      absl::Status st = Copy(w, r, e, &async);
       if (!async) {
-        if (st.ok()) latency_.Observe((NowNs() - round_start_ns_) * 1e-9);
+        if (st.ok()) latency_.Observe((NowNs() - w.round_start_ns) * 1e-9);
         Complete(r, e.user_data, st);
       }
       return;
@@ -297,7 +344,7 @@ void RelayEngine::Process(Ring& r, const RelaySqe& e) {
   Complete(r, e.user_data, absl::InvalidArgumentError(absl::StrCat("unknown relay opcode ", e.opcode)));
 }
 
-absl::Status RelayEngine::Copy(Ring& r, const RelaySqe& e, bool* async) {
+absl::Status RelayEngine::Copy(Worker& w, Ring& r, const RelaySqe& e, bool* async) {
   PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<const ExportRecord> local, resolve_(r.session, e.local_export));
   PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<const ExportRecord> remote, resolve_(r.session, e.remote_export));
   auto in_bounds = [&](const ExportRecord& x, uint64_t off, const char* which) -> absl::Status {
@@ -330,32 +377,36 @@ absl::Status RelayEngine::Copy(Ring& r, const RelaySqe& e, bool* async) {
   // The copy engine of the GPU that holds the source (or the destination
   // when the source is host memory) does the work.
   int gpu = src.on_gpu ? src.gpu : dst.gpu;
-  if (gpu < 0 || gpu >= static_cast<int>(streams_.size()) || streams_[gpu].empty()) {
+  if (gpu < 0 || gpu >= static_cast<int>(w.streams.size()) || w.streams[gpu].empty()) {
     return absl::InternalError(absl::StrCat("no relay stream on GPU ", gpu));
   }
-  uint32_t si = next_stream_[gpu]++ % streams_[gpu].size();
+  uint32_t si = w.next_stream[gpu]++ % w.streams[gpu].size();
   cuda_->CtxSetCurrent(contexts_[gpu]);
   PODLINK_RETURN_IF_ERROR(
-      cu::CuStatus(cuda_->MemcpyAsync(dst_addr, src_addr, e.length, streams_[gpu][si]), "cuMemcpyAsync"));
-  Inflight& f = r.building[{gpu, si}];
+      cu::CuStatus(cuda_->MemcpyAsync(dst_addr, src_addr, e.length, w.streams[gpu][si]), "cuMemcpyAsync"));
+  StreamQueue& q = r.streams[{gpu, si}];
+  Group& g = q.building;
   uint64_t seq = r.next_seq++;
-  if (f.user_data.empty()) {
-    f.first_seq = seq;
-    f.start_ns = round_start_ns_;
+  if (g.user_data.empty()) {
+    g.first_seq = seq;
+    g.start_ns = w.round_start_ns;
   }
-  f.user_data.push_back(e.user_data);
-  f.keep.push_back(std::move(local));
-  f.keep.push_back(std::move(remote));
+  g.user_data.push_back(e.user_data);
+  g.bytes += e.length;
+  g.keep.push_back(std::move(local));
+  g.keep.push_back(std::move(remote));
+  ++r.copies_pending;
   *async = true;
   ops_.fetch_add(1, std::memory_order_relaxed);
   bytes_.fetch_add(e.length, std::memory_order_relaxed);
+  if (g.bytes >= options_.bytes_per_event) Seal(w, r, gpu, si, q);
   return absl::OkStatus();
 }
 
-cu::Event RelayEngine::TakeEvent() {
-  if (!free_events_.empty()) {
-    cu::Event e = free_events_.back();
-    free_events_.pop_back();
+cu::Event RelayEngine::TakeEvent(Worker& w) {
+  if (!w.free_events.empty()) {
+    cu::Event e = w.free_events.back();
+    w.free_events.pop_back();
     return e;
   }
   cu::Event e = nullptr;
@@ -363,40 +414,48 @@ cu::Event RelayEngine::TakeEvent() {
   return e;
 }
 
-void RelayEngine::SealRound(Ring& r) {
-  for (auto& [key, f] : r.building) {
-    auto [gpu, si] = key;
-    f.event = TakeEvent();
-    if (f.event == nullptr || cuda_->EventRecord(f.event, streams_[gpu][si]) != cu::kSuccess) {
-      // No event to poll: finish synchronously.
-      absl::Status st = cu::CuStatus(cuda_->StreamSynchronize(streams_[gpu][si]), "relay copy");
-      for (uint64_t u : f.user_data) Complete(r, u, st);
-      if (f.event) free_events_.push_back(f.event);
-      continue;
-    }
-    r.inflight.push_back(std::move(f));
+void RelayEngine::Seal(Worker& w, Ring& r, int gpu, uint32_t si, StreamQueue& q) {
+  Group g = std::move(q.building);
+  q.building = Group();
+  if (g.user_data.empty()) return;
+  cu::Stream stream = w.streams[gpu][si];
+  g.event = TakeEvent(w);
+  if (g.event == nullptr || cuda_->EventRecord(g.event, stream) != cu::kSuccess) {
+    // No event to poll: finish synchronously.
+    absl::Status st = cu::CuStatus(cuda_->StreamSynchronize(stream), "relay copy");
+    for (uint64_t u : g.user_data) Complete(r, u, st);
+    r.copies_pending -= g.user_data.size();
+    if (g.event != nullptr) w.free_events.push_back(g.event);
+    return;
   }
-  r.building.clear();
+  q.sealed.push_back(std::move(g));
 }
 
-bool RelayEngine::PollInflight(Ring& r) {
-  bool progress = false;
-  for (Inflight& f : r.inflight) {
-    if (f.done) continue;
-    cu::Result q = cuda_->EventQuery(f.event);
-    if (q == cu::kErrorNotReady) continue;
-    f.done = true;
-    progress = true;
-    absl::Status st = cu::CuStatus(q, "relay copy");
-    double secs = (NowNs() - f.start_ns) * 1e-9;
-    for (uint64_t u : f.user_data) {
-      if (st.ok()) latency_.Observe(secs);
-      Complete(r, u, st);
-    }
-    free_events_.push_back(f.event);
-    f.keep.clear();
+void RelayEngine::SealRound(Worker& w, Ring& r) {
+  for (auto& [key, q] : r.streams) {
+    if (!q.building.user_data.empty()) Seal(w, r, key.first, key.second, q);
   }
-  while (!r.inflight.empty() && r.inflight.front().done) r.inflight.pop_front();
+}
+
+bool RelayEngine::PollInflight(Worker& w, Ring& r) {
+  bool progress = false;
+  for (auto& [key, q] : r.streams) {
+    while (!q.sealed.empty()) {
+      Group& g = q.sealed.front();
+      cu::Result res = cuda_->EventQuery(g.event);
+      if (res == cu::kErrorNotReady) break;
+      progress = true;
+      absl::Status st = cu::CuStatus(res, "relay copy");
+      double secs = (NowNs() - g.start_ns) * 1e-9;
+      for (uint64_t u : g.user_data) {
+        if (st.ok()) latency_.Observe(secs);
+        Complete(r, u, st);
+      }
+      r.copies_pending -= g.user_data.size();
+      w.free_events.push_back(g.event);
+      q.sealed.pop_front();
+    }
+  }
   return progress;
 }
 
@@ -405,7 +464,9 @@ bool RelayEngine::FlushNotifies(Ring& r) {
   while (!r.notifies.empty()) {
     const PendingNotify& p = r.notifies.front();
     bool earlier_pending = false;  // any copy issued before the notify still running?
-    for (const Inflight& f : r.inflight) earlier_pending |= !f.done && f.first_seq <= p.after_seq;
+    for (const auto& [key, q] : r.streams) {
+      earlier_pending |= !q.sealed.empty() && q.sealed.front().first_seq <= p.after_seq;
+    }
     if (earlier_pending) break;
     absl::Status st = DeliverNotify(r, p.sqe);
     Complete(r, p.sqe.user_data, st);
@@ -417,24 +478,28 @@ bool RelayEngine::FlushNotifies(Ring& r) {
 
 absl::Status RelayEngine::DeliverNotify(Ring& from, const RelaySqe& e) {
   PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<const ExportRecord> target, resolve_(from.session, e.remote_export));
-  auto it = rings_.find(target->owner_session);
-  if (it == rings_.end() || it->second->broken) {
+  std::shared_ptr<Ring> to;
+  {
+    absl::MutexLock l(&mu_);
+    if (auto it = sessions_.find(target->owner_session); it != sessions_.end()) to = it->second;
+  }
+  if (to == nullptr || to->broken.load(std::memory_order_relaxed)) {
     return absl::FailedPreconditionError(
         absl::StrCat("the owner of export ", target->id, " has no relay ring open to receive notifications"));
   }
-  Ring& to = *it->second;
-  uint32_t head = to.hdr->nq_head.value.load(std::memory_order_acquire);
-  uint32_t used = to.nq_tail - head;
-  if (used >= to.layout.nq_entries) {
+  absl::MutexLock l(&to->nq_mu);  // the target ring may belong to another worker
+  uint32_t head = to->hdr->nq_head.value.load(std::memory_order_acquire);
+  uint32_t used = to->nq_tail - head;
+  if (used >= to->layout.nq_entries) {
     return absl::ResourceExhaustedError("the peer's notification queue is full (it is not polling notifications)");
   }
-  RelayNqe& n = to.nq[to.nq_tail & (to.layout.nq_entries - 1)];
+  RelayNqe& n = to->nq[to->nq_tail & (to->layout.nq_entries - 1)];
   n.export_id = target->id;
   n.value = e.length;
   n.from_session = from.session;
   n.reserved = 0;
-  ++to.nq_tail;
-  to.hdr->nq_tail.value.store(to.nq_tail, std::memory_order_release);
+  ++to->nq_tail;
+  to->hdr->nq_tail.value.store(to->nq_tail, std::memory_order_release);
   notifies_.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
 }
@@ -444,7 +509,7 @@ void RelayEngine::Complete(Ring& r, uint64_t user_data, const absl::Status& st) 
     failed_.fetch_add(1, std::memory_order_relaxed);
     Log()->debug("event=relay_op_failed session={} user_data={} error=\"{}\"", r.session, user_data, st.message());
   }
-  if (r.broken) return;
+  if (r.broken.load(std::memory_order_relaxed)) return;
   RelayCqe& c = r.cq[r.cq_tail & (r.layout.cq_entries - 1)];
   c.user_data = user_data;
   c.status = static_cast<int32_t>(st.code());
@@ -454,20 +519,22 @@ void RelayEngine::Complete(Ring& r, uint64_t user_data, const absl::Status& st) 
 }
 
 void RelayEngine::Break(Ring& r, const std::string& why) {
-  r.broken = true;
+  r.broken.store(true, std::memory_order_relaxed);
   broken_.fetch_add(1, std::memory_order_relaxed);
   r.hdr->daemon_status.value.store(static_cast<uint32_t>(absl::StatusCode::kDataLoss), std::memory_order_release);
   Log()->warn("event=relay_ring_broken session={} reason=\"{}\"", r.session, why);
 }
 
-void RelayEngine::Drain(Ring& r) {
-  for (Inflight& f : r.inflight) {
-    if (!f.done) {
-      cuda_->EventSynchronize(f.event);
-      free_events_.push_back(f.event);
+void RelayEngine::Drain(Worker& w, Ring& r) {
+  for (auto& [key, q] : r.streams) {
+    for (Group& g : q.sealed) {
+      cuda_->EventSynchronize(g.event);
+      w.free_events.push_back(g.event);
     }
+    q.sealed.clear();
   }
-  r.inflight.clear();
+  r.streams.clear();
+  r.copies_pending = 0;
 }
 
 }  // namespace podlink

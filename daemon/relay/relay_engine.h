@@ -1,9 +1,13 @@
 // The relay: podlinkd moves bytes between exports of pods that cannot map
-// each other. One thread owns every session's ring; it consumes requests in
-// round-robin batches (no session can starve another), validates each one
-// against the registry, copies with the GPUs' copy engines (cuMemcpyAsync on
-// non-blocking streams, several in flight per GPU; never a kernel) or with
-// memcpy for host memory, polls completion events and posts completions.
+// each other. Worker threads (by default one per GPU) serve the sessions'
+// rings; each ring belongs to one worker, which consumes its requests in
+// round-robin batches (no session can starve another on that worker),
+// validates each one against the registry, copies with the GPUs' copy engines
+// (cuMemcpyAsync on the worker's own non-blocking streams, several per GPU;
+// never a kernel) or with memcpy for host memory, and posts completions as
+// soon as the copy engine reports them: copies on a stream share a
+// completion event only until they add up to bytes_per_event, so large
+// copies complete one by one and small ones in bulk.
 #pragma once
 
 #include <atomic>
@@ -30,12 +34,18 @@ namespace podlink {
 struct RelayOptions {
   uint32_t batch_per_ring = 64;      // SQEs taken from one ring per round
   uint32_t inflight_per_ring = 512;  // copies in flight per ring
-  uint32_t streams_per_gpu = 4;
+  uint32_t streams_per_gpu = 4;      // per worker
+  // Threads serving rings. 0: one per GPU (at most 8); 1 without GPUs.
+  uint32_t workers = 0;
+  // Copies on one stream share one completion event until their bytes reach
+  // this; the next copy starts a new event.
+  uint64_t bytes_per_event = uint64_t{1} << 20;
   uint64_t spin_before_sleep_us = 100;
 };
 
 struct RelayCounters {
   uint64_t ops = 0, bytes = 0, failed = 0, notifies = 0, rings = 0, broken_rings = 0;
+  uint32_t workers = 0;
 };
 
 class RelayEngine {
@@ -45,11 +55,12 @@ class RelayEngine {
       std::function<absl::StatusOr<std::shared_ptr<const ExportRecord>>(uint64_t session, uint64_t export_id)>;
 
   RelayEngine(Resolver resolve, const GpuInventory& inventory, RelayOptions options = {});
-  ~RelayEngine();  // stops the thread after in-flight copies finish
+  ~RelayEngine();  // stops the workers after in-flight copies finish
 
   // Serves `ring` (the daemon's validated mapping of the session's sealed
-  // memfd) for `session`; `doorbell` is an eventfd the client writes when the
-  // daemon sleeps. FAILED_PRECONDITION if the session already has a ring.
+  // memfd) for `session` on the worker with the fewest rings; `doorbell` is
+  // an eventfd the client writes when the daemon sleeps. FAILED_PRECONDITION
+  // if the session already has a ring.
   absl::Status AddRing(uint64_t session, std::shared_ptr<MemoryObject> ring, const RingLayout& layout,
                        UniqueFd doorbell) ABSL_LOCKS_EXCLUDED(mu_);
   // Stops serving the session's ring (idempotent). Copies in flight finish first.
@@ -60,14 +71,20 @@ class RelayEngine {
   const LatencyHistogram& latency() const { return latency_; }
 
  private:
-  // Copies issued on one stream in one round, completed by one event.
-  struct Inflight {
+  // Copies on one stream of one ring, completed by one event.
+  struct Group {
     uint64_t first_seq = 0;
     uint64_t start_ns = 0;
+    uint64_t bytes = 0;
     cu::Event event = nullptr;
-    bool done = false;
     std::vector<uint64_t> user_data;
     std::vector<std::shared_ptr<const ExportRecord>> keep;  // memory stays alive while copying
+  };
+  // A ring's copies on one stream: sealed groups complete in order (a stream
+  // is FIFO), so only the oldest event is ever queried.
+  struct StreamQueue {
+    std::deque<Group> sealed;
+    Group building;  // copies of the current round not yet under an event
   };
   struct PendingNotify {
     uint64_t after_seq = 0;  // every op with seq <= after_seq must be complete
@@ -75,6 +92,7 @@ class RelayEngine {
   };
   struct Ring {
     uint64_t session = 0;
+    size_t worker = 0;
     std::shared_ptr<MemoryObject> memory;
     RingLayout layout;
     RingHeader* hdr = nullptr;
@@ -82,53 +100,64 @@ class RelayEngine {
     RelayCqe* cq = nullptr;
     RelayNqe* nq = nullptr;
     UniqueFd doorbell;
-    // Daemon-owned positions: never read back from shared memory.
-    uint32_t sq_head = 0, cq_tail = 0, nq_tail = 0;
+    std::atomic<bool> broken{false};  // read by other workers delivering notifications
+    // Owned by the ring's worker; daemon positions are never read back from
+    // shared memory.
+    uint32_t sq_head = 0, cq_tail = 0;
     uint64_t next_seq = 1;
-    std::deque<Inflight> inflight;  // issue order
-    std::map<std::pair<int, uint32_t>, Inflight> building;  // (gpu, stream) -> copies of this round
+    uint64_t copies_pending = 0;  // taken off the SQ, completion not yet posted
+    std::map<std::pair<int, uint32_t>, StreamQueue> streams;  // (gpu, stream index)
     std::deque<PendingNotify> notifies;
-    bool broken = false;
+    // Notifications come from any worker.
+    absl::Mutex nq_mu;
+    uint32_t nq_tail ABSL_GUARDED_BY(nq_mu) = 0;
+  };
+  struct Worker {
+    size_t index = 0;
+    UniqueFd epoll, wake;
+    std::thread thread;
+    std::vector<std::vector<cu::Stream>> streams;  // [gpu][i], created for this worker
+    std::vector<uint32_t> next_stream;
+    std::vector<cu::Event> free_events;
+    absl::Mutex mu;  // protects the change lists
+    std::vector<std::shared_ptr<Ring>> to_add ABSL_GUARDED_BY(mu);
+    std::vector<uint64_t> to_remove ABSL_GUARDED_BY(mu);
+    // Thread-owned from here on.
+    std::map<uint64_t, std::shared_ptr<Ring>> rings;
+    uint64_t round = 0;
+    uint64_t round_start_ns = 0;
   };
 
-  void Run();
-  void ApplyChanges();
-  bool ServeRing(Ring& r);
-  bool PollInflight(Ring& r);
-  void SealRound(Ring& r);  // one event per stream used this round
+  void Run(Worker& w);
+  void ApplyChanges(Worker& w);
+  bool ServeRing(Worker& w, Ring& r);
+  bool PollInflight(Worker& w, Ring& r);
+  void Seal(Worker& w, Ring& r, int gpu, uint32_t stream, StreamQueue& q);
+  void SealRound(Worker& w, Ring& r);  // puts every copy of this round under an event
   bool FlushNotifies(Ring& r);
-  void Process(Ring& r, const RelaySqe& e);
-  absl::Status Copy(Ring& r, const RelaySqe& e, bool* async);
-  absl::Status DeliverNotify(Ring& from, const RelaySqe& e);
+  void Process(Worker& w, Ring& r, const RelaySqe& e);
+  absl::Status Copy(Worker& w, Ring& r, const RelaySqe& e, bool* async);
+  absl::Status DeliverNotify(Ring& from, const RelaySqe& e) ABSL_LOCKS_EXCLUDED(mu_);
   void Complete(Ring& r, uint64_t user_data, const absl::Status& st);
   void Break(Ring& r, const std::string& why);
-  void Drain(Ring& r);  // waits for r's copies
-  cu::Event TakeEvent();
-  void Sleep();
+  void Drain(Worker& w, Ring& r);  // waits for r's copies
+  cu::Event TakeEvent(Worker& w);
+  void Sleep(Worker& w);
+  static void Wake(Worker& w);
 
   const Resolver resolve_;
   const GpuInventory& inventory_;
   const RelayOptions options_;
-  const cu::Driver* cuda_ = nullptr;  // null without CUDA
+  const cu::Driver* cuda_ = nullptr;   // null without CUDA
   std::vector<cu::Context> contexts_;  // per daemon ordinal, retained
-  std::vector<std::vector<cu::Stream>> streams_;
-  std::vector<uint32_t> next_stream_;
-  std::vector<cu::Event> free_events_;
-
-  UniqueFd epoll_, wake_;
-  std::thread thread_;
+  std::vector<std::unique_ptr<Worker>> workers_;
   std::atomic<bool> stop_{false};
 
-  absl::Mutex mu_;  // protects the change lists; the rings themselves belong to the thread
-  std::vector<std::pair<uint64_t, std::unique_ptr<Ring>>> to_add_ ABSL_GUARDED_BY(mu_);
-  std::vector<uint64_t> to_remove_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, bool> registered_ ABSL_GUARDED_BY(mu_);
-
-  std::map<uint64_t, std::unique_ptr<Ring>> rings_;  // thread-owned
-  uint64_t round_ = 0;
+  absl::Mutex mu_;  // protects the session index
+  std::map<uint64_t, std::shared_ptr<Ring>> sessions_ ABSL_GUARDED_BY(mu_);  // rings being served
+  std::vector<size_t> load_ ABSL_GUARDED_BY(mu_);                            // rings per worker
 
   std::atomic<uint64_t> ops_{0}, bytes_{0}, failed_{0}, notifies_{0}, broken_{0}, rings_count_{0};
-  uint64_t round_start_ns_ = 0;
   LatencyHistogram latency_;
 };
 

@@ -12,6 +12,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/relay_ring.h"
 #include "gtest/gtest.h"
 #include "podlink/client.h"
@@ -45,9 +46,11 @@ Peer MakePeer(const Daemon& d, size_t size, uint8_t fill) {
   return p;
 }
 
-class Relay : public ::testing::Test {
+// Every case runs with one relay worker (both sessions on one thread) and
+// with two (sessions on different threads: notifications cross threads).
+class Relay : public ::testing::TestWithParam<int> {
  protected:
-  Relay() : daemon_("{}") {}
+  Relay() : daemon_("{}", {"--relay-workers", std::to_string(GetParam())}) {}
   // b opens a's region (same standalone identity: same-pod policy applies).
   RemoteRegion Open(Peer& from, Peer& to) {
     auto desc = to.engine->Describe(to.region);
@@ -62,7 +65,7 @@ class Relay : public ::testing::Test {
   Daemon daemon_;
 };
 
-TEST_F(Relay, RandomWritesAndReadsByteForByte) {
+TEST_P(Relay, RandomWritesAndReadsByteForByte) {
   constexpr size_t kSize = 4 << 20;
   Peer a = MakePeer(daemon_, kSize, kPoison);
   Peer b = MakePeer(daemon_, kSize, 0);
@@ -92,7 +95,7 @@ TEST_F(Relay, RandomWritesAndReadsByteForByte) {
   ASSERT_EQ(std::memcmp(b.buf->data(), local.data(), kSize), 0);
 }
 
-TEST_F(Relay, AsyncBatchesAndNotificationAfterData) {
+TEST_P(Relay, AsyncBatchesAndNotificationAfterData) {
   constexpr size_t kSize = 1 << 20;
   Peer a = MakePeer(daemon_, kSize, kPoison);
   Peer b = MakePeer(daemon_, kSize, 7);
@@ -127,7 +130,7 @@ TEST_F(Relay, AsyncBatchesAndNotificationAfterData) {
   EXPECT_TRUE(b.engine->Wait(*id2).ok());
 }
 
-TEST_F(Relay, BadRequestsFailThatOpOnly) {
+TEST_P(Relay, BadRequestsFailThatOpOnly) {
   constexpr size_t kSize = 1 << 16;
   Peer a = MakePeer(daemon_, kSize, kPoison);
   Peer b = MakePeer(daemon_, kSize, 1);
@@ -200,7 +203,7 @@ class RawRing {
   uint32_t head_ = 0;
 };
 
-TEST_F(Relay, HostileRequestsOnARawRing) {
+TEST_P(Relay, HostileRequestsOnARawRing) {
   constexpr size_t kSize = 1 << 16;
   Peer victim = MakePeer(daemon_, kSize, kPoison);  // exported, never imported by the attacker
   auto attacker = *Client::Connect({.socket_dir = daemon_.dir()});
@@ -274,7 +277,7 @@ TEST_F(Relay, HostileRequestsOnARawRing) {
   EXPECT_TRUE(daemon_.Alive());
 }
 
-TEST_F(Relay, BadRingsAreRefused) {
+TEST_P(Relay, BadRingsAreRefused) {
   auto c = *Client::Connect({.socket_dir = daemon_.dir()});
   int bell = ::eventfd(0, EFD_CLOEXEC);
   // Unsealed memfd: the client could truncate it under the daemon.
@@ -311,7 +314,7 @@ TEST_F(Relay, BadRingsAreRefused) {
   EXPECT_EQ(TransferEngine::Create(*c, o).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
-TEST_F(Relay, ABusySessionDoesNotStarveAnother) {
+TEST_P(Relay, ABusySessionDoesNotStarveAnother) {
   constexpr size_t kSize = 8 << 20;
   Peer a = MakePeer(daemon_, kSize, 0);
   Peer busy = MakePeer(daemon_, kSize, 1);
@@ -335,6 +338,90 @@ TEST_F(Relay, ABusySessionDoesNotStarveAnother) {
   EXPECT_TRUE(finished_first) << "the small session waited for the whole flood";
   EXPECT_EQ(static_cast<uint8_t*>(a.buf->data())[(1 << 20) + 5], 2);
 }
+
+TEST_P(Relay, BothDirectionsAtOnceWithNotifications) {
+  constexpr size_t kSize = 4 << 20;
+  constexpr int kRounds = 40;
+  Peer a = MakePeer(daemon_, kSize, 0);
+  Peer b = MakePeer(daemon_, kSize, 0);
+  RemoteRegion to_b = Open(a, b);
+  RemoteRegion to_a = Open(b, a);
+  // Each side writes round r's pattern into the upper half of the other's
+  // buffer, then notifies r; the receiver checks the bytes on each notification.
+  auto run = [&](Peer& self, RemoteRegion& peer, uint8_t tag, std::atomic<int>* errors) {
+    auto* mine = static_cast<uint8_t*>(self.buf->data());
+    for (int r = 1; r <= kRounds; ++r) {
+      std::memset(mine, tag + r, kSize / 2);
+      std::vector<TransferOp> ops;
+      for (uint64_t off = 0; off < kSize / 2; off += 64 << 10) ops.push_back({&self.region, off, &peer, kSize / 2 + off, 64 << 10});
+      if (!self.engine->Writev(ops).ok() || !self.engine->Notify(peer, r).ok()) ++*errors;
+    }
+  };
+  auto check = [&](Peer& self, uint8_t peer_tag, std::atomic<int>* errors) {
+    const auto* mine = static_cast<const uint8_t*>(self.buf->data());
+    int seen = 0;
+    for (int spins = 0; seen < kRounds && spins < 50000000; ++spins) {
+      for (const Notification& n : self.engine->PollNotifications()) {
+        ++seen;
+        // Later rounds may already have landed; never an earlier one.
+        if (n.value != static_cast<uint64_t>(seen) || mine[kSize / 2] < peer_tag + n.value ||
+            mine[kSize - 1] < peer_tag + n.value) {
+          ++*errors;
+        }
+      }
+    }
+    if (seen != kRounds) ++*errors;
+  };
+  std::atomic<int> errors{0};
+  std::thread ta([&] { run(a, to_b, 0, &errors); });
+  std::thread tb([&] { run(b, to_a, 100, &errors); });
+  std::thread ca([&] { check(a, 100, &errors); });
+  std::thread cb([&] { check(b, 0, &errors); });
+  ta.join();
+  tb.join();
+  ca.join();
+  cb.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(static_cast<uint8_t*>(a.buf->data())[kSize - 1], 100 + kRounds);
+  EXPECT_EQ(static_cast<uint8_t*>(b.buf->data())[kSize - 1], kRounds);
+}
+
+TEST_P(Relay, NotifyingASessionThatGoesAwayFailsCleanly) {
+  Peer a = MakePeer(daemon_, 1 << 16, 0);
+  Peer b = MakePeer(daemon_, 1 << 16, 0);
+  RemoteRegion ra = Open(b, a);
+  std::atomic<bool> stop{false};
+  std::atomic<int> ok{0}, gone{0}, other{0};
+  std::thread t([&] {
+    while (!stop.load()) {
+      absl::Status s = b.engine->Notify(ra, 1);
+      if (s.ok()) {
+        ++ok;
+      } else if (s.code() == absl::StatusCode::kFailedPrecondition || s.code() == absl::StatusCode::kNotFound ||
+                 s.code() == absl::StatusCode::kResourceExhausted) {
+        ++gone;  // a's ring is gone, its export is gone, or a stopped reading
+      } else {
+        ++other;
+      }
+    }
+  });
+  while (ok.load() < 100) std::this_thread::yield();
+  a.engine.reset();  // closes a's ring while notifications keep coming
+  a.client.reset();
+  int before = gone.load();
+  while (gone.load() < before + 100) std::this_thread::yield();
+  stop = true;
+  t.join();
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_TRUE(daemon_.Alive());
+  // b's ring still serves.
+  Peer c = MakePeer(daemon_, 1 << 16, 0);
+  RemoteRegion rc = Open(b, c);
+  EXPECT_TRUE(b.engine->Write({&b.region, 0, &rc, 0, 4096}).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Workers, Relay, ::testing::Values(1, 2),
+                         [](const ::testing::TestParamInfo<int>& i) { return absl::StrCat(i.param, "worker"); });
 
 }  // namespace
 }  // namespace podlink::testing
