@@ -12,16 +12,29 @@
 // Writes a table to stdout and CSV / JSON when asked. Measures only; it
 // asserts nothing.
 //
+// Both directions at once (what a two-rank collective asks of the relay), in
+// operations of --bidir-sizes, --window operations in flight per direction,
+// one thread per direction:
+//
+//   baseline-bidir  one process maps both destinations; each source GPU's
+//                   copy engine writes into the other GPU (one stream each)
+//   relay-bidir     two sessions write into each other's GPU through podlinkd
+//
 //   podlink-bench [--src-gpu 0] [--dst-gpu 1] [--total BYTES] [--passes 5]
-//                 [--modes baseline,direct,relay] [--csv F] [--json F]
+//                 [--modes baseline,direct,relay,baseline-bidir,relay-bidir]
+//                 [--bidir-sizes 1048576,4194304] [--window 16] [--csv F] [--json F]
+#include <atomic>
+#include <barrier>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -40,6 +53,8 @@ struct Args {
   int passes = 5;
   int lat_iters = 2000;
   std::vector<std::string> modes = {"baseline", "direct", "relay"};
+  std::vector<uint64_t> bidir_sizes = {1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20};
+  int window = 16;
   std::string csv, json;
 };
 
@@ -48,6 +63,7 @@ struct Row {
   uint64_t size = 0;
   double gbps = 0;
   double op_us = 0;  // mean time per operation within the bandwidth run
+  double both_gbps = 0;  // bidirectional modes: both directions together
 };
 
 [[noreturn]] void Fail(const std::string& what, const absl::Status& s) {
@@ -83,6 +99,49 @@ double TimePasses(int passes, F pass) {
 
 }  // namespace
 
+
+// One direction of a bidirectional run: `src` on one GPU is written into
+// `dst`, a buffer on the other GPU that `owner` exported.
+struct Direction {
+  int src_gpu = 0, dst_gpu = 0;
+  std::unique_ptr<podlink::Client> client;  // the writer's session
+  std::unique_ptr<podlink::GpuBuffer> src;
+  std::unique_ptr<podlink::GpuBuffer> dst;  // allocated by the owner session
+  podlink::RegionDescriptor dst_desc;
+  // baseline-bidir
+  std::unique_ptr<podlink::Imported> imported;
+  std::unique_ptr<podlink::Mapping> mapped;
+  podlink::cu::Context ctx = nullptr;  // retained primary context of src_gpu
+  podlink::cu::Stream stream = nullptr;
+  // relay-bidir
+  std::unique_ptr<podlink::TransferEngine> engine;
+  podlink::LocalRegion local;
+  podlink::RemoteRegion remote;
+};
+
+// Runs `pass(direction)` on one thread per direction, `passes` times after a
+// warm-up, both directions released together; returns the mean seconds per
+// pass of each direction.
+template <typename F>
+std::vector<double> TimeBothDirections(std::vector<Direction>& dirs, int passes, F pass) {
+  std::vector<double> sum(dirs.size(), 0);
+  std::barrier sync(static_cast<std::ptrdiff_t>(dirs.size()));
+  std::vector<std::thread> threads;
+  for (size_t d = 0; d < dirs.size(); ++d) {
+    threads.emplace_back([&, d] {
+      for (int p = -1; p < passes; ++p) {
+        sync.arrive_and_wait();
+        auto t0 = Clock::now();
+        pass(dirs[d]);
+        if (p >= 0) sum[d] += std::chrono::duration<double>(Clock::now() - t0).count();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (double& s : sum) s /= passes;
+  return sum;
+}
+
 int main(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
@@ -101,11 +160,21 @@ int main(int argc, char** argv) {
     else if (k == "--passes") ok = absl::SimpleAtoi(next(), &a.passes);
     else if (k == "--lat-iters") ok = absl::SimpleAtoi(next(), &a.lat_iters);
     else if (k == "--modes") a.modes = absl::StrSplit(next(), ',');
+    else if (k == "--window") ok = absl::SimpleAtoi(next(), &a.window) && a.window > 0;
+    else if (k == "--bidir-sizes") {
+      a.bidir_sizes.clear();
+      for (absl::string_view v : absl::StrSplit(next(), ',')) {
+        uint64_t x = 0;
+        ok = ok && absl::SimpleAtoi(v, &x) && x > 0;
+        a.bidir_sizes.push_back(x);
+      }
+    }
     else if (k == "--csv") a.csv = next();
     else if (k == "--json") a.json = next();
     else {
       std::fprintf(stderr, "usage: podlink-bench [--src-gpu N] [--dst-gpu N] [--total BYTES] [--passes N] "
-                           "[--lat-iters N] [--modes baseline,direct,relay] [--csv F] [--json F]\n");
+                           "[--lat-iters N] [--modes baseline,direct,relay,baseline-bidir,relay-bidir] "
+                           "[--bidir-sizes B1,B2,...] [--window N] [--csv F] [--json F]\n");
       return 2;
     }
     if (!ok) {
@@ -144,7 +213,116 @@ int main(int argc, char** argv) {
   std::vector<Row> rows;
   std::map<std::string, double> latency_us;
 
+  // Bidirectional runs: set up on first use.
+  std::vector<Direction> dirs;
+  auto setup_directions = [&] {
+    if (!dirs.empty()) return;
+    for (auto [s_gpu, d_gpu] : {std::pair{a.src_gpu, a.dst_gpu}, std::pair{a.dst_gpu, a.src_gpu}}) {
+      Direction dir;
+      dir.src_gpu = s_gpu;
+      dir.dst_gpu = d_gpu;
+      auto dst_buf = (*owner)->AllocateGpu(a.total, d_gpu);
+      if (!dst_buf.ok()) Fail("allocate bidirectional destination", dst_buf.status());
+      dir.dst = *std::move(dst_buf);
+      auto reg = (*owner_eng)->Register(*dir.dst);
+      if (!reg.ok()) Fail("register bidirectional destination", reg.status());
+      auto dd = (*owner_eng)->Describe(*reg);
+      if (!dd.ok()) Fail("describe", dd.status());
+      dir.dst_desc = *dd;
+      auto c = podlink::Client::Connect();
+      if (!c.ok()) Fail("connect", c.status());
+      dir.client = *std::move(c);
+      auto sb = dir.client->AllocateGpu(a.total, s_gpu);
+      if (!sb.ok()) Fail("allocate bidirectional source", sb.status());
+      dir.src = *std::move(sb);
+      dirs.push_back(std::move(dir));
+    }
+  };
+
   for (const std::string& mode : a.modes) {
+    if (mode == "baseline-bidir" || mode == "relay-bidir") {
+      setup_directions();
+      bool relay = mode == "relay-bidir";
+      for (Direction& dir : dirs) {
+        if (relay && dir.engine == nullptr) {
+          podlink::TransferEngine::Options eo;
+          eo.device = dir.src_gpu;
+          eo.force_relay = true;
+          eo.log_transport = false;
+          eo.timeout = absl::Minutes(5);
+          auto e = podlink::TransferEngine::Create(*dir.client, eo);
+          if (!e.ok()) Fail("engine", e.status());
+          dir.engine = *std::move(e);
+          auto l = dir.engine->Register(*dir.src);
+          if (!l.ok()) Fail("register", l.status());
+          dir.local = *l;
+          auto r = dir.engine->Open(dir.dst_desc);
+          if (!r.ok()) Fail("open", r.status());
+          dir.remote = *r;
+        }
+        if (!relay && dir.mapped == nullptr) {
+          auto imp = dir.client->Import(dir.dst_desc.export_id);
+          if (!imp.ok()) Fail("baseline import", imp.status());
+          dir.imported = std::make_unique<podlink::Imported>(*std::move(imp));
+          auto m = dir.client->Map(*dir.imported, dir.src_gpu);
+          if (!m.ok()) Fail("baseline map (the process must see both GPUs)", m.status());
+          dir.mapped = *std::move(m);
+          d->DevicePrimaryCtxRetain(&dir.ctx, dir.src_gpu);
+          d->CtxSetCurrent(dir.ctx);
+          d->StreamCreate(&dir.stream, podlink::cu::kStreamNonBlocking);
+        }
+      }
+      for (uint64_t size : a.bidir_sizes) {
+        if (size > a.total) continue;
+        const uint64_t n = a.total / size;
+        std::vector<double> secs;
+        if (relay) {
+          secs = TimeBothDirections(dirs, a.passes, [&](Direction& dir) {
+            // Like NCCL's proxy: up to --window single-operation batches in flight.
+            std::vector<uint64_t> window;
+            size_t oldest = 0;
+            uint64_t issued = 0, done = 0;
+            window.reserve(n);
+            while (done < n) {
+              while (issued < n && issued - done < static_cast<uint64_t>(a.window)) {
+                auto id = dir.engine->WriteAsync({{&dir.local, issued * size, &dir.remote, issued * size, size}});
+                if (!id.ok()) Fail(mode, id.status());
+                window.push_back(*id);
+                ++issued;
+              }
+              auto ready = dir.engine->Poll(window[oldest]);
+              if (!ready.ok()) Fail(mode, ready.status());
+              if (!*ready) continue;
+              absl::Status st = dir.engine->Wait(window[oldest++]);
+              if (!st.ok()) Fail(mode, st);
+              ++done;
+            }
+          });
+        } else {
+          secs = TimeBothDirections(dirs, a.passes, [&](Direction& dir) {
+            d->CtxSetCurrent(dir.ctx);
+            for (uint64_t i = 0; i < n; ++i) {
+              auto r = d->MemcpyAsync(dir.mapped->device_ptr() + i * size, dir.src->device_ptr() + i * size, size,
+                                      dir.stream);
+              if (r != 0) Fail(mode, podlink::cu::CuStatus(r, "cuMemcpyAsync"));
+            }
+            auto r = d->StreamSynchronize(dir.stream);
+            if (r != 0) Fail(mode, podlink::cu::CuStatus(r, "cuStreamSynchronize"));
+          });
+        }
+        double per_dir = 0;
+        double slowest = 0;
+        for (double x : secs) {
+          per_dir += n * size / x / 1e9 / secs.size();
+          slowest = std::max(slowest, x);
+        }
+        Row row{mode, size, per_dir, slowest / n * 1e6, 2.0 * n * size / slowest / 1e9};
+        rows.push_back(row);
+        std::fprintf(stderr, "  %-14s %8s %8.1f GB/s per direction, %8.1f both\n", mode.c_str(),
+                     HumanSize(size).c_str(), row.gbps, row.both_gbps);
+      }
+      continue;
+    }
     if (mode == "baseline") {
       // The destination mapped into this process with access from the source
       // GPU, copied with the source GPU's copy engine on one stream.
@@ -227,9 +405,12 @@ int main(int argc, char** argv) {
   }
 
   // Table: one row per size, one column per mode, plus ratios to baseline.
-  std::map<uint64_t, std::map<std::string, Row>> by_size;
-  for (const Row& r : rows) by_size[r.size][r.mode] = r;
-  std::printf("| size | baseline GB/s | direct GB/s | relay GB/s | direct/base | relay/base |\n|---|---|---|---|---|---|\n");
+  std::map<uint64_t, std::map<std::string, Row>> by_size, by_size_bidir;
+  for (const Row& r : rows) (absl::EndsWith(r.mode, "-bidir") ? by_size_bidir : by_size)[r.size][r.mode] = r;
+  if (!by_size.empty()) {
+    std::printf("| size | baseline GB/s | direct GB/s | relay GB/s | direct/base | relay/base |\n"
+                "|---|---|---|---|---|---|\n");
+  }
   for (auto& [size, m] : by_size) {
     auto get = [&](const char* k) { return m.count(k) ? m[k].gbps : 0.0; };
     double b = get("baseline");
@@ -237,15 +418,35 @@ int main(int argc, char** argv) {
     std::printf("| %s | %.1f | %.1f | %.1f | %s | %s |\n", HumanSize(size).c_str(), b, get("direct"), get("relay"),
                 ratio(get("direct")).c_str(), ratio(get("relay")).c_str());
   }
-  std::printf("\n| 4 KiB synchronous op | mean latency us | added vs baseline us |\n|---|---|---|\n");
+  if (!latency_us.empty()) {
+    std::printf("\n| 4 KiB synchronous op | mean latency us | added vs baseline us |\n|---|---|---|\n");
+  }
   for (auto& [mode, us] : latency_us) {
     double added = latency_us.count("baseline") ? us - latency_us["baseline"] : 0;
     std::printf("| %s | %.2f | %+.2f |\n", mode.c_str(), us, added);
   }
+  if (!by_size_bidir.empty()) {
+    std::printf("\nBoth directions at once (GPU%d <-> GPU%d, %d operations in flight per direction for the relay):\n\n"
+                "| size | baseline-bidir GB/s per direction | relay-bidir GB/s per direction | relay/base |\n"
+                "|---|---|---|---|\n",
+                a.src_gpu, a.dst_gpu, a.window);
+  }
+  for (auto& [size, m] : by_size_bidir) {
+    auto get = [&](const char* k) { return m.count(k) ? m[k].gbps : 0.0; };
+    double b = get("baseline-bidir"), r = get("relay-bidir");
+    std::printf("| %s | %.1f | %.1f | %s |\n", HumanSize(size).c_str(), b, r,
+                b > 0 && r > 0 ? absl::StrFormat("%.3f", r / b).c_str() : "-");
+  }
+  for (Direction& dir : dirs) {
+    if (dir.stream != nullptr) d->StreamDestroy(dir.stream);
+    if (dir.ctx != nullptr) d->DevicePrimaryCtxRelease(dir.src_gpu);
+  }
   if (!a.csv.empty()) {
     std::ofstream f(a.csv);
-    f << "mode,size_bytes,gbps,op_us\n";
-    for (const Row& r : rows) f << r.mode << "," << r.size << "," << r.gbps << "," << r.op_us << "\n";
+    f << "mode,size_bytes,gbps,op_us,both_directions_gbps\n";
+    for (const Row& r : rows) {
+      f << r.mode << "," << r.size << "," << r.gbps << "," << r.op_us << "," << r.both_gbps << "\n";
+    }
   }
   if (!a.json.empty()) {
     nlohmann::json j;
@@ -253,7 +454,11 @@ int main(int argc, char** argv) {
     j["dst_gpu"] = a.dst_gpu;
     j["total_bytes"] = a.total;
     j["passes"] = a.passes;
-    for (const Row& r : rows) j["rows"].push_back({{"mode", r.mode}, {"size", r.size}, {"gbps", r.gbps}, {"op_us", r.op_us}});
+    j["window"] = a.window;
+    for (const Row& r : rows) {
+      j["rows"].push_back(
+          {{"mode", r.mode}, {"size", r.size}, {"gbps", r.gbps}, {"op_us", r.op_us}, {"both_gbps", r.both_gbps}});
+    }
     for (auto& [mode, us] : latency_us) j["latency_4k_us"][mode] = us;
     std::ofstream(a.json) << j.dump(2) << "\n";
   }

@@ -11,8 +11,8 @@
 # kubepods-style cgroup that podlinkd maps to a pod of peer group nccl-job.
 # Each pod runs one rank of tests/gpu/nccl_check.py (torch.distributed):
 # results of all_reduce, all_gather and send/recv are checked, then
-# all_reduce bus bandwidth is measured, in three setups:
-#   plugin   the pods, NCCL_NET_PLUGIN=libnccl-net-podlink.so
+# all_reduce bus bandwidth is measured, in the setups of NCCL_TEST_SETUPS:
+#   plugin*  the pods, NCCL_NET_PLUGIN=libnccl-net-podlink.so (variants below)
 #   socket   the same pods, no plugin (NCCL's NET/Socket over the veth)
 #   native   the same two ranks in the host namespaces (NCCL's P2P over NVLink)
 set -uo pipefail
@@ -47,10 +47,18 @@ for p in a b; do
 done
 rule() { echo "{\"match\": {\"pod_uid\": \"${POD_UID[$1]}\"}, \"namespace\": \"ml\", \"name\": \"$2\", \"annotations\": {\"podlink.io/peer-group\": \"nccl-job\"}}"; }
 echo "{\"pods\": [$(rule a rank0-gpu0), $(rule b rank1-gpu1)]}" > "$WORK/config.json"
-LD_LIBRARY_PATH=$LIB "$BIN/podlinkd" --socket-dir "$WORK/sock" --config "$WORK/config.json" 2> "$OUT/podlinkd.log" &
-DPID=$!
-for _ in $(seq 300); do grep -q event=ready "$OUT/podlinkd.log" && break; sleep 0.1; done
-grep -q event=ready "$OUT/podlinkd.log" || { cat "$OUT/podlinkd.log"; exit 1; }
+DPID=""
+# start_daemon ARGS...: (re)starts podlinkd; each plugin setup gets a fresh
+# one, so its metrics cover that setup only.
+start_daemon() {
+  if [ -n "$DPID" ]; then kill "$DPID"; wait "$DPID" 2>/dev/null; fi
+  local n; n=$(grep -c event=ready "$OUT/podlinkd.log" 2>/dev/null)
+  LD_LIBRARY_PATH=$LIB "$BIN/podlinkd" --socket-dir "$WORK/sock" --config "$WORK/config.json" "$@" \
+    2>> "$OUT/podlinkd.log" &
+  DPID=$!
+  for _ in $(seq 300); do [ "$(grep -c event=ready "$OUT/podlinkd.log")" -gt "${n:-0}" ] && break; sleep 0.1; done
+  [ "$(grep -c event=ready "$OUT/podlinkd.log")" -gt "${n:-0}" ] || { cat "$OUT/podlinkd.log"; exit 1; }
+}
 
 netns() { readlink "/proc/$1/ns/net"; }
 
@@ -107,21 +115,22 @@ run_native() {
 SETUPS=${NCCL_TEST_SETUPS:-plugin plugin_tuned plugin_tuned2 socket native}
 # What the device plugin's Allocate sets for the plugin (see docs/usage.md).
 PLUGIN_ENV=(NCCL_NET_PLUGIN="$PLUGIN" NCCL_NET=podlink NCCL_NET_GDR_LEVEL=SYS NCCL_NET_GDR_READ=1)
-if [[ " $SETUPS " == *" plugin "* ]]; then
-  echo "== plugin: pods, NCCL_NET_PLUGIN=libnccl-net-podlink.so"
-  run_pods plugin "${PLUGIN_ENV[@]}" PODLINK_SOCKET="$WORK/sock" ${PODLINK_NCCL_EXTRA_ENV:-}
-fi
-# Plugin with NCCL settings for bandwidth (Simple protocol only: see docs/performance.md).
-declare -A TUNED=([plugin_tuned]="${PODLINK_NCCL_TUNED:-NCCL_PROTO=Simple NCCL_MIN_NCHANNELS=16 NCCL_BUFFSIZE=16777216}"
-                  [plugin_tuned2]="${PODLINK_NCCL_TUNED2:-NCCL_PROTO=Simple NCCL_MIN_NCHANNELS=32 NCCL_BUFFSIZE=67108864}")
-for t in plugin_tuned plugin_tuned2; do
-  if [[ " $SETUPS " == *" $t "* ]]; then
-    echo "== $t: as plugin, with ${TUNED[$t]}"
-    run_pods "$t" "${PLUGIN_ENV[@]}" PODLINK_SOCKET="$WORK/sock" ${TUNED[$t]}
-    # podlinkd's relay counters and latency histogram after the run (cumulative).
-    python3 -c 'import urllib.request as u; print(u.urlopen("http://127.0.0.1:9477/metrics").read().decode())' \
-      | grep -E "^podlink_relay" > "$OUT/metrics-$t.txt" || true
-  fi
+# Plugin setups: "podlinkd arguments|extra NCCL environment". The tuned ones
+# use the Simple protocol only (see docs/nccl.md); _w1 runs the relay on one
+# thread (podlinkd's default is one per GPU).
+TUNED=${PODLINK_NCCL_TUNED:-NCCL_PROTO=Simple NCCL_MIN_NCHANNELS=16 NCCL_BUFFSIZE=16777216}
+TUNED2=${PODLINK_NCCL_TUNED2:-NCCL_PROTO=Simple NCCL_MIN_NCHANNELS=32 NCCL_BUFFSIZE=67108864}
+declare -A PSETUP=([plugin]="|${PODLINK_NCCL_EXTRA_ENV:-}" [plugin_tuned]="|$TUNED" [plugin_tuned2]="|$TUNED2"
+                   [plugin_tuned_w1]="--relay-workers 1|$TUNED" [plugin_tuned2_w1]="--relay-workers 1|$TUNED2")
+for t in $SETUPS; do
+  [ -n "${PSETUP[$t]+x}" ] || continue
+  dargs=${PSETUP[$t]%%|*} nenv=${PSETUP[$t]#*|}
+  echo "== $t: pods, NCCL_NET_PLUGIN=libnccl-net-podlink.so ${nenv:-(NCCL defaults)}; podlinkd ${dargs:-(defaults)}"
+  start_daemon $dargs
+  run_pods "$t" "${PLUGIN_ENV[@]}" PODLINK_SOCKET="$WORK/sock" $nenv
+  # podlinkd's relay counters and latency histogram after the run.
+  python3 -c 'import urllib.request as u; print(u.urlopen("http://127.0.0.1:9477/metrics").read().decode())' \
+    | grep -E "^podlink_relay" > "$OUT/metrics-$t.txt" || true
 done
 if [[ " $SETUPS " == *" socket "* ]]; then
   echo "== socket: the same pods without the plugin"
@@ -132,7 +141,7 @@ if [[ " $SETUPS " == *" native "* ]]; then
   run_native native NCCL_NET_PLUGIN=none
 fi
 
-kill $DPID; wait $DPID 2>/dev/null
+[ -n "$DPID" ] && { kill "$DPID"; wait "$DPID" 2>/dev/null; }
 [ $CG_OK = 1 ] && find "$CG/podlink-nccl-$$" -depth -type d -exec rmdir {} \; 2>/dev/null
 
 for l in $SETUPS; do
@@ -141,9 +150,9 @@ for l in $SETUPS; do
   grep -E '"event": "(checks|start)"' "$OUT/$l-rank0.jsonl" "$OUT/$l-rank1.jsonl" | cut -c1-300
   grep -iE "error|Traceback|WARN" "$OUT/$l-rank0.log" | head -5
 done
-python3 - "$OUT" <<'EOF' | tee "$OUT/nccl-summary.md"
+python3 - "$OUT" $SETUPS <<'EOF' | tee "$OUT/nccl-summary.md"
 import json, sys, os, datetime
-out = sys.argv[1]
+out, setups = sys.argv[1], sys.argv[2:]
 def load(label):
     bw, ok = {}, None
     p = os.path.join(out, f"{label}-rank0.jsonl")
@@ -154,20 +163,20 @@ def load(label):
         if j.get("event") == "bw": bw[j["mib"]] = j["busbw"]
         if j.get("event") == "checks": ok = j["ok"]
     return bw, ok
-data = {l: load(l) for l in ("plugin", "plugin_tuned", "plugin_tuned2", "socket", "native")}
+data = {l: load(l) for l in setups}
 print(f"NCCL all_reduce bus bandwidth, 2 ranks (GB/s) — {datetime.datetime.utcnow():%Y-%m-%dT%H:%MZ}")
 print("checks (all_reduce, all_gather, send/recv results): " +
       ", ".join(f"{l} {'pass' if d[1] else 'FAIL' if d[1] is False else 'not run'}" for l, d in data.items()))
 print()
-print("| size | plugin (isolated pods) | plugin, tuned | plugin, tuned2 | socket (same pods) | native (host namespaces) | best plugin/native |")
-print("|---|---|---|---|---|---|---|")
-sizes = sorted(set().union(*[d[0].keys() for d in data.values()]))
-for s in sizes:
-    p, pt, pt2, so, n = (data[l][0].get(s) for l in ("plugin", "plugin_tuned", "plugin_tuned2", "socket", "native"))
-    best = max([v for v in (p, pt, pt2) if v is not None], default=None)
+plugins = [l for l in setups if l.startswith("plugin")]
+print("| size | " + " | ".join(setups) + " | best plugin/native |")
+print("|---|" + "---|" * len(setups) + "---|")
+for s in sorted(set().union(*[d[0].keys() for d in data.values()])):
+    vals = {l: data[l][0].get(s) for l in setups}
+    best = max([vals[l] for l in plugins if vals[l] is not None], default=None)
+    n = vals.get("native")
     ratio = f"{best / n:.2f}" if best and n else "-"
-    cell = lambda v: "-" if v is None else v
-    print(f"| {s} MiB | {cell(p)} | {cell(pt)} | {cell(pt2)} | {cell(so)} | {cell(n)} | {ratio} |")
+    print(f"| {s} MiB | " + " | ".join("-" if vals[l] is None else str(vals[l]) for l in setups) + f" | {ratio} |")
 EOF
 rm -rf "$WORK"
 # Few files travel back from the device tool: pack the logs.
