@@ -298,6 +298,7 @@ class State {
   std::map<uint64_t, SharedExport> exports;  // cuMem allocation base -> its export
   std::map<uint64_t, int> remote_refs;       // remote export -> comms using it
   int live_comms = 0;
+  std::atomic<int> trace_left{0};  // PODLINK_NCCL_TRACE: operations still to log
   bool tcp_fallback_kept = false;  // finalize kept state without a podlinkd session
 
   void Log(int level, const char* file, int line, const char* fmt, ...) __attribute__((format(printf, 5, 6))) {
@@ -323,6 +324,12 @@ State& S() {
 #define PLOG(level, ...) S().Log(nccl_abi::level, __FILE__, __LINE__, __VA_ARGS__)
 #define WARN(...) PLOG(kLogWarn, __VA_ARGS__)
 #define INFO(...) PLOG(kLogInfo, __VA_ARGS__)
+// One line per operation while PODLINK_NCCL_TRACE lines remain (debugging).
+#define TRACE_OP(...)                                                                          \
+  do {                                                                                         \
+    if (S().trace_left.load(std::memory_order_relaxed) > 0 && S().trace_left.fetch_sub(1) > 0) \
+      INFO(__VA_ARGS__);                                                                       \
+  } while (0)
 
 Result Fail(Result r, const std::string& what) {
   WARN("%s", what.c_str());
@@ -569,6 +576,7 @@ size_t Truncate(Comm& c, size_t size, size_t room) {
 }
 
 Result PodlinkIsend(Comm& c, void* data, size_t size, int tag, Mr* mr, void** request) {
+  const size_t asked = size;
   if (!c.have_cts) {
     CtsSlot& slot = c.region->cts[c.next_seq % kSlots];
     if (slot.ready.load(std::memory_order_acquire) != c.next_seq + 1) {
@@ -629,6 +637,9 @@ Result PodlinkIsend(Comm& c, void* data, size_t size, int tag, Mr* mr, void** re
     }
     r->batch = *batch;
   }
+  TRACE_OP("trace isend comm=%p peer=%s seq=%lu index=%d tag=%d size=%zu room=%lu type=%d", static_cast<void*>(&c),
+           c.peer.c_str(), static_cast<unsigned long>(seq), index, tag, asked,
+           static_cast<unsigned long>(cts.sizes[index]), mr != nullptr ? mr->type : -1);
   *request = r;
   return kSuccess;
 }
@@ -647,6 +658,8 @@ Result PodlinkIrecv(Comm& c, int n, void** data, const size_t* sizes, const int*
   }
   r->seq = c.next_seq;
   r->n = n;
+  TRACE_OP("trace irecv comm=%p peer=%s seq=%lu n=%d tag0=%d size0=%zu type0=%d", static_cast<void*>(&c),
+           c.peer.c_str(), static_cast<unsigned long>(c.next_seq), n, tags[0], sizes[0], mrs[0]->type);
   slot.ready.store(c.next_seq + 1, std::memory_order_release);
   c.next_seq++;
   *request = r;
@@ -814,6 +827,7 @@ Result Init(nccl_abi::Logger logger) {
   if (s.refs++ > 0) return kSuccess;
   if (s.client != nullptr || s.tcp_fallback_kept) return kSuccess;  // kept by a finalize that found comms open
   s.nsocks = std::clamp(EnvInt("PODLINK_NCCL_NSOCKS", 4), 1, 16);
+  s.trace_left = std::max(0, EnvInt("PODLINK_NCCL_TRACE", 0));
   s.tcp_only = EnvIs("PODLINK_NCCL_TRANSPORT", "tcp");
   auto addr = ChooseListenAddress(&s.ifname);
   if (!addr.ok()) {
@@ -847,6 +861,15 @@ Result Init(nccl_abi::Logger logger) {
       s.Log(nccl_abi::kLogInfo, __FILE__, __LINE__,
             "podlinkd not usable (%s): peers on this node use TCP like other nodes", st.ToString().c_str());
     }
+  }
+  // NCCL's LL protocol over the relay is ~100x slower than Simple and the
+  // protocol mix has stalled NCCL 2.28 (docs/nccl.md): like aws-ofi-nccl on
+  // its platforms, default to Simple when the user chose nothing. NCCL reads
+  // NCCL_PROTO when it tunes the communicator, after this init.
+  if (!s.node_id.empty() && std::getenv("NCCL_PROTO") == nullptr && !EnvIs("PODLINK_NCCL_KEEP_PROTO", "1")) {
+    ::setenv("NCCL_PROTO", "Simple", 0);
+    s.Log(nccl_abi::kLogInfo, __FILE__, __LINE__,
+          "NCCL_PROTO was not set: setting NCCL_PROTO=Simple for the podlink relay (set NCCL_PROTO to override)");
   }
   s.Log(nccl_abi::kLogInfo, __FILE__, __LINE__,
         "NET/podlink %s: %zu device(s), listening on %s (%s), %d data sockets per TCP connection, node %s",

@@ -62,6 +62,7 @@ RelayEngine::RelayEngine(Resolver resolve, const GpuInventory& inventory, RelayO
     ::epoll_ctl(w->epoll.get(), EPOLL_CTL_ADD, w->wake.get(), &ev);
     w->streams.assign(ngpu, {});
     w->next_stream.assign(ngpu, 0);
+    w->free_events.assign(ngpu, {});
     for (int g = 0; g < ngpu; ++g) {
       if (contexts_[g] == nullptr) continue;
       cuda_->CtxSetCurrent(contexts_[g]);
@@ -91,7 +92,9 @@ RelayEngine::~RelayEngine() {
     for (auto& [id, r] : w->rings) Drain(*w, *r);
     w->rings.clear();
     if (cuda_ != nullptr) {
-      for (cu::Event e : w->free_events) cuda_->EventDestroy(e);
+      for (auto& per_gpu : w->free_events) {
+        for (cu::Event e : per_gpu) cuda_->EventDestroy(e);
+      }
       for (auto& per_gpu : w->streams) {
         for (cu::Stream s : per_gpu) cuda_->StreamDestroy(s);
       }
@@ -403,12 +406,14 @@ absl::Status RelayEngine::Copy(Worker& w, Ring& r, const RelaySqe& e, bool* asyn
   return absl::OkStatus();
 }
 
-cu::Event RelayEngine::TakeEvent(Worker& w) {
-  if (!w.free_events.empty()) {
-    cu::Event e = w.free_events.back();
-    w.free_events.pop_back();
+cu::Event RelayEngine::TakeEvent(Worker& w, int gpu) {
+  std::vector<cu::Event>& pool = w.free_events[gpu];
+  if (!pool.empty()) {
+    cu::Event e = pool.back();
+    pool.pop_back();
     return e;
   }
+  // Created in the current context, which Copy set to the GPU's.
   cu::Event e = nullptr;
   if (cuda_->EventCreate(&e, cu::kEventDisableTiming) != cu::kSuccess) return nullptr;
   return e;
@@ -419,13 +424,20 @@ void RelayEngine::Seal(Worker& w, Ring& r, int gpu, uint32_t si, StreamQueue& q)
   q.building = Group();
   if (g.user_data.empty()) return;
   cu::Stream stream = w.streams[gpu][si];
-  g.event = TakeEvent(w);
-  if (g.event == nullptr || cuda_->EventRecord(g.event, stream) != cu::kSuccess) {
-    // No event to poll: finish synchronously.
+  g.event = TakeEvent(w, gpu);
+  cu::Result rec = g.event == nullptr ? cu::kErrorNotReady : cuda_->EventRecord(g.event, stream);
+  if (rec != cu::kSuccess) {
+    // No event to poll: finish synchronously (slow: this thread waits).
+    if (!w.warned_sync) {
+      w.warned_sync = true;
+      Log()->warn("event=relay_sync_fallback worker={} gpu={} error=\"{}\"", w.index, gpu,
+                  g.event == nullptr ? std::string("cuEventCreate failed")
+                                     : std::string(cu::CuStatus(rec, "cuEventRecord").message()));
+    }
     absl::Status st = cu::CuStatus(cuda_->StreamSynchronize(stream), "relay copy");
     for (uint64_t u : g.user_data) Complete(r, u, st);
     r.copies_pending -= g.user_data.size();
-    if (g.event != nullptr) w.free_events.push_back(g.event);
+    if (g.event != nullptr) w.free_events[gpu].push_back(g.event);
     return;
   }
   q.sealed.push_back(std::move(g));
@@ -452,7 +464,7 @@ bool RelayEngine::PollInflight(Worker& w, Ring& r) {
         Complete(r, u, st);
       }
       r.copies_pending -= g.user_data.size();
-      w.free_events.push_back(g.event);
+      w.free_events[key.first].push_back(g.event);
       q.sealed.pop_front();
     }
   }
@@ -529,7 +541,7 @@ void RelayEngine::Drain(Worker& w, Ring& r) {
   for (auto& [key, q] : r.streams) {
     for (Group& g : q.sealed) {
       cuda_->EventSynchronize(g.event);
-      w.free_events.push_back(g.event);
+      w.free_events[key.first].push_back(g.event);
     }
     q.sealed.clear();
   }

@@ -118,7 +118,8 @@ class RelayEngine {
     std::thread thread;
     std::vector<std::vector<cu::Stream>> streams;  // [gpu][i], created for this worker
     std::vector<uint32_t> next_stream;
-    std::vector<cu::Event> free_events;
+    std::vector<std::vector<cu::Event>> free_events;  // [gpu]: an event works only in its GPU's context
+    bool warned_sync = false;
     absl::Mutex mu;  // protects the change lists
     std::vector<std::shared_ptr<Ring>> to_add ABSL_GUARDED_BY(mu);
     std::vector<uint64_t> to_remove ABSL_GUARDED_BY(mu);
@@ -141,7 +142,7 @@ class RelayEngine {
   void Complete(Ring& r, uint64_t user_data, const absl::Status& st);
   void Break(Ring& r, const std::string& why);
   void Drain(Worker& w, Ring& r);  // waits for r's copies
-  cu::Event TakeEvent(Worker& w);
+  cu::Event TakeEvent(Worker& w, int gpu);
   void Sleep(Worker& w);
   static void Wake(Worker& w);
 

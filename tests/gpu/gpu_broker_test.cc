@@ -16,6 +16,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "podlink/client.h"
+#include "podlink/transfer.h"
 #include "podlink/v1/podlink.grpc.pb.h"
 #include "tests/integration/harness.h"
 
@@ -210,6 +211,85 @@ TEST_F(GpuBroker, GpuCyclesLeaveTheDaemonFlat) {
   std::cout << "GPU cycles: podlinkd fds " << fds0 << " -> " << fds1 << ", rss " << rss0 << " -> " << rss1 << " KiB\n";
   EXPECT_EQ(fds1, fds0);
   EXPECT_LT(rss1 - rss0, 8192);
+}
+
+// Both GPUs' copies through one relay worker, in both directions at once:
+// every byte lands, and the worker never falls back to synchronous copies
+// (an event from one GPU's context cannot be recorded on another's stream).
+class GpuRelayOneWorker : public ::testing::Test {
+ protected:
+  GpuRelayOneWorker() : daemon_("{}", {"--relay-workers", "1"}, /*gpu=*/true) {}
+  Daemon daemon_;
+};
+
+TEST_F(GpuRelayOneWorker, BothDirectionsByteForByte) {
+  auto drv = cu::LoadDriver();
+  ASSERT_TRUE(drv.ok()) << drv.status();
+  const cu::Driver* d = *drv;
+  int ngpu = 0;
+  d->DeviceGetCount(&ngpu);
+  if (ngpu < 2) GTEST_SKIP() << "needs two GPUs";
+  constexpr size_t kSize = 64 << 20;
+  struct Side {
+    std::unique_ptr<Client> client;
+    std::unique_ptr<GpuBuffer> buf;
+    std::unique_ptr<TransferEngine> engine;
+    LocalRegion region;
+    RemoteRegion peer;
+  } side[2];
+  for (int g = 0; g < 2; ++g) {
+    side[g].client = *Client::Connect({.socket_dir = daemon_.dir()});
+    auto b = side[g].client->AllocateGpu(kSize, g);
+    ASSERT_TRUE(b.ok()) << b.status();
+    side[g].buf = *std::move(b);
+    cu::Context ctx = nullptr;
+    ASSERT_EQ(d->DevicePrimaryCtxRetain(&ctx, g), 0);
+    ASSERT_EQ(d->CtxSetCurrent(ctx), 0);
+    std::vector<uint8_t> fill(kSize / 2, static_cast<uint8_t>(0x10 + g));
+    ASSERT_EQ(d->MemcpyHtoD(side[g].buf->device_ptr(), fill.data(), fill.size()), 0);
+    d->DevicePrimaryCtxRelease(g);
+    TransferEngine::Options o;
+    o.device = g;
+    o.force_relay = true;
+    o.log_transport = false;
+    side[g].engine = *TransferEngine::Create(*side[g].client, o);
+    side[g].region = *side[g].engine->Register(*side[g].buf);
+  }
+  for (int g = 0; g < 2; ++g) {
+    auto desc = side[1 - g].engine->Describe(side[1 - g].region);
+    ASSERT_TRUE(desc.ok());
+    auto r = side[g].engine->Open(*desc);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_EQ(r->transport, Transport::kRelay);
+    side[g].peer = *r;
+  }
+  // Each side writes its lower half into the other's upper half, 4 MiB at a time.
+  absl::Status st[2];
+  std::vector<std::thread> threads;
+  for (int g = 0; g < 2; ++g) {
+    threads.emplace_back([&, g] {
+      std::vector<TransferOp> ops;
+      for (uint64_t off = 0; off < kSize / 2; off += 4 << 20) {
+        ops.push_back({&side[g].region, off, &side[g].peer, kSize / 2 + off, 4 << 20});
+      }
+      for (int rep = 0; rep < 8 && st[g].ok(); ++rep) st[g] = side[g].engine->Writev(ops);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int g = 0; g < 2; ++g) {
+    EXPECT_TRUE(st[g].ok()) << st[g];
+    // The buffer is mapped for its own GPU only: copy in that GPU's context.
+    cu::Context ctx = nullptr;
+    ASSERT_EQ(d->DevicePrimaryCtxRetain(&ctx, g), 0);
+    ASSERT_EQ(d->CtxSetCurrent(ctx), 0);
+    std::vector<uint8_t> back(kSize / 2);
+    ASSERT_EQ(d->MemcpyDtoH(back.data(), side[g].buf->device_ptr() + kSize / 2, back.size()), 0);
+    d->DevicePrimaryCtxRelease(g);
+    size_t bad = 0;
+    for (uint8_t b : back) bad += b != 0x10 + (1 - g);
+    EXPECT_EQ(bad, 0u) << "GPU" << g << " upper half";
+  }
+  EXPECT_EQ(daemon_.Log().find("relay_sync_fallback"), std::string::npos) << daemon_.Log();
 }
 
 }  // namespace

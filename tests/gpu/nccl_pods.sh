@@ -79,7 +79,7 @@ run_pods() {
              shift 3; exec "$@"' pod "$mask" "$p" "$WORK" \
       env RANK=$r WORLD_SIZE=2 MASTER_ADDR=10.78.0.1 MASTER_PORT=$port LABEL="$label" NCCL_SOCKET_IFNAME=pl \
           NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,GRAPH,ENV "$@" \
-      timeout 300 python3 "$ROOT/tests/gpu/nccl_check.py" --sizes-mib "$SIZES" \
+      timeout "${NCCL_TEST_TIMEOUT:-300}" python3 "$ROOT/tests/gpu/nccl_check.py" --sizes-mib "$SIZES" \
       > "$OUT/$label-rank$r.jsonl" 2> "$OUT/$label-rank$r.log" &
     pids+=($!)
   done
@@ -103,7 +103,7 @@ run_native() {
   for r in 0 1; do
     env RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port LABEL="$label" CUDA_VISIBLE_DEVICES=$r \
         NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,GRAPH,ENV "$@" \
-      timeout 300 python3 "$ROOT/tests/gpu/nccl_check.py" --sizes-mib "$SIZES" \
+      timeout "${NCCL_TEST_TIMEOUT:-300}" python3 "$ROOT/tests/gpu/nccl_check.py" --sizes-mib "$SIZES" \
       > "$OUT/$label-rank$r.jsonl" 2> "$OUT/$label-rank$r.log" &
     pids+=($!)
   done

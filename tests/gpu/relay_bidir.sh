@@ -8,7 +8,8 @@
 #
 #   RELAY_SETUPS="--relay-workers=1 --relay-workers=2" bash tests/gpu/relay_bidir.sh [OUT_DIR]
 #
-# (each setup's podlinkd arguments with '=' for the space.) Measures only.
+# (each setup: podlinkd arguments with "=" for spaces and "+" between flags,
+# e.g. --relay-workers=2+--relay-streams=8). Measures only.
 set -uo pipefail
 OUT=${1:-/tmp/podlink-relay-out}
 mkdir -p "$OUT"
@@ -21,7 +22,7 @@ WINDOW=${RELAY_WINDOW:-16}
 WORK=$(mktemp -d /tmp/podlink-relay.XXXXXX)
 modes=baseline-bidir,relay-bidir
 for setup in $SETUPS; do
-  args=${setup//=/ }
+  args=${setup//[=+]/ }
   label=$(echo "$setup" | tr -c 'a-zA-Z0-9\n' '_' | sed 's/^_*//')
   "$BIN/podlinkd" --socket-dir "$WORK/sock" --metrics-addr "" $args 2> "$OUT/podlinkd-$label.log" &
   dpid=$!
@@ -30,6 +31,7 @@ for setup in $SETUPS; do
   PODLINK_SOCKET=$WORK/sock timeout 300 "$BIN/podlink-bench" --modes "$modes" --bidir-sizes "$SIZES" \
     --window "$WINDOW" --passes 3 --json "$OUT/bidir-$label.json" > "$OUT/bidir-$label.md" 2> "$OUT/bidir-$label.log"
   echo "exit $?"; cat "$OUT/bidir-$label.md"
+  grep -h "relay_sync_fallback" "$OUT/podlinkd-$label.log"
   modes=relay-bidir  # the baseline does not depend on podlinkd's settings
   kill $dpid; wait $dpid 2>/dev/null
 done

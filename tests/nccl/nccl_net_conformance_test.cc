@@ -87,6 +87,13 @@ class NcclNet : public ::testing::TestWithParam<Mode> {
       json r = p->Expect("ready");
       ASSERT_EQ(r["result"], 0) << r.dump();
       ASSERT_GE(r["ndev"], 1);
+      // The plugin defaults NCCL_PROTO to Simple with podlinkd, keeps a user's
+      // choice, and leaves it alone without podlinkd.
+      std::string want = GetParam().transport == std::string("TCP") ? "" : "Simple";
+      for (const std::string& e : GetParam().env) {
+        if (e.rfind("NCCL_PROTO=", 0) == 0) want = e.substr(11);
+      }
+      EXPECT_EQ(r["nccl_proto"], want) << r.dump();
     }
   }
 
@@ -211,7 +218,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Mode{"podlink", {}, "podlink"},
                       Mode{"podlink_relay", {"PODLINK_NCCL_FORCE_RELAY=1"}, "podlink", false, true},
                       Mode{"tcp", {"PODLINK_NCCL_TRANSPORT=tcp"}, "TCP"},
-                      Mode{"podlink_v8_table", {}, "podlink", true}),
+                      Mode{"podlink_v8_table", {"NCCL_PROTO=LL,Simple"}, "podlink", true}),
     [](const ::testing::TestParamInfo<Mode>& i) { return std::string(i.param.name); });
 
 // In one process, without a daemon, the way NCCL probes GPUDirect support:

@@ -349,7 +349,8 @@ int main(int argc, char** argv) {
       int r = g.Init();
       int n = 0;
       g.Devices(&n);
-      Emit({{"event", "ready"}, {"result", r}, {"ndev", n}});
+      const char* proto = std::getenv("NCCL_PROTO");
+      Emit({{"event", "ready"}, {"result", r}, {"ndev", n}, {"nccl_proto", proto != nullptr ? proto : ""}});
     } else if (what == "listen") {
       int r = g.Listen(g_handle, &g_listen);
       std::string hex;
