@@ -434,7 +434,8 @@ int main(int argc, char** argv) {
   for (auto& [size, m] : by_size_bidir) {
     auto get = [&](const char* k) { return m.count(k) ? m[k].gbps : 0.0; };
     double b = get("baseline-bidir"), r = get("relay-bidir");
-    std::printf("| %s | %.1f | %.1f | %s |\n", HumanSize(size).c_str(), b, r,
+    auto cell = [](double x) { return x > 0 ? absl::StrFormat("%.1f", x) : std::string("-"); };
+    std::printf("| %s | %s | %s | %s |\n", HumanSize(size).c_str(), cell(b).c_str(), cell(r).c_str(),
                 b > 0 && r > 0 ? absl::StrFormat("%.3f", r / b).c_str() : "-");
   }
   for (Direction& dir : dirs) {
