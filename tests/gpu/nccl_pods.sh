@@ -122,6 +122,9 @@ TUNED=${PODLINK_NCCL_TUNED:-NCCL_PROTO=Simple NCCL_MIN_NCHANNELS=16 NCCL_BUFFSIZ
 TUNED2=${PODLINK_NCCL_TUNED2:-NCCL_PROTO=Simple NCCL_MIN_NCHANNELS=32 NCCL_BUFFSIZE=67108864}
 declare -A PSETUP=([plugin]="|${PODLINK_NCCL_EXTRA_ENV:-}" [plugin_tuned]="|$TUNED" [plugin_tuned2]="|$TUNED2"
                    [plugin_tuned_w1]="--relay-workers 1|$TUNED" [plugin_tuned2_w1]="--relay-workers 1|$TUNED2")
+# More plugin setups for experiments: NCCL_EXTRA_SETUPS="name|podlinkd args|NCCL env;..." (names start with plugin).
+IFS=';' read -ra extra <<< "${NCCL_EXTRA_SETUPS:-}"
+for e in "${extra[@]}"; do [ -n "$e" ] && PSETUP[${e%%|*}]=${e#*|}; done
 for t in $SETUPS; do
   [ -n "${PSETUP[$t]+x}" ] || continue
   dargs=${PSETUP[$t]%%|*} nenv=${PSETUP[$t]#*|}
