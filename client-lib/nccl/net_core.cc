@@ -1324,6 +1324,8 @@ Result Isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, v
     c->cts_consumed = 0;
   }
   TcpQueueFrame(*c, f);
+  TRACE_OP("trace tcp isend comm=%p peer=%s seq=%lu index=%d tag=%d size=%zu type=%d", static_cast<void*>(c),
+           c->peer.c_str(), static_cast<unsigned long>(cts.seq), index, tag, size, mr->type);
   char* src = p;
   if (mr->type != nccl_abi::kPtrHost && size > 0) {
     r->staging[0].resize(size);
@@ -1335,6 +1337,7 @@ Result Isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, v
       return FailStatus(kUnhandledCudaError, "isend: staging GPU memory", st);
     }
     src = r->staging[0].data();
+    TRACE_OP("trace tcp isend staged comm=%p seq=%lu", static_cast<void*>(c), static_cast<unsigned long>(cts.seq));
   }
   ForEachPiece(*c, size, [&](size_t sock, size_t off, size_t len) {
     c->pieces[sock].push_back(Piece{r, src + off, len});
@@ -1395,6 +1398,8 @@ Result Irecv(void* recv_comm, int n, void** data, const size_t* sizes, const int
     f.sizes[i] = sizes[i];
   }
   TcpQueueFrame(*c, f);
+  TRACE_OP("trace tcp irecv comm=%p peer=%s seq=%lu n=%d tag0=%d size0=%zu type0=%d", static_cast<void*>(c),
+           c->peer.c_str(), static_cast<unsigned long>(r->seq), n, tags[0], sizes[0], mrs[0]->type);
   *request = r;
   return TcpProgress(*c);
 }
@@ -1418,12 +1423,14 @@ Result Test(void* request, int* done, int* sizes) {
   if (pr != kSuccess) return pr;
   if (r->send) {
     if (r->pieces_left > 0) return kSuccess;
+    TRACE_OP("trace tcp send done comm=%p seq=%lu", static_cast<void*>(&c), static_cast<unsigned long>(r->seq));
     if (sizes != nullptr) sizes[0] = static_cast<int>(r->size);
     *done = 1;
     DropRequest(*r);
     return kSuccess;
   }
   if (r->frames_left > 0 || r->pieces_left > 0) return kSuccess;
+  TRACE_OP("trace tcp recv arrived comm=%p seq=%lu", static_cast<void*>(&c), static_cast<unsigned long>(r->seq));
   Result result = r->error;
   if (result != kSuccess) WARN("receive from %s: the matching send was larger than the receive", c.peer.c_str());
   for (int i = 0; i < r->n && result == kSuccess; ++i) {
