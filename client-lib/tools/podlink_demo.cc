@@ -17,6 +17,7 @@
 #include <functional>
 #include <cstring>
 #include <iostream>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,8 +47,13 @@ struct Opts {
   uint64_t count = 100;
 };
 
+// One JSON object per line; whole lines even when the watch thread and the
+// main thread emit at once.
 void Emit(const json& j) {
-  std::cout << j.dump() << std::endl;
+  static std::mutex mu;
+  std::string line = j.dump() + "\n";
+  std::lock_guard<std::mutex> l(mu);
+  std::cout << line << std::flush;
 }
 
 [[noreturn]] void Die(const std::string& what, const absl::Status& s) {
