@@ -25,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
+#include "common/command.h"
 #include "podlink/client.h"
 
 using nlohmann::json;
@@ -88,22 +89,8 @@ std::string Q(const std::string& s) {
   return out + "'";
 }
 
-struct Output {
-  int code = -1;
-  std::string text;
-};
-
-Output Sh(const std::string& cmd) {
-  Output o;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (p == nullptr) return o;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) o.text.append(buf, n);
-  int st = pclose(p);
-  o.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return o;
-}
+using Output = podlink::CommandOutput;
+Output Sh(const std::string& cmd) { return podlink::RunCommand(cmd); }
 
 std::string Trim(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();

@@ -7,40 +7,31 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "common/command.h"
 #include "tests/integration/harness.h"
 
 namespace podlink::testing {
 namespace {
 
-struct ShellResult {
-  int code = -1;
-  std::string out;
-};
+using ShellResult = CommandOutput;
 
+// `cmd` with the built kubectl-podlink first on PATH.
 ShellResult Shell(const std::string& cmd) {
-  ShellResult r;
-  std::string full = absl::StrCat("PATH=", KUBECTL_PODLINK_DIR, ":$PATH ", cmd, " 2>&1");
-  FILE* p = popen(full.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  int st = pclose(p);
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
+  return RunCommand(absl::StrCat("PATH=", KUBECTL_PODLINK_DIR, ":$PATH ", cmd));
 }
 
 nlohmann::json Json(const ShellResult& r) {
-  auto j = nlohmann::json::parse(r.out, nullptr, false);
-  EXPECT_FALSE(j.is_discarded()) << r.out;
+  auto j = nlohmann::json::parse(r.text, nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << r.text;
   return j;
 }
 
 TEST(KubectlPodlink, FoundByKubectlPluginList) {
   ShellResult r = Shell("kubectl plugin list");
-  EXPECT_NE(r.out.find("kubectl-podlink"), std::string::npos) << r.out;
+  EXPECT_NE(r.text.find("kubectl-podlink"), std::string::npos) << r.text;
   ShellResult help = Shell("kubectl podlink --help");
   EXPECT_EQ(help.code, 0);
-  EXPECT_NE(help.out.find("doctor POD"), std::string::npos);
+  EXPECT_NE(help.text.find("doctor POD"), std::string::npos);
   EXPECT_EQ(Shell("kubectl podlink frobnicate").code, 2);
 }
 
@@ -53,17 +44,17 @@ TEST(KubectlPodlink, CommandsAgainstALiveDaemon) {
   std::string sock = " --socket " + d.dir();
 
   ShellResult st = Shell("kubectl podlink status -o json" + sock);
-  ASSERT_EQ(st.code, 0) << st.out;
+  ASSERT_EQ(st.code, 0) << st.text;
   auto sj = Json(st);
   EXPECT_EQ(sj["stats"]["exports"], 1);
   EXPECT_GE(sj["stats"]["sessions"], 2);  // the exporter and this command
   EXPECT_EQ(sj["cuda"], false);
   ShellResult table = Shell("kubectl podlink status" + sock);
-  EXPECT_NE(table.out.find("sessions"), std::string::npos) << table.out;
-  EXPECT_NE(table.out.find("relay:"), std::string::npos);
+  EXPECT_NE(table.text.find("sessions"), std::string::npos) << table.text;
+  EXPECT_NE(table.text.find("relay:"), std::string::npos);
 
   ShellResult ex = Shell("kubectl podlink exports -o json" + sock);
-  ASSERT_EQ(ex.code, 0) << ex.out;
+  ASSERT_EQ(ex.code, 0) << ex.text;
   auto ej = Json(ex);
   ASSERT_EQ(ej.size(), 1u);
   EXPECT_EQ(ej[0]["owner"], "ml/prefill-0");
@@ -71,7 +62,7 @@ TEST(KubectlPodlink, CommandsAgainstALiveDaemon) {
   EXPECT_EQ(ej[0]["peer_group"], "job-7");
   EXPECT_EQ(ej[0]["size"], 1048576);
   ShellResult ext = Shell("kubectl podlink exports" + sock);
-  EXPECT_NE(ext.out.find("ml/prefill-0"), std::string::npos) << ext.out;
+  EXPECT_NE(ext.text.find("ml/prefill-0"), std::string::npos) << ext.text;
 
   ShellResult peers = Shell("kubectl podlink peers -o json" + sock);
   EXPECT_EQ(peers.code, 0);
@@ -83,32 +74,32 @@ TEST(KubectlPodlink, CommandsAgainstALiveDaemon) {
   // Unreachable daemon: a clear error, not a hang.
   ShellResult none = Shell("kubectl podlink status --socket /nonexistent");
   EXPECT_EQ(none.code, 1);
-  EXPECT_NE(none.out.find("Is podlinkd running"), std::string::npos) << none.out;
+  EXPECT_NE(none.text.find("Is podlinkd running"), std::string::npos) << none.text;
 }
 
 TEST(KubectlPodlink, DoctorExplainsWhatToFix) {
   std::string fx = std::string(PODLINK_SOURCE_DIR) + "/tests/fixtures/";
   ShellResult good = Shell("kubectl podlink doctor decode-0 -n ml -o json --socket /nonexistent --pod-json " + fx + "pod-good.json");
-  EXPECT_EQ(good.code, 0) << good.out;
+  EXPECT_EQ(good.code, 0) << good.text;
   auto gj = Json(good);
   EXPECT_EQ(gj["ok"], true);
   EXPECT_EQ(gj["pod"], "ml/decode-0");
 
   ShellResult bad = Shell("kubectl podlink doctor decode-1 -n ml --socket /nonexistent --pod-json " + fx + "pod-bad.json");
-  EXPECT_EQ(bad.code, 1) << bad.out;
-  EXPECT_NE(bad.out.find("add the annotation podlink.io/peer-group"), std::string::npos) << bad.out;
-  EXPECT_NE(bad.out.find("podlink.io/peer\"]: 1"), std::string::npos) << bad.out;
-  EXPECT_NE(bad.out.find("NCCL_NET_PLUGIN=aws-ofi overrides"), std::string::npos) << bad.out;
-  EXPECT_NE(bad.out.find("Pending"), std::string::npos);
+  EXPECT_EQ(bad.code, 1) << bad.text;
+  EXPECT_NE(bad.text.find("add the annotation podlink.io/peer-group"), std::string::npos) << bad.text;
+  EXPECT_NE(bad.text.find("podlink.io/peer\"]: 1"), std::string::npos) << bad.text;
+  EXPECT_NE(bad.text.find("NCCL_NET_PLUGIN=aws-ofi overrides"), std::string::npos) << bad.text;
+  EXPECT_NE(bad.text.find("Pending"), std::string::npos);
 
   ShellResult direct = Shell("kubectl podlink doctor decode-2 --socket /nonexistent --pod-json " + fx +
                              "pod-direct-missing.json");
-  EXPECT_EQ(direct.code, 1) << direct.out;
-  EXPECT_NE(direct.out.find("request podlink.io/peer-direct"), std::string::npos) << direct.out;
+  EXPECT_EQ(direct.code, 1) << direct.text;
+  EXPECT_NE(direct.text.find("request podlink.io/peer-direct"), std::string::npos) << direct.text;
 
   ShellResult missing = Shell("kubectl podlink doctor x --pod-json /nonexistent.json");
   EXPECT_EQ(missing.code, 1);
-  EXPECT_NE(missing.out.find("cannot read"), std::string::npos);
+  EXPECT_NE(missing.text.find("cannot read"), std::string::npos);
   ShellResult notpod = Shell("kubectl podlink doctor x --pod-json " + fx + "../../.yamllint");
   EXPECT_EQ(notpod.code, 1);
   EXPECT_EQ(Shell("kubectl podlink doctor").code, 2);
@@ -140,7 +131,7 @@ class KubectlPodlinkCluster : public ::testing::Test {
   }
   std::string Log() {
     ShellResult r = Shell("cat " + log_);
-    return r.out;
+    return r.text;
   }
   Daemon daemon_;
   std::string bin_, log_;
@@ -148,7 +139,7 @@ class KubectlPodlinkCluster : public ::testing::Test {
 
 TEST_F(KubectlPodlinkCluster, StatusRunsInThePodlinkdPodOnThePodsNode) {
   ShellResult r = Kube("status --for-pod decode-0 -n ml -o json --socket " + daemon_.dir());
-  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_EQ(r.code, 0) << r.text;
   auto j = Json(r);
   EXPECT_GE(j["stats"]["sessions"], 1);
   std::string log = Log();
@@ -160,20 +151,20 @@ TEST_F(KubectlPodlinkCluster, StatusRunsInThePodlinkdPodOnThePodsNode) {
             std::string::npos)
       << log;
   ShellResult node = Kube("exports --node gpu-node-7 --socket " + daemon_.dir());
-  EXPECT_EQ(node.code, 0) << node.out;
+  EXPECT_EQ(node.code, 0) << node.text;
   EXPECT_NE(Log().find("spec.nodeName=gpu-node-7"), std::string::npos);
 }
 
 TEST_F(KubectlPodlinkCluster, NoDaemonOnTheNodeIsExplained) {
   ShellResult r = Kube("peers --for-pod decode-0 -n ml", "FAKE_NO_DAEMON=1");
   EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.out.find("no podlinkd pod on node gpu-node-1"), std::string::npos) << r.out;
+  EXPECT_NE(r.text.find("no podlinkd pod on node gpu-node-1"), std::string::npos) << r.text;
 }
 
 TEST_F(KubectlPodlinkCluster, BenchWritesBetweenTwoPods) {
   ShellResult r = Kube(std::string("bench prefill-0 decode-0 -n ml --size 8388608 -o json --demo ") +
                        KUBECTL_PODLINK_DIR + "/podlink-demo");
-  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_EQ(r.code, 0) << r.text;
   auto j = Json(r);
   EXPECT_EQ(j["ok"], true);
   EXPECT_EQ(j["put"]["bytes"], 8388608);
@@ -183,7 +174,7 @@ TEST_F(KubectlPodlinkCluster, BenchWritesBetweenTwoPods) {
   EXPECT_NE(log.find("exec -n ml decode-0 --"), std::string::npos) << log;
   ShellResult bad = Kube("bench prefill-0 decode-0 --demo /nonexistent/podlink-demo");
   EXPECT_EQ(bad.code, 1);
-  EXPECT_NE(bad.out.find("did not register a region"), std::string::npos) << bad.out;
+  EXPECT_NE(bad.text.find("did not register a region"), std::string::npos) << bad.text;
   EXPECT_EQ(Kube("bench only-one").code, 2);
 }
 
