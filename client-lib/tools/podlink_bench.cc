@@ -100,6 +100,70 @@ double TimePasses(int passes, F pass) {
 }  // namespace
 
 
+// The baseline's view of a destination: another session's export imported
+// and mapped here with access from `gpu`, plus a stream on `gpu` to copy with.
+struct CopyTarget {
+  const podlink::cu::Driver* d = nullptr;
+  int gpu = 0;
+  std::unique_ptr<podlink::Imported> imported;
+  std::unique_ptr<podlink::Mapping> mapped;
+  podlink::cu::Context ctx = nullptr;  // retained primary context of `gpu`
+  podlink::cu::Stream stream = nullptr;
+  CopyTarget() = default;
+  CopyTarget(const CopyTarget&) = delete;
+  CopyTarget& operator=(const CopyTarget&) = delete;
+  ~CopyTarget() {
+    if (stream != nullptr) d->StreamDestroy(stream);
+    if (ctx != nullptr) d->DevicePrimaryCtxRelease(gpu);
+  }
+  uint64_t va() const { return mapped->device_ptr(); }
+};
+
+std::unique_ptr<CopyTarget> OpenCopyTarget(const podlink::cu::Driver* d, podlink::Client& client, uint64_t export_id,
+                                           int gpu) {
+  auto t = std::make_unique<CopyTarget>();
+  t->d = d;
+  t->gpu = gpu;
+  auto imp = client.Import(export_id);
+  if (!imp.ok()) Fail("baseline import", imp.status());
+  t->imported = std::make_unique<podlink::Imported>(*std::move(imp));
+  auto m = client.Map(*t->imported, gpu);
+  if (!m.ok()) Fail("baseline map (the process must see both GPUs)", m.status());
+  t->mapped = *std::move(m);
+  d->DevicePrimaryCtxRetain(&t->ctx, gpu);
+  d->CtxSetCurrent(t->ctx);
+  d->StreamCreate(&t->stream, podlink::cu::kStreamNonBlocking);
+  return t;
+}
+
+// A TransferEngine on `client` with `src` registered and `dst` opened.
+struct Writer {
+  std::unique_ptr<podlink::TransferEngine> engine;
+  podlink::LocalRegion local;
+  podlink::RemoteRegion remote;
+};
+
+Writer OpenWriter(podlink::Client& client, const podlink::GpuBuffer& src, const podlink::RegionDescriptor& dst,
+                  int gpu, bool relay) {
+  podlink::TransferEngine::Options eo;
+  eo.device = gpu;
+  eo.force_relay = relay;
+  eo.allow_direct = !relay;
+  eo.log_transport = false;
+  eo.timeout = absl::Minutes(5);
+  Writer w;
+  auto e = podlink::TransferEngine::Create(client, eo);
+  if (!e.ok()) Fail("engine", e.status());
+  w.engine = *std::move(e);
+  auto l = w.engine->Register(src);
+  if (!l.ok()) Fail("register", l.status());
+  w.local = *l;
+  auto r = w.engine->Open(dst);
+  if (!r.ok()) Fail("open", r.status());
+  w.remote = *r;
+  return w;
+}
+
 // One direction of a bidirectional run: `src` on one GPU is written into
 // `dst`, a buffer on the other GPU that `owner` exported.
 struct Direction {
@@ -108,15 +172,8 @@ struct Direction {
   std::unique_ptr<podlink::GpuBuffer> src;
   std::unique_ptr<podlink::GpuBuffer> dst;  // allocated by the owner session
   podlink::RegionDescriptor dst_desc;
-  // baseline-bidir
-  std::unique_ptr<podlink::Imported> imported;
-  std::unique_ptr<podlink::Mapping> mapped;
-  podlink::cu::Context ctx = nullptr;  // retained primary context of src_gpu
-  podlink::cu::Stream stream = nullptr;
-  // relay-bidir
-  std::unique_ptr<podlink::TransferEngine> engine;
-  podlink::LocalRegion local;
-  podlink::RemoteRegion remote;
+  std::unique_ptr<CopyTarget> target;  // baseline-bidir
+  Writer writer;                       // relay-bidir
 };
 
 // Runs `pass(direction)` on one thread per direction, `passes` times after a
@@ -244,33 +301,10 @@ int main(int argc, char** argv) {
       setup_directions();
       bool relay = mode == "relay-bidir";
       for (Direction& dir : dirs) {
-        if (relay && dir.engine == nullptr) {
-          podlink::TransferEngine::Options eo;
-          eo.device = dir.src_gpu;
-          eo.force_relay = true;
-          eo.log_transport = false;
-          eo.timeout = absl::Minutes(5);
-          auto e = podlink::TransferEngine::Create(*dir.client, eo);
-          if (!e.ok()) Fail("engine", e.status());
-          dir.engine = *std::move(e);
-          auto l = dir.engine->Register(*dir.src);
-          if (!l.ok()) Fail("register", l.status());
-          dir.local = *l;
-          auto r = dir.engine->Open(dir.dst_desc);
-          if (!r.ok()) Fail("open", r.status());
-          dir.remote = *r;
+        if (relay && dir.writer.engine == nullptr) {
+          dir.writer = OpenWriter(*dir.client, *dir.src, dir.dst_desc, dir.src_gpu, /*relay=*/true);
         }
-        if (!relay && dir.mapped == nullptr) {
-          auto imp = dir.client->Import(dir.dst_desc.export_id);
-          if (!imp.ok()) Fail("baseline import", imp.status());
-          dir.imported = std::make_unique<podlink::Imported>(*std::move(imp));
-          auto m = dir.client->Map(*dir.imported, dir.src_gpu);
-          if (!m.ok()) Fail("baseline map (the process must see both GPUs)", m.status());
-          dir.mapped = *std::move(m);
-          d->DevicePrimaryCtxRetain(&dir.ctx, dir.src_gpu);
-          d->CtxSetCurrent(dir.ctx);
-          d->StreamCreate(&dir.stream, podlink::cu::kStreamNonBlocking);
-        }
+        if (!relay && dir.target == nullptr) dir.target = OpenCopyTarget(d, *dir.client, dir.dst_desc.export_id, dir.src_gpu);
       }
       for (uint64_t size : a.bidir_sizes) {
         if (size > a.total) continue;
@@ -285,28 +319,29 @@ int main(int argc, char** argv) {
             window.reserve(n);
             while (done < n) {
               while (issued < n && issued - done < static_cast<uint64_t>(a.window)) {
-                auto id = dir.engine->WriteAsync({{&dir.local, issued * size, &dir.remote, issued * size, size}});
+                Writer& w = dir.writer;
+                auto id = w.engine->WriteAsync({{&w.local, issued * size, &w.remote, issued * size, size}});
                 if (!id.ok()) Fail(mode, id.status());
                 window.push_back(*id);
                 ++issued;
               }
-              auto ready = dir.engine->Poll(window[oldest]);
+              auto ready = dir.writer.engine->Poll(window[oldest]);
               if (!ready.ok()) Fail(mode, ready.status());
               if (!*ready) continue;
-              absl::Status st = dir.engine->Wait(window[oldest++]);
+              absl::Status st = dir.writer.engine->Wait(window[oldest++]);
               if (!st.ok()) Fail(mode, st);
               ++done;
             }
           });
         } else {
           secs = TimeBothDirections(dirs, a.passes, [&](Direction& dir) {
-            d->CtxSetCurrent(dir.ctx);
+            const CopyTarget& t = *dir.target;
+            d->CtxSetCurrent(t.ctx);
             for (uint64_t i = 0; i < n; ++i) {
-              auto r = d->MemcpyAsync(dir.mapped->device_ptr() + i * size, dir.src->device_ptr() + i * size, size,
-                                      dir.stream);
+              auto r = d->MemcpyAsync(t.va() + i * size, dir.src->device_ptr() + i * size, size, t.stream);
               if (r != 0) Fail(mode, podlink::cu::CuStatus(r, "cuMemcpyAsync"));
             }
-            auto r = d->StreamSynchronize(dir.stream);
+            auto r = d->StreamSynchronize(t.stream);
             if (r != 0) Fail(mode, podlink::cu::CuStatus(r, "cuStreamSynchronize"));
           });
         }
@@ -326,16 +361,9 @@ int main(int argc, char** argv) {
     if (mode == "baseline") {
       // The destination mapped into this process with access from the source
       // GPU, copied with the source GPU's copy engine on one stream.
-      auto imp = (*src_client)->Import(desc->export_id);
-      if (!imp.ok()) Fail("baseline import", imp.status());
-      auto mapped = (*src_client)->Map(*imp, a.src_gpu);
-      if (!mapped.ok()) Fail("baseline map (the process must see both GPUs)", mapped.status());
-      const uint64_t dst_va = (*mapped)->device_ptr();
-      podlink::cu::Context ctx;
-      d->DevicePrimaryCtxRetain(&ctx, a.src_gpu);
-      d->CtxSetCurrent(ctx);
-      podlink::cu::Stream s;
-      d->StreamCreate(&s, podlink::cu::kStreamNonBlocking);
+      auto target = OpenCopyTarget(d, **src_client, desc->export_id, a.src_gpu);
+      const uint64_t dst_va = target->va();
+      podlink::cu::Stream s = target->stream;
       auto check = [](podlink::cu::Result r, const char* what) {
         if (r != 0) Fail("baseline", podlink::cu::CuStatus(r, what));
       };
@@ -356,30 +384,21 @@ int main(int argc, char** argv) {
         check(d->StreamSynchronize(s), "cuStreamSynchronize");
       }
       latency_us[mode] = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / a.lat_iters;
-      d->StreamDestroy(s);
-      d->DevicePrimaryCtxRelease(a.src_gpu);
       continue;
     }
     if (mode != "direct" && mode != "relay") {
       std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
       return 2;
     }
-    podlink::TransferEngine::Options eo;
-    eo.device = a.src_gpu;
-    eo.force_relay = mode == "relay";
-    eo.allow_direct = mode == "direct";
-    eo.timeout = absl::Minutes(5);
     // A fresh session per mode: one relay ring per session.
     auto c = podlink::Client::Connect();
     if (!c.ok()) Fail("connect", c.status());
-    auto eng = podlink::TransferEngine::Create(**c, eo);
-    if (!eng.ok()) Fail("engine", eng.status());
     auto buf = (*c)->AllocateGpu(a.total, a.src_gpu);
     if (!buf.ok()) Fail("allocate", buf.status());
-    auto local = (*eng)->Register(**buf);
-    if (!local.ok()) Fail("register", local.status());
-    auto remote = (*eng)->Open(*desc);
-    if (!remote.ok()) Fail("open", remote.status());
+    Writer w = OpenWriter(**c, **buf, *desc, a.src_gpu, mode == "relay");
+    podlink::TransferEngine* eng = w.engine.get();
+    const podlink::LocalRegion* local = &w.local;
+    const podlink::RemoteRegion* remote = &w.remote;
     if ((mode == "direct") != (remote->transport == podlink::Transport::kDirect)) {
       std::fprintf(stderr, "  %s: transport is %s, skipping\n", mode.c_str(), podlink::TransportName(remote->transport));
       continue;
@@ -388,9 +407,9 @@ int main(int argc, char** argv) {
       uint64_t n = a.total / size;
       std::vector<podlink::TransferOp> ops;
       ops.reserve(n);
-      for (uint64_t i = 0; i < n; ++i) ops.push_back({&*local, i * size, &*remote, i * size, size});
+      for (uint64_t i = 0; i < n; ++i) ops.push_back({local, i * size, remote, i * size, size});
       double secs = TimePasses(a.passes, [&] {
-        absl::Status st = (*eng)->Writev(ops);
+        absl::Status st = eng->Writev(ops);
         if (!st.ok()) Fail(mode, st);
       });
       rows.push_back({mode, size, n * size / secs / 1e9, secs / n * 1e6});
@@ -398,7 +417,7 @@ int main(int argc, char** argv) {
     }
     auto t0 = Clock::now();
     for (int i = 0; i < a.lat_iters; ++i) {
-      absl::Status st = (*eng)->Write({&*local, 0, &*remote, 0, 4096});
+      absl::Status st = eng->Write({local, 0, remote, 0, 4096});
       if (!st.ok()) Fail(mode, st);
     }
     latency_us[mode] = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / a.lat_iters;
@@ -437,10 +456,6 @@ int main(int argc, char** argv) {
     auto cell = [](double x) { return x > 0 ? absl::StrFormat("%.1f", x) : std::string("-"); };
     std::printf("| %s | %s | %s | %s |\n", HumanSize(size).c_str(), cell(b).c_str(), cell(r).c_str(),
                 b > 0 && r > 0 ? absl::StrFormat("%.3f", r / b).c_str() : "-");
-  }
-  for (Direction& dir : dirs) {
-    if (dir.stream != nullptr) d->StreamDestroy(dir.stream);
-    if (dir.ctx != nullptr) d->DevicePrimaryCtxRelease(dir.src_gpu);
   }
   if (!a.csv.empty()) {
     std::ofstream f(a.csv);
