@@ -220,6 +220,7 @@ struct Comm {
   Frame in{};
   size_t in_got = 0;
   std::deque<Frame> cts_queue;  // sender: clear-to-send frames not yet consumed
+  std::string peer_closed;      // receiver: why the peer's control stream ended; empty while open
   std::vector<std::deque<Piece>> pieces;  // per data socket
   uint32_t rr = 0;       // next data socket (advances identically on both sides)
 };
@@ -432,13 +433,20 @@ Result TcpProgress(Comm& c) {
     c.out.erase(0, *n);
   }
   // Control frames in.
-  for (;;) {
+  while (c.peer_closed.empty()) {
     auto n = RecvSome(c.ctrl.get(), reinterpret_cast<char*>(&c.in) + c.in_got, sizeof(Frame) - c.in_got);
     if (!n.ok()) {
-      bool busy = false;
-      for (const Request& r : c.reqs) busy |= r.in_use;
-      if (busy || !c.send) return fail(kRemoteError, n.status().ToString());
-      break;  // an idle sender notices a closed peer on its next send
+      if (c.send) {
+        bool busy = false;
+        for (const Request& r : c.reqs) busy |= r.in_use;
+        if (busy) return fail(kRemoteError, n.status().ToString());
+        break;  // an idle sender notices a closed peer on its next send
+      }
+      // What the peer sent before closing still counts: a receive whose data
+      // frames all arrived completes from the data sockets; one still
+      // waiting for frames fails when tested (Test), as does a new receive.
+      c.peer_closed = n.status().ToString();
+      break;
     }
     if (*n == 0) break;
     c.in_got += *n;
@@ -769,8 +777,26 @@ bool WriteAll(int fd, const void* p, size_t n) {
   return n == 0;
 }
 
+// Ends a TCP connection without a reset. Linux answers a close() with
+// unread bytes in the receive queue by RST, and a reset makes the peer drop
+// what it has received but not yet read: the tail of the last message.
+// Unconsumed input (clear-to-send frames for receives we will never match)
+// is read and dropped, then FIN follows everything we sent.
+void ShutdownQuietly(int fd) {
+  char buf[16384];
+  for (int i = 0; i < 4096 && ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT) > 0; ++i) {
+  }
+  ::shutdown(fd, SHUT_WR);
+}
+
 void DestroyComm(Comm* c) {
   State& s = S();
+  if (c->transport == Transport::kTcp) {
+    if (c->ctrl) ShutdownQuietly(c->ctrl.get());
+    for (UniqueFd& fd : c->data) {
+      if (fd) ShutdownQuietly(fd.get());
+    }
+  }
   if (c->transport == Transport::kPodlink && s.engine) {
     for (Request& r : c->reqs) {
       if (r.in_use && r.batch != 0) (void)s.engine->Wait(r.batch);  // the relay may still read our memory
@@ -1381,6 +1407,10 @@ Result Irecv(void* recv_comm, int n, void** data, const size_t* sizes, const int
     }
     return r;
   }
+  if (!c->peer_closed.empty()) {
+    c->failed = kRemoteError;
+    return Fail(kRemoteError, absl::StrCat("irecv: connection with ", c->peer, ": ", c->peer_closed));
+  }
   Request* r = TakeRequest(*c, static_cast<int>(c->next_seq % kMaxRequests));
   if (r == nullptr) return kSuccess;
   r->seq = c->next_seq++;
@@ -1428,6 +1458,11 @@ Result Test(void* request, int* done, int* sizes) {
     *done = 1;
     DropRequest(*r);
     return kSuccess;
+  }
+  if (r->frames_left > 0 && !c.peer_closed.empty()) {
+    c.failed = kRemoteError;
+    return Fail(kRemoteError, absl::StrCat("connection with ", c.peer, ": ", c.peer_closed,
+                                           " before sending what a receive was due"));
   }
   if (r->frames_left > 0 || r->pieces_left > 0) return kSuccess;
   TRACE_OP("trace tcp recv arrived comm=%p seq=%lu", static_cast<void*>(&c), static_cast<unsigned long>(r->seq));

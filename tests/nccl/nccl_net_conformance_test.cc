@@ -185,6 +185,24 @@ TEST_P(NcclNet, CorruptedHandlesFailCleanly) {
   EXPECT_TRUE(recv_->Expect("done")["ok"]);
 }
 
+// NCCL's last send of a job completes, the sender's process destroys its
+// communicator and exits at once; the receiver is still due those bytes.
+TEST_P(NcclNet, ReceiveCompletesAfterTheSenderClosed) {
+  Connect();
+  recv_->Send(json{{"cmd", "recv"}, {"scenario", "close-after-send"}}.dump());
+  recv_->Expect("posted");
+  send_->Send(json{{"cmd", "send"}, {"scenario", "close-after-send"}}.dump());
+  json s = send_->Expect("done");
+  EXPECT_TRUE(s["ok"]) << s.dump();
+  recv_->Send("go");
+  json r = recv_->Expect("done");
+  EXPECT_TRUE(r["ok"]) << r.dump();
+  recv_->Send(R"({"cmd": "close", "listen": true})");
+  send_->Send(R"({"cmd": "close", "listen": true})");
+  EXPECT_EQ(recv_->Expect("closed")["result"], 0);
+  EXPECT_EQ(send_->Expect("closed")["result"], 0);
+}
+
 TEST_P(NcclNet, FinalizeReleasesEverything) {
   if (GetParam().v8) GTEST_SKIP() << "ncclNet_v8 has no finalize: NCCL before 2.28 keeps the plugin for the process";
   Connect();

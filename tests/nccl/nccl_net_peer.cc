@@ -138,6 +138,10 @@ int WaitReq(void* req, int* sizes, int timeout_ms = 30000) {
   }
 }
 
+// Small enough to sit in the sockets' buffers unread (TCP), so the sender
+// finishes and closes before the receiver reads anything.
+constexpr size_t kCloseAfterSendSize = 200 * 1000;
+
 size_t OrderSize(int i) { return 1 + static_cast<size_t>(i) * 4099; }
 
 json RunSend(const std::string& sc) {
@@ -196,6 +200,17 @@ json RunSend(const std::string& sc) {
     out["result"] = r;
     out["size"] = size;
     out["ok"] = r == 0 && size == 1024;  // what fitted was sent, as NCCL's IB transport does
+  } else if (sc == "close-after-send") {
+    // One message, then the comm is closed as soon as the send reports done;
+    // the receiver reads the message only afterwards.
+    Buf b(c, kCloseAfterSendSize, 0);
+    for (size_t k = 0; k < b.mem.size(); ++k) b.mem[k] = Pattern(5, k);
+    void* q = nullptr;
+    int r = PostUntil([&](void** x) { return g.Isend(c, b.mem.data(), b.mem.size(), 7, b.mh, x); }, &q);
+    if (r == 0) r = WaitReq(q, nullptr);
+    out["result"] = r;
+    out["ok"] = r == 0 && g.CloseSend(c) == 0;
+    g_send = nullptr;
   } else if (sc == "inflight-close") {
     std::vector<std::unique_ptr<Buf>> bufs;
     for (int i = 0; i < 4; ++i) {
@@ -302,6 +317,31 @@ json RunRecv(const std::string& sc) {
     out["result"] = r;
     out["size"] = size;
     out["ok"] = r == 0 && size == 1024 && b.mem[0] == 1 && b.mem[1023] == 1;
+  } else if (sc == "close-after-send") {
+    // Two receives; the sender matches the first and closes. Only after the
+    // harness says "go" (the sender has closed) is the first one tested: it
+    // must complete with every byte, the sender's close notwithstanding. The
+    // second stays unmatched and is closed in flight.
+    Buf first(c, kCloseAfterSendSize, 0), second(c, 4096, 0);
+    void* p1 = first.mem.data();
+    void* p2 = second.mem.data();
+    size_t cap1 = first.mem.size(), cap2 = second.mem.size();
+    void *q1 = nullptr, *q2 = nullptr;
+    if (PostUntil([&](void** x) { return g.Irecv(c, 1, &p1, &cap1, &tag7, &first.mh, x); }, &q1) != 0 ||
+        PostUntil([&](void** x) { return g.Irecv(c, 1, &p2, &cap2, &tag7, &second.mh, x); }, &q2) != 0) {
+      return out.update({{"error", "irecv"}}), out;
+    }
+    Emit({{"event", "posted"}});
+    std::string go;
+    if (!std::getline(std::cin, go)) return out.update({{"error", "no go"}}), out;
+    int size = -1;
+    int r = WaitReq(q1, &size);
+    out["result"] = r;
+    out["size"] = size;
+    bool content = r == 0 && size == static_cast<int>(kCloseAfterSendSize);
+    for (size_t k = 0; content && k < first.mem.size(); ++k) content = first.mem[k] == Pattern(5, k);
+    out["ok"] = content && g.CloseRecv(c) == 0;
+    g_recv = nullptr;
   } else if (sc == "inflight-close") {
     std::vector<std::unique_ptr<Buf>> bufs;
     for (int i = 0; i < 4; ++i) {
