@@ -50,6 +50,9 @@ Loaded* DoLoad() {
   Resolve(lib, "cuCtxSetCurrent", d.CtxSetCurrent, missing);
   Resolve(lib, "cuCtxGetCurrent", d.CtxGetCurrent, missing);
   Resolve(lib, "cuCtxSynchronize", d.CtxSynchronize, missing);
+  Resolve(lib, "cuCtxCreate_v2", d.CtxCreate, missing);
+  Resolve(lib, "cuCtxDestroy_v2", d.CtxDestroy, missing);
+  Resolve(lib, "cuCtxPopCurrent_v2", d.CtxPopCurrent, missing);
   Resolve(lib, "cuMemGetAllocationGranularity", d.MemGetAllocationGranularity, missing);
   Resolve(lib, "cuMemCreate", d.MemCreate, missing);
   Resolve(lib, "cuMemRelease", d.MemRelease, missing);

@@ -95,6 +95,9 @@ struct Driver {
   Result (*CtxSetCurrent)(Context);
   Result (*CtxGetCurrent)(Context*);
   Result (*CtxSynchronize)();
+  Result (*CtxCreate)(Context*, unsigned, Device);  // cuCtxCreate_v2: pushes the new context
+  Result (*CtxDestroy)(Context);
+  Result (*CtxPopCurrent)(Context*);
   Result (*MemGetAllocationGranularity)(size_t*, const MemAllocationProp*, int);
   Result (*MemCreate)(MemHandle*, size_t, const MemAllocationProp*, unsigned long long);
   Result (*MemRelease)(MemHandle);

@@ -203,7 +203,8 @@ struct Comm {
   Result failed = kSuccess;
   uint64_t calls = 0;
   bool warned_truncation = false;
-  cu::Stream stream = nullptr;  // staging / bounce copies
+  cu::Stream stream = nullptr;  // staging / bounce copies, in `stream_ctx` (the plugin's copy context)
+  cu::Context stream_ctx = nullptr;
   // podlink transport
   std::unique_ptr<HostBuffer> region_buf;  // receiver: the control region
   uint64_t region_export = 0;
@@ -301,6 +302,7 @@ class State {
   int live_comms = 0;
   std::atomic<int> trace_left{0};  // PODLINK_NCCL_TRACE: operations still to log
   bool tcp_fallback_kept = false;  // finalize kept state without a podlinkd session
+  std::map<int, cu::Context> copy_ctx;  // CUDA device -> the plugin's own context for staging copies
 
   void Log(int level, const char* file, int line, const char* fmt, ...) __attribute__((format(printf, 5, 6))) {
     char buf[1024];
@@ -350,19 +352,60 @@ Comm* AsComm(void* p, bool send) {
 
 // ---------------------------------------------------------------- GPU copies
 
-// Copies on the comm's own non-blocking stream and waits for that stream
-// only: NCCL's kernels keep running meanwhile.
-absl::Status CopyAndWait(Comm& c, uint64_t dst, uint64_t src, size_t n) {
-  const cu::Driver* d = S().cuda;
-  if (d == nullptr) return absl::FailedPreconditionError("GPU memory without a CUDA driver");
+// Staging copies run in a CUDA context of the plugin's own, never in the
+// application's. With lazy module loading (CUDA's default) an application
+// thread that launches a kernel for the first time loads its module and
+// synchronizes the context while holding it; that waits for NCCL's running
+// kernel, which waits for the proxy thread, whose copy issued in the same
+// context waits for the loader: a deadlock, seen on the H200 pair with the
+// TCP transport (docs/nccl.md). A second context on the device does not take
+// part in that synchronization. Created once per device, destroyed at the
+// last finalize.
+absl::StatusOr<cu::Context> CopyContext(State& s, int dev) {
+  std::lock_guard<std::mutex> l(s.mu);
+  auto it = s.copy_ctx.find(dev);
+  if (it != s.copy_ctx.end()) return it->second;
+  cu::Device device = 0;
+  PODLINK_RETURN_IF_ERROR(cu::CuStatus(s.cuda->DeviceGet(&device, dev), "cuDeviceGet"));
   cu::Context ctx = nullptr;
-  if (d->CtxGetCurrent(&ctx) != cu::kSuccess || ctx == nullptr) {
-    PODLINK_RETURN_IF_ERROR(cu::CuStatus(d->DevicePrimaryCtxRetain(&ctx, c.dev), "cuDevicePrimaryCtxRetain"));
-    d->DevicePrimaryCtxRelease(c.dev);  // NCCL holds the primary context for as long as it uses the device
-    PODLINK_RETURN_IF_ERROR(cu::CuStatus(d->CtxSetCurrent(ctx), "cuCtxSetCurrent"));
+  PODLINK_RETURN_IF_ERROR(cu::CuStatus(s.cuda->CtxCreate(&ctx, 0, device), "cuCtxCreate"));
+  cu::Context popped = nullptr;
+  (void)s.cuda->CtxPopCurrent(&popped);  // cuCtxCreate pushed it; the caller's context is current again
+  s.copy_ctx[dev] = ctx;
+  return ctx;
+}
+
+// Makes `ctx` current on this thread for its lifetime, then restores the
+// context that was current before (NCCL's, in its proxy thread).
+class UseContext {
+ public:
+  UseContext(const cu::Driver& d, cu::Context ctx) : d_(d) {
+    if (d_.CtxGetCurrent(&prev_) != cu::kSuccess) prev_ = nullptr;
+    status_ = cu::CuStatus(d_.CtxSetCurrent(ctx), "cuCtxSetCurrent");
   }
+  ~UseContext() { (void)d_.CtxSetCurrent(prev_); }
+  UseContext(const UseContext&) = delete;
+  UseContext& operator=(const UseContext&) = delete;
+  const absl::Status& status() const { return status_; }
+
+ private:
+  const cu::Driver& d_;
+  cu::Context prev_ = nullptr;
+  absl::Status status_;
+};
+
+// Copies on the comm's own non-blocking stream in the plugin's context and
+// waits for that stream only: NCCL's kernels keep running meanwhile.
+absl::Status CopyAndWait(Comm& c, uint64_t dst, uint64_t src, size_t n) {
+  State& s = S();
+  const cu::Driver* d = s.cuda;
+  if (d == nullptr) return absl::FailedPreconditionError("GPU memory without a CUDA driver");
+  PODLINK_ASSIGN_OR_RETURN(cu::Context ctx, CopyContext(s, c.dev));
+  UseContext use(*d, ctx);
+  PODLINK_RETURN_IF_ERROR(use.status());
   if (c.stream == nullptr) {
     PODLINK_RETURN_IF_ERROR(cu::CuStatus(d->StreamCreate(&c.stream, cu::kStreamNonBlocking), "cuStreamCreate"));
+    c.stream_ctx = ctx;
   }
   PODLINK_RETURN_IF_ERROR(cu::CuStatus(d->MemcpyAsync(dst, src, n, c.stream), "cuMemcpyAsync"));
   return cu::CuStatus(d->StreamSynchronize(c.stream), "cuStreamSynchronize");
@@ -804,7 +847,10 @@ void DestroyComm(Comm* c) {
     CloseRemotes(*c);
   }
   if (c->region_export != 0 && s.client) (void)s.client->Release(c->region_export);
-  if (c->stream != nullptr && s.cuda != nullptr) s.cuda->StreamDestroy(c->stream);
+  if (c->stream != nullptr && s.cuda != nullptr) {
+    UseContext use(*s.cuda, c->stream_ctx);
+    s.cuda->StreamDestroy(c->stream);
+  }
   c->magic = 0;
   delete c;
   std::lock_guard<std::mutex> l(s.mu);
@@ -927,6 +973,12 @@ Result Finalize() {
   }
   engine.reset();  // waits for relay copies it still has in flight
   client.reset();  // closes the session; gRPC stops its threads with the last channel
+  std::map<int, cu::Context> contexts;
+  {
+    std::lock_guard<std::mutex> l(s.mu);
+    contexts.swap(s.copy_ctx);
+  }
+  for (auto& [dev, ctx] : contexts) s.cuda->CtxDestroy(ctx);  // every comm, and its stream, is gone
   return kSuccess;
 }
 
