@@ -71,6 +71,11 @@ def bench(world, sizes_mib):
         torch.cuda.synchronize()
         one = time.perf_counter() - t0
         iters = int(max(3, min(50, 0.6 / max(one, 1e-6))))
+        # Every rank must run the same number of collectives: agree on the
+        # largest count (each rank timed its own warm-up).
+        agreed = torch.tensor([iters], device="cuda")
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        iters = int(agreed.item())
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         dist.barrier()
