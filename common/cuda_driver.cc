@@ -67,6 +67,10 @@ Loaded* DoLoad() {
   Resolve(lib, "cuMemUnmap", d.MemUnmap, missing);
   Resolve(lib, "cuMemSetAccess", d.MemSetAccess, missing);
   Resolve(lib, "cuMemGetAddressRange_v2", d.MemGetAddressRange, missing);
+  Resolve(lib, "cuMemHostAlloc", d.MemHostAlloc, missing);
+  Resolve(lib, "cuMemFreeHost", d.MemFreeHost, missing);
+  Resolve(lib, "cuMemHostRegister_v2", d.MemHostRegister, missing);
+  Resolve(lib, "cuMemHostUnregister", d.MemHostUnregister, missing);
   Resolve(lib, "cuMemcpyHtoD_v2", d.MemcpyHtoD, missing);
   Resolve(lib, "cuMemcpyDtoH_v2", d.MemcpyDtoH, missing);
   Resolve(lib, "cuMemsetD8_v2", d.MemsetD8, missing);

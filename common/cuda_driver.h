@@ -30,6 +30,7 @@ inline constexpr Result kErrorNotPermitted = 800;
 inline constexpr Result kErrorNotReady = 600;
 inline constexpr unsigned kStreamNonBlocking = 0x1;
 inline constexpr unsigned kEventDisableTiming = 0x2;
+inline constexpr unsigned kHostRegisterPortable = 0x1;
 
 inline constexpr int kHandleTypePosixFd = 0x1;
 inline constexpr int kHandleTypeFabric = 0x8;
@@ -111,6 +112,10 @@ struct Driver {
   Result (*MemUnmap)(DevicePtr, size_t);
   Result (*MemSetAccess)(DevicePtr, size_t, const MemAccessDesc*, size_t);
   Result (*MemGetAddressRange)(DevicePtr*, size_t*, DevicePtr);
+  Result (*MemHostAlloc)(void**, size_t, unsigned);
+  Result (*MemHostRegister)(void*, size_t, unsigned);
+  Result (*MemHostUnregister)(void*);
+  Result (*MemFreeHost)(void*);
   Result (*MemcpyHtoD)(DevicePtr, const void*, size_t);
   Result (*MemcpyDtoH)(void*, DevicePtr, size_t);
   Result (*MemsetD8)(DevicePtr, unsigned char, size_t);

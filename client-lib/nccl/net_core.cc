@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <climits>
@@ -18,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -162,6 +164,11 @@ struct Mr {
   }
 };
 
+struct HostStage {
+  char* p = nullptr;
+  size_t cap = 0;
+};
+
 struct Request {
   Comm* comm = nullptr;
   bool in_use = false;
@@ -181,7 +188,13 @@ struct Request {
   int frames_left = 0;  // TCP: data frames still due
   // TCP payload in flight
   int pieces_left = 0;
-  std::vector<char> staging[kMaxRecvs];  // host copies of GPU buffers
+  // TCP with GPU memory: page-locked host copies of the GPU buffers, and the
+  // event that marks the copy to them (send) or from them (receive) done.
+  HostStage staging[kMaxRecvs];
+  cu::Event copied = nullptr;
+  bool copying = false;  // receive: copies to the GPU started
+  char* src = nullptr;   // send: the bytes for the wire (the buffer itself, or staging[0])
+  bool queued = false;   // send: its pieces are in the data sockets' queues
 };
 
 struct Piece {
@@ -223,6 +236,9 @@ struct Comm {
   std::deque<Frame> cts_queue;  // sender: clear-to-send frames not yet consumed
   std::string peer_closed;      // receiver: why the peer's control stream ended; empty while open
   std::vector<std::deque<Piece>> pieces;  // per data socket
+  std::deque<Request*> unqueued;  // sender: sends in frame order whose pieces wait for their staging copy
+  std::vector<HostStage> stage_pool;   // free page-locked staging buffers
+  std::vector<cu::Event> event_pool;   // free completion events
   uint32_t rr = 0;       // next data socket (advances identically on both sides)
 };
 
@@ -394,21 +410,47 @@ class UseContext {
   absl::Status status_;
 };
 
-// Copies on the comm's own non-blocking stream in the plugin's context and
-// waits for that stream only: NCCL's kernels keep running meanwhile.
-absl::Status CopyAndWait(Comm& c, uint64_t dst, uint64_t src, size_t n) {
-  State& s = S();
-  const cu::Driver* d = s.cuda;
-  if (d == nullptr) return absl::FailedPreconditionError("GPU memory without a CUDA driver");
-  PODLINK_ASSIGN_OR_RETURN(cu::Context ctx, CopyContext(s, c.dev));
-  UseContext use(*d, ctx);
-  PODLINK_RETURN_IF_ERROR(use.status());
-  if (c.stream == nullptr) {
-    PODLINK_RETURN_IF_ERROR(cu::CuStatus(d->StreamCreate(&c.stream, cu::kStreamNonBlocking), "cuStreamCreate"));
-    c.stream_ctx = ctx;
+// The TCP transport stages GPU memory through page-locked host buffers with
+// asynchronous copies on the comm's stream, so the proxy thread never waits
+// for the GPU: a send's pieces go to the sockets once its event completes, a
+// receive reports done once its copies to the GPU have.
+class CopyScope {
+ public:
+  explicit CopyScope(Comm& c) {
+    State& s = S();
+    d_ = s.cuda;
+    if (d_ == nullptr) {
+      status_ = absl::FailedPreconditionError("GPU memory without a CUDA driver");
+      return;
+    }
+    auto ctx = CopyContext(s, c.dev);
+    if (!ctx.ok()) {
+      status_ = ctx.status();
+      return;
+    }
+    use_.emplace(*d_, *ctx);
+    status_ = use_->status();
+    if (status_.ok() && c.stream == nullptr) {
+      status_ = cu::CuStatus(d_->StreamCreate(&c.stream, cu::kStreamNonBlocking), "cuStreamCreate");
+      if (status_.ok()) c.stream_ctx = *ctx;
+    }
   }
-  PODLINK_RETURN_IF_ERROR(cu::CuStatus(d->MemcpyAsync(dst, src, n, c.stream), "cuMemcpyAsync"));
-  return cu::CuStatus(d->StreamSynchronize(c.stream), "cuStreamSynchronize");
+  const absl::Status& status() const { return status_; }
+  const cu::Driver& d() const { return *d_; }
+
+ private:
+  const cu::Driver* d_ = nullptr;
+  std::optional<UseContext> use_;
+  absl::Status status_;
+};
+
+// Copies on the comm's stream and waits for that stream only (the podlink
+// transport's bounce buffers): NCCL's kernels keep running meanwhile.
+absl::Status CopyAndWait(Comm& c, uint64_t dst, uint64_t src, size_t n) {
+  CopyScope scope(c);
+  PODLINK_RETURN_IF_ERROR(scope.status());
+  PODLINK_RETURN_IF_ERROR(cu::CuStatus(scope.d().MemcpyAsync(dst, src, n, c.stream), "cuMemcpyAsync"));
+  return cu::CuStatus(scope.d().StreamSynchronize(c.stream), "cuStreamSynchronize");
 }
 
 // Host <-> any copy for memory NCCL registered as `type`.
@@ -419,6 +461,71 @@ absl::Status CopyFor(Comm& c, int type, void* dst, const void* src, size_t n) {
     return absl::OkStatus();
   }
   return CopyAndWait(c, reinterpret_cast<uint64_t>(dst), reinterpret_cast<uint64_t>(src), n);
+}
+
+constexpr size_t kStageRound = 64 << 10;
+constexpr size_t kStagePoolMax = 16;
+
+absl::StatusOr<HostStage> TakeStage(Comm& c, size_t n) {
+  for (size_t i = 0; i < c.stage_pool.size(); ++i) {
+    if (c.stage_pool[i].cap >= n) {
+      HostStage st = c.stage_pool[i];
+      c.stage_pool[i] = c.stage_pool.back();
+      c.stage_pool.pop_back();
+      return st;
+    }
+  }
+  CopyScope scope(c);
+  PODLINK_RETURN_IF_ERROR(scope.status());
+  HostStage st;
+  st.cap = std::max(kStageRound, (n + kStageRound - 1) / kStageRound * kStageRound);
+  void* p = nullptr;
+  PODLINK_RETURN_IF_ERROR(cu::CuStatus(scope.d().MemHostAlloc(&p, st.cap, 0), "cuMemHostAlloc"));
+  st.p = static_cast<char*>(p);
+  return st;
+}
+
+void FreeStage(Comm& c, HostStage st) {
+  CopyScope scope(c);
+  if (scope.status().ok()) (void)scope.d().MemFreeHost(st.p);
+}
+
+void GiveStage(Comm& c, HostStage st) {
+  if (st.p == nullptr) return;
+  if (c.stage_pool.size() < kStagePoolMax) {
+    c.stage_pool.push_back(st);
+  } else {
+    FreeStage(c, st);
+  }
+}
+
+// Queues the copies, then the request's completion event, on the comm's stream.
+absl::Status StartCopies(Comm& c, Request& r, const std::vector<std::array<uint64_t, 3>>& copies) {
+  CopyScope scope(c);
+  PODLINK_RETURN_IF_ERROR(scope.status());
+  const cu::Driver& d = scope.d();
+  for (const auto& [dst, src, n] : copies) {
+    PODLINK_RETURN_IF_ERROR(cu::CuStatus(d.MemcpyAsync(dst, src, n, c.stream), "cuMemcpyAsync"));
+  }
+  if (r.copied == nullptr) {
+    if (!c.event_pool.empty()) {
+      r.copied = c.event_pool.back();
+      c.event_pool.pop_back();
+    } else {
+      PODLINK_RETURN_IF_ERROR(cu::CuStatus(d.EventCreate(&r.copied, cu::kEventDisableTiming), "cuEventCreate"));
+    }
+  }
+  return cu::CuStatus(d.EventRecord(r.copied, c.stream), "cuEventRecord");
+}
+
+absl::StatusOr<bool> CopiesDone(Comm& c, Request& r) {
+  if (r.copied == nullptr) return true;
+  CopyScope scope(c);
+  PODLINK_RETURN_IF_ERROR(scope.status());
+  cu::Result q = scope.d().EventQuery(r.copied);
+  if (q == cu::kErrorNotReady) return false;
+  PODLINK_RETURN_IF_ERROR(cu::CuStatus(q, "cuEventQuery"));
+  return true;
 }
 
 // ---------------------------------------------------------------- requests
@@ -443,8 +550,16 @@ Request* TakeRequest(Comm& c, int slot = -1) {
   return nullptr;
 }
 
+// Returns the request's staging buffers and event to its comm's pools. A copy
+// still running into or out of them stays ordered before any later use: the
+// comm has one stream.
 void DropRequest(Request& r) {
-  for (auto& s : r.staging) std::vector<char>().swap(s);
+  for (HostStage& st : r.staging) {
+    GiveStage(*r.comm, st);
+    st = HostStage();
+  }
+  if (r.copied != nullptr) r.comm->event_pool.push_back(r.copied);
+  r.copied = nullptr;
   r.in_use = false;
 }
 
@@ -469,6 +584,19 @@ Result TcpProgress(Comm& c) {
     c.failed = r;
     return Fail(r, absl::StrCat("connection with ", c.peer, ": ", why));
   };
+  // Sends whose staging copy has finished go to the sockets, in frame order.
+  while (!c.unqueued.empty()) {
+    Request& r = *c.unqueued.front();
+    auto copied = CopiesDone(c, r);
+    if (!copied.ok()) return fail(kUnhandledCudaError, absl::StrCat("staging a send: ", copied.status().ToString()));
+    if (!*copied) break;
+    c.unqueued.pop_front();
+    ForEachPiece(c, r.size, [&](size_t sock, size_t off, size_t len) {
+      c.pieces[sock].push_back(Piece{&r, r.src + off, len});
+      r.pieces_left++;
+    });
+    r.queued = true;
+  }
   while (!c.out.empty()) {
     auto n = SendSome(c.ctrl.get(), c.out.data(), c.out.size());
     if (!n.ok()) return fail(kRemoteError, n.status().ToString());
@@ -516,9 +644,14 @@ Result TcpProgress(Comm& c) {
     if (size > r.posted[f.index]) return fail(kRemoteError, "peer sent more than the receive holds");
     r.got[f.index] = size;
     char* dst = static_cast<char*>(r.data[f.index]);
-    if (r.mr[f.index]->type != nccl_abi::kPtrHost) {
-      r.staging[f.index].resize(size);
-      dst = r.staging[f.index].data();
+    if (r.mr[f.index]->type != nccl_abi::kPtrHost && size > 0) {
+      auto st = TakeStage(c, size);
+      if (!st.ok()) {
+        c.failed = kUnhandledCudaError;
+        return FailStatus(kUnhandledCudaError, "staging a receive", st.status());
+      }
+      r.staging[f.index] = *st;
+      dst = st->p;
     }
     ForEachPiece(c, size, [&](size_t sock, size_t off, size_t len) {
       c.pieces[sock].push_back(Piece{&r, dst + off, len});
@@ -848,7 +981,16 @@ void DestroyComm(Comm* c) {
   }
   if (c->region_export != 0 && s.client) (void)s.client->Release(c->region_export);
   if (c->stream != nullptr && s.cuda != nullptr) {
+    {
+      UseContext use(*s.cuda, c->stream_ctx);
+      (void)s.cuda->StreamSynchronize(c->stream);  // copies in flight end before their buffers go
+    }
+    for (Request& r : c->reqs) {
+      if (r.in_use) DropRequest(r);
+    }
+    for (HostStage& st : c->stage_pool) FreeStage(*c, st);
     UseContext use(*s.cuda, c->stream_ctx);
+    for (cu::Event e : c->event_pool) s.cuda->EventDestroy(e);
     s.cuda->StreamDestroy(c->stream);
   }
   c->magic = 0;
@@ -1404,23 +1546,22 @@ Result Isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, v
   TcpQueueFrame(*c, f);
   TRACE_OP("trace tcp isend comm=%p peer=%s seq=%lu index=%d tag=%d size=%zu type=%d", static_cast<void*>(c),
            c->peer.c_str(), static_cast<unsigned long>(cts.seq), index, tag, size, mr->type);
-  char* src = p;
+  r->src = p;
   if (mr->type != nccl_abi::kPtrHost && size > 0) {
-    r->staging[0].resize(size);
-    absl::Status st = CopyAndWait(*c, reinterpret_cast<uint64_t>(r->staging[0].data()),
-                                  reinterpret_cast<uint64_t>(p), size);
-    if (!st.ok()) {
+    auto st = TakeStage(*c, size);
+    absl::Status cs = st.ok() ? absl::OkStatus() : st.status();
+    if (cs.ok()) {
+      r->staging[0] = *st;
+      r->src = st->p;
+      cs = StartCopies(*c, *r, {{reinterpret_cast<uint64_t>(st->p), reinterpret_cast<uint64_t>(p), size}});
+    }
+    if (!cs.ok()) {
       c->failed = kUnhandledCudaError;
       DropRequest(*r);
-      return FailStatus(kUnhandledCudaError, "isend: staging GPU memory", st);
+      return FailStatus(kUnhandledCudaError, "isend: staging GPU memory", cs);
     }
-    src = r->staging[0].data();
-    TRACE_OP("trace tcp isend staged comm=%p seq=%lu", static_cast<void*>(c), static_cast<unsigned long>(cts.seq));
   }
-  ForEachPiece(*c, size, [&](size_t sock, size_t off, size_t len) {
-    c->pieces[sock].push_back(Piece{r, src + off, len});
-    r->pieces_left++;
-  });
+  c->unqueued.push_back(r);
   *request = r;
   return TcpProgress(*c);
 }
@@ -1504,7 +1645,7 @@ Result Test(void* request, int* done, int* sizes) {
   Result pr = TcpProgress(c);
   if (pr != kSuccess) return pr;
   if (r->send) {
-    if (r->pieces_left > 0) return kSuccess;
+    if (!r->queued || r->pieces_left > 0) return kSuccess;
     TRACE_OP("trace tcp send done comm=%p seq=%lu", static_cast<void*>(&c), static_cast<unsigned long>(r->seq));
     if (sizes != nullptr) sizes[0] = static_cast<int>(r->size);
     *done = 1;
@@ -1517,16 +1658,35 @@ Result Test(void* request, int* done, int* sizes) {
                                            " before sending what a receive was due"));
   }
   if (r->frames_left > 0 || r->pieces_left > 0) return kSuccess;
-  TRACE_OP("trace tcp recv arrived comm=%p seq=%lu", static_cast<void*>(&c), static_cast<unsigned long>(r->seq));
   Result result = r->error;
-  if (result != kSuccess) WARN("receive from %s: the matching send was larger than the receive", c.peer.c_str());
-  for (int i = 0; i < r->n && result == kSuccess; ++i) {
-    if (r->mr[i]->type != nccl_abi::kPtrHost && r->got[i] > 0) {
-      absl::Status st = CopyAndWait(c, reinterpret_cast<uint64_t>(r->data[i]),
-                                    reinterpret_cast<uint64_t>(r->staging[i].data()), r->got[i]);
+  if (!r->copying && result == kSuccess) {
+    // Page-locked staging -> GPU, asynchronously; done once they have landed.
+    std::vector<std::array<uint64_t, 3>> copies;
+    for (int i = 0; i < r->n; ++i) {
+      if (r->mr[i]->type != nccl_abi::kPtrHost && r->got[i] > 0) {
+        copies.push_back(
+            {reinterpret_cast<uint64_t>(r->data[i]), reinterpret_cast<uint64_t>(r->staging[i].p), r->got[i]});
+      }
+    }
+    TRACE_OP("trace tcp recv arrived comm=%p seq=%lu copies=%zu", static_cast<void*>(&c),
+             static_cast<unsigned long>(r->seq), copies.size());
+    r->copying = true;
+    if (!copies.empty()) {
+      absl::Status st = StartCopies(c, *r, copies);
       if (!st.ok()) result = FailStatus(kUnhandledCudaError, "irecv: copying into GPU memory", st);
     }
   }
+  if (result == kSuccess) {
+    auto copied = CopiesDone(c, *r);
+    if (!copied.ok()) {
+      result = FailStatus(kUnhandledCudaError, "irecv: copying into GPU memory", copied.status());
+    } else if (!*copied) {
+      return kSuccess;
+    }
+  } else if (r->error != kSuccess) {
+    WARN("receive from %s: the matching send was larger than the receive", c.peer.c_str());
+  }
+  if (result != kSuccess && result != r->error) c.failed = result;
   for (int i = 0; i < r->n; ++i) {
     if (sizes != nullptr) sizes[i] = static_cast<int>(r->got[i]);
   }
