@@ -28,6 +28,7 @@ static_assert(c::kErrorNoDevice == CUDA_ERROR_NO_DEVICE);
 static_assert(c::kErrorNotReady == CUDA_ERROR_NOT_READY);
 static_assert(c::kStreamNonBlocking == CU_STREAM_NON_BLOCKING);
 static_assert(c::kEventDisableTiming == CU_EVENT_DISABLE_TIMING);
+static_assert(c::kHostRegisterPortable == CU_MEMHOSTREGISTER_PORTABLE);
 static_assert(c::kHandleTypePosixFd == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
 static_assert(c::kHandleTypeFabric == CU_MEM_HANDLE_TYPE_FABRIC);
 static_assert(c::kLocationTypeDevice == CU_MEM_LOCATION_TYPE_DEVICE);

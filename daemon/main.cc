@@ -194,7 +194,18 @@ int main(int argc, char** argv) {
   }
 
   std::vector<std::unique_ptr<podlink::MemoryBackend>> backends;
-  backends.push_back(std::make_unique<podlink::HostMemfdBackend>());
+  // Host exports are page-locked for the relay when a GPU is there to copy them.
+  std::shared_ptr<podlink::HostPinner> pinner;
+  if (inv.cuda_available && !inv.gpus.empty()) {
+    auto p = podlink::CudaHostPinner::Create(inv.gpus.front().ordinal);
+    if (p.ok()) {
+      pinner = *p;
+    } else {
+      log->warn("event=host_pin_unavailable error=\"{}\" msg=\"relay copies of host memory use pageable memory\"",
+                p.status().ToString());
+    }
+  }
+  backends.push_back(std::make_unique<podlink::HostMemfdBackend>(pinner));
   std::unique_ptr<podlink::CudaBackend> cuda;
   auto* inv_for_backend = new podlink::GpuInventory(inv);  // lives as long as the process
   if (inv.cuda_available) backends.push_back(std::make_unique<podlink::CudaBackend>(inv_for_backend));

@@ -36,4 +36,20 @@ class CudaBackend : public MemoryBackend {
   ~CudaBackend() override;
 };
 
+// Page-locks host memory with cuMemHostRegister (portable: every GPU's
+// context treats it as pinned), from the first GPU's primary context.
+class CudaHostPinner : public HostPinner {
+ public:
+  static absl::StatusOr<std::shared_ptr<CudaHostPinner>> Create(int ordinal);
+  ~CudaHostPinner() override;
+  absl::Status Pin(void* p, uint64_t size) override;
+  void Unpin(void* p) override;
+
+ private:
+  CudaHostPinner(const cu::Driver* d, int ordinal, cu::Context ctx) : d_(d), ordinal_(ordinal), ctx_(ctx) {}
+  const cu::Driver* d_;
+  const int ordinal_;
+  const cu::Context ctx_;
+};
+
 }  // namespace podlink

@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/log.h"
 #include "common/status_util.h"
 
 namespace podlink {
@@ -19,9 +20,12 @@ namespace {
 
 class MemfdObject : public MemoryObject {
  public:
-  MemfdObject(UniqueFd fd, uint64_t size) : fd_(std::move(fd)), size_(size) {}
+  MemfdObject(UniqueFd fd, uint64_t size, std::shared_ptr<HostPinner> pinner)
+      : fd_(std::move(fd)), size_(size), pinner_(std::move(pinner)) {}
   ~MemfdObject() override {
-    if (map_ != nullptr) ::munmap(map_, size_);
+    if (map_ == nullptr) return;
+    if (pinned_) pinner_->Unpin(map_);  // before the pages go
+    ::munmap(map_, size_);
   }
   absl::StatusOr<RelayView> MapForRelay() override {
     absl::MutexLock l(&mu_);
@@ -29,6 +33,15 @@ class MemfdObject : public MemoryObject {
       void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_.get(), 0);
       if (p == MAP_FAILED) return ErrnoStatus(errno, "mmap export for relay");
       map_ = p;
+      if (pinner_ != nullptr) {
+        absl::Status st = pinner_->Pin(map_, size_);
+        pinned_ = st.ok();
+        if (!st.ok()) {
+          spdlog::default_logger()->warn(
+              "event=host_pin_failed bytes={} error=\"{}\" msg=\"relay copies use pageable memory\"", size_,
+              st.ToString());
+        }
+      }
     }
     return RelayView{false, -1, reinterpret_cast<uint64_t>(map_), size_};
   }
@@ -44,6 +57,8 @@ class MemfdObject : public MemoryObject {
   const uint64_t size_;
   absl::Mutex mu_;
   void* map_ ABSL_GUARDED_BY(mu_) = nullptr;
+  const std::shared_ptr<HostPinner> pinner_;
+  bool pinned_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
@@ -83,7 +98,7 @@ absl::StatusOr<std::shared_ptr<MemoryObject>> HostMemfdBackend::Adopt(
   if (flags < 0 || (flags & O_ACCMODE) != O_RDWR) {
     return absl::InvalidArgumentError("memfd must be open read-write");
   }
-  return std::make_shared<MemfdObject>(std::move(fd), claim.size);
+  return std::make_shared<MemfdObject>(std::move(fd), claim.size, pinner_);
 }
 
 }  // namespace podlink

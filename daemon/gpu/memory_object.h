@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -41,6 +42,17 @@ struct ExportClaim {
   uint64_t size = 0;
   std::string gpu_uuid;  // empty for host memory
   HandleKind kind = HandleKind::kHostMemfd;
+};
+
+// Page-locks host memory for the GPUs' copy engines. A relay copy from or to
+// pageable memory goes through the CUDA driver's own staging buffers and
+// blocks the relay thread; from page-locked memory it is one DMA, queued like
+// any other copy.
+class HostPinner {
+ public:
+  virtual ~HostPinner() = default;
+  virtual absl::Status Pin(void* p, uint64_t size) = 0;
+  virtual void Unpin(void* p) = 0;
 };
 
 // Validates and adopts memory handed over by a client. Implementations never

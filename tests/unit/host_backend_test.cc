@@ -5,6 +5,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <utility>
+#include <vector>
+
 #include "daemon/gpu/cuda_backend.h"
 #include "gtest/gtest.h"
 
@@ -63,6 +66,64 @@ TEST(HostBackend, RejectsDescriptorsThatAreNotWhatTheyClaim) {
   UniqueFd ro(::open(("/proc/self/fd/" + std::to_string(m.get())).c_str(), O_RDONLY | O_CLOEXEC));
   ASSERT_TRUE(ro.valid());
   expect(b.Adopt({4096, "", HandleKind::kHostMemfd}, std::move(ro), ""), "read-write");
+}
+
+// Records what the backend asks of it; checks that memory handed to Unpin is
+// still mapped (the backend must unpin before it unmaps).
+class FakePinner : public HostPinner {
+ public:
+  explicit FakePinner(bool fail) : fail_(fail) {}
+  absl::Status Pin(void* p, uint64_t size) override {
+    pins.push_back({p, size});
+    if (fail_) return absl::ResourceExhaustedError("RLIMIT_MEMLOCK");
+    return absl::OkStatus();
+  }
+  void Unpin(void* p) override {
+    unpins.push_back(p);
+    still_mapped_at_unpin = static_cast<volatile char*>(p)[0] == 'x';
+  }
+  std::vector<std::pair<void*, uint64_t>> pins;
+  std::vector<void*> unpins;
+  bool still_mapped_at_unpin = false;
+
+ private:
+  const bool fail_;
+};
+
+TEST(HostBackend, PinsTheRelayMappingOnceAndUnpinsBeforeUnmapping) {
+  auto pinner = std::make_shared<FakePinner>(false);
+  HostMemfdBackend b(pinner);
+  UniqueFd fd = Memfd(8192, kSeals);
+  ASSERT_EQ(::pwrite(fd.get(), "x", 1, 0), 1);
+  auto obj = b.Adopt({8192, "", HandleKind::kHostMemfd}, std::move(fd), "");
+  ASSERT_TRUE(obj.ok()) << obj.status();
+  EXPECT_TRUE(pinner->pins.empty()) << "nothing is pinned before the relay needs the memory";
+  auto v1 = (*obj)->MapForRelay();
+  auto v2 = (*obj)->MapForRelay();
+  ASSERT_TRUE(v1.ok() && v2.ok());
+  EXPECT_EQ(v1->address, v2->address);
+  ASSERT_EQ(pinner->pins.size(), 1u);
+  EXPECT_EQ(reinterpret_cast<uint64_t>(pinner->pins[0].first), v1->address);
+  EXPECT_EQ(pinner->pins[0].second, 8192u);
+  obj->reset();
+  ASSERT_EQ(pinner->unpins.size(), 1u);
+  EXPECT_EQ(reinterpret_cast<uint64_t>(pinner->unpins[0]), v1->address);
+  EXPECT_TRUE(pinner->still_mapped_at_unpin);
+}
+
+TEST(HostBackend, PinFailureFallsBackToPageableMemory) {
+  auto pinner = std::make_shared<FakePinner>(true);
+  HostMemfdBackend b(pinner);
+  UniqueFd fd = Memfd(4096, kSeals);
+  ASSERT_EQ(::pwrite(fd.get(), "x", 1, 0), 1);
+  auto obj = b.Adopt({4096, "", HandleKind::kHostMemfd}, std::move(fd), "");
+  ASSERT_TRUE(obj.ok()) << obj.status();
+  auto v = (*obj)->MapForRelay();
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(reinterpret_cast<const char*>(v->address)[0], 'x');
+  EXPECT_EQ(pinner->pins.size(), 1u);
+  obj->reset();
+  EXPECT_TRUE(pinner->unpins.empty()) << "only what was pinned is unpinned";
 }
 
 TEST(CudaBackend, WithoutCudaRefusesClearly) {
