@@ -1,5 +1,8 @@
 // podlinkd: wires the parts together and serves until SIGINT/SIGTERM.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/time.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -27,6 +30,7 @@
 #include "daemon/metrics/http_server.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/resource_quota.h"
+#include "nlohmann/json.hpp"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "common/log.h"
 
@@ -55,6 +59,11 @@ Brokers GPU (and host) memory between isolated pods on this node.
                      (default 0: one per GPU, at most 8; 1 without GPUs)
   --relay-streams N  copy streams per GPU per relay thread (default 4)
   --log-level LEVEL  trace|debug|info|warn|error (default info)
+  --probe PATH       do not start: GET PATH (/readyz or /healthz) from the daemon's
+                     metrics address (--metrics-addr) and exit 0 if it answers 200;
+                     for exec probes when metrics listen on loopback only
+  --print-defaults   print every option's default and the config's default limits
+                     as JSON (the Helm chart's values are checked against it)
   --help
 )";
 
@@ -71,6 +80,7 @@ struct Args {
   std::string host_lib_dir = "/var/lib/podlink/lib";
   std::string relay_workers = "0";
   std::string relay_streams = "4";
+  std::string probe;
 };
 
 bool ParseArgs(int argc, char** argv, Args& a) {
@@ -107,6 +117,30 @@ bool ParseArgs(int argc, char** argv, Args& a) {
       if (!value(a.relay_streams)) return false;
     } else if (k == "--metrics-addr") {
       if (!value(a.metrics_addr)) return false;
+    } else if (k == "--probe") {
+      if (!value(a.probe)) return false;
+    } else if (k == "--print-defaults") {
+      Args d;
+      podlink::DaemonConfig c;
+      nlohmann::json j = {
+          {"socket_dir", d.socket_dir},
+          {"no_gpu", d.no_gpu},
+          {"log_level", d.log_level},
+          {"metrics_addr", d.metrics_addr},
+          {"device_plugin_dir", d.device_plugin_dir},
+          {"pod_source", d.pod_source},
+          {"cri_socket", d.cri_socket},
+          {"device_plugin_devices", std::stoi(d.device_plugin_devices)},
+          {"host_lib_dir", d.host_lib_dir},
+          {"relay_workers", std::stoi(d.relay_workers)},
+          {"relay_streams", std::stoi(d.relay_streams)},
+          {"limits",
+           {{"max_sessions", c.broker.max_sessions},
+            {"max_exports_per_session", c.broker.registry.max_exports_per_session},
+            {"max_exports_total", c.broker.registry.max_exports_total},
+            {"max_pending_offers", c.broker.max_pending_offers}}}};
+      std::cout << j.dump(2) << "\n";
+      exit(0);
     } else if (k == "--no-gpu") {
       a.no_gpu = true;
     } else if (k == "--help" || k == "-h") {
@@ -118,6 +152,48 @@ bool ParseArgs(int argc, char** argv, Args& a) {
     }
   }
   return true;
+}
+
+// GET `path` from host:port over HTTP/1.0; 0 when the status is 200, 1
+// otherwise (with the reason on stderr). Bounded by a 3-second timeout.
+int Probe(const std::string& addr, const std::string& path) {
+  size_t colon = addr.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(addr.substr(colon + 1), &port) || port <= 0 || port > 65535) {
+    std::cerr << "podlinkd --probe: --metrics-addr " << addr << " is not host:port\n";
+    return 1;
+  }
+  std::string host = addr.substr(0, colon);
+  if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  if (::inet_pton(AF_INET, host.c_str(), &sa.sin_addr) != 1) {
+    std::cerr << "podlinkd --probe: " << host << " is not an IPv4 address\n";
+    return 1;
+  }
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 1;
+  timeval tv{3, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  std::string req = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", host, "\r\n\r\n");
+  char buf[256] = {};
+  ssize_t n = -1;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0 &&
+      ::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
+    n = ::recv(fd, buf, sizeof(buf) - 1, 0);
+  }
+  int err = errno;
+  ::close(fd);
+  if (n <= 0) {
+    std::cerr << "podlinkd --probe: no answer from " << addr << ": " << std::strerror(err) << "\n";
+    return 1;
+  }
+  std::string status(buf, std::strcspn(buf, "\r\n"));
+  if (absl::StartsWith(status, "HTTP/1.") && status.size() >= 12 && status.substr(9, 3) == "200") return 0;
+  std::cerr << "podlinkd --probe: " << path << " answered \"" << status << "\"\n";
+  return 1;
 }
 
 // True when something accepts connections on `path` (another daemon).
@@ -137,6 +213,7 @@ bool SocketLive(const std::string& path, int type) {
 int main(int argc, char** argv) {
   Args args;
   if (!ParseArgs(argc, argv, args)) return 2;
+  if (!args.probe.empty()) return Probe(args.metrics_addr, args.probe);
   auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
   for (const char* name : {"podlinkd", "broker", "fdchan", "gpu", "relay", "deviceplugin"}) {
     spdlog::register_logger(std::make_shared<spdlog::logger>(name, sink));

@@ -15,6 +15,15 @@
 {{- if and .Values.devicePlugin.enabled (eq .Values.podSource "standalone") -}}
 {{- fail "devicePlugin.enabled with podSource=standalone: pods would get no annotations; use podSource=cri" -}}
 {{- end -}}
+{{- if or (lt (int .Values.relay.workers) 0) (gt (int .Values.relay.workers) 64) -}}
+{{- fail "relay.workers must be in 0..64 (0: one per GPU)" -}}
+{{- end -}}
+{{- if or (lt (int .Values.relay.streams) 1) (gt (int .Values.relay.streams) 64) -}}
+{{- fail "relay.streams must be in 1..64" -}}
+{{- end -}}
+{{- if not (has .Values.logLevel (list "trace" "debug" "info" "warn" "error")) -}}
+{{- fail (printf "logLevel must be trace, debug, info, warn or error, not %q" .Values.logLevel) -}}
+{{- end -}}
 {{- range $k, $v := .Values.limits -}}
 {{- if lt (int $v) 1 -}}
 {{- fail (printf "limits.%s must be a positive integer" $k) -}}
