@@ -464,7 +464,7 @@ absl::Status CopyFor(Comm& c, int type, void* dst, const void* src, size_t n) {
 }
 
 constexpr size_t kStageRound = 64 << 10;
-constexpr size_t kStagePoolMax = 16;
+constexpr size_t kStagePoolMax = 8;  // NCCL keeps at most NCCL_STEPS (8) operations in flight per connection
 
 absl::StatusOr<HostStage> TakeStage(Comm& c, size_t n) {
   for (size_t i = 0; i < c.stage_pool.size(); ++i) {

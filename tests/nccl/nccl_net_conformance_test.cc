@@ -7,7 +7,8 @@
 //   connect/accept retries, ordering with 32 receives in flight, a 33rd
 //   receive refused, large messages, grouped receives, receives larger than
 //   the send, zero bytes, truncation errors, closing with requests in flight,
-//   corrupted handles, and finalize + dlclose leaving no thread behind.
+//   a receive read only after its sender closed, corrupted handles, and
+//   finalize + dlclose leaving no thread behind.
 #include <dlfcn.h>
 #include <sched.h>
 #include <unistd.h>
