@@ -1076,14 +1076,24 @@ Result Init(nccl_abi::Logger logger) {
             "podlinkd not usable (%s): peers on this node use TCP like other nodes", st.ToString().c_str());
     }
   }
-  // NCCL's LL protocol over the relay is ~100x slower than Simple and the
-  // protocol mix has stalled NCCL 2.28 (docs/nccl.md): like aws-ofi-nccl on
-  // its platforms, default to Simple when the user chose nothing. NCCL reads
-  // NCCL_PROTO when it tunes the communicator, after this init.
-  if (!s.node_id.empty() && std::getenv("NCCL_PROTO") == nullptr && !EnvIs("PODLINK_NCCL_KEEP_PROTO", "1")) {
-    ::setenv("NCCL_PROTO", "Simple", 0);
-    s.Log(nccl_abi::kLogInfo, __FILE__, __LINE__,
-          "NCCL_PROTO was not set: setting NCCL_PROTO=Simple for the podlink relay (set NCCL_PROTO to override)");
+  // Defaults for the relay, set only when podlinkd is reachable and the user
+  // chose nothing (aws-ofi-nccl does the same on its platforms); NCCL reads
+  // them when it builds the communicator, after this init (docs/nccl.md):
+  //  - NCCL_PROTO=Simple: NCCL's LL/LL128 mix is slower over the relay at
+  //    every size measured.
+  //  - NCCL_MIN_NCHANNELS=16, NCCL_BUFFSIZE=16 MiB: NCCL sizes channels from
+  //    the topology, where the plugin's NIC sits behind the GPU's PCIe link,
+  //    and opens 4; the relay needs more requests in flight (80 -> 255 GB/s).
+  if (!s.node_id.empty()) {
+    auto set_default = [&](const char* name, const char* value, const char* keep) {
+      if (std::getenv(name) != nullptr || EnvIs(keep, "1")) return;
+      ::setenv(name, value, 0);
+      s.Log(nccl_abi::kLogInfo, __FILE__, __LINE__,
+            "%s was not set: setting %s=%s for the podlink relay (%s=1 keeps NCCL's)", name, name, value, keep);
+    };
+    set_default("NCCL_PROTO", "Simple", "PODLINK_NCCL_KEEP_PROTO");
+    set_default("NCCL_MIN_NCHANNELS", "16", "PODLINK_NCCL_KEEP_CHANNELS");
+    set_default("NCCL_BUFFSIZE", "16777216", "PODLINK_NCCL_KEEP_CHANNELS");
   }
   s.Log(nccl_abi::kLogInfo, __FILE__, __LINE__,
         "NET/podlink %s: %zu device(s), listening on %s (%s), %d data sockets per TCP connection, node %s",

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <map>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -88,13 +89,20 @@ class NcclNet : public ::testing::TestWithParam<Mode> {
       json r = p->Expect("ready");
       ASSERT_EQ(r["result"], 0) << r.dump();
       ASSERT_GE(r["ndev"], 1);
-      // The plugin defaults NCCL_PROTO to Simple with podlinkd, keeps a user's
-      // choice, and leaves it alone without podlinkd.
-      std::string want = GetParam().transport == std::string("TCP") ? "" : "Simple";
+      // With podlinkd the plugin defaults NCCL_PROTO, NCCL_MIN_NCHANNELS and
+      // NCCL_BUFFSIZE for the relay, keeps a user's choice, and leaves them
+      // alone without podlinkd.
+      bool daemon = GetParam().transport != std::string("TCP");
+      std::map<std::string, std::string> want = {{"NCCL_PROTO", daemon ? "Simple" : ""},
+                                                 {"NCCL_MIN_NCHANNELS", daemon ? "16" : ""},
+                                                 {"NCCL_BUFFSIZE", daemon ? "16777216" : ""}};
       for (const std::string& e : GetParam().env) {
-        if (e.rfind("NCCL_PROTO=", 0) == 0) want = e.substr(11);
+        size_t eq = e.find('=');
+        if (want.count(e.substr(0, eq))) want[e.substr(0, eq)] = e.substr(eq + 1);
       }
-      EXPECT_EQ(r["nccl_proto"], want) << r.dump();
+      EXPECT_EQ(r["nccl_proto"], want["NCCL_PROTO"]) << r.dump();
+      EXPECT_EQ(r["nccl_min_nchannels"], want["NCCL_MIN_NCHANNELS"]) << r.dump();
+      EXPECT_EQ(r["nccl_buffsize"], want["NCCL_BUFFSIZE"]) << r.dump();
     }
   }
 
@@ -237,7 +245,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Mode{"podlink", {}, "podlink"},
                       Mode{"podlink_relay", {"PODLINK_NCCL_FORCE_RELAY=1"}, "podlink", false, true},
                       Mode{"tcp", {"PODLINK_NCCL_TRANSPORT=tcp"}, "TCP"},
-                      Mode{"podlink_v8_table", {"NCCL_PROTO=LL,Simple"}, "podlink", true}),
+                      Mode{"podlink_v8_table", {"NCCL_PROTO=LL,Simple", "NCCL_MIN_NCHANNELS=4"}, "podlink", true}),
     [](const ::testing::TestParamInfo<Mode>& i) { return std::string(i.param.name); });
 
 // In one process, without a daemon, the way NCCL probes GPUDirect support:

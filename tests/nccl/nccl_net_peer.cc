@@ -389,8 +389,12 @@ int main(int argc, char** argv) {
       int r = g.Init();
       int n = 0;
       g.Devices(&n);
-      const char* proto = std::getenv("NCCL_PROTO");
-      Emit({{"event", "ready"}, {"result", r}, {"ndev", n}, {"nccl_proto", proto != nullptr ? proto : ""}});
+      auto env = [](const char* name) {
+        const char* v = std::getenv(name);
+        return std::string(v != nullptr ? v : "");
+      };
+      Emit({{"event", "ready"}, {"result", r}, {"ndev", n}, {"nccl_proto", env("NCCL_PROTO")},
+            {"nccl_min_nchannels", env("NCCL_MIN_NCHANNELS")}, {"nccl_buffsize", env("NCCL_BUFFSIZE")}});
     } else if (what == "listen") {
       int r = g.Listen(g_handle, &g_listen);
       std::string hex;
