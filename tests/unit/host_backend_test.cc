@@ -90,12 +90,17 @@ class FakePinner : public HostPinner {
   const bool fail_;
 };
 
+// A sealed memfd of `size` bytes whose first byte is 'x', adopted by `b`.
+absl::StatusOr<std::shared_ptr<MemoryObject>> AdoptMarked(HostMemfdBackend& b, size_t size) {
+  UniqueFd fd = Memfd(size, kSeals);
+  EXPECT_EQ(::pwrite(fd.get(), "x", 1, 0), 1);
+  return b.Adopt({size, "", HandleKind::kHostMemfd}, std::move(fd), "");
+}
+
 TEST(HostBackend, PinsTheRelayMappingOnceAndUnpinsBeforeUnmapping) {
   auto pinner = std::make_shared<FakePinner>(false);
   HostMemfdBackend b(pinner);
-  UniqueFd fd = Memfd(8192, kSeals);
-  ASSERT_EQ(::pwrite(fd.get(), "x", 1, 0), 1);
-  auto obj = b.Adopt({8192, "", HandleKind::kHostMemfd}, std::move(fd), "");
+  auto obj = AdoptMarked(b, 8192);
   ASSERT_TRUE(obj.ok()) << obj.status();
   EXPECT_TRUE(pinner->pins.empty()) << "nothing is pinned before the relay needs the memory";
   auto v1 = (*obj)->MapForRelay();
@@ -114,9 +119,7 @@ TEST(HostBackend, PinsTheRelayMappingOnceAndUnpinsBeforeUnmapping) {
 TEST(HostBackend, PinFailureFallsBackToPageableMemory) {
   auto pinner = std::make_shared<FakePinner>(true);
   HostMemfdBackend b(pinner);
-  UniqueFd fd = Memfd(4096, kSeals);
-  ASSERT_EQ(::pwrite(fd.get(), "x", 1, 0), 1);
-  auto obj = b.Adopt({4096, "", HandleKind::kHostMemfd}, std::move(fd), "");
+  auto obj = AdoptMarked(b, 4096);
   ASSERT_TRUE(obj.ok()) << obj.status();
   auto v = (*obj)->MapForRelay();
   ASSERT_TRUE(v.ok()) << v.status();
