@@ -276,7 +276,10 @@ int main(int argc, char** argv) {
   if (inv.cuda_available && !inv.gpus.empty()) {
     auto p = podlink::CudaHostPinner::Create(inv.gpus.front().ordinal);
     if (p.ok()) {
-      pinner = *p;
+      // At most an eighth of the node's memory page-locked for clients.
+      uint64_t ram = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+      pinner = std::make_shared<podlink::BudgetedPinner>(*p, ram / 8);
+      log->info("event=host_pinning limit_bytes={}", ram / 8);
     } else {
       log->warn("event=host_pin_unavailable error=\"{}\" msg=\"relay copies of host memory use pageable memory\"",
                 p.status().ToString());

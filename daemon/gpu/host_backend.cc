@@ -63,6 +63,39 @@ class MemfdObject : public MemoryObject {
 
 }  // namespace
 
+absl::Status BudgetedPinner::Pin(void* p, uint64_t size) {
+  {
+    absl::MutexLock l(&mu_);
+    if (size > max_bytes_ - pinned_) {  // pinned_ <= max_bytes_ always
+      return absl::ResourceExhaustedError(absl::StrCat("pinning ", size, " more bytes would pass podlinkd's limit of ",
+                                                       max_bytes_, " page-locked bytes (", pinned_, " in use)"));
+    }
+    pinned_ += size;  // reserved before the slow call, so concurrent pins cannot overshoot
+  }
+  absl::Status st = inner_->Pin(p, size);
+  absl::MutexLock l(&mu_);
+  if (st.ok()) {
+    sizes_[p] = size;
+  } else {
+    pinned_ -= size;
+  }
+  return st;
+}
+
+void BudgetedPinner::Unpin(void* p) {
+  inner_->Unpin(p);
+  absl::MutexLock l(&mu_);
+  auto it = sizes_.find(p);
+  if (it == sizes_.end()) return;
+  pinned_ -= it->second;
+  sizes_.erase(it);
+}
+
+uint64_t BudgetedPinner::pinned_bytes() const {
+  absl::MutexLock l(&mu_);
+  return pinned_;
+}
+
 absl::StatusOr<std::shared_ptr<MemoryObject>> HostMemfdBackend::Adopt(
     const ExportClaim& claim, UniqueFd fd, const std::string& fabric_handle) {
   if (!claim.gpu_uuid.empty()) {

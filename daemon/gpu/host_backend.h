@@ -2,9 +2,35 @@
 // and lets every broker test run without a GPU.
 #pragma once
 
+#include <map>
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/gpu/memory_object.h"
 
 namespace podlink {
+
+// Caps what another pinner may page-lock in total. Pinning populates and
+// locks every page of an export, and an export's size is the client's choice
+// (a sealed memfd may be sparse and huge): without a cap one client could make
+// podlinkd allocate and lock all of the node's memory. Beyond the cap Pin
+// fails and the relay copies that export from pageable memory.
+class BudgetedPinner : public HostPinner {
+ public:
+  BudgetedPinner(std::shared_ptr<HostPinner> inner, uint64_t max_bytes)
+      : inner_(std::move(inner)), max_bytes_(max_bytes) {}
+  absl::Status Pin(void* p, uint64_t size) override ABSL_LOCKS_EXCLUDED(mu_);
+  void Unpin(void* p) override ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t pinned_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  const std::shared_ptr<HostPinner> inner_;
+  const uint64_t max_bytes_;
+  mutable absl::Mutex mu_;
+  uint64_t pinned_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<void*, uint64_t> sizes_ ABSL_GUARDED_BY(mu_);
+};
 
 class HostMemfdBackend : public MemoryBackend {
  public:

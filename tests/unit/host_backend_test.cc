@@ -129,6 +129,43 @@ TEST(HostBackend, PinFailureFallsBackToPageableMemory) {
   EXPECT_TRUE(pinner->unpins.empty()) << "only what was pinned is unpinned";
 }
 
+TEST(HostBackend, PinningStopsAtTheBudgetAndUnpinningGivesItBack) {
+  auto fake = std::make_shared<FakePinner>(false);
+  auto budget = std::make_shared<BudgetedPinner>(fake, 12288);
+  HostMemfdBackend b(budget);
+  auto first = AdoptMarked(b, 8192);
+  auto second = AdoptMarked(b, 8192);
+  ASSERT_TRUE(first.ok() && second.ok());
+  ASSERT_TRUE((*first)->MapForRelay().ok());
+  EXPECT_EQ(budget->pinned_bytes(), 8192u);
+  // Over the budget: not pinned (the inner pinner is not even asked), still usable.
+  auto v = (*second)->MapForRelay();
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(reinterpret_cast<const char*>(v->address)[0], 'x');
+  EXPECT_EQ(fake->pins.size(), 1u);
+  EXPECT_EQ(budget->pinned_bytes(), 8192u);
+  first->reset();
+  EXPECT_EQ(budget->pinned_bytes(), 0u);
+  second->reset();
+  EXPECT_EQ(fake->unpins.size(), 1u) << "only the pinned export is unpinned";
+  // The budget is free again.
+  auto third = AdoptMarked(b, 8192);
+  ASSERT_TRUE(third.ok());
+  ASSERT_TRUE((*third)->MapForRelay().ok());
+  EXPECT_EQ(budget->pinned_bytes(), 8192u);
+}
+
+TEST(HostBackend, AFailedPinReturnsItsShareOfTheBudget) {
+  auto budget = std::make_shared<BudgetedPinner>(std::make_shared<FakePinner>(true), 8192);
+  int dummy = 0;
+  absl::Status st = budget->Pin(&dummy, 8192);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);  // the inner pinner's error
+  EXPECT_EQ(budget->pinned_bytes(), 0u);
+  st = budget->Pin(&dummy, 8193);
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(st.message().find("limit of 8192"), absl::string_view::npos) << st;
+}
+
 TEST(CudaBackend, WithoutCudaRefusesClearly) {
   GpuInventory inv;
   inv.cuda_status = "disabled with --no-gpu";
