@@ -216,6 +216,22 @@ struct NetV11 {
   Result (*setNetAttr)(void* ctx, NetAttr* netAttr);
 };
 
+// ---- Tuner, ncclTuner_v4 (not in the net spec; checked against NCCL's
+// src/include/plugin/tuner/tuner_v4.h). NCCL 2.28 tries tuner v6..v2 in the
+// library NCCL_TUNER_PLUGIN names, and without one in the net plugin's
+// library, so exporting ncclTunerPlugin_v4 here is enough.
+enum Func : int { kFuncBroadcast = 0, kFuncReduce = 1, kFuncAllGather = 2, kFuncReduceScatter = 3, kFuncAllReduce = 4 };
+
+struct TunerV4 {
+  const char* name;
+  Result (*init)(size_t nRanks, size_t nNodes, Logger logFunction, void** context);
+  // collCostTable: float[numAlgo][numProto] of estimated times, -1 for
+  // ignored entries; nChannels: 0 leaves NCCL's choice.
+  Result (*getCollInfo)(void* context, int collType, size_t nBytes, int numPipeOps, float** collCostTable,
+                        int numAlgo, int numProto, int regBuff, int* nChannels);
+  Result (*destroy)(void* context);
+};
+
 // Layouts from the spec (x86-64).
 static_assert(sizeof(DeviceHandle) == 32);
 static_assert(offsetof(DeviceHandle, handle) == 8 && offsetof(DeviceHandle, size) == 16 &&
@@ -251,5 +267,6 @@ static_assert(offsetof(NetV9, makeVDevice) == 19 * sizeof(void*));
 static_assert(sizeof(NetV10) == 20 * sizeof(void*));
 static_assert(sizeof(NetV11) == 22 * sizeof(void*));
 static_assert(offsetof(NetV11, finalize) == 20 * sizeof(void*) && offsetof(NetV11, setNetAttr) == 21 * sizeof(void*));
+static_assert(sizeof(TunerV4) == 4 * sizeof(void*) && offsetof(TunerV4, getCollInfo) == 2 * sizeof(void*));
 
 }  // namespace podlink::nccl_abi

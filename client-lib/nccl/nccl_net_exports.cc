@@ -1,5 +1,6 @@
 // The symbols NCCL looks up in libnccl-net-podlink.so: ncclNetPlugin_v8 ..
-// ncclNetPlugin_v11, thin adapters over the version-agnostic core. The
+// ncclNetPlugin_v11, thin adapters over the version-agnostic core, and the
+// tuner table ncclTunerPlugin_v4. The
 // objects are non-const with default visibility (a const object in an
 // extern "C" block would have internal linkage and not be exported).
 #include <cstddef>
@@ -182,6 +183,10 @@ __attribute__((visibility("default"))) abi::NetV11 ncclNetPlugin_v11 = {
     AcceptAll,         core::RegMr,     nullptr,         core::DeregMr, IsendV10,       IrecvV10,
     core::Iflush,      core::Test,      core::CloseSend, core::CloseRecv, core::CloseListen, GetDeviceMr,
     IrecvConsumed,     nullptr,         FinalizeV11,     SetNetAttr,
+};
+
+__attribute__((visibility("default"))) abi::TunerV4 ncclTunerPlugin_v4 = {
+    "podlink", core::TunerInit, core::TunerGetCollInfo, core::TunerDestroy,
 };
 
 }  // extern "C"

@@ -63,4 +63,16 @@ Result CloseSend(void* send_comm);
 Result CloseRecv(void* recv_comm);
 Result CloseListen(void* listen_comm);
 
+// The tuner (ncclTuner_v4). With podlinkd, for communicators spanning more
+// than one "node" (pod), it caps the channels of collectives below 64 MiB at
+// bytes / 4 MiB (at least 4). The relay wants many channels for large
+// collectives (at least 16, see Init) but few for small ones, where every
+// extra channel only shrinks the messages each relay operation carries. From
+// 64 MiB, without podlinkd, or with PODLINK_NCCL_TUNER=0, NCCL decides.
+int TunerChannels(size_t n_ranks, size_t n_nodes, int coll_type, size_t bytes);
+Result TunerInit(size_t n_ranks, size_t n_nodes, nccl_abi::Logger logger, void** context);
+Result TunerGetCollInfo(void* context, int coll_type, size_t bytes, int num_pipe_ops, float** cost_table,
+                        int num_algo, int num_proto, int reg_buff, int* n_channels);
+Result TunerDestroy(void* context);
+
 }  // namespace podlink::ncclnet

@@ -212,6 +212,29 @@ TEST_P(NcclNet, ReceiveCompletesAfterTheSenderClosed) {
   EXPECT_EQ(send_->Expect("closed")["result"], 0);
 }
 
+// The tuner in the plugin library: with podlinkd, collectives below 64 MiB get
+// bytes / 4 MiB channels (at least 4); from 64 MiB, without podlinkd (TCP
+// mode), for a communicator within one pod, or for send/recv, NCCL decides
+// (0). It never touches NCCL's cost table and refuses a foreign context.
+TEST_P(NcclNet, TunerPicksChannelsBySize) {
+  const std::vector<size_t> sizes = {0, 1 << 20, 16 << 20, 32 << 20, 48 << 20, 64 << 20, size_t{1} << 30};
+  bool daemon = GetParam().transport != std::string("TCP");
+  std::vector<int> want = daemon ? std::vector<int>{4, 4, 4, 8, 12, 0, 0} : std::vector<int>(sizes.size(), 0);
+  send_->Send(json{{"cmd", "tune"}, {"ranks", 2}, {"nodes", 2}, {"sizes", sizes}}.dump());
+  json t = send_->Expect("tuned");
+  EXPECT_EQ(t["name"], "podlink") << t.dump();
+  EXPECT_EQ(t["init"], 0);
+  EXPECT_EQ(t["channels"], json(want)) << t.dump();
+  EXPECT_TRUE(t["table_unchanged"]) << t.dump();
+  EXPECT_EQ(t["foreign_context"], nccl_abi::kInvalidArgument);
+  EXPECT_EQ(t["destroy"], 0);
+  // One node (ranks of one pod talk over NCCL's own transports) and send/recv (5): untouched.
+  send_->Send(json{{"cmd", "tune"}, {"ranks", 2}, {"nodes", 1}, {"sizes", {1 << 20}}}.dump());
+  EXPECT_EQ(send_->Expect("tuned")["channels"], json({0}));
+  send_->Send(json{{"cmd", "tune"}, {"ranks", 2}, {"nodes", 2}, {"coll", 5}, {"sizes", {1 << 20}}}.dump());
+  EXPECT_EQ(send_->Expect("tuned")["channels"], json({0}));
+}
+
 TEST_P(NcclNet, FinalizeReleasesEverything) {
   if (GetParam().v8) GTEST_SKIP() << "ncclNet_v8 has no finalize: NCCL before 2.28 keeps the plugin for the process";
   Connect();

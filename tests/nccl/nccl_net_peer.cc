@@ -460,6 +460,37 @@ int main(int argc, char** argv) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       Emit({{"event", "finalized"}, {"result", r}, {"dlclose", rc}, {"reopen", reopen}, {"result2", r2},
             {"dlclose2", rc2}, {"threads_before", threads_before}, {"threads_after", Threads()}});
+    } else if (what == "tune") {
+      // The tuner the way NCCL 2.28 drives it: init per communicator, then
+      // getCollInfo per collective with NCCL's cost table, then destroy.
+      auto* tuner = static_cast<abi::TunerV4*>(dlsym(g.lib, "ncclTunerPlugin_v4"));
+      if (tuner == nullptr) {
+        Emit({{"event", "tuned"}, {"error", "no ncclTunerPlugin_v4"}});
+        continue;
+      }
+      void* tctx = nullptr;
+      int r = tuner->init(cmd.value("ranks", 2), cmd.value("nodes", 2), Logger, &tctx);
+      constexpr int kAlgos = 7, kProtos = 3;
+      float table[kAlgos][kProtos];
+      for (int a = 0; a < kAlgos; ++a) {
+        for (int p = 0; p < kProtos; ++p) table[a][p] = (a == 1) ? 10.0f * (p + 1) : -1.0f;
+      }
+      float before[kAlgos][kProtos];
+      std::memcpy(before, table, sizeof(table));
+      json channels = json::array();
+      for (size_t bytes : cmd.value("sizes", std::vector<size_t>{})) {
+        int nc = 0;
+        int rr = tuner->getCollInfo(tctx, cmd.value("coll", 4), bytes, 1, reinterpret_cast<float**>(table), kAlgos,
+                                    kProtos, 0, &nc);
+        channels.push_back(rr == 0 ? nc : -1);
+      }
+      int bad_ctx_nc = 0;
+      int bad_ctx = tuner->getCollInfo(&bad_ctx_nc, 4, 1 << 20, 1, reinterpret_cast<float**>(table), kAlgos, kProtos, 0,
+                                       &bad_ctx_nc);
+      int d = tuner->destroy(tctx);
+      Emit({{"event", "tuned"}, {"name", tuner->name}, {"init", r}, {"channels", channels},
+            {"table_unchanged", std::memcmp(before, table, sizeof(table)) == 0}, {"foreign_context", bad_ctx},
+            {"destroy", d}});
     } else if (what == "exit") {
       break;
     }
