@@ -410,10 +410,8 @@ class UseContext {
   absl::Status status_;
 };
 
-// The TCP transport stages GPU memory through page-locked host buffers with
-// asynchronous copies on the comm's stream, so the proxy thread never waits
-// for the GPU: a send's pieces go to the sockets once its event completes, a
-// receive reports done once its copies to the GPU have.
+// For its lifetime: the plugin's copy context is current on this thread and
+// the comm has its stream (created in that context on first use).
 class CopyScope {
  public:
   explicit CopyScope(Comm& c) {
@@ -463,6 +461,10 @@ absl::Status CopyFor(Comm& c, int type, void* dst, const void* src, size_t n) {
   return CopyAndWait(c, reinterpret_cast<uint64_t>(dst), reinterpret_cast<uint64_t>(src), n);
 }
 
+// The TCP transport stages GPU memory through page-locked host buffers with
+// asynchronous copies on the comm's stream, so the proxy thread never waits
+// for the GPU: a send's pieces go to the sockets once its event completes, a
+// receive reports done once its copies to the GPU have.
 constexpr size_t kStageRound = 64 << 10;
 constexpr size_t kStagePoolMax = 8;  // NCCL keeps at most NCCL_STEPS (8) operations in flight per connection
 
