@@ -12,7 +12,8 @@
 # Each pod runs one rank of tests/gpu/nccl_check.py (torch.distributed):
 # results of all_reduce, all_gather and send/recv are checked, then
 # all_reduce bus bandwidth is measured, in the setups of NCCL_TEST_SETUPS:
-#   plugin*  the pods, NCCL_NET_PLUGIN=libnccl-net-podlink.so (variants below)
+#   plugin*  the pods, NCCL_NET_PLUGIN=libnccl-net-podlink.so (variants below;
+#            plugin_tcp forces the plugin's other-node TCP transport)
 #   socket   the same pods, no plugin (NCCL's NET/Socket over the veth)
 #   native   the same two ranks in the host namespaces (NCCL's P2P over NVLink)
 set -uo pipefail
@@ -112,7 +113,7 @@ run_native() {
   echo "$label: exit $rc"
 }
 
-SETUPS=${NCCL_TEST_SETUPS:-plugin plugin_tuned plugin_tuned2 socket native}
+SETUPS=${NCCL_TEST_SETUPS:-plugin plugin_tuned plugin_tcp socket native}
 # What the device plugin's Allocate sets for the plugin (see docs/usage.md).
 PLUGIN_ENV=(NCCL_NET_PLUGIN="$PLUGIN" NCCL_NET=podlink NCCL_NET_GDR_LEVEL=SYS NCCL_NET_GDR_READ=1)
 # Plugin setups: "podlinkd arguments|extra NCCL environment". The tuned ones
@@ -121,7 +122,8 @@ PLUGIN_ENV=(NCCL_NET_PLUGIN="$PLUGIN" NCCL_NET=podlink NCCL_NET_GDR_LEVEL=SYS NC
 TUNED=${PODLINK_NCCL_TUNED:-NCCL_PROTO=Simple NCCL_MIN_NCHANNELS=16 NCCL_BUFFSIZE=16777216}
 TUNED2=${PODLINK_NCCL_TUNED2:-NCCL_PROTO=Simple NCCL_MIN_NCHANNELS=32 NCCL_BUFFSIZE=67108864}
 declare -A PSETUP=([plugin]="|${PODLINK_NCCL_EXTRA_ENV:-}" [plugin_tuned]="|$TUNED" [plugin_tuned2]="|$TUNED2"
-                   [plugin_tuned_w1]="--relay-workers 1|$TUNED" [plugin_tuned2_w1]="--relay-workers 1|$TUNED2")
+                   [plugin_tuned_w1]="--relay-workers 1|$TUNED" [plugin_tuned2_w1]="--relay-workers 1|$TUNED2"
+                   [plugin_tcp]="|PODLINK_NCCL_TRANSPORT=tcp")
 # More plugin setups for experiments: NCCL_EXTRA_SETUPS="name|podlinkd args|NCCL env;..." (names start with plugin).
 IFS=';' read -ra extra <<< "${NCCL_EXTRA_SETUPS:-}"
 for e in "${extra[@]}"; do [ -n "$e" ] && PSETUP[${e%%|*}]=${e#*|}; done
