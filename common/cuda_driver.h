@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace podlink::cu {
@@ -140,5 +141,25 @@ absl::Status CuStatus(Result r, const char* what);
 
 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx".
 std::string FormatUuid(const Uuid& u);
+
+// Makes `ctx` current on the calling thread for its lifetime, then puts back
+// the context that was current before (a caller's own, e.g. NCCL's in its
+// proxy thread).
+class ScopedContext {
+ public:
+  ScopedContext(const Driver& d, Context ctx) : d_(d) {
+    if (d_.CtxGetCurrent(&prev_) != kSuccess) prev_ = nullptr;
+    status_ = CuStatus(d_.CtxSetCurrent(ctx), "cuCtxSetCurrent");
+  }
+  ~ScopedContext() { (void)d_.CtxSetCurrent(prev_); }
+  ScopedContext(const ScopedContext&) = delete;
+  ScopedContext& operator=(const ScopedContext&) = delete;
+  const absl::Status& status() const { return status_; }
+
+ private:
+  const Driver& d_;
+  Context prev_ = nullptr;
+  absl::Status status_;
+};
 
 }  // namespace podlink::cu

@@ -391,25 +391,6 @@ absl::StatusOr<cu::Context> CopyContext(State& s, int dev) {
   return ctx;
 }
 
-// Makes `ctx` current on this thread for its lifetime, then restores the
-// context that was current before (NCCL's, in its proxy thread).
-class UseContext {
- public:
-  UseContext(const cu::Driver& d, cu::Context ctx) : d_(d) {
-    if (d_.CtxGetCurrent(&prev_) != cu::kSuccess) prev_ = nullptr;
-    status_ = cu::CuStatus(d_.CtxSetCurrent(ctx), "cuCtxSetCurrent");
-  }
-  ~UseContext() { (void)d_.CtxSetCurrent(prev_); }
-  UseContext(const UseContext&) = delete;
-  UseContext& operator=(const UseContext&) = delete;
-  const absl::Status& status() const { return status_; }
-
- private:
-  const cu::Driver& d_;
-  cu::Context prev_ = nullptr;
-  absl::Status status_;
-};
-
 // For its lifetime: the plugin's copy context is current on this thread and
 // the comm has its stream (created in that context on first use).
 class CopyScope {
@@ -438,7 +419,7 @@ class CopyScope {
 
  private:
   const cu::Driver* d_ = nullptr;
-  std::optional<UseContext> use_;
+  std::optional<cu::ScopedContext> use_;
   absl::Status status_;
 };
 
@@ -984,14 +965,14 @@ void DestroyComm(Comm* c) {
   if (c->region_export != 0 && s.client) (void)s.client->Release(c->region_export);
   if (c->stream != nullptr && s.cuda != nullptr) {
     {
-      UseContext use(*s.cuda, c->stream_ctx);
+      cu::ScopedContext use(*s.cuda, c->stream_ctx);
       (void)s.cuda->StreamSynchronize(c->stream);  // copies in flight end before their buffers go
     }
     for (Request& r : c->reqs) {
       if (r.in_use) DropRequest(r);
     }
     for (HostStage& st : c->stage_pool) FreeStage(*c, st);
-    UseContext use(*s.cuda, c->stream_ctx);
+    cu::ScopedContext use(*s.cuda, c->stream_ctx);
     for (cu::Event e : c->event_pool) s.cuda->EventDestroy(e);
     s.cuda->StreamDestroy(c->stream);
   }

@@ -199,21 +199,6 @@ absl::StatusOr<std::shared_ptr<MemoryObject>> CudaBackend::Adopt(const ExportCla
                                       gpu->ordinal, std::move(access));
 }
 
-namespace {
-
-// Runs with `ctx` current and puts back whatever was current before.
-template <typename F>
-auto WithContext(const cu::Driver& d, cu::Context ctx, F&& f) {
-  cu::Context prev = nullptr;
-  if (d.CtxGetCurrent(&prev) != cu::kSuccess) prev = nullptr;
-  d.CtxSetCurrent(ctx);
-  auto r = f();
-  d.CtxSetCurrent(prev);
-  return r;
-}
-
-}  // namespace
-
 absl::StatusOr<std::shared_ptr<CudaHostPinner>> CudaHostPinner::Create(int ordinal) {
   PODLINK_ASSIGN_OR_RETURN(const cu::Driver* d, cu::LoadDriver());
   cu::Context ctx = nullptr;
@@ -224,13 +209,14 @@ absl::StatusOr<std::shared_ptr<CudaHostPinner>> CudaHostPinner::Create(int ordin
 CudaHostPinner::~CudaHostPinner() { d_->DevicePrimaryCtxRelease(ordinal_); }
 
 absl::Status CudaHostPinner::Pin(void* p, uint64_t size) {
-  return WithContext(*d_, ctx_, [&] {
-    return cu::CuStatus(d_->MemHostRegister(p, size, cu::kHostRegisterPortable), "cuMemHostRegister");
-  });
+  cu::ScopedContext use(*d_, ctx_);
+  PODLINK_RETURN_IF_ERROR(use.status());
+  return cu::CuStatus(d_->MemHostRegister(p, size, cu::kHostRegisterPortable), "cuMemHostRegister");
 }
 
 void CudaHostPinner::Unpin(void* p) {
-  WithContext(*d_, ctx_, [&] { return d_->MemHostUnregister(p); });
+  cu::ScopedContext use(*d_, ctx_);
+  (void)d_->MemHostUnregister(p);
 }
 
 }  // namespace podlink
