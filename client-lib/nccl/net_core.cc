@@ -402,6 +402,11 @@ class CopyScope {
       status_ = absl::FailedPreconditionError("GPU memory without a CUDA driver");
       return;
     }
+    if (c.stream != nullptr) {  // the usual case (every test() of a staged request): no lookup
+      use_.emplace(*d_, c.stream_ctx);
+      status_ = use_->status();
+      return;
+    }
     auto ctx = CopyContext(s, c.dev);
     if (!ctx.ok()) {
       status_ = ctx.status();
@@ -409,7 +414,7 @@ class CopyScope {
     }
     use_.emplace(*d_, *ctx);
     status_ = use_->status();
-    if (status_.ok() && c.stream == nullptr) {
+    if (status_.ok()) {
       status_ = cu::CuStatus(d_->StreamCreate(&c.stream, cu::kStreamNonBlocking), "cuStreamCreate");
       if (status_.ok()) c.stream_ctx = *ctx;
     }
@@ -1138,8 +1143,9 @@ Result GetProperties(int dev, DeviceProps* p) {
   for (char ch : s.node_id + d.name) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
   p->guid = h;
   p->ptr_support = nccl_abi::kPtrHost | (s.cuda != nullptr ? nccl_abi::kPtrCuda : 0);
-  // NCCL sizes its channel count from speed: report what NVLink carries
-  // through the relay when a podlinkd is there (the point of the plugin).
+  // What NVLink carries through the relay when a podlinkd is there. NCCL
+  // still sizes channels by the NIC's PCIe path; Init's defaults and the
+  // tuner take care of the channel count (docs/nccl.md).
   p->speed_mbps = EnvInt("PODLINK_NCCL_SPEED_MBPS", s.node_id.empty() ? 100000 : 3200000);
   p->port = 1;
   p->latency_us = static_cast<float>(EnvInt("PODLINK_NCCL_LATENCY_US", 5));
