@@ -18,8 +18,7 @@ render=$build/chartrender
   || fail "building chartrender (needs golang-go, golang-github-masterminds-sprig-dev, golang-gopkg-yaml.v3-dev)"
 
 lint() {
-  yamllint -s -d '{extends: default, rules: {indentation: {indent-sequences: whatever}, document-start: disable,
-    line-length: {max: 200}, comments-indentation: disable}}' "$1" || fail "yamllint of $2"
+  yamllint -s -c tests/deploy/rendered.yamllint "$1" || fail "yamllint of $2"
 }
 
 # Defaults: podlinkd's own, probes through podlinkd --probe, no device plugin.

@@ -18,9 +18,9 @@ grep -q 'path: /readyz' "$out" || fail "no readiness probe on /readyz"
 grep -q 'path: /healthz' "$out" || fail "no liveness probe on /healthz"
 grep -q 'mountPath: /var/lib/kubelet/device-plugins' "$out" || fail "device-plugins dir not mounted"
 yamllint -s deploy/ charts/podlink/Chart.yaml charts/podlink/values.yaml charts/podlink/values-cluster.yaml .yamllint \
+  tests/deploy/rendered.yamllint \
   || fail "yamllint (sources)"
-yamllint -s -d '{extends: default, rules: {indentation: {indent-sequences: whatever}, document-start: disable,
-  line-length: {max: 200}}}' "$out" || fail "yamllint (rendered)"
+yamllint -s -c tests/deploy/rendered.yamllint "$out" || fail "yamllint (rendered)"
 # Every --flag the manifests pass must be one podlinkd documents.
 help=$("$podlinkd" --help)
 flags=$( (grep -ho -- '--[a-z-]*=' deploy/daemonset.yaml; grep -ho -- '--[a-z-]*=' charts/podlink/templates/daemonset.yaml
