@@ -1,8 +1,5 @@
 // podlinkd: wires the parts together and serves until SIGINT/SIGTERM.
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/time.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -154,48 +151,6 @@ bool ParseArgs(int argc, char** argv, Args& a) {
   return true;
 }
 
-// GET `path` from host:port over HTTP/1.0; 0 when the status is 200, 1
-// otherwise (with the reason on stderr). Bounded by a 3-second timeout.
-int Probe(const std::string& addr, const std::string& path) {
-  size_t colon = addr.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(addr.substr(colon + 1), &port) || port <= 0 || port > 65535) {
-    std::cerr << "podlinkd --probe: --metrics-addr " << addr << " is not host:port\n";
-    return 1;
-  }
-  std::string host = addr.substr(0, colon);
-  if (host.empty() || host == "0.0.0.0") host = "127.0.0.1";
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(port));
-  if (::inet_pton(AF_INET, host.c_str(), &sa.sin_addr) != 1) {
-    std::cerr << "podlinkd --probe: " << host << " is not an IPv4 address\n";
-    return 1;
-  }
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return 1;
-  timeval tv{3, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  std::string req = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", host, "\r\n\r\n");
-  char buf[256] = {};
-  ssize_t n = -1;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0 &&
-      ::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
-    n = ::recv(fd, buf, sizeof(buf) - 1, 0);
-  }
-  int err = errno;
-  ::close(fd);
-  if (n <= 0) {
-    std::cerr << "podlinkd --probe: no answer from " << addr << ": " << std::strerror(err) << "\n";
-    return 1;
-  }
-  std::string status(buf, std::strcspn(buf, "\r\n"));
-  if (absl::StartsWith(status, "HTTP/1.") && status.size() >= 12 && status.substr(9, 3) == "200") return 0;
-  std::cerr << "podlinkd --probe: " << path << " answered \"" << status << "\"\n";
-  return 1;
-}
-
 // True when something accepts connections on `path` (another daemon).
 bool SocketLive(const std::string& path, int type) {
   int fd = ::socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
@@ -213,7 +168,11 @@ bool SocketLive(const std::string& path, int type) {
 int main(int argc, char** argv) {
   Args args;
   if (!ParseArgs(argc, argv, args)) return 2;
-  if (!args.probe.empty()) return Probe(args.metrics_addr, args.probe);
+  if (!args.probe.empty()) {
+    absl::Status st = podlink::ProbeHttp(args.metrics_addr, args.probe);
+    if (!st.ok()) std::cerr << "podlinkd --probe: " << st.message() << "\n";
+    return st.ok() ? 0 : 1;
+  }
   auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
   for (const char* name : {"podlinkd", "broker", "fdchan", "gpu", "relay", "deviceplugin"}) {
     spdlog::register_logger(std::make_shared<spdlog::logger>(name, sink));

@@ -52,7 +52,7 @@ void WriteAll(int fd, const std::string& s) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& addr, Handler handler) {
+absl::StatusOr<sockaddr_in> ParseHttpAddress(const std::string& addr) {
   std::vector<std::string> hp = absl::StrSplit(addr, absl::MaxSplits(':', 1));
   int port = 0;
   sockaddr_in sa{};
@@ -62,6 +62,38 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
     return absl::InvalidArgumentError(absl::StrCat("metrics address '", addr, "' is not IPv4-host:port"));
   }
   sa.sin_port = htons(static_cast<uint16_t>(port));
+  return sa;
+}
+
+absl::Status ProbeHttp(const std::string& addr, const std::string& path) {
+  PODLINK_ASSIGN_OR_RETURN(sockaddr_in sa, ParseHttpAddress(addr));
+  if (sa.sin_port == 0) return absl::InvalidArgumentError(absl::StrCat("port 0 of '", addr, "' cannot be probed"));
+  if (sa.sin_addr.s_addr == htonl(INADDR_ANY)) sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) return ErrnoStatus(errno, "socket");
+  timeval tv{3, 0};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  std::string req = absl::StrCat("GET ", path, " HTTP/1.0\r\n\r\n");
+  char buf[256] = {};
+  ssize_t n = -1;
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0 &&
+      ::send(fd.get(), req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size())) {
+    n = ::recv(fd.get(), buf, sizeof(buf) - 1, 0);
+  }
+  if (n <= 0) {
+    return absl::UnavailableError(
+        absl::StrCat("no answer from ", addr, ": ", n == 0 ? "connection closed" : std::strerror(errno)));
+  }
+  std::string status(buf, std::strcspn(buf, "\r\n"));
+  if (absl::StartsWith(status, "HTTP/1.") && status.size() >= 12 && status.substr(9, 3) == "200") {
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(path, " answered \"", status, "\""));
+}
+
+absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string& addr, Handler handler) {
+  PODLINK_ASSIGN_OR_RETURN(sockaddr_in sa, ParseHttpAddress(addr));
   UniqueFd ls(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!ls) return ErrnoStatus(errno, "socket");
   int one = 1;

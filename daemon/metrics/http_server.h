@@ -3,11 +3,14 @@
 // read deadline so a silent client cannot hold a slot, Connection: close.
 #pragma once
 
+#include <netinet/in.h>
+
 #include <atomic>
 #include <functional>
 #include <string>
 #include <thread>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/unique_fd.h"
 
@@ -18,6 +21,15 @@ struct HttpResponse {
   std::string content_type = "text/plain; charset=utf-8";
   std::string body;
 };
+
+// "host:port" with an IPv4 host (empty: 0.0.0.0) and a port in 0..65535.
+absl::StatusOr<sockaddr_in> ParseHttpAddress(const std::string& addr);
+
+// GET `path` from the server at `addr` (0.0.0.0 means this host) over
+// HTTP/1.0: OK when it answers 200, otherwise an error saying why (bad
+// address, no answer, the status line). Each step bounded by 3 seconds.
+// podlinkd --probe uses it for the DaemonSet's exec probes.
+absl::Status ProbeHttp(const std::string& addr, const std::string& path);
 
 class HttpServer {
  public:

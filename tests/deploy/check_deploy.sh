@@ -77,7 +77,7 @@ if "$podlinkd" --probe /healthz --metrics-addr "127.0.0.1:$port" 2> "$sock/probe
 grep -q "no answer" "$sock/probe" || fail "--probe without a daemon: $(cat "$sock/probe")"
 for addr in garbage 127.0.0.1:0 127.0.0.1:99999 not-an-ip:9477; do
   if "$podlinkd" --probe /healthz --metrics-addr "$addr" 2> "$sock/probe"; then fail "--probe accepted $addr"; fi
-  grep -qE "not host:port|not an IPv4 address" "$sock/probe" || fail "--probe $addr: $(cat "$sock/probe")"
+  grep -qE "is not IPv4-host:port|cannot be probed" "$sock/probe" || fail "--probe $addr: $(cat "$sock/probe")"
 done
 rm -rf "$sock"
 echo "deploy/ renders ($(grep -c '^kind:' "$out") objects), lints, and uses only known flags: $flags" | tr '\n' ' '
