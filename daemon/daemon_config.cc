@@ -15,7 +15,7 @@ absl::StatusOr<DaemonConfig> ParseDaemonConfig(const std::string& json_text) {
     return absl::InvalidArgumentError("config is not a JSON object");
   }
   for (auto it = doc.begin(); it != doc.end(); ++it) {
-    if (it.key() != "limits" && it.key() != "pods") {
+    if (it.key() != "limits" && it.key() != "pods" && it.key() != "identity") {
       return absl::InvalidArgumentError(absl::StrCat("config: unknown key \"", it.key(), "\""));
     }
   }
@@ -36,8 +36,35 @@ absl::StatusOr<DaemonConfig> ParseDaemonConfig(const std::string& json_text) {
         cfg.broker.registry.max_exports_total = v;
       } else if (it.key() == "max_pending_offers") {
         cfg.broker.max_pending_offers = v;
+      } else if (it.key() == "offer_ttl_seconds") {
+        cfg.broker.offer_ttl = absl::Seconds(static_cast<int64_t>(v));
+      } else if (it.key() == "max_sessions_per_pod") {
+        cfg.broker.max_sessions_per_pod = v;
+      } else if (it.key() == "max_exports_per_pod") {
+        cfg.broker.registry.max_exports_per_pod = v;
       } else {
         return absl::InvalidArgumentError(absl::StrCat("config: unknown limit \"", it.key(), "\""));
+      }
+    }
+  }
+  if (doc.contains("identity")) {
+    const auto& id = doc["identity"];
+    if (!id.is_object()) return absl::InvalidArgumentError("config: \"identity\" must be an object");
+    for (auto it = id.begin(); it != id.end(); ++it) {
+      if (it.key() != "kubelet_cgroup_roots") {
+        return absl::InvalidArgumentError(absl::StrCat("config: unknown key identity.", it.key()));
+      }
+      if (!it->is_array() || it->empty()) {
+        return absl::InvalidArgumentError("config: identity.kubelet_cgroup_roots must be a non-empty array");
+      }
+      cfg.broker.cgroup_layout.kubelet_roots.clear();
+      for (const auto& r : *it) {
+        if (!r.is_string() || r.get<std::string>().empty() || r.get<std::string>()[0] != '/' ||
+            r.get<std::string>().find("..") != std::string::npos) {
+          return absl::InvalidArgumentError(
+              "config: identity.kubelet_cgroup_roots entries must be absolute cgroup paths without '..'");
+        }
+        cfg.broker.cgroup_layout.kubelet_roots.push_back(r.get<std::string>());
       }
     }
   }

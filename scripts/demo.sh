@@ -29,8 +29,11 @@ else
   echo "note: no writable cgroup2 mount; the two pods will share one identity"; A_CG=""; B_CG=""
 fi
 
+# podlinkd believes pod cgroups only under the kubelet's root; the demo's
+# stand-in for it is its own folder.
 cat > "$WORK/config.json" <<JSON
-{"pods": [
+{"identity": {"kubelet_cgroup_roots": ["/", "/podlink-demo-$$"]},
+ "pods": [
   {"match": {"pod_uid": "$UID_A"}, "namespace": "demo", "name": "prefill-0",
    "annotations": {"podlink.io/peer-group": "demo-job"}},
   {"match": {"pod_uid": "$UID_B"}, "namespace": "demo", "name": "decode-0",

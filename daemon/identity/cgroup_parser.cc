@@ -3,9 +3,10 @@
 #include <optional>
 #include <vector>
 
-#include "absl/strings/string_view.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -21,21 +22,10 @@ bool IsHex(absl::string_view s) {
   return true;
 }
 
-// Pod UIDs are RFC 4122 UUIDs; the systemd driver writes '_' for '-'.
-std::string CanonicalPodUid(absl::string_view raw) {
-  std::string uid = absl::AsciiStrToLower(absl::StrReplaceAll(raw, {{"_", "-"}}));
-  if (uid.size() != 36) return "";
-  for (size_t i = 0; i < uid.size(); ++i) {
-    bool dash = (i == 8 || i == 13 || i == 18 || i == 23);
-    if (dash ? uid[i] != '-' : !absl::ascii_isxdigit(static_cast<unsigned char>(uid[i]))) return "";
-  }
-  return uid;
-}
-
 // Container ids are 12..64 hex digits (containerd, CRI-O, Docker all use 64).
 bool IsContainerId(absl::string_view s) { return s.size() >= 12 && s.size() <= 64 && IsHex(s); }
 
-// Recognizes "<runtime-prefix><id>[.scope]" and returns true with id/runtime set.
+// Recognizes "<runtime-prefix><id>[.scope]" or a bare id.
 bool ParseContainerSegment(absl::string_view seg, std::string& id, std::string& runtime) {
   absl::ConsumeSuffix(&seg, ".scope");
   struct Prefix {
@@ -65,99 +55,138 @@ bool ParseContainerSegment(absl::string_view seg, std::string& id, std::string& 
   return false;
 }
 
+// True for a segment that claims to be a pod's or kubepods' cgroup: such a
+// segment outside the kubelet's layout is an impersonation attempt or a
+// layout podlinkd does not understand, and either way must not be guessed.
+bool LooksKube(absl::string_view seg) {
+  absl::string_view name = seg;
+  absl::ConsumeSuffix(&name, ".slice");
+  if (absl::StrContains(name, "kubepods")) return true;
+  size_t pos = name.rfind("pod");
+  return pos != absl::string_view::npos && !CanonicalPodUid(name.substr(pos + 3)).empty();
+}
+
+std::vector<absl::string_view> Segments(absl::string_view path) {
+  return absl::StrSplit(path, '/', absl::SkipEmpty());
+}
+
+// The systemd name prefix children of `root` carry: "" for "/" or a plain
+// directory, "kubelet-" under "kubelet.slice".
+std::string SlicePrefix(absl::string_view root) {
+  std::vector<absl::string_view> segs = Segments(root);
+  if (segs.empty()) return "";
+  absl::string_view last = segs.back();
+  if (!absl::ConsumeSuffix(&last, ".slice") || last == "-") return "";
+  return absl::StrCat(last, "-");
+}
+
+// Matches `rest` (the segments below one kubelet root) against the kubelet's
+// layout. nullopt if it does not match.
+std::optional<CgroupInfo> MatchKubelet(const std::vector<absl::string_view>& rest, const std::string& prefix) {
+  if (rest.empty()) return std::nullopt;
+  CgroupInfo info;
+  size_t i = 0;
+  std::string uid;
+  if (rest[0] == absl::StrCat(prefix, "kubepods.slice")) {
+    // systemd driver.
+    ++i;
+    std::string pod_prefix = absl::StrCat(prefix, "kubepods-pod");
+    info.qos_class = "guaranteed";
+    for (absl::string_view qos : {"burstable", "besteffort"}) {
+      if (i < rest.size() && rest[i] == absl::StrCat(prefix, "kubepods-", qos, ".slice")) {
+        info.qos_class = std::string(qos);
+        pod_prefix = absl::StrCat(prefix, "kubepods-", qos, "-pod");
+        ++i;
+        break;
+      }
+    }
+    if (i >= rest.size()) return std::nullopt;
+    absl::string_view pod = rest[i++];
+    if (!absl::ConsumePrefix(&pod, pod_prefix) || !absl::ConsumeSuffix(&pod, ".slice")) return std::nullopt;
+    uid = CanonicalPodUid(pod);
+  } else if (rest[0] == "kubepods" && prefix.empty()) {
+    // cgroupfs driver.
+    ++i;
+    info.qos_class = "guaranteed";
+    if (i < rest.size() && (rest[i] == "burstable" || rest[i] == "besteffort")) info.qos_class = std::string(rest[i++]);
+    if (i >= rest.size()) return std::nullopt;
+    absl::string_view pod = rest[i++];
+    if (!absl::ConsumePrefix(&pod, "pod")) return std::nullopt;
+    uid = CanonicalPodUid(pod);
+  } else {
+    return std::nullopt;
+  }
+  if (uid.empty()) return std::nullopt;
+  // Exactly one container segment, and nothing below it.
+  if (i + 1 != rest.size()) return std::nullopt;
+  if (!ParseContainerSegment(rest[i], info.container_id, info.runtime)) return std::nullopt;
+  info.pod_uid = uid;
+  return info;
+}
+
 }  // namespace
 
-CgroupInfo ParseCgroupPath(absl::string_view path) {
-  CgroupInfo info;
-  info.path = std::string(path);
-  std::vector<absl::string_view> segs = absl::StrSplit(path, '/', absl::SkipEmpty());
-  bool in_kubepods = false;
-  for (absl::string_view seg : segs) {
-    absl::string_view name = seg;
-    bool slice = absl::ConsumeSuffix(&name, ".slice");
-    if (!in_kubepods) {
-      // "kubepods", "kubepods.slice", or "kubelet-kubepods.slice" under kubelet.slice.
-      if (name == "kubepods" || absl::EndsWith(name, "-kubepods")) in_kubepods = true;
-      continue;
-    }
-    if (slice) {
-      // systemd: kubepods-burstable.slice, kubepods-burstable-pod<uid>.slice,
-      // kubepods-pod<uid>.slice (guaranteed).
-      size_t pos = name.rfind("-pod");
-      if (pos != absl::string_view::npos) {
-        std::string uid = CanonicalPodUid(name.substr(pos + 4));
-        if (!uid.empty()) {
-          info.pod_uid = uid;
-          if (absl::StrContains(name, "-burstable-")) {
-            info.qos_class = "burstable";
-          } else if (absl::StrContains(name, "-besteffort-")) {
-            info.qos_class = "besteffort";
-          } else {
-            info.qos_class = "guaranteed";
-          }
-          continue;
-        }
-      }
-      if (absl::EndsWith(name, "-burstable")) info.qos_class = "burstable";
-      if (absl::EndsWith(name, "-besteffort")) info.qos_class = "besteffort";
-      continue;
-    }
-    // cgroupfs: kubepods/burstable/pod<uid>/<id>
-    if (info.pod_uid.empty()) {
-      if (name == "burstable" || name == "besteffort") {
-        info.qos_class = std::string(name);
-        continue;
-      }
-      absl::string_view rest = name;
-      if (absl::ConsumePrefix(&rest, "pod")) {
-        std::string uid = CanonicalPodUid(rest);
-        if (!uid.empty()) {
-          info.pod_uid = uid;
-          if (info.qos_class.empty()) info.qos_class = "guaranteed";
-          continue;
-        }
-      }
-      continue;
-    }
-    if (info.container_id.empty()) {
-      ParseContainerSegment(seg, info.container_id, info.runtime);
+std::string CanonicalPodUid(absl::string_view raw) {
+  std::string uid = absl::AsciiStrToLower(absl::StrReplaceAll(raw, {{"_", "-"}}));
+  if (uid.size() == 32) return IsHex(uid) ? uid : "";  // static pods: a hash, no dashes
+  if (uid.size() != 36) return "";
+  for (size_t i = 0; i < uid.size(); ++i) {
+    bool dash = (i == 8 || i == 13 || i == 18 || i == 23);
+    if (dash ? uid[i] != '-' : !absl::ascii_isxdigit(static_cast<unsigned char>(uid[i]))) return "";
+  }
+  return uid;
+}
+
+absl::StatusOr<CgroupInfo> ParseCgroupPath(absl::string_view path, const CgroupLayout& layout) {
+  std::vector<absl::string_view> segs = Segments(path);
+  for (const std::string& root : layout.kubelet_roots) {
+    std::vector<absl::string_view> root_segs = Segments(root);
+    if (root_segs.size() >= segs.size() || !std::equal(root_segs.begin(), root_segs.end(), segs.begin())) continue;
+    std::vector<absl::string_view> rest(segs.begin() + static_cast<long>(root_segs.size()), segs.end());
+    if (std::optional<CgroupInfo> info = MatchKubelet(rest, SlicePrefix(root))) {
+      info->path = std::string(path);
+      return *std::move(info);
     }
   }
-  if (info.pod_uid.empty()) {
-    // Not a pod; still record a container id (plain Docker/containerd).
-    info.qos_class.clear();
-    for (absl::string_view seg : segs) {
-      if (ParseContainerSegment(seg, info.container_id, info.runtime)) break;
+  for (absl::string_view seg : segs) {
+    if (LooksKube(seg)) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "cgroup ", path, " names a pod or kubepods cgroup but is not a container cgroup in the kubelet's layout "
+          "under ", absl::StrJoin(layout.kubelet_roots, " or "),
+          " (a pod segment elsewhere, a cgroup below the container's, or a cgroup namespace that hides the host's "
+          "paths); podlinkd identifies pods only by the kubelet's own cgroups"));
     }
+  }
+  CgroupInfo info;
+  info.path = std::string(path);
+  // Not a pod; still record a container id (plain Docker/containerd).
+  for (absl::string_view seg : segs) {
+    if (ParseContainerSegment(seg, info.container_id, info.runtime)) break;
   }
   return info;
 }
 
-absl::StatusOr<CgroupInfo> ParseProcCgroup(absl::string_view contents) {
-  std::optional<CgroupInfo> v2;
-  std::optional<CgroupInfo> v1_pod;
-  bool any = false;
+absl::StatusOr<CgroupInfo> ParseProcCgroup(absl::string_view contents, const CgroupLayout& layout) {
+  std::optional<CgroupInfo> v2, first, pod;
   for (absl::string_view line : absl::StrSplit(contents, '\n', absl::SkipWhitespace())) {
     // hierarchy-ID:controller-list:cgroup-path ; the path may contain ':'.
     std::vector<absl::string_view> parts = absl::StrSplit(line, absl::MaxSplits(':', 2));
     if (parts.size() != 3 || parts[2].empty() || parts[2][0] != '/') continue;
-    any = true;
-    CgroupInfo info = ParseCgroupPath(parts[2]);
-    if (parts[0] == "0" && parts[1].empty()) {
-      v2 = std::move(info);
-    } else if (!v1_pod && info.in_pod()) {
-      v1_pod = std::move(info);
+    absl::StatusOr<CgroupInfo> info = ParseCgroupPath(parts[2], layout);
+    if (!info.ok()) return info.status();
+    if (info->in_pod()) {
+      if (pod && (pod->pod_uid != info->pod_uid || pod->container_id != info->container_id)) {
+        return absl::PermissionDeniedError(absl::StrCat("cgroup hierarchies disagree about the process's pod: ",
+                                                        pod->path, " vs ", info->path));
+      }
+      if (!pod) pod = *info;
     }
+    if (parts[0] == "0" && parts[1].empty()) v2 = *info;
+    if (!first) first = *std::move(info);
   }
-  if (!any) return absl::InvalidArgumentError("cgroup file has no 'id:controllers:/path' line");
-  if (v2 && (v2->in_pod() || !v1_pod)) return *std::move(v2);
-  if (v1_pod) return *std::move(v1_pod);
-  // Only v1 lines and none names a pod: report the first path.
-  for (absl::string_view line : absl::StrSplit(contents, '\n', absl::SkipWhitespace())) {
-    std::vector<absl::string_view> parts = absl::StrSplit(line, absl::MaxSplits(':', 2));
-    if (parts.size() == 3 && !parts[2].empty() && parts[2][0] == '/') return ParseCgroupPath(parts[2]);
-  }
-  return absl::InvalidArgumentError("unreachable");
+  if (!first) return absl::InvalidArgumentError("cgroup file has no 'id:controllers:/path' line");
+  if (pod) return *std::move(pod);
+  return v2 ? *std::move(v2) : *std::move(first);
 }
 
 }  // namespace podlink

@@ -1,4 +1,5 @@
 #include "daemon/identity/cri_source.h"
+#include "daemon/identity/standalone_source.h"
 
 #include <unistd.h>
 
@@ -38,7 +39,6 @@ absl::Status CriPodSource::Refresh() {
     auto it = best.find(md.uid());
     if (it != best.end() && it->second.second >= rank) continue;  // keep the ready, newest sandbox
     PodInfo p;
-    p.key = absl::StrCat("pod:", md.uid());
     p.uid = md.uid();
     p.namespace_ = md.namespace_();
     p.name = md.name();
@@ -64,7 +64,9 @@ absl::StatusOr<PodInfo> CriPodSource::Resolve(const PeerIdentity& peer) {
     return absl::UnavailableError(absl::StrCat("pod ", uid, " (from the client's cgroup) is not known to the ",
                                                "container runtime at ", socket_));
   }
-  return it->second;
+  PodInfo pod = it->second;
+  pod.key = IdentityKey(peer);
+  return pod;
 }
 
 }  // namespace podlink

@@ -56,7 +56,7 @@ bool PidfdAlive(int pidfd) {
   return r == 0;  // readable (POLLIN) once the process exited
 }
 
-absl::StatusOr<PeerIdentity> IdentifyPeer(int sock, const std::string& proc_root) {
+absl::StatusOr<PeerIdentity> IdentifyPeer(int sock, const CgroupLayout& layout, const std::string& proc_root) {
   PeerIdentity id;
   ucred cred{};
   socklen_t len = sizeof(cred);
@@ -84,7 +84,7 @@ absl::StatusOr<PeerIdentity> IdentifyPeer(int sock, const std::string& proc_root
   PODLINK_ASSIGN_OR_RETURN(std::string cgroup_text, ReadSmallFile(base + "/cgroup"));
   PODLINK_ASSIGN_OR_RETURN(std::string stat_text, ReadSmallFile(base + "/stat"));
   PODLINK_ASSIGN_OR_RETURN(id.start_time, ParseStartTime(stat_text));
-  PODLINK_ASSIGN_OR_RETURN(id.cgroup, ParseProcCgroup(cgroup_text));
+  PODLINK_ASSIGN_OR_RETURN(id.cgroup, ParseProcCgroup(cgroup_text, layout));
 
   // The pidfd pins the identity of the process: if it is still alive now, the
   // /proc entries read above were its own and not those of a reused pid.

@@ -25,8 +25,10 @@ struct PeerIdentity {
 // pidfd (SO_PEERPIDFD where the kernel has it, pidfd_open otherwise), reads
 // /proc/<pid>/cgroup and /proc/<pid>/stat, then checks through the pidfd that
 // the process is still alive, so a pid reused between connect and lookup is
-// never attributed to the wrong pod. `proc_root` is "/proc" except in tests.
-absl::StatusOr<PeerIdentity> IdentifyPeer(int sock, const std::string& proc_root = "/proc");
+// never attributed to the wrong pod. The cgroup is parsed against `layout`
+// (PERMISSION_DENIED for a cgroup that only pretends to be a pod's). `proc_root` is "/proc" except in tests.
+absl::StatusOr<PeerIdentity> IdentifyPeer(int sock, const CgroupLayout& layout = {},
+                                          const std::string& proc_root = "/proc");
 
 // True while the process behind `pidfd` has not exited.
 bool PidfdAlive(int pidfd);

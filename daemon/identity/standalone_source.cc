@@ -10,7 +10,9 @@
 namespace podlink {
 
 std::string IdentityKey(const PeerIdentity& peer) {
-  if (peer.cgroup.in_pod()) return absl::StrCat("pod:", peer.cgroup.pod_uid);
+  // The Unix uid is part of every key: two processes of one pod that run as
+  // different users are not "the same pod" for the same-pod rule.
+  if (peer.cgroup.in_pod()) return absl::StrCat("pod:", peer.cgroup.pod_uid, "/uid:", peer.uid);
   return absl::StrCat("uid:", peer.uid, "@", peer.cgroup.path);
 }
 
@@ -43,8 +45,8 @@ absl::StatusOr<std::vector<StandalonePodRule>> StandalonePodSource::ParseRules(
         r.pod_uid = it->get<std::string>();
       } else if (it.key() == "cgroup_prefix" && it->is_string()) {
         r.cgroup_prefix = it->get<std::string>();
-      } else if (it.key() == "uid" && it->is_number_unsigned()) {
-        r.uid = it->get<uint32_t>();
+      } else if (it.key() == "uid" && it->is_number_unsigned() && it->get<uint64_t>() <= UINT32_MAX) {
+        r.uid = static_cast<uint32_t>(it->get<uint64_t>());  // a larger value must not wrap to root's 0
       } else {
         return absl::InvalidArgumentError(
             absl::StrCat(where, ".match: unknown key or wrong type: \"", it.key(), "\""));

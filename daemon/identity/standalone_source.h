@@ -43,7 +43,8 @@ class StandalonePodSource : public PodSource {
   std::vector<StandalonePodRule> rules_;
 };
 
-// Key that tells two clients apart when there is no pod UID.
+// The key the same-pod rule compares: pod UID (from the kubelet's cgroup)
+// and Unix uid; uid and cgroup path outside Kubernetes.
 std::string IdentityKey(const PeerIdentity& peer);
 
 }  // namespace podlink

@@ -47,7 +47,7 @@ for p in a b; do
   fi
 done
 rule() { echo "{\"match\": {\"pod_uid\": \"${POD_UID[$1]}\"}, \"namespace\": \"ml\", \"name\": \"$2\", \"annotations\": {\"podlink.io/peer-group\": \"nccl-job\"}}"; }
-echo "{\"pods\": [$(rule a rank0-gpu0), $(rule b rank1-gpu1)]}" > "$WORK/config.json"
+echo "{\"identity\": {\"kubelet_cgroup_roots\": [\"/podlink-nccl-$$\"]}, \"pods\": [$(rule a rank0-gpu0), $(rule b rank1-gpu1)]}" > "$WORK/config.json"
 DPID=""
 # start_daemon ARGS...: (re)starts podlinkd; each plugin setup gets a fresh
 # one, so its metrics cover that setup only.

@@ -43,7 +43,7 @@ for p in A B C D; do
 done
 echo "cgroup2 at '$CG' usable for pods: $CG_OK"
 rule() { echo "{\"match\": {\"pod_uid\": \"${POD_UID[$1]}\"}, \"namespace\": \"gpu\", \"name\": \"$2\", \"annotations\": {\"podlink.io/peer-group\": \"gpu-job\"}}"; }
-echo "{\"pods\": [$(rule A exporter-gpu0), $(rule B importer-gpu1-isolated), $(rule C importer-gpu1-direct), $(rule D importer-gpu0)]}" > "$WORK/config.json"
+echo "{\"identity\": {\"kubelet_cgroup_roots\": [\"/podlink-gpu-$$\"]}, \"pods\": [$(rule A exporter-gpu0), $(rule B importer-gpu1-isolated), $(rule C importer-gpu1-direct), $(rule D importer-gpu0)]}" > "$WORK/config.json"
 
 mkdir -p "$SOCK"
 "$BIN/podlinkd" --socket-dir "$SOCK" --config "$WORK/config.json" 2> "$OUT/podlinkd.log" &

@@ -69,7 +69,14 @@ Daemon::Daemon(const std::string& config_json, std::vector<std::string> extra_ar
   char tmpl[] = "/tmp/podlink-it-XXXXXX";
   dir_ = ::mkdtemp(tmpl);
   std::string cfg = dir_ + "/config.json";
-  std::ofstream(cfg) << config_json;
+  // Pods made by PodCgroup are believed only under the test's kubelet root.
+  nlohmann::json doc = nlohmann::json::parse(config_json, nullptr, false);
+  if (doc.is_object() && !doc.contains("identity")) {
+    doc["identity"] = {{"kubelet_cgroup_roots", {"/", "/kubelet.slice", TestKubeletRoot()}}};
+    std::ofstream(cfg) << doc.dump();
+  } else {
+    std::ofstream(cfg) << config_json;
+  }
   pid_ = fork();
   if (pid_ == 0) {
     int log = ::open((dir_ + "/podlinkd.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -131,6 +138,33 @@ long Daemon::RssKb() const {
 
 std::string Daemon::Log() const { return ReadFile(dir_ + "/podlinkd.log"); }
 
+bool Daemon::WaitForLog(const std::string& text, int timeout_ms) const {
+  for (int waited = 0;; waited += 10) {
+    if (Log().find(text) != std::string::npos) return true;
+    if (waited >= timeout_ms) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// All pods of one test process live under one stand-in for the kubelet's
+// cgroup root, which every Daemon of the process is configured with.
+std::string TestKubeletRoot() { return absl::StrCat("/podlink-test-", getpid()); }
+
+namespace {
+// Shared levels (the root, kubepods.slice, the QoS slices) outlive single
+// pods; they are removed, deepest first, when the test process exits.
+std::vector<std::string>& SharedCgroupDirs() {
+  static auto* dirs = [] {
+    auto* d = new std::vector<std::string>();
+    std::atexit([] {
+      for (auto it = SharedCgroupDirs().rbegin(); it != SharedCgroupDirs().rend(); ++it) ::rmdir(it->c_str());
+    });
+    return d;
+  }();
+  return *dirs;
+}
+}  // namespace
+
 PodCgroup::PodCgroup(const std::string& pod_uid, const std::string& qos) : pod_uid_(pod_uid) {
   std::string root = Cgroup2Root();
   if (root.empty()) {
@@ -140,14 +174,28 @@ PodCgroup::PodCgroup(const std::string& pod_uid, const std::string& qos) : pod_u
   uint64_t r = Rng()();
   container_id_ = absl::StrFormat("%016x%016x%016x%016x", r, r ^ 0x5555, r ^ 0xaaaa, r ^ 0xffff);
   std::string u = absl::StrReplaceAll(pod_uid, {{"-", "_"}});
-  std::vector<std::string> parts = {
-      absl::StrCat("podlink-test-", getpid(), "-", r & 0xffffff), "kubepods.slice",
-      absl::StrCat("kubepods-", qos, ".slice"), absl::StrCat("kubepods-", qos, "-pod", u, ".slice"),
-      absl::StrCat("cri-containerd-", container_id_, ".scope")};
+  std::vector<std::string> shared = {TestKubeletRoot().substr(1), "kubepods.slice"};
+  std::vector<std::string> own;
+  if (qos == "guaranteed") {
+    own = {absl::StrCat("kubepods-pod", u, ".slice")};
+  } else {
+    shared.push_back(absl::StrCat("kubepods-", qos, ".slice"));
+    own = {absl::StrCat("kubepods-", qos, "-pod", u, ".slice")};
+  }
+  own.push_back(absl::StrCat("cri-containerd-", container_id_, ".scope"));
   std::string p = root;
-  for (const auto& part : parts) {
+  for (const auto& part : shared) {
     p += "/" + part;
-    if (::mkdir(p.c_str(), 0755) != 0 && errno != EEXIST) {
+    if (::mkdir(p.c_str(), 0755) == 0) {
+      SharedCgroupDirs().push_back(p);
+    } else if (errno != EEXIST) {
+      ADD_FAILURE() << "mkdir " << p << ": " << strerror(errno);
+      return;
+    }
+  }
+  for (const auto& part : own) {
+    p += "/" + part;
+    if (::mkdir(p.c_str(), 0755) != 0) {
       ADD_FAILURE() << "mkdir " << p << ": " << strerror(errno);
       return;
     }
@@ -165,13 +213,18 @@ PodCgroup::~PodCgroup() {
   }
 }
 
-Pod::Pod(const Daemon& d, const PodCgroup* cg, std::vector<std::string> args, const std::string& binary) {
+std::string DemoPath() { return BinPath("PODLINK_DEMO_PATH", PODLINK_DEMO_PATH); }
+
+Pod::Pod(const Daemon& d, const PodCgroup* cg, std::vector<std::string> args, const std::string& binary)
+    : Pod(d, cg ? cg->path() : "", std::move(args), binary) {}
+
+Pod::Pod(const Daemon& d, const std::string& cgroup_path, std::vector<std::string> args, const std::string& binary) {
   int in[2], out[2];
   if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
     ADD_FAILURE() << "pipe";
     return;
   }
-  std::string procs = cg ? cg->path() + "/cgroup.procs" : "";
+  std::string procs = cgroup_path.empty() ? "" : cgroup_path + "/cgroup.procs";
   pid_ = fork();
   if (pid_ == 0) {
     if (!procs.empty()) {
@@ -184,7 +237,7 @@ Pod::Pod(const Daemon& d, const PodCgroup* cg, std::vector<std::string> args, co
     setenv("PODLINK_SOCKET", d.dir().c_str(), 1);
     std::vector<std::string> full = {"unshare", "--pid",   "--fork", "--kill-child", "--mount-proc",
                                      "--uts",   "--ipc",   "--net",  "--mount",      "--",
-                                     binary.empty() ? BinPath("PODLINK_DEMO_PATH", PODLINK_DEMO_PATH) : binary};
+                                     binary.empty() ? DemoPath() : binary};
     for (auto& a : args) full.push_back(a);
     std::vector<char*> argv;
     for (auto& a : full) argv.push_back(a.data());

@@ -25,6 +25,9 @@ class Daemon {
   int OpenFds() const;     // entries in /proc/<pid>/fd
   long RssKb() const;      // VmRSS
   std::string Log() const;
+  // True once the log holds `text` (the daemon logs a refusal just after the
+  // client sees it); false after `timeout_ms`.
+  bool WaitForLog(const std::string& text, int timeout_ms = 5000) const;
   bool Alive() const;
   int metrics_port() const { return metrics_port_; }
 
@@ -54,6 +57,9 @@ class Pod {
   // Runs podlink-demo (or `binary`) with `args` in new namespaces inside `cg`
   // (nullptr: the test's own cgroup, namespaces still new).
   Pod(const Daemon& d, const PodCgroup* cg, std::vector<std::string> args, const std::string& binary = "");
+  // The same in the cgroup at `cgroup_path` (absolute, in the cgroupfs; ""
+  // for the test's own), running `binary` (default podlink-demo) as `argv`.
+  Pod(const Daemon& d, const std::string& cgroup_path, std::vector<std::string> args, const std::string& binary);
   ~Pod();
   // Next JSON line from stdout, or nullopt after `timeout_ms` / EOF.
   std::optional<nlohmann::json> Next(int timeout_ms = 20000);
@@ -71,6 +77,13 @@ class Pod {
   bool waited_ = false;
   int status_ = 0;
 };
+
+// The stand-in for the kubelet's cgroup root that PodCgroup uses and every
+// Daemon is configured with (identity.kubelet_cgroup_roots).
+std::string TestKubeletRoot();
+
+// podlink-demo's path (as built, or $PODLINK_DEMO_PATH).
+std::string DemoPath();
 
 // Locates a writable cgroup2 mount ("" if none).
 std::string Cgroup2Root();

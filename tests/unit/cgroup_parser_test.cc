@@ -20,7 +20,11 @@ class CgroupSchemes : public ::testing::TestWithParam<Fixture> {};
 
 TEST_P(CgroupSchemes, ExtractsPodAndContainer) {
   const Fixture& f = GetParam();
-  CgroupInfo info = ParseCgroupPath(f.path);
+  CgroupLayout layout;
+  layout.kubelet_roots.push_back("/podlink-test-123");
+  absl::StatusOr<CgroupInfo> parsed = ParseCgroupPath(f.path, layout);
+  ASSERT_TRUE(parsed.ok()) << f.what << ": " << parsed.status();
+  const CgroupInfo& info = *parsed;
   EXPECT_EQ(info.pod_uid, kUid) << f.what;
   EXPECT_EQ(info.container_id, kCid) << f.what;
   EXPECT_EQ(info.qos_class, f.qos) << f.what;
@@ -70,39 +74,87 @@ INSTANTIATE_TEST_SUITE_P(
                     kUidUnderscore + ".slice/cri-containerd-" + kCid + ".scope",
                 "besteffort", "containerd"}));
 
-TEST(CgroupParser, CrioConmonIsNotAContainer) {
-  CgroupInfo info = ParseCgroupPath(S("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod") +
-                                    kUidUnderscore + ".slice/crio-conmon-" + kCid + ".scope");
-  EXPECT_EQ(info.pod_uid, kUid);
-  EXPECT_EQ(info.container_id, "");
+bool Refused(const std::string& path, const CgroupLayout& layout = {}) {
+  absl::StatusOr<CgroupInfo> info = ParseCgroupPath(path, layout);
+  return info.status().code() == absl::StatusCode::kPermissionDenied;
 }
 
-TEST(CgroupParser, PodSandboxLevelHasNoContainer) {
-  CgroupInfo info = ParseCgroupPath(S("/kubepods/besteffort/pod") + kUid);
-  EXPECT_EQ(info.pod_uid, kUid);
-  EXPECT_EQ(info.container_id, "");
-  EXPECT_TRUE(info.in_pod());
+const std::string kPodSlice = S("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod") +
+                              kUidUnderscore + ".slice";
+const std::string kScope = S("cri-containerd-") + kCid + ".scope";
+
+TEST(CgroupParser, StaticPodUidsAreAccepted) {
+  const std::string uid = "0123456789abcdef0123456789abcdef";  // the kubelet's hash for a static pod
+  auto info = ParseCgroupPath("/kubepods.slice/kubepods-pod" + uid + ".slice/" + kScope);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->pod_uid, uid);
+}
+
+TEST(CgroupParser, CrioConmonIsNotAContainer) {
+  EXPECT_TRUE(Refused(kPodSlice + "/crio-conmon-" + kCid + ".scope"));
+}
+
+TEST(CgroupParser, PodLevelWithoutContainerIsRefused) {
+  EXPECT_TRUE(Refused(S("/kubepods/besteffort/pod") + kUid));
+  EXPECT_TRUE(Refused(kPodSlice));
+  EXPECT_TRUE(Refused("/kubepods.slice"));
 }
 
 TEST(CgroupParser, NonPodProcesses) {
-  EXPECT_FALSE(ParseCgroupPath("/").in_pod());
-  EXPECT_FALSE(ParseCgroupPath("/user.slice/user-1000.slice/session-3.scope").in_pod());
-  CgroupInfo docker = ParseCgroupPath(S("/system.slice/docker-") + kCid + ".scope");
-  EXPECT_FALSE(docker.in_pod());
-  EXPECT_EQ(docker.container_id, kCid);
-  EXPECT_EQ(docker.runtime, "docker");
-  EXPECT_EQ(docker.qos_class, "");
+  EXPECT_FALSE(ParseCgroupPath("/")->in_pod());
+  EXPECT_FALSE(ParseCgroupPath("/user.slice/user-1000.slice/session-3.scope")->in_pod());
+  auto docker = ParseCgroupPath(S("/system.slice/docker-") + kCid + ".scope");
+  ASSERT_TRUE(docker.ok());
+  EXPECT_FALSE(docker->in_pod());
+  EXPECT_EQ(docker->container_id, kCid);
+  EXPECT_EQ(docker->runtime, "docker");
+  EXPECT_EQ(docker->qos_class, "");
 }
 
-TEST(CgroupParser, RejectsLookalikes) {
-  // Not a UUID after "pod", and a too-short container id.
-  CgroupInfo a = ParseCgroupPath("/kubepods/burstable/podnot-a-uuid/abc");
-  EXPECT_FALSE(a.in_pod());
-  CgroupInfo b = ParseCgroupPath(S("/kubepods/burstable/pod") + kUid + "/abc");
-  EXPECT_TRUE(b.in_pod());
-  EXPECT_EQ(b.container_id, "");
-  // "kubepods" must be a path segment, not a substring of a user's cgroup name.
-  EXPECT_FALSE(ParseCgroupPath(S("/user.slice/mykubepods/pod") + kUid + "/" + kCid).in_pod());
+// The attacks of issue 11 (1): a client that can create cgroups below its own
+// (systemd delegation, a nested runtime, a writable cgroupfs) must not become
+// another pod by naming it.
+TEST(CgroupParser, ChildCgroupsOfAContainerNamingAnotherPodAreRefused) {
+  const std::string victim = "11111111_2222_4333_8444_555555555555";
+  // <its scope>/x-pod<VICTIM>.slice, as found by the attack.
+  EXPECT_TRUE(Refused(kPodSlice + "/" + kScope + "/x-pod" + victim + ".slice"));
+  // A whole fake kubelet hierarchy below its own container.
+  EXPECT_TRUE(Refused(kPodSlice + "/" + kScope + "/kubepods.slice/kubepods-pod" + victim + ".slice/" + kScope));
+  // Anything at all below the container scope.
+  EXPECT_TRUE(Refused(kPodSlice + "/" + kScope + "/init.scope"));
+  EXPECT_TRUE(Refused(S("/kubepods/burstable/pod") + kUid + "/" + kCid + "/sub"));
+}
+
+TEST(CgroupParser, KubepodsPairsOutsideTheKubeletRootAreRefused) {
+  // A delegated user slice can hold any names: a kubepods/pod<UID> pair
+  // anywhere but at the kubelet's root is not a pod.
+  EXPECT_TRUE(Refused(S("/user.slice/user-1000.slice/user@1000.service/kubepods/pod") + kUid + "/" + kCid));
+  EXPECT_TRUE(Refused("/user.slice/user-1000.slice/user@1000.service/app.slice" + kPodSlice + "/" + kScope));
+  EXPECT_TRUE(Refused(S("/x/kubepods.slice/kubepods-pod") + kUidUnderscore + ".slice/" + kScope));
+  // A pod segment with no kubepods at all.
+  EXPECT_TRUE(Refused(S("/user.slice/x-pod") + kUidUnderscore + ".slice"));
+  // Paths seen from a private cgroup namespace hide the kubelet root.
+  EXPECT_TRUE(Refused(S("/../../kubepods-besteffort-pod") + kUidUnderscore + ".slice/" + kScope));
+  // The same test root is accepted only when configured.
+  CgroupLayout test_root;
+  test_root.kubelet_roots = {"/podlink-test-1"};
+  EXPECT_TRUE(ParseCgroupPath("/podlink-test-1" + kPodSlice + "/" + kScope, test_root).ok());
+  EXPECT_TRUE(Refused("/podlink-test-1" + kPodSlice + "/" + kScope));
+  EXPECT_TRUE(Refused(kPodSlice + "/" + kScope, test_root));
+}
+
+TEST(CgroupParser, LookalikeNamesAreRefused) {
+  // QoS and pod slices that do not match each other or the kubelet's names.
+  EXPECT_TRUE(Refused(S("/kubepods.slice/kubepods-burstable.slice/kubepods-besteffort-pod") + kUidUnderscore +
+                      ".slice/" + kScope));
+  EXPECT_TRUE(Refused(S("/kubepods.slice/kubepods-burstable.slice/x-kubepods-burstable-pod") + kUidUnderscore +
+                      ".slice/" + kScope));
+  EXPECT_TRUE(Refused(S("/kubepods.slice/extra.slice/kubepods-pod") + kUidUnderscore + ".slice/" + kScope));
+  EXPECT_TRUE(Refused("/kubepods/burstable/podnot-a-uuid/0123456789abcdef"));
+  EXPECT_TRUE(Refused(S("/kubepods/burstable/pod") + kUid + "/abc"));  // not a container id
+  EXPECT_TRUE(Refused(S("/kubepods/burstable/pod") + kUid + "/pod" + kUid + "/" + kCid));  // two pod levels
+  // "kubepods" inside a user's cgroup name is refused too, not guessed.
+  EXPECT_TRUE(Refused(S("/user.slice/mykubepods/pod") + kUid + "/" + kCid));
 }
 
 TEST(ParseProcCgroup, PrefersV2Line) {
@@ -121,6 +173,19 @@ TEST(ParseProcCgroup, HybridFallsBackToV1PodLine) {
   EXPECT_EQ(info->pod_uid, kUid);
   EXPECT_EQ(info->container_id, kCid);
   EXPECT_EQ(info->qos_class, "burstable");
+}
+
+TEST(ParseProcCgroup, LinesNamingDifferentPodsAreRefused) {
+  // A writable hierarchy (v2 under delegation) naming another pod than the
+  // v1 controllers the kubelet set.
+  std::string other = "11111111-2222-4333-8444-555555555555";
+  std::string text = S("4:memory:/kubepods/burstable/pod") + kUid + "/" + kCid + "\n0::/kubepods/burstable/pod" +
+                     other + "/" + kCid + "\n";
+  EXPECT_EQ(ParseProcCgroup(text).status().code(), absl::StatusCode::kPermissionDenied);
+  // Any refused line refuses the whole file.
+  text = S("4:memory:/kubepods/burstable/pod") + kUid + "/" + kCid + "\n0::/kubepods/burstable/pod" + kUid + "/" +
+         kCid + "/child\n";
+  EXPECT_EQ(ParseProcCgroup(text).status().code(), absl::StatusCode::kPermissionDenied);
 }
 
 TEST(ParseProcCgroup, PathWithColons) {

@@ -54,7 +54,7 @@ TEST(DaemonConfig, RejectsBadInputWithReason) {
 PeerIdentity Peer(uint32_t uid, std::string cgroup_path) {
   PeerIdentity p;
   p.uid = uid;
-  p.cgroup = ParseCgroupPath(cgroup_path);
+  p.cgroup = *ParseCgroupPath(cgroup_path);
   return p;
 }
 
