@@ -156,10 +156,12 @@ class Client::Impl {
       PODLINK_ASSIGN_OR_RETURN(ReceivedMessage r, ReadOneLocked());
       if (r.msg.type == static_cast<uint16_t>(FdMsgType::kOfferAck) && r.msg.seq == slot) {
         if (r.msg.a != 0) {
-          return ErrnoStatus(static_cast<int>(r.msg.a),
-                             r.msg.a == EMFILE ? "podlinkd refused the descriptor (too many offered "
-                                                 "but not exported)"
-                                               : "podlinkd refused the descriptor");
+          const char* why = r.msg.a == EMFILE   ? "podlinkd refused the descriptor (too many offered "
+                                                  "but not exported)"
+                             : r.msg.a == EINVAL ? "podlinkd refused the descriptor (only memfds, cuMem "
+                                                  "handles and eventfds may be offered)"
+                                                : "podlinkd refused the descriptor";
+          return ErrnoStatus(static_cast<int>(r.msg.a), why);
         }
         return slot;
       }
@@ -172,7 +174,7 @@ class Client::Impl {
     for (;;) {
       auto it = delivered_.find(slot);
       if (it != delivered_.end()) {
-        UniqueFd fd = std::move(it->second);
+        UniqueFd fd = std::move(it->second.fd);
         delivered_.erase(it);
         return fd;
       }
@@ -198,7 +200,12 @@ class Client::Impl {
       return absl::UnavailableError("podlinkd closed this session");
     }
     if (m.msg.type == static_cast<uint16_t>(FdMsgType::kDeliver)) {
-      if (m.fd.valid()) delivered_[m.msg.seq] = std::move(m.fd);
+      absl::Time now = absl::Now();
+      // A delivery is claimed right after its Import returns, and the daemon
+      // sends it before answering; one nobody claimed within two call
+      // timeouts belongs to an Import that timed out here, and never will be.
+      absl::erase_if(delivered_, [&](const auto& kv) { return now - kv.second.at > 2 * timeout_; });
+      if (m.fd.valid()) delivered_[m.msg.seq] = Delivery{std::move(m.fd), now};
     }
     return m;
   }
@@ -211,7 +218,11 @@ class Client::Impl {
 
   absl::Mutex mu_;  // serializes use of the descriptor channel; protects below
   uint64_t next_offer_ ABSL_GUARDED_BY(mu_) = 1;
-  absl::flat_hash_map<uint64_t, UniqueFd> delivered_ ABSL_GUARDED_BY(mu_);
+  struct Delivery {
+    UniqueFd fd;
+    absl::Time at;
+  };
+  absl::flat_hash_map<uint64_t, Delivery> delivered_ ABSL_GUARDED_BY(mu_);
 };
 
 // ---------------------------------------------------------------------------
@@ -354,7 +365,11 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> Client::AllocateHost(size_t size) {
   if (size == 0) return absl::InvalidArgumentError("size must be > 0");
   UniqueFd fd(::memfd_create("podlink-host", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd) return ErrnoStatus(errno, "memfd_create");
-  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) return ErrnoStatus(errno, "ftruncate memfd");
+  // Populated now, on this process's memory account: podlinkd refuses sparse
+  // exports (it would pay for their pages when it copies into them).
+  if (int err = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(size)); err != 0) {
+    return ErrnoStatus(err, absl::StrCat("allocating ", size, " bytes of host memory (fallocate memfd)"));
+  }
   if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     return ErrnoStatus(errno, "seal memfd");
   }
@@ -569,6 +584,13 @@ absl::StatusOr<std::unique_ptr<Mapping>> Client::Map(const Imported& imp, int ac
 absl::Status Client::Release(uint64_t export_id) {
   v1::ReleaseRequest req;
   req.set_export_id(export_id);
+  return impl_->Call<v1::ReleaseRequest, v1::ReleaseResponse>(&v1::Broker::Stub::Release, req).status();
+}
+
+absl::Status Client::DropImport(uint64_t export_id) {
+  v1::ReleaseRequest req;
+  req.set_export_id(export_id);
+  req.set_kind(v1::ReleaseResponse::KIND_IMPORT);
   return impl_->Call<v1::ReleaseRequest, v1::ReleaseResponse>(&v1::Broker::Stub::Release, req).status();
 }
 

@@ -79,7 +79,10 @@ class TransferEngine::Impl {
   ~Impl() {
     absl::MutexLock l(&mu_);
     // Let every relay copy that touches our memory finish before it goes away.
-    for (auto& [id, b] : batches_) (void)WaitLocked(id, absl::Seconds(5));
+    // WaitLocked erases what it waited for: iterate over a copy of the ids.
+    std::vector<uint64_t> ids;
+    for (const auto& [id, b] : batches_) ids.push_back(id);
+    for (uint64_t id : ids) (void)WaitLocked(id, absl::Seconds(5));
     if (cuda_ != nullptr) {
       for (auto& [id, b] : batches_) {
         if (b.event) cuda_->EventDestroy(b.event);
@@ -94,7 +97,9 @@ class TransferEngine::Impl {
     PODLINK_ASSIGN_OR_RETURN(layout_, RingLayout::Make(n, n, n));
     UniqueFd fd(::memfd_create("podlink-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING));
     if (!fd) return ErrnoStatus(errno, "memfd_create (relay ring)");
-    if (::ftruncate(fd.get(), static_cast<off_t>(layout_.total)) != 0) return ErrnoStatus(errno, "ftruncate ring");
+    if (int err = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(layout_.total)); err != 0) {
+      return ErrnoStatus(err, "fallocate ring");
+    }
     if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
       return ErrnoStatus(errno, "seal ring");
     }
@@ -147,7 +152,9 @@ class TransferEngine::Impl {
       opened_.erase(it);
     }
     o.reset();  // unmaps and closes the descriptor
-    absl::Status st = client_.Release(export_id);
+    // Only the import record: a region this engine's own session exported
+    // stays exported for everyone else.
+    absl::Status st = client_.DropImport(export_id);
     // An export its owner already withdrew has no import record left to drop.
     return st.code() == absl::StatusCode::kNotFound ? absl::OkStatus() : st;
   }

@@ -18,6 +18,12 @@ absl::StatusOr<uint64_t> Registry::Add(ExportRecord rec) {
         "this session already holds ", limits_.max_exports_per_session,
         " exports (the per-session limit); release some first"));
   }
+  if (auto pod = per_pod_.find(rec.owner.key); pod != per_pod_.end() && pod->second >= limits_.max_exports_per_pod) {
+    if (mine == 0) per_session_.erase(rec.owner_session);
+    return absl::ResourceExhaustedError(absl::StrCat("pod ", rec.owner.Ref(), " already holds ",
+                                                     limits_.max_exports_per_pod,
+                                                     " exports (the per-pod limit); release some first"));
+  }
   if (exports_.size() >= limits_.max_exports_total) {
     if (mine == 0) per_session_.erase(rec.owner_session);
     return absl::ResourceExhaustedError(
@@ -35,6 +41,7 @@ absl::StatusOr<uint64_t> Registry::Add(ExportRecord rec) {
   }
   rec.id = next_id_++;
   ++mine;
+  ++per_pod_[rec.owner.key];
   uint64_t id = rec.id;
   exports_[id].record = std::make_shared<const ExportRecord>(std::move(rec));
   return id;
@@ -72,53 +79,57 @@ absl::StatusOr<std::shared_ptr<const ExportRecord>> Registry::GetUsable(uint64_t
   return it->second.record;
 }
 
-absl::Status Registry::AddImporter(uint64_t id, uint64_t session) {
+absl::StatusOr<bool> Registry::AddImporter(uint64_t id, uint64_t session) {
   absl::MutexLock l(&mu_);
   auto it = exports_.find(id);
   if (it == exports_.end()) return absl::NotFoundError(absl::StrCat("export ", id, " is gone"));
-  it->second.importers.insert(session);
+  bool added = it->second.importers.insert(session).second;
   ++it->second.imports_total;
   imports_by_session_[session].insert(id);
-  return absl::OkStatus();
+  return added;
 }
 
-absl::StatusOr<Registry::Released> Registry::Release(uint64_t id, uint64_t session,
-                                                     RemovedExport* removed) {
-  absl::MutexLock l(&mu_);
-  auto it = exports_.find(id);
-  if (it == exports_.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "nothing to release: export ", id, " does not exist (already released, or its owner exited)"));
-  }
+RemovedExport Registry::UnlinkLocked(std::map<uint64_t, Slot>::iterator it) {
   Slot& slot = it->second;
-  if (slot.record->owner_session == session) {
-    for (uint64_t imp : slot.importers) {
-      auto s = imports_by_session_.find(imp);
-      if (s != imports_by_session_.end()) {
-        s->second.erase(id);
-        if (s->second.empty()) imports_by_session_.erase(s);
-      }
-    }
-    if (!slot.record->name.empty()) {
-      names_.erase(NameKey(slot.record->owner.namespace_, slot.record->name));
-    }
-    if (--per_session_[session] == 0) per_session_.erase(session);
-    removed->record = std::move(slot.record);
-    removed->importers = std::move(slot.importers);
-    exports_.erase(it);
-    return Released::kExport;
-  }
-  if (slot.importers.erase(session) > 0) {
-    auto s = imports_by_session_.find(session);
+  for (uint64_t imp : slot.importers) {
+    auto s = imports_by_session_.find(imp);
     if (s != imports_by_session_.end()) {
-      s->second.erase(id);
+      s->second.erase(it->first);
       if (s->second.empty()) imports_by_session_.erase(s);
     }
-    return Released::kImport;
   }
-  return absl::NotFoundError(absl::StrCat(
-      "nothing to release: this session neither owns nor imported export ", id,
-      " (already released?)"));
+  const ExportRecord& rec = *slot.record;
+  if (!rec.name.empty()) names_.erase(NameKey(rec.owner.namespace_, rec.name));
+  if (--per_session_[rec.owner_session] == 0) per_session_.erase(rec.owner_session);
+  if (--per_pod_[rec.owner.key] == 0) per_pod_.erase(rec.owner.key);
+  RemovedExport out{std::move(slot.record), std::move(slot.importers)};
+  exports_.erase(it);
+  return out;
+}
+
+absl::StatusOr<RemovedExport> Registry::ReleaseExport(uint64_t id, uint64_t owner_session) {
+  absl::MutexLock l(&mu_);
+  auto it = exports_.find(id);
+  if (it == exports_.end() || it->second.record->owner_session != owner_session) {
+    return absl::NotFoundError(absl::StrCat(
+        "nothing to release: this session owns no export ", id, " (already released, or not its own)"));
+  }
+  return UnlinkLocked(it);
+}
+
+absl::Status Registry::DropImport(uint64_t id, uint64_t session) {
+  absl::MutexLock l(&mu_);
+  auto it = exports_.find(id);
+  if (it == exports_.end() || it->second.importers.erase(session) == 0) {
+    return absl::NotFoundError(
+        absl::StrCat("nothing to drop: this session holds no import of export ", id, " (already dropped?)"));
+  }
+  auto s = imports_by_session_.find(session);
+  if (s != imports_by_session_.end()) {
+    s->second.erase(id);
+    if (s->second.empty()) imports_by_session_.erase(s);
+  }
+  return absl::OkStatus();
 }
 
 std::vector<RemovedExport> Registry::RemoveSession(uint64_t session) {
@@ -133,25 +144,10 @@ std::vector<RemovedExport> Registry::RemoveSession(uint64_t session) {
   }
   if (!per_session_.contains(session)) return out;
   for (auto it = exports_.begin(); it != exports_.end();) {
-    if (it->second.record->owner_session != session) {
-      ++it;
-      continue;
-    }
-    Slot& slot = it->second;
-    for (uint64_t imp : slot.importers) {
-      auto s = imports_by_session_.find(imp);
-      if (s != imports_by_session_.end()) {
-        s->second.erase(it->first);
-        if (s->second.empty()) imports_by_session_.erase(s);
-      }
-    }
-    if (!slot.record->name.empty()) {
-      names_.erase(NameKey(slot.record->owner.namespace_, slot.record->name));
-    }
-    out.push_back({std::move(slot.record), std::move(slot.importers)});
-    it = exports_.erase(it);
+    auto next = std::next(it);
+    if (it->second.record->owner_session == session) out.push_back(UnlinkLocked(it));
+    it = next;
   }
-  per_session_.erase(session);
   return out;
 }
 

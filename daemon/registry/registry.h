@@ -33,6 +33,7 @@ struct ExportRecord {
 
 struct RegistryLimits {
   size_t max_exports_per_session = 4096;
+  size_t max_exports_per_pod = 16384;  // summed over the pod's sessions (identity key)
   size_t max_exports_total = 65536;
 };
 
@@ -61,14 +62,15 @@ class Registry {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Records that `session` imported export `id`; NOT_FOUND if it is gone.
-  absl::Status AddImporter(uint64_t id, uint64_t session) ABSL_LOCKS_EXCLUDED(mu_);
+  // True when the record is new (false: the session had imported it before).
+  absl::StatusOr<bool> AddImporter(uint64_t id, uint64_t session) ABSL_LOCKS_EXCLUDED(mu_);
 
-  enum class Released { kExport, kImport };
-  // The owner withdraws its export (importers returned in `removed`), or an
-  // importer drops its record. NOT_FOUND for anything else, including a
-  // second release of the same id.
-  absl::StatusOr<Released> Release(uint64_t id, uint64_t session, RemovedExport* removed)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // The owner withdraws its export; the sessions that had imported it are
+  // returned. NOT_FOUND when `owner_session` does not own a live export `id`.
+  absl::StatusOr<RemovedExport> ReleaseExport(uint64_t id, uint64_t owner_session) ABSL_LOCKS_EXCLUDED(mu_);
+  // `session` drops its record of an import; the export itself is never
+  // touched, even when `session` owns it. NOT_FOUND when there is no record.
+  absl::Status DropImport(uint64_t id, uint64_t session) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Everything a closing session owned, and its import records elsewhere.
   std::vector<RemovedExport> RemoveSession(uint64_t session) ABSL_LOCKS_EXCLUDED(mu_);
@@ -87,6 +89,8 @@ class Registry {
     std::set<uint64_t> importers;
     uint64_t imports_total = 0;
   };
+  // Unlinks an export from every index (names, counts, importers' lists).
+  RemovedExport UnlinkLocked(std::map<uint64_t, Slot>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const RegistryLimits limits_;
   mutable absl::Mutex mu_;  // protects everything below
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
@@ -94,6 +98,7 @@ class Registry {
   // namespace + '\0' + name -> id
   absl::flat_hash_map<std::string, uint64_t> names_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, size_t> per_session_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, size_t> per_pod_ ABSL_GUARDED_BY(mu_);  // owner identity key -> exports
   absl::flat_hash_map<uint64_t, std::set<uint64_t>> imports_by_session_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -10,6 +10,7 @@ ExportRecord Rec(uint64_t session, std::string ns, std::string name = "") {
   r.owner_session = session;
   r.owner.namespace_ = ns;
   r.owner.name = "pod";
+  r.owner.key = "pod-of-session-" + std::to_string(session);
   r.name = name;
   r.size = 4096;
   return r;
@@ -27,15 +28,13 @@ TEST(Registry, AddGetRelease) {
   EXPECT_EQ((*by_name)->id, *id);
   EXPECT_EQ(reg.FindByName("other", "kv").status().code(), absl::StatusCode::kNotFound);
 
-  RemovedExport removed;
   ASSERT_TRUE(reg.AddImporter(*id, 2).ok());
-  auto what = reg.Release(*id, 1, &removed);
-  ASSERT_TRUE(what.ok());
-  EXPECT_EQ(*what, Registry::Released::kExport);
-  EXPECT_EQ(removed.importers, std::set<uint64_t>{2});
+  auto removed = reg.ReleaseExport(*id, 1);
+  ASSERT_TRUE(removed.ok());
+  EXPECT_EQ(removed->importers, std::set<uint64_t>{2});
   EXPECT_EQ(reg.size(), 0u);
   // Double release: a clear NOT_FOUND, nothing else changes.
-  EXPECT_EQ(reg.Release(*id, 1, &removed).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(reg.ReleaseExport(*id, 1).status().code(), absl::StatusCode::kNotFound);
   // The name is free again.
   EXPECT_TRUE(reg.Add(Rec(1, "ml", "kv")).ok());
 }
@@ -53,13 +52,50 @@ TEST(Registry, ImporterReleaseAndStrangers) {
   Registry reg;
   uint64_t id = *reg.Add(Rec(1, "ml"));
   ASSERT_TRUE(reg.AddImporter(id, 2).ok());
-  RemovedExport removed;
-  EXPECT_EQ(reg.Release(id, 3, &removed).status().code(), absl::StatusCode::kNotFound);  // stranger
-  auto what = reg.Release(id, 2, &removed);
-  ASSERT_TRUE(what.ok());
-  EXPECT_EQ(*what, Registry::Released::kImport);
-  EXPECT_EQ(reg.Release(id, 2, &removed).status().code(), absl::StatusCode::kNotFound);  // twice
+  EXPECT_EQ(reg.DropImport(id, 3).code(), absl::StatusCode::kNotFound);                 // stranger
+  EXPECT_EQ(reg.ReleaseExport(id, 2).status().code(), absl::StatusCode::kNotFound);     // importer
+  EXPECT_TRUE(reg.DropImport(id, 2).ok());
+  EXPECT_EQ(reg.DropImport(id, 2).code(), absl::StatusCode::kNotFound);  // twice
   EXPECT_EQ(reg.size(), 1u);
+}
+
+// Issue 11 (11): "release" used to mean two things. Dropping an import can
+// never withdraw the export, even for its owner, and a repeated import
+// reports that the record already existed (so a failed re-import does not
+// drop the earlier one).
+TEST(Registry, DropImportNeverWithdrawsTheExport) {
+  Registry reg;
+  uint64_t id = *reg.Add(Rec(1, "ml"));
+  ASSERT_TRUE(reg.AddImporter(id, 2).ok());
+  EXPECT_EQ(reg.DropImport(id, 1).code(), absl::StatusCode::kNotFound);  // owner without an import record
+  EXPECT_EQ(reg.size(), 1u);
+  auto first = reg.AddImporter(id, 1);  // the owner imports its own export
+  ASSERT_TRUE(first.ok());
+  EXPECT_TRUE(*first);
+  EXPECT_TRUE(reg.DropImport(id, 1).ok());
+  EXPECT_EQ(reg.size(), 1u);
+  EXPECT_TRUE(reg.GetUsable(id, 2).ok());
+  auto again = reg.AddImporter(id, 2);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(*again) << "session 2 had imported it before";
+}
+
+TEST(Registry, PerPodLimitSpansSessions) {
+  Registry reg(RegistryLimits{.max_exports_per_session = 10, .max_exports_per_pod = 3, .max_exports_total = 100});
+  auto rec = [](uint64_t session, const std::string& pod) {
+    ExportRecord r = Rec(session, "ml");
+    r.owner.key = pod;
+    return r;
+  };
+  ASSERT_TRUE(reg.Add(rec(1, "a")).ok());
+  ASSERT_TRUE(reg.Add(rec(2, "a")).ok());
+  ASSERT_TRUE(reg.Add(rec(3, "a")).ok());
+  absl::Status s = reg.Add(rec(4, "a")).status();  // a fourth session of the same pod
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("per-pod limit"), absl::string_view::npos) << s;
+  EXPECT_TRUE(reg.Add(rec(5, "b")).ok());  // other pods are unaffected
+  reg.RemoveSession(2);
+  EXPECT_TRUE(reg.Add(rec(4, "a")).ok());
 }
 
 TEST(Registry, RemoveSessionDropsOwnedAndImports) {
@@ -80,7 +116,7 @@ TEST(Registry, RemoveSessionDropsOwnedAndImports) {
   EXPECT_EQ(snap[0].import_count, 0u);  // session 1's import record went with it
   EXPECT_EQ(snap[0].imports_total, 1u);
   EXPECT_TRUE(reg.Add(Rec(3, "ml", "a")).ok());  // names freed
-  EXPECT_EQ(reg.AddImporter(a, 4).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(reg.AddImporter(a, 4).status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(reg.RemoveSession(99).empty());
 }
 

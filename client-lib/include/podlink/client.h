@@ -237,6 +237,9 @@ class PODLINK_API Client {
 
   // Withdraws an own export (importers are told) or drops an import record.
   absl::Status Release(uint64_t export_id);
+  // Drops only this session's import record of `export_id`; the export stays,
+  // also when this session owns it. NOT_FOUND when there is no such record.
+  absl::Status DropImport(uint64_t export_id);
   absl::StatusOr<std::vector<ExportInfo>> List();
 
   // Node-wide views for operators (root on the host, outside containers).
