@@ -20,18 +20,28 @@ namespace {
 
 class MemfdObject : public MemoryObject {
  public:
-  MemfdObject(UniqueFd fd, uint64_t size, std::shared_ptr<HostPinner> pinner)
-      : fd_(std::move(fd)), size_(size), pinner_(std::move(pinner)) {}
+  MemfdObject(UniqueFd fd, uint64_t size, std::shared_ptr<HostPinner> pinner,
+             std::shared_ptr<MappingBudget> mappings)
+      : fd_(std::move(fd)), size_(size), pinner_(std::move(pinner)), mappings_(std::move(mappings)) {}
   ~MemfdObject() override {
     if (map_ == nullptr) return;
     if (pinned_) pinner_->Unpin(map_);  // before the pages go
     ::munmap(map_, size_);
+    if (mappings_ != nullptr) mappings_->Give(size_);
   }
   absl::StatusOr<RelayView> MapForRelay() override {
     absl::MutexLock l(&mu_);
     if (map_ == nullptr) {
-      void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_.get(), 0);
-      if (p == MAP_FAILED) return ErrnoStatus(errno, "mmap export for relay");
+      // Pinning faults in every page: holes punched since the export would
+      // be allocated on podlinkd's account.
+      PODLINK_RETURN_IF_ERROR(CheckPopulated(0, size_));
+      if (mappings_ != nullptr) PODLINK_RETURN_IF_ERROR(mappings_->Take(size_));
+      void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd_.get(), 0);
+      if (p == MAP_FAILED) {
+        int err = errno;
+        if (mappings_ != nullptr) mappings_->Give(size_);
+        return ErrnoStatus(err, "mmap export for relay");
+      }
       map_ = p;
       if (pinner_ != nullptr) {
         absl::Status st = pinner_->Pin(map_, size_);
@@ -46,6 +56,9 @@ class MemfdObject : public MemoryObject {
     return RelayView{false, -1, reinterpret_cast<uint64_t>(map_), size_};
   }
   HandleKind kind() const override { return HandleKind::kHostMemfd; }
+  absl::Status CheckPopulated(uint64_t offset, uint64_t length) const override {
+    return CheckFullyAllocated(fd_.get());
+  }
   absl::StatusOr<UniqueFd> Duplicate() const override {
     int d = ::fcntl(fd_.get(), F_DUPFD_CLOEXEC, 0);
     if (d < 0) return ErrnoStatus(errno, "dup memfd");
@@ -58,10 +71,50 @@ class MemfdObject : public MemoryObject {
   absl::Mutex mu_;
   void* map_ ABSL_GUARDED_BY(mu_) = nullptr;
   const std::shared_ptr<HostPinner> pinner_;
+  const std::shared_ptr<MappingBudget> mappings_;
   bool pinned_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
+
+absl::Status CheckFullyAllocated(int fd) {
+  // tmpfs reports fallocated-but-unwritten pages as holes to SEEK_HOLE, so
+  // the block count is what tells allocated memory apart: the whole file must
+  // be backed (pages swapped out still count).
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return ErrnoStatus(errno, "fstat export");
+  uint64_t size = static_cast<uint64_t>(st.st_size);
+  uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  uint64_t needed = (size + page - 1) / page * page;
+  uint64_t allocated = static_cast<uint64_t>(st.st_blocks) * 512;
+  if (allocated < needed) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "host export is not fully allocated (", allocated, " of ", needed,
+        " bytes backed: sparse, or pages punched out): podlinkd does not allocate memory on a pod's behalf; "
+        "populate the whole memfd (fallocate) and keep it populated"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MappingBudget::Take(uint64_t bytes) {
+  absl::MutexLock l(&mu_);
+  if (bytes > max_bytes_ - used_) {
+    return absl::ResourceExhaustedError(absl::StrCat("mapping ", bytes, " more bytes for the relay would pass podlinkd's ",
+                                                     "limit of ", max_bytes_, " mapped bytes (", used_, " in use)"));
+  }
+  used_ += bytes;
+  return absl::OkStatus();
+}
+
+void MappingBudget::Give(uint64_t bytes) {
+  absl::MutexLock l(&mu_);
+  used_ -= std::min(used_, bytes);
+}
+
+uint64_t MappingBudget::used() const {
+  absl::MutexLock l(&mu_);
+  return used_;
+}
 
 absl::Status BudgetedPinner::Pin(void* p, uint64_t size) {
   {
@@ -127,11 +180,21 @@ absl::StatusOr<std::shared_ptr<MemoryObject>> HostMemfdBackend::Adopt(
     return absl::InvalidArgumentError(absl::StrCat("export claims ", claim.size,
                                                    " bytes but the memfd holds only ", st.st_size));
   }
+  if (seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) {
+    return absl::InvalidArgumentError(
+        "memfd is sealed against writes (F_SEAL_WRITE or F_SEAL_FUTURE_WRITE): importers and the relay could "
+        "not write it; export a writable memfd");
+  }
   int flags = ::fcntl(fd.get(), F_GETFL);
   if (flags < 0 || (flags & O_ACCMODE) != O_RDWR) {
     return absl::InvalidArgumentError("memfd must be open read-write");
   }
-  return std::make_shared<MemfdObject>(std::move(fd), claim.size, pinner_);
+  if (absl::Status st = CheckFullyAllocated(fd.get()); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        st.message(), " (libpodlink's AllocateHost populates with fallocate; a sparse export would make podlinkd pay "
+        "for the pages)"));
+  }
+  return std::make_shared<MemfdObject>(std::move(fd), claim.size, pinner_, mappings_);
 }
 
 }  // namespace podlink

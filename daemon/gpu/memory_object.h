@@ -35,6 +35,12 @@ class MemoryObject {
   virtual absl::StatusOr<UniqueFd> Duplicate() const = 0;
   // The 64-byte fabric handle (kFabric), empty otherwise.
   virtual std::string FabricHandle() const { return {}; }
+  // OK when every page of [offset, offset + length) is populated (host
+  // memfds: the whole file must be, as tmpfs cannot tell which pages of a
+  // partly punched file remain), so a copy by podlinkd allocates nothing (pages it faulted in would be charged to
+  // podlinkd's memory cgroup, not the pod's). Memory that cannot have holes
+  // (GPU allocations) is always OK.
+  virtual absl::Status CheckPopulated(uint64_t offset, uint64_t length) const { return absl::OkStatus(); }
 };
 
 // What an exporter claims; a backend checks it against the memory itself.

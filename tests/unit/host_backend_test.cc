@@ -16,7 +16,7 @@ namespace {
 
 UniqueFd Memfd(size_t size, int seals) {
   UniqueFd fd(::memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  EXPECT_EQ(::ftruncate(fd.get(), size), 0);
+  EXPECT_EQ(::posix_fallocate(fd.get(), 0, size), 0);
   if (seals) {
     EXPECT_EQ(::fcntl(fd.get(), F_ADD_SEALS, seals), 0);
   }
