@@ -202,8 +202,12 @@ void RelayEngine::ApplyChanges(Worker& w) {
     remove.swap(w.to_remove);
   }
   for (auto& r : add) {
+    // Edge-triggered, and never read: the doorbell is shared with the client,
+    // which can drain it first (a blocking read would then hang this worker)
+    // or hold a huge count in semaphore mode (a level-triggered wait would
+    // spin). Each client write is an edge; that is all the daemon needs.
     epoll_event ev{};
-    ev.events = EPOLLIN;
+    ev.events = EPOLLIN | EPOLLET;
     ev.data.u64 = r->session;
     ::epoll_ctl(w.epoll.get(), EPOLL_CTL_ADD, r->doorbell.get(), &ev);
     w.rings[r->session] = std::move(r);
@@ -232,6 +236,7 @@ void RelayEngine::Run(Worker& w) {
         Ring& r = *it->second;
         if (r.broken.load(std::memory_order_relaxed)) continue;
         progress |= PollInflight(w, r);
+        progress |= RunHostJobs(r);
         progress |= FlushNotifies(r);
         progress |= ServeRing(w, r);
         inflight |= r.copies_pending != 0 || !r.notifies.empty();
@@ -265,11 +270,8 @@ void RelayEngine::Sleep(Worker& w) {
     int n = ::epoll_wait(w.epoll.get(), events, 32, 1000);
     for (int i = 0; i < n; ++i) {
       uint64_t v;
-      if (events[i].data.u64 == kWakeKey) {
-        (void)!::read(w.wake.get(), &v, sizeof(v));
-      } else if (auto it = w.rings.find(events[i].data.u64); it != w.rings.end()) {
-        (void)!::read(it->second->doorbell.get(), &v, sizeof(v));
-      }
+      // Only the daemon's own (non-blocking) wake eventfd is ever read.
+      if (events[i].data.u64 == kWakeKey) (void)!::read(w.wake.get(), &v, sizeof(v));
     }
   }
   for (auto& [id, r] : w.rings) r->hdr->daemon_idle.value.store(0, std::memory_order_seq_cst);
@@ -371,7 +373,20 @@ absl::Status RelayEngine::Copy(Worker& w, Ring& r, const RelaySqe& e, bool* asyn
     return absl::InvalidArgumentError("source and destination ranges overlap");
   }
   if (!src.on_gpu && !dst.on_gpu) {
-    std::memcpy(reinterpret_cast<void*>(dst_addr), reinterpret_cast<const void*>(src_addr), e.length);
+    HostJob j;
+    j.seq = r.next_seq++;
+    j.user_data = e.user_data;
+    j.start_ns = w.round_start_ns;
+    j.src_off = write ? e.local_offset : e.remote_offset;
+    j.dst_off = write ? e.remote_offset : e.local_offset;
+    j.src_base = reinterpret_cast<const char*>(src.address);
+    j.dst_base = reinterpret_cast<char*>(dst.address);
+    j.left = e.length;
+    j.src = write ? std::move(local) : std::move(remote);
+    j.dst = write ? std::move(remote) : std::move(local);
+    r.host_jobs.push_back(std::move(j));
+    ++r.copies_pending;
+    *async = true;
     ops_.fetch_add(1, std::memory_order_relaxed);
     bytes_.fetch_add(e.length, std::memory_order_relaxed);
     return absl::OkStatus();
@@ -424,6 +439,9 @@ void RelayEngine::Seal(Worker& w, Ring& r, int gpu, uint32_t si, StreamQueue& q)
   q.building = Group();
   if (g.user_data.empty()) return;
   cu::Stream stream = w.streams[gpu][si];
+  // One round may copy on several GPUs: events are made and recorded in the
+  // context of the GPU whose stream they follow.
+  cuda_->CtxSetCurrent(contexts_[gpu]);
   g.event = TakeEvent(w, gpu);
   cu::Result rec = g.event == nullptr ? cu::kErrorNotReady : cuda_->EventRecord(g.event, stream);
   if (rec != cu::kSuccess) {
@@ -435,9 +453,14 @@ void RelayEngine::Seal(Worker& w, Ring& r, int gpu, uint32_t si, StreamQueue& q)
                                      : std::string(cu::CuStatus(rec, "cuEventRecord").message()));
     }
     absl::Status st = cu::CuStatus(cuda_->StreamSynchronize(stream), "relay copy");
-    for (uint64_t u : g.user_data) Complete(r, u, st);
+    double secs = (NowNs() - g.start_ns) * 1e-9;
+    for (uint64_t u : g.user_data) {
+      if (st.ok()) latency_.Observe(secs);
+      Complete(r, u, st);
+    }
     r.copies_pending -= g.user_data.size();
-    if (g.event != nullptr) w.free_events[gpu].push_back(g.event);
+    // An event that failed to record is not trusted again.
+    if (g.event != nullptr) cuda_->EventDestroy(g.event);
     return;
   }
   q.sealed.push_back(std::move(g));
@@ -471,6 +494,33 @@ bool RelayEngine::PollInflight(Worker& w, Ring& r) {
   return progress;
 }
 
+bool RelayEngine::RunHostJobs(Ring& r) {
+  uint64_t budget = options_.host_bytes_per_round;
+  bool progress = false;
+  while (!r.host_jobs.empty() && budget > 0) {
+    HostJob& j = r.host_jobs.front();
+    uint64_t n = std::min(j.left, budget);
+    // Checked slice by slice: a page the client punched out since the last
+    // slice would be allocated on podlinkd's account by the copy.
+    absl::Status st = j.src->memory->CheckPopulated(j.src_off, n);
+    if (st.ok()) st = j.dst->memory->CheckPopulated(j.dst_off, n);
+    if (st.ok()) {
+      std::memcpy(j.dst_base + j.dst_off, j.src_base + j.src_off, n);
+      j.src_off += n;
+      j.dst_off += n;
+      j.left -= n;
+      budget -= n;
+    }
+    progress = true;
+    if (st.ok() && j.left > 0) break;  // budget spent; the rest next round
+    if (st.ok()) latency_.Observe((NowNs() - j.start_ns) * 1e-9);
+    Complete(r, j.user_data, st);
+    --r.copies_pending;
+    r.host_jobs.pop_front();
+  }
+  return progress;
+}
+
 bool RelayEngine::FlushNotifies(Ring& r) {
   bool progress = false;
   while (!r.notifies.empty()) {
@@ -479,6 +529,7 @@ bool RelayEngine::FlushNotifies(Ring& r) {
     for (const auto& [key, q] : r.streams) {
       earlier_pending |= !q.sealed.empty() && q.sealed.front().first_seq <= p.after_seq;
     }
+    earlier_pending |= !r.host_jobs.empty() && r.host_jobs.front().seq <= p.after_seq;
     if (earlier_pending) break;
     absl::Status st = DeliverNotify(r, p.sqe);
     Complete(r, p.sqe.user_data, st);
@@ -546,6 +597,7 @@ void RelayEngine::Drain(Worker& w, Ring& r) {
     q.sealed.clear();
   }
   r.streams.clear();
+  r.host_jobs.clear();  // the ring is going away: nobody reads its completions
   r.copies_pending = 0;
 }
 

@@ -41,6 +41,10 @@ struct RelayOptions {
   // this; the next copy starts a new event.
   uint64_t bytes_per_event = uint64_t{1} << 20;
   uint64_t spin_before_sleep_us = 100;
+  // Host-to-host copies are done by the worker thread in slices: each ring
+  // gets at most this many bytes of memcpy per round, so one pod's 2 GiB copy
+  // delays another pod's 4 KiB request by one slice, not by the whole copy.
+  uint64_t host_bytes_per_round = uint64_t{1} << 20;
 };
 
 struct RelayCounters {
@@ -86,6 +90,17 @@ class RelayEngine {
     std::deque<Group> sealed;
     Group building;  // copies of the current round not yet under an event
   };
+  // A host-to-host copy in progress, done a slice per round.
+  struct HostJob {
+    uint64_t seq = 0;
+    uint64_t user_data = 0;
+    uint64_t start_ns = 0;
+    std::shared_ptr<const ExportRecord> src, dst;  // memory stays alive while copying
+    uint64_t src_off = 0, dst_off = 0;             // next byte, within the exports
+    const char* src_base = nullptr;                // the daemon's mappings
+    char* dst_base = nullptr;
+    uint64_t left = 0;
+  };
   struct PendingNotify {
     uint64_t after_seq = 0;  // every op with seq <= after_seq must be complete
     RelaySqe sqe{};
@@ -108,6 +123,7 @@ class RelayEngine {
     uint64_t copies_pending = 0;  // taken off the SQ, completion not yet posted
     std::map<std::pair<int, uint32_t>, StreamQueue> streams;  // (gpu, stream index)
     std::deque<PendingNotify> notifies;
+    std::deque<HostJob> host_jobs;  // in submission order
     // Notifications come from any worker.
     absl::Mutex nq_mu;
     uint32_t nq_tail ABSL_GUARDED_BY(nq_mu) = 0;
@@ -135,6 +151,7 @@ class RelayEngine {
   bool PollInflight(Worker& w, Ring& r);
   void Seal(Worker& w, Ring& r, int gpu, uint32_t stream, StreamQueue& q);
   void SealRound(Worker& w, Ring& r);  // puts every copy of this round under an event
+  bool RunHostJobs(Ring& r);           // one round's slice of r's host copies
   bool FlushNotifies(Ring& r);
   void Process(Worker& w, Ring& r, const RelaySqe& e);
   absl::Status Copy(Worker& w, Ring& r, const RelaySqe& e, bool* async);
