@@ -1,5 +1,6 @@
 // podlinkd: wires the parts together and serves until SIGINT/SIGTERM.
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -191,6 +192,18 @@ int main(int argc, char** argv) {
     cfg = *std::move(loaded);
   }
 
+  // Every session costs descriptors (its channel, a pidfd, one per export
+  // and ring): serve up to the hard limit, not the often tiny soft one.
+  if (rlimit nofile{}; ::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
+    nofile.rlim_cur = nofile.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &nofile) != 0) {
+      log->warn("event=rlimit_nofile_failed error=\"{}\"", std::strerror(errno));
+    }
+  }
+  if (rlimit nofile{}; ::getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
+    log->info("event=rlimit_nofile limit={}", static_cast<uint64_t>(nofile.rlim_cur));
+  }
+
   // Signals are taken synchronously by the main thread below.
   sigset_t sigs;
   sigemptyset(&sigs);
@@ -230,13 +243,14 @@ int main(int argc, char** argv) {
   }
 
   std::vector<std::unique_ptr<podlink::MemoryBackend>> backends;
+  const uint64_t ram =
+      static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   // Host exports are page-locked for the relay when a GPU is there to copy them.
   std::shared_ptr<podlink::HostPinner> pinner;
   if (inv.cuda_available && !inv.gpus.empty()) {
     auto p = podlink::CudaHostPinner::Create(inv.gpus.front().ordinal);
     if (p.ok()) {
       // At most an eighth of the node's memory page-locked for clients.
-      uint64_t ram = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
       pinner = std::make_shared<podlink::BudgetedPinner>(*p, ram / 8);
       log->info("event=host_pinning limit_bytes={}", ram / 8);
     } else {
@@ -244,7 +258,11 @@ int main(int argc, char** argv) {
                 p.status().ToString());
     }
   }
-  backends.push_back(std::make_unique<podlink::HostMemfdBackend>(pinner));
+  // Relay mappings of host exports: at most twice the node's memory of
+  // address space (exports are populated when exported, so legitimate ones
+  // add up to less than the node's memory).
+  backends.push_back(
+      std::make_unique<podlink::HostMemfdBackend>(pinner, std::make_shared<podlink::MappingBudget>(2 * ram)));
   std::unique_ptr<podlink::CudaBackend> cuda;
   auto* inv_for_backend = new podlink::GpuInventory(inv);  // lives as long as the process
   if (inv.cuda_available) backends.push_back(std::make_unique<podlink::CudaBackend>(inv_for_backend));

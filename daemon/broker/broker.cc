@@ -2,6 +2,7 @@
 
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,6 +17,7 @@
 #include "common/fd_channel.h"
 #include "common/status_util.h"
 #include "daemon/gpu/host_backend.h"
+#include "daemon/identity/standalone_source.h"
 #include "daemon/policy/policy.h"
 #include "common/log.h"
 
@@ -67,6 +69,36 @@ bool ValidK8sName(const std::string& n) {
   return true;
 }
 
+// What a client may hand podlinkd: memory (a memfd or a cuMem POSIX handle,
+// which is a regular or character-device file) and eventfds. Anything that
+// can hold other descriptors or keep a connection alive (sockets, epoll,
+// io_uring, pidfds, pipes) is refused.
+bool OfferableDescriptor(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return false;
+  if (S_ISREG(st.st_mode) || S_ISCHR(st.st_mode)) return true;
+  char link[64] = {};
+  std::string path = absl::StrCat("/proc/self/fd/", fd);
+  ssize_t n = ::readlink(path.c_str(), link, sizeof(link) - 1);
+  return n > 0 && absl::string_view(link, static_cast<size_t>(n)) == "anon_inode:[eventfd]";
+}
+
+// The answers for an export that does not exist; also given to pods of other
+// namespaces for exports they may not import, so ids and names cannot be
+// probed across namespaces.
+absl::Status NoSuchExport(uint64_t id) {
+  return absl::NotFoundError(absl::StrCat("no export with id ", id, " that this pod may import (never existed, ",
+                                          "already gone, or not shared with this pod)"));
+}
+absl::Status NoSuchName(const std::string& name, const std::string& caller_ns) {
+  size_t slash = name.find('/');
+  std::string ns = slash == std::string::npos ? caller_ns : name.substr(0, slash);
+  std::string n = slash == std::string::npos ? name : name.substr(slash + 1);
+  return absl::NotFoundError(absl::StrCat("no export named '", n, "' in namespace ", ns,
+                                          " that this pod may import (never existed, already gone, or not shared ",
+                                          "with this pod)"));
+}
+
 v1::Event MakeEvent(v1::Event::Type type, uint64_t id, std::string name, std::string reason) {
   v1::Event e;
   e.set_type(type);
@@ -107,11 +139,12 @@ absl::StatusOr<std::shared_ptr<Session>> Broker::OpenSession(UniqueFd sock) {
     (void)SendFdMessage(sock.get(), m, -1, /*dontwait=*/true);
     return why;
   };
-  auto peer = IdentifyPeer(sock.get());
+  auto peer = IdentifyPeer(sock.get(), options_.cgroup_layout);
   if (!peer.ok()) return goodbye(peer.status());
   auto pod = pods_->Resolve(*peer);
   if (!pod.ok()) return goodbye(pod.status());
 
+  pod->key = IdentityKey(*peer);  // from the kernel, whatever the pod source says
   std::shared_ptr<Session> s;
   {
     absl::MutexLock l(&mu_);
@@ -119,6 +152,12 @@ absl::StatusOr<std::shared_ptr<Session>> Broker::OpenSession(UniqueFd sock) {
       return goodbye(absl::ResourceExhaustedError(absl::StrCat(
           "podlinkd serves at most ", options_.max_sessions, " sessions; try again later")));
     }
+    size_t& mine = sessions_per_pod_[pod->key];
+    if (mine >= options_.max_sessions_per_pod) {
+      return goodbye(absl::ResourceExhaustedError(absl::StrCat(
+          "pod ", pod->Ref(), " already has ", mine, " sessions (podlinkd's per-pod limit); close some first")));
+    }
+    ++mine;
     uint64_t id = next_session_++;
     s = std::make_shared<Session>(id, NewToken(), *std::move(peer), *std::move(pod), std::move(sock));
     sessions_[id] = s;
@@ -146,17 +185,23 @@ absl::StatusOr<std::shared_ptr<Session>> Broker::OpenSession(UniqueFd sock) {
 
 void Broker::OnOffer(Session& s, uint64_t slot, UniqueFd fd) {
   uint64_t err = 0;
+  absl::Time now = absl::Now();
   if (!fd.valid()) {
     err = EBADF;
+  } else if (!OfferableDescriptor(fd.get())) {
+    // A socket (the client's own end of this channel, say) held by podlinkd
+    // would keep the session open after the client exits.
+    err = EINVAL;
   } else {
     absl::MutexLock l(&s.mu);
     if (s.closed) return;
+    ExpireOffersLocked(s, now);
     if (s.offers.size() >= options_.max_pending_offers) {
       err = EMFILE;
     } else if (s.offers.contains(slot)) {
       err = EEXIST;
     } else {
-      s.offers.emplace(slot, std::move(fd));
+      s.offers.emplace(slot, Session::Offer{std::move(fd), now});
     }
   }
   FdMessage ack;
@@ -165,6 +210,23 @@ void Broker::OnOffer(Session& s, uint64_t slot, UniqueFd fd) {
   ack.a = err;
   absl::MutexLock l(&s.send_mu);
   (void)SendFdMessage(s.sock.get(), ack, -1, /*dontwait=*/true);
+}
+
+void Broker::ExpireOffersLocked(Session& s, absl::Time now) const {
+  std::erase_if(s.offers, [&](const auto& kv) { return now - kv.second.at > options_.offer_ttl; });
+}
+
+void Broker::ExpireOffers() {
+  std::vector<std::shared_ptr<Session>> all;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [id, s] : sessions_) all.push_back(s);
+  }
+  absl::Time now = absl::Now();
+  for (const auto& s : all) {
+    absl::MutexLock l(&s->mu);
+    ExpireOffersLocked(*s, now);
+  }
 }
 
 std::shared_ptr<Session> Broker::FindSession(uint64_t id) const {
@@ -191,6 +253,9 @@ void Broker::CloseSession(uint64_t session_id, const std::string& reason) {
     if (it == sessions_.end()) return;
     s = std::move(it->second);
     sessions_.erase(it);
+    if (auto p = sessions_per_pod_.find(s->pod.key); p != sessions_per_pod_.end() && --p->second == 0) {
+      sessions_per_pod_.erase(p);
+    }
   }
   std::vector<std::shared_ptr<EventSink>> watchers;
   {
@@ -304,7 +369,7 @@ absl::StatusOr<UniqueFd> Broker::TakeOffer(Session& s, uint64_t slot, const char
         "no descriptor offered in slot ", slot, " for the ", what,
         ": send it over the descriptor channel (OFFER) and wait for its ack first"));
   }
-  UniqueFd fd = std::move(it->second);
+  UniqueFd fd = std::move(it->second.fd);
   s.offers.erase(it);
   return fd;
 }
@@ -412,18 +477,19 @@ absl::StatusOr<v1::ImportResponse> Broker::Import(Session& s, const v1::ImportRe
   switch (req.target_case()) {
     case v1::ImportRequest::kExportId:
       found = registry_.Get(req.export_id());
+      if (!found.ok()) return NoSuchExport(req.export_id());
       break;
     case v1::ImportRequest::kName: {
       const std::string& n = req.name();
       size_t slash = n.find('/');
       found = slash == std::string::npos ? registry_.FindByName(s.pod.namespace_, n)
                                          : registry_.FindByName(n.substr(0, slash), n.substr(slash + 1));
+      if (!found.ok()) return NoSuchName(n, s.pod.namespace_);
       break;
     }
     default:
       return absl::InvalidArgumentError("import needs export_id or name");
   }
-  if (!found.ok()) return found.status();
   const ExportRecord& rec = **found;
   ExportPolicyView view{rec.id, rec.name, &rec.owner, &rec.allowed_importers};
   const char* reason = "unknown";
@@ -432,6 +498,12 @@ absl::StatusOr<v1::ImportResponse> Broker::Import(Session& s, const v1::ImportRe
     denials_.Inc(reason);
     Log()->warn("event=deny session={} pod={} export={} reason=\"{}\"", s.id, s.pod.Ref(), rec.id,
                 allowed.message());
+    if (rec.owner.namespace_ != s.pod.namespace_) {
+      // A pod of another namespace learns nothing, not even that the export
+      // exists: the answer is the one for an id or name that was never used.
+      return req.target_case() == v1::ImportRequest::kExportId ? NoSuchExport(req.export_id())
+                                                               : NoSuchName(req.name(), s.pod.namespace_);
+    }
     return allowed;
   }
   v1::ImportResponse resp;
@@ -440,12 +512,13 @@ absl::StatusOr<v1::ImportResponse> Broker::Import(Session& s, const v1::ImportRe
     resp.set_gpu_pci_bus_id(g->pci_bus_id);
     resp.set_gpu_device_node(g->device_node);
   }
+  bool new_record = false;
   {
     // Recorded under the session lock so a session closing concurrently can
     // never keep a stale import record.
     absl::MutexLock l(&s.mu);
     if (s.closed) return absl::UnavailableError("session closed during import");
-    PODLINK_RETURN_IF_ERROR(registry_.AddImporter(rec.id, s.id));
+    PODLINK_ASSIGN_OR_RETURN(new_record, registry_.AddImporter(rec.id, s.id));
   }
   if (rec.kind == HandleKind::kFabric) {
     resp.set_fabric_handle(rec.memory->FabricHandle());
@@ -466,8 +539,10 @@ absl::StatusOr<v1::ImportResponse> Broker::Import(Session& s, const v1::ImportRe
       sent = SendFdMessage(s.sock.get(), m, dup->get(), /*dontwait=*/true);
     }
     if (!sent.ok()) {
-      RemovedExport unused;
-      (void)registry_.Release(rec.id, s.id, &unused);
+      // Only the record this call made goes; an earlier import of the same
+      // export stays, and the export itself is never touched (even when the
+      // caller owns it).
+      if (new_record) (void)registry_.DropImport(rec.id, s.id);
       return absl::ResourceExhaustedError(
           absl::StrCat("could not deliver the descriptor: ", sent.message()));
     }
@@ -480,18 +555,32 @@ absl::StatusOr<v1::ImportResponse> Broker::Import(Session& s, const v1::ImportRe
 }
 
 absl::StatusOr<v1::ReleaseResponse> Broker::Release(Session& s, const v1::ReleaseRequest& req) {
-  RemovedExport removed;
-  PODLINK_ASSIGN_OR_RETURN(Registry::Released what, registry_.Release(req.export_id(), s.id, &removed));
-  v1::ReleaseResponse resp;
-  if (what == Registry::Released::kExport) {
-    NotifyGone(removed, absl::StrCat("released by its owner ", s.pod.Ref()));
-    resp.set_kind(v1::ReleaseResponse::KIND_EXPORT);
-    Log()->info("event=release session={} export={} importers={}", s.id, req.export_id(),
-                removed.importers.size());
-  } else {
-    resp.set_kind(v1::ReleaseResponse::KIND_IMPORT);
+  v1::ReleaseResponse::Kind kind = req.kind();
+  if (kind == v1::ReleaseResponse::KIND_UNSPECIFIED) {
+    // Older clients: the owner withdraws, anyone else drops an import.
+    absl::StatusOr<std::shared_ptr<const ExportRecord>> rec = registry_.Get(req.export_id());
+    if (!rec.ok()) {
+      return absl::NotFoundError(absl::StrCat("nothing to release: export ", req.export_id(),
+                                              " does not exist (already released, or its owner exited)"));
+    }
+    kind = (*rec)->owner_session == s.id ? v1::ReleaseResponse::KIND_EXPORT : v1::ReleaseResponse::KIND_IMPORT;
   }
-  return resp;
+  v1::ReleaseResponse resp;
+  resp.set_kind(kind);
+  switch (kind) {
+    case v1::ReleaseResponse::KIND_EXPORT: {
+      PODLINK_ASSIGN_OR_RETURN(RemovedExport removed, registry_.ReleaseExport(req.export_id(), s.id));
+      NotifyGone(removed, absl::StrCat("released by its owner ", s.pod.Ref()));
+      Log()->info("event=release session={} export={} importers={}", s.id, req.export_id(),
+                  removed.importers.size());
+      return resp;
+    }
+    case v1::ReleaseResponse::KIND_IMPORT:
+      PODLINK_RETURN_IF_ERROR(registry_.DropImport(req.export_id(), s.id));
+      return resp;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("release kind ", kind, " is not EXPORT or IMPORT"));
+  }
 }
 
 absl::Status Broker::CheckAdmin(const Session& s) {
@@ -559,10 +648,13 @@ absl::StatusOr<v1::OpenRelayResponse> Broker::OpenRelay(Session& s, const v1::Op
   PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<MemoryObject> ring,
                            validator.Adopt({layout.total, "", HandleKind::kHostMemfd}, std::move(ring_fd), ""));
   {
+    // Checked and registered under the session lock: CloseSession marks the
+    // session closed under it before removing the ring, so a ring is either
+    // registered before that removal or never.
     absl::MutexLock l(&s.mu);
     if (s.closed) return absl::UnavailableError("session closed");
+    PODLINK_RETURN_IF_ERROR(relay_->AddRing(s.id, std::move(ring), layout, std::move(doorbell)));
   }
-  PODLINK_RETURN_IF_ERROR(relay_->AddRing(s.id, std::move(ring), layout, std::move(doorbell)));
   Log()->info("event=relay_open session={} pod={} sq={} cq={} nq={}", s.id, s.pod.Ref(), layout.sq_entries,
               layout.cq_entries, layout.nq_entries);
   return v1::OpenRelayResponse();

@@ -29,7 +29,10 @@ inline constexpr char kSessionMetadataKey[] = "x-podlink-session";
 
 struct BrokerOptions {
   size_t max_sessions = 1024;
+  size_t max_sessions_per_pod = 64;     // per identity key: one pod cannot take every session
+  CgroupLayout cgroup_layout;           // where the kubelet's pod cgroups live
   size_t max_pending_offers = 64;       // offered but not yet exported, per session
+  absl::Duration offer_ttl = absl::Seconds(30);  // an offer unused this long is closed
   size_t max_watchers_per_session = 4;
   size_t max_allowed_importers = 64;
   uint64_t max_export_size = uint64_t{1} << 40;  // 1 TiB
@@ -56,6 +59,8 @@ class Broker {
   absl::StatusOr<std::shared_ptr<Session>> OpenSession(UniqueFd sock);
   // A descriptor offered on the channel; answered with OFFER_ACK.
   void OnOffer(Session& s, uint64_t slot, UniqueFd fd);
+  // Closes offers older than offer_ttl in every session (called periodically).
+  void ExpireOffers() ABSL_LOCKS_EXCLUDED(mu_);
   // Ends a session: drops its exports (telling their importers), its offers
   // and ends its Watch streams. Idempotent.
   void CloseSession(uint64_t session_id, const std::string& reason);
@@ -87,6 +92,7 @@ class Broker {
 
  private:
   std::shared_ptr<Session> FindSession(uint64_t id) const ABSL_LOCKS_EXCLUDED(mu_);
+  void ExpireOffersLocked(Session& s, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   void NotifyGone(const RemovedExport& removed, const std::string& reason);
   v1::ExportInfo Describe(const ExportRecord& rec, size_t import_count, uint64_t imports_total,
                           uint64_t caller) const;
@@ -102,9 +108,10 @@ class Broker {
   std::unique_ptr<RelayEngine> relay_;  // after registry_: destroyed first, it resolves through it
   std::string node_id_;
 
-  mutable absl::Mutex mu_;  // protects sessions_ and next_session_
+  mutable absl::Mutex mu_;  // protects sessions_, next_session_ and sessions_per_pod_
   absl::flat_hash_map<uint64_t, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<std::string, size_t> sessions_per_pod_ ABSL_GUARDED_BY(mu_);  // identity key -> sessions
 
   std::atomic<uint64_t> imports_total_{0};
   std::atomic<uint64_t> denials_total_{0};

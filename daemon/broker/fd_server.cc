@@ -7,6 +7,7 @@
 #include <sys/un.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -79,8 +80,13 @@ void FdServer::Stop() {
 
 void FdServer::Run() {
   epoll_event events[64];
+  auto last_expiry = std::chrono::steady_clock::now();
   for (;;) {
-    int n = ::epoll_wait(epoll_.get(), events, 64, -1);
+    int n = ::epoll_wait(epoll_.get(), events, 64, 1000);
+    if (auto now = std::chrono::steady_clock::now(); now - last_expiry >= std::chrono::seconds(1)) {
+      broker_->ExpireOffers();  // unused offers do not stay open forever
+      last_expiry = now;
+    }
     if (n < 0) {
       if (errno == EINTR) continue;
       Log()->error("event=epoll_failed error=\"{}\"", std::strerror(errno));

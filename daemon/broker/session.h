@@ -12,6 +12,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/unique_fd.h"
 #include "daemon/identity/peer_identity.h"
 #include "daemon/identity/pod_source.h"
@@ -43,7 +44,11 @@ struct Session {
 
   absl::Mutex mu;  // protects the members below
   bool closed ABSL_GUARDED_BY(mu) = false;
-  std::map<uint64_t, UniqueFd> offers ABSL_GUARDED_BY(mu);  // slot -> offered descriptor
+  struct Offer {
+    UniqueFd fd;
+    absl::Time at;  // offers unused for BrokerOptions::offer_ttl are closed
+  };
+  std::map<uint64_t, Offer> offers ABSL_GUARDED_BY(mu);  // slot -> offered descriptor
   uint64_t next_delivery ABSL_GUARDED_BY(mu) = 1;
   std::vector<std::shared_ptr<EventSink>> watchers ABSL_GUARDED_BY(mu);
 };

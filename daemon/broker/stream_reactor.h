@@ -18,7 +18,9 @@ namespace podlink {
 template <typename Msg>
 class QueuedWriteReactor : public grpc::ServerWriteReactor<Msg> {
  public:
-  static constexpr size_t kMaxQueued = 4096;
+  // Events are a few hundred bytes: 256 per stream, 4 streams per session and
+  // 64 sessions per pod bound what one pod can make podlinkd queue (~29 MB).
+  static constexpr size_t kMaxQueued = 256;
 
   void Begin(std::shared_ptr<QueuedWriteReactor> self) {
     absl::MutexLock l(&mu_);
