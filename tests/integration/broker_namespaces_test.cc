@@ -83,17 +83,28 @@ TEST_F(BrokerNamespaces, UnauthorizedImportsAreDeniedWithReasons) {
   struct Case {
     const PodCgroup* cg;
     std::string name;
+    std::string code;
     std::string mentions;
   };
+  // Pods of the exporter's namespace are told why; a pod of another namespace
+  // gets exactly the answer for a name that does not exist (it learns neither
+  // the owner nor the peer group).
   for (const Case& c : std::vector<Case>{
-           {&intruder_, "secret", "peer group 'job-8'"},
-           {&plain_, "secret", "has no podlink.io/peer-group annotation; add podlink.io/peer-group=job-7"},
-           {&foreign_, "ml/secret", "one namespace"},
+           {&intruder_, "secret", "PERMISSION_DENIED", "peer group 'job-8'"},
+           {&plain_, "secret", "PERMISSION_DENIED",
+            "has no podlink.io/peer-group annotation; add podlink.io/peer-group=job-7"},
+           {&foreign_, "ml/secret", "NOT_FOUND",
+            "no export named 'secret' in namespace ml that this pod may import (never existed"},
+           {&foreign_, "ml/never-existed", "NOT_FOUND",
+            "no export named 'never-existed' in namespace ml that this pod may import (never existed"},
        }) {
     Pod p(daemon_, c.cg, {"import", "--name", c.name, "--verify", "1"});
     json j = p.Expect("imported");
     EXPECT_EQ(j["event"], "error") << j.dump();
-    EXPECT_EQ(j["code"], "PERMISSION_DENIED") << j.dump();
+    EXPECT_EQ(j["code"], c.code) << j.dump();
+    if (c.code == "NOT_FOUND") {
+      EXPECT_EQ(j["message"].get<std::string>().find("prefill"), std::string::npos) << "owner leaked: " << j.dump();
+    }
     EXPECT_NE(j["message"].get<std::string>().find(c.mentions), std::string::npos) << j.dump();
     EXPECT_NE(p.Wait(), 0);
   }

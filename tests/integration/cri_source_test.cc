@@ -109,7 +109,7 @@ TEST(CriSource, PodsResolveThroughTheRuntimeAndAnnotationsDrivePolicy) {
   nlohmann::json s = stranger.Expect("info");
   EXPECT_EQ(s["event"], "error");
   EXPECT_EQ(s["code"], "UNAVAILABLE") << s.dump();
-  EXPECT_NE(d.Log().find("not known to the container runtime"), std::string::npos);
+  EXPECT_TRUE(d.WaitForLog("not known to the container runtime")) << d.Log();
 
   // Host processes (no pod cgroup) still get the standalone identity.
   auto host = Client::Connect({.socket_dir = d.dir()});
@@ -126,7 +126,7 @@ TEST(CriSource, RuntimeDownRefusesPodsClearly) {
   Pod p(d, &pod, {"info"});
   nlohmann::json s = p.Expect("info");
   EXPECT_EQ(s["event"], "error");
-  EXPECT_NE(d.Log().find("did not list pod sandboxes"), std::string::npos) << d.Log();
+  EXPECT_TRUE(d.WaitForLog("did not list pod sandboxes")) << d.Log();
   EXPECT_TRUE(d.Alive());
 }
 

@@ -5,14 +5,19 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "common/fd_channel.h"
 #include "gtest/gtest.h"
 #include "grpcpp/grpcpp.h"
@@ -80,7 +85,7 @@ struct RawClient {
 
 UniqueFd SealedMemfd(size_t size) {
   UniqueFd fd(::memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  EXPECT_EQ(::ftruncate(fd.get(), size), 0);
+  EXPECT_EQ(::posix_fallocate(fd.get(), 0, size), 0);
   EXPECT_EQ(::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
   return fd;
 }
@@ -223,10 +228,22 @@ TEST_F(HostileClients, MalformedAndOversizedRequests) {
 TEST_F(HostileClients, DescriptorsThatLie) {
   RawClient c(daemon_.dir());
   v1::ExportResponse er;
+  // Only memory and eventfds may be offered: pipes and sockets are refused
+  // at the offer (a socket held by podlinkd could keep a session alive).
   int p[2];
   ASSERT_EQ(::pipe(p), 0);
   UniqueFd r(p[0]), w(p[1]);
-  ASSERT_EQ(c.Offer(r.get(), 1), 0u);
+  EXPECT_EQ(c.Offer(r.get(), 1), static_cast<uint64_t>(EINVAL));
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  UniqueFd s0(sv[0]), s1(sv[1]);
+  EXPECT_EQ(c.Offer(s0.get(), 1), static_cast<uint64_t>(EINVAL));
+  // A regular file passes the offer but is not a memfd.
+  char tmpl[] = "/tmp/podlink-lie-XXXXXX";
+  UniqueFd file(::mkstemp(tmpl));
+  ::unlink(tmpl);
+  ASSERT_EQ(::posix_fallocate(file.get(), 0, 4096), 0);
+  ASSERT_EQ(c.Offer(file.get(), 1), 0u);
   grpc::Status s = c.Call(&v1::Broker::Stub::Export, HostExport(4096, 1), &er);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("not a memfd"), std::string::npos) << s.error_message();
@@ -403,6 +420,270 @@ TEST_F(HostileClients, ClientsVanishingMidCall) {
     fds = daemon_.OpenFds();
   }
   EXPECT_EQ(fds, fds_before);
+}
+
+
+// ---------------------------------------------------------------------------
+// The attacks found on 2026-11-23 (issue 11), one test or more each, named
+// by the issue's numbers. Relay attacks (3, 4, 6, 8, 9) are in relay_test.
+
+using json = nlohmann::json;
+
+// The node's counters as an operator sees them (the test process is root on
+// the host). The connection asking counts as one session; it is left out.
+Client::NodeStats StatsOf(const Daemon& d) {
+  auto c = Client::Connect({.socket_dir = d.dir()});
+  EXPECT_TRUE(c.ok()) << c.status();
+  if (!c.ok()) return {};
+  auto s = (*c)->GetStats();
+  EXPECT_TRUE(s.ok()) << s.status();
+  if (!s.ok()) return {};
+  --s->sessions;
+  return *s;
+}
+
+bool WaitForSessions(const Daemon& d, uint64_t n) {
+  for (int i = 0; i < 500; ++i) {
+    if (StatsOf(d).sessions == n) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+// Lets processes of other uids reach the daemon's sockets.
+void OpenSocketDir(const Daemon& d) { ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0); }
+
+// podlink-demo `args` as uid/gid 65534 in the cgroup at `cgroup_path`.
+std::unique_ptr<Pod> NobodyPod(const Daemon& d, const std::string& cgroup_path, std::vector<std::string> args) {
+  std::vector<std::string> full = {"--reuid=65534", "--regid=65534", "--clear-groups", DemoPath()};
+  full.insert(full.end(), args.begin(), args.end());
+  return std::make_unique<Pod>(d, cgroup_path, full, "setpriv");
+}
+
+std::string PodRule(const PodCgroup& cg, const std::string& ns, const std::string& name, const std::string& group) {
+  return absl::StrFormat(
+      R"({"match": {"pod_uid": "%s"}, "namespace": "%s", "name": "%s", "annotations": {"podlink.io/peer-group": "%s"}})",
+      cg.pod_uid(), ns, name, group);
+}
+
+// 1. A client that can create cgroups below its own names another pod.
+TEST(Attacks, A01_CgroupsBelowAContainerCannotClaimAnotherPod) {
+  PodCgroup victim(RandomPodUid(), "besteffort"), attacker(RandomPodUid(), "besteffort");
+  Daemon d("{\"pods\": [" + PodRule(victim, "ml", "victim", "g") + "]}");
+  Pod exporter(d, &victim, {"export", "--size", "65536", "--name", "kv", "--seed", "3", "--commands"});
+  ASSERT_EQ(exporter.Expect("exported")["event"], "exported");
+  std::string u = absl::StrReplaceAll(victim.pod_uid(), {{"-", "_"}});
+  std::string scope = "cri-containerd-" + std::string(64, 'e') + ".scope";
+  // <its scope>/x-pod<VICTIM>.slice, as in the attack, and a whole fake
+  // kubelet hierarchy below its container.
+  std::vector<std::string> made;
+  std::string flat = attacker.path() + "/x-pod" + u + ".slice";
+  std::string deep = attacker.path() + "/kubepods.slice";
+  for (const std::string& dir : {flat, deep, deep + "/kubepods-pod" + u + ".slice",
+                                 deep + "/kubepods-pod" + u + ".slice/" + scope}) {
+    ASSERT_EQ(::mkdir(dir.c_str(), 0755), 0) << dir;
+    made.push_back(dir);
+  }
+  for (const std::string& where : {flat, made.back()}) {
+    Pod p(d, where, {"import", "--name", "kv", "--verify", "3"}, "");
+    json j = p.Expect("imported");
+    EXPECT_EQ(j["event"], "error") << where << ": " << j.dump();
+    EXPECT_NE(p.Wait(), 0);
+  }
+  EXPECT_TRUE(d.WaitForLog("names a pod or kubepods cgroup")) << d.Log();
+  EXPECT_EQ(d.Log().find("event=import "), std::string::npos) << "an import was granted:\n" << d.Log();
+  for (auto it = made.rbegin(); it != made.rend(); ++it) {
+    for (int i = 0; i < 100 && ::rmdir(it->c_str()) != 0 && errno == EBUSY; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+}
+
+// 1. "The same-pod check ignores the uid": another user in the same pod is
+// not the exporter for the same-pod rule.
+TEST(Attacks, A01_AnotherUidInTheSamePodIsNotTheSamePod) {
+  PodCgroup pod(RandomPodUid(), "besteffort");
+  Daemon d("{}");
+  OpenSocketDir(d);
+  Pod exporter(d, &pod, {"export", "--size", "65536", "--name", "kv", "--seed", "3", "--commands"});
+  ASSERT_EQ(exporter.Expect("exported")["event"], "exported");
+  auto other = NobodyPod(d, pod.path(), {"import", "--name", "kv", "--verify", "3"});
+  json j = other->Expect("imported");
+  EXPECT_EQ(j["code"], "PERMISSION_DENIED") << j.dump();
+  // The same uid in the same pod still is the same pod.
+  Pod same(d, &pod, {"import", "--name", "kv", "--verify", "3"});
+  EXPECT_EQ(same.Expect("verified")["mismatches"], 0);
+}
+
+// 2. Sparse memfds: an export claiming 1 TiB it never allocated.
+TEST_F(HostileClients, A02_SparseExportsAreRefused) {
+  RawClient c(daemon_.dir());
+  UniqueFd fd(::memfd_create("sparse", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ASSERT_EQ(::ftruncate(fd.get(), off_t{1} << 40), 0);
+  ASSERT_EQ(::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
+  ASSERT_EQ(c.Offer(fd.get(), 1), 0u);
+  v1::ExportResponse er;
+  grpc::Status s = c.Call(&v1::Broker::Stub::Export, HostExport(uint64_t{1} << 40, 1), &er);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("not fully allocated"), std::string::npos) << s.error_message();
+  // Partly populated is not enough either.
+  UniqueFd half(::memfd_create("half", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ASSERT_EQ(::ftruncate(half.get(), 1 << 20), 0);
+  ASSERT_EQ(::posix_fallocate(half.get(), 0, 1 << 19), 0);
+  ASSERT_EQ(::fcntl(half.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
+  ASSERT_EQ(c.Offer(half.get(), 2), 0u);
+  EXPECT_EQ(c.Call(&v1::Broker::Stub::Export, HostExport(1 << 20, 2), &er).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  ExpectHealthy();
+}
+
+// 5. A client offers its own end of the descriptor channel and never uses
+// the offer: podlinkd would hold the socket open and never see the client go.
+TEST_F(HostileClients, A05_OfferingItsOwnChannelCannotKeepTheSessionAlive) {
+  uint64_t before = StatsOf(daemon_).sessions;
+  {
+    RawClient c(daemon_.dir());
+    EXPECT_EQ(c.Offer(c.sock.get(), 1), static_cast<uint64_t>(EINVAL));
+    UniqueFd dup(::fcntl(c.sock.get(), F_DUPFD_CLOEXEC, 0));
+    EXPECT_EQ(c.Offer(dup.get(), 2), static_cast<uint64_t>(EINVAL));
+    EXPECT_EQ(StatsOf(daemon_).sessions, before + 1);
+  }
+  EXPECT_TRUE(WaitForSessions(daemon_, before)) << "the session outlived its client";
+}
+
+TEST(Attacks, A05_UnusedOffersExpire) {
+  Daemon d(R"({"limits": {"offer_ttl_seconds": 1}})");
+  RawClient c(d.dir());
+  UniqueFd m = SealedMemfd(4096);
+  ASSERT_EQ(c.Offer(m.get(), 7), 0u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  v1::ExportResponse er;
+  grpc::Status s = c.Call(&v1::Broker::Stub::Export, HostExport(4096, 7), &er);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  // A fresh offer is used at once and works.
+  ASSERT_EQ(c.Offer(m.get(), 8), 0u);
+  EXPECT_TRUE(c.Call(&v1::Broker::Stub::Export, HostExport(4096, 8), &er).ok());
+}
+
+// 7. One pod taking every session; the descriptor limit never raised.
+TEST(Attacks, A07_OnePodCannotTakeEverySession) {
+  Daemon d(R"({"limits": {"max_sessions_per_pod": 3}})");
+  OpenSocketDir(d);
+  std::vector<std::unique_ptr<RawClient>> mine;
+  for (int i = 0; i < 3; ++i) mine.push_back(std::make_unique<RawClient>(d.dir()));
+  // The fourth connection of this pod is refused with a reason code.
+  UniqueFd extra(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  snprintf(a.sun_path, sizeof(a.sun_path), "%s/podlink.fd.sock", d.dir().c_str());
+  ASSERT_EQ(::connect(extra.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  pollfd p{extra.get(), POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 10000), 1);
+  auto bye = RecvFdMessage(extra.get(), false);
+  ASSERT_TRUE(bye.ok() && bye->has_value());
+  EXPECT_EQ((*bye)->msg.type, static_cast<uint16_t>(FdMsgType::kGoodbye));
+  EXPECT_EQ((*bye)->msg.a, static_cast<uint64_t>(absl::StatusCode::kResourceExhausted));
+  EXPECT_TRUE(d.WaitForLog("per-pod limit")) << d.Log();
+  // Another pod is still served.
+  auto other = NobodyPod(d, "", {"info"});
+  json j = other->Expect("info");
+  EXPECT_EQ(j["event"], "info") << j.dump();
+  // Closing one of the pod's sessions makes room again.
+  mine.pop_back();
+  for (int i = 0; i < 500; ++i) {
+    auto c = Client::Connect({.socket_dir = d.dir()});
+    if (c.ok()) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ADD_FAILURE() << "no session after one of the pod's closed";
+}
+
+TEST(Attacks, A07_DescriptorLimitIsRaisedAtStart) {
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  if (old.rlim_max <= 256) GTEST_SKIP() << "hard descriptor limit too low to tell";
+  rlimit low{256, old.rlim_max};
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  Daemon d("{}");  // inherits the low soft limit
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &old), 0);
+  std::ifstream f("/proc/" + std::to_string(d.pid()) + "/limits");
+  std::string line;
+  bool found = false;
+  while (std::getline(f, line)) {
+    if (line.rfind("Max open files", 0) != 0) continue;
+    found = true;
+    std::istringstream in(line.substr(14));
+    std::string soft, hard;
+    in >> soft >> hard;
+    EXPECT_EQ(soft, hard) << line;
+  }
+  EXPECT_TRUE(found);
+}
+
+// 10. Probing exports of other namespaces by id and by name.
+TEST(Attacks, A10_OtherNamespacesLearnNothingFromImports) {
+  PodCgroup owner(RandomPodUid(), "besteffort"), stranger(RandomPodUid(), "besteffort");
+  Daemon d("{\"pods\": [" + PodRule(owner, "ml", "owner-0", "g") + ", " + PodRule(stranger, "web", "stranger", "g") +
+           "]}");
+  Pod exporter(d, &owner, {"export", "--size", "65536", "--name", "kv", "--seed", "3", "--commands"});
+  json e = exporter.Expect("exported");
+  ASSERT_EQ(e["event"], "exported");
+  uint64_t id = e["export_id"].get<uint64_t>();
+  auto answer = [&](std::vector<std::string> args) {
+    Pod p(d, &stranger, args);
+    json j = p.Expect("imported");
+    EXPECT_EQ(j["code"], "NOT_FOUND") << j.dump();
+    std::string m = j["message"].get<std::string>();
+    EXPECT_EQ(m.find("owner-0"), std::string::npos) << m;
+    EXPECT_EQ(m.find("'g'"), std::string::npos) << m;
+    return m;
+  };
+  std::string existing = answer({"import", "--id", std::to_string(id)});
+  std::string unused = answer({"import", "--id", std::to_string(id + 1000)});
+  EXPECT_EQ(absl::StrReplaceAll(existing, {{std::to_string(id), "N"}}),
+            absl::StrReplaceAll(unused, {{std::to_string(id + 1000), "N"}}));
+  std::string named = answer({"import", "--name", "ml/kv"});
+  std::string never = answer({"import", "--name", "ml/zz"});
+  EXPECT_EQ(absl::StrReplaceAll(named, {{"'kv'", "'X'"}}), absl::StrReplaceAll(never, {{"'zz'", "'X'"}}));
+}
+
+// 10. Write-sealed memfds used to be accepted and fail later.
+TEST_F(HostileClients, A10_WriteSealedMemfdsAreRefusedAtExport) {
+  RawClient c(daemon_.dir());
+  for (int seal : {F_SEAL_WRITE, F_SEAL_FUTURE_WRITE}) {
+    UniqueFd fd(::memfd_create("ro", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    ASSERT_EQ(::posix_fallocate(fd.get(), 0, 4096), 0);
+    ASSERT_EQ(::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | seal | F_SEAL_SEAL), 0);
+    ASSERT_EQ(c.Offer(fd.get(), 1), 0u);
+    v1::ExportResponse er;
+    grpc::Status s = c.Call(&v1::Broker::Stub::Export, HostExport(4096, 1), &er);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(s.error_message().find("sealed against writes"), std::string::npos) << s.error_message();
+  }
+}
+
+// 11. The owner's own import fails to deliver (its channel is full): the
+// export used to be deleted silently, under every other importer.
+TEST_F(HostileClients, A11_AFailedDeliveryToTheOwnerKeepsTheExport) {
+  RawClient c(daemon_.dir());  // never reads its channel
+  UniqueFd m = SealedMemfd(4096);
+  ASSERT_EQ(c.Offer(m.get(), 1), 0u);
+  v1::ExportResponse er;
+  ASSERT_TRUE(c.Call(&v1::Broker::Stub::Export, HostExport(4096, 1), &er).ok());
+  v1::ImportRequest req;
+  req.set_export_id(er.export_id());
+  grpc::Status s;
+  for (int i = 0; i < 100000; ++i) {
+    v1::ImportResponse ir;
+    s = c.Call(&v1::Broker::Stub::Import, req, &ir);
+    if (!s.ok()) break;
+  }
+  ASSERT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  // Still exported: another session imports it.
+  auto other = Client::Connect({.socket_dir = daemon_.dir()});
+  ASSERT_TRUE(other.ok());
+  auto imp = (*other)->Import(er.export_id());
+  EXPECT_TRUE(imp.ok()) << imp.status();
 }
 
 }  // namespace

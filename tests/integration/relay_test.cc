@@ -8,6 +8,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <fstream>
+#include <sstream>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -23,6 +26,37 @@ namespace podlink::testing {
 namespace {
 
 constexpr uint8_t kPoison = 0xA5;
+
+// Spins until `done()`; false once `seconds` passed (no test waits forever).
+template <typename F>
+bool SpinUntil(F done, double seconds = 30) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+// User plus system CPU time of a process, in seconds.
+double CpuSeconds(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::istringstream in(stat.substr(stat.rfind(')') + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && in >> field; ++i) {
+    if (i >= 14) ticks += std::stod(field);  // utime, stime
+  }
+  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+uint64_t RelayOps(const Daemon& d) {
+  auto c = Client::Connect({.socket_dir = d.dir()});
+  if (!c.ok()) return 0;
+  auto s = (*c)->GetStats();
+  return s.ok() ? s->relay_ops_total : 0;
+}
 
 struct Peer {
   std::unique_ptr<Client> client;
@@ -107,11 +141,10 @@ TEST_P(Relay, AsyncBatchesAndNotificationAfterData) {
   for (uint64_t i = 0; i < 256; ++i) ops.push_back({&b.region, i * 4096, &ra, i * 4096, 4096});
   auto id = b.engine->WriteAsync(ops);
   ASSERT_TRUE(id.ok()) << id.status();
-  absl::StatusOr<bool> done;
-  do {
-    done = b.engine->Poll(*id);
-    ASSERT_TRUE(done.ok()) << done.status();
-  } while (!*done);
+  ASSERT_TRUE(SpinUntil([&] {
+    absl::StatusOr<bool> done = b.engine->Poll(*id);
+    return !done.ok() || *done;
+  }));
   EXPECT_TRUE(b.engine->Wait(*id).ok());
   EXPECT_EQ(b.engine->Wait(*id).code(), absl::StatusCode::kNotFound);  // a batch is waited for once
   // Writes then a notification: when a sees it, the bytes are there.
@@ -155,16 +188,16 @@ TEST_P(Relay, BadRequestsFailThatOpOnly) {
 // A client that writes the ring by hand.
 class RawRing {
  public:
-  RawRing(Client& c, uint32_t entries) {
+  RawRing(Client& c, uint32_t entries, int bell_flags = 0) {
     layout_ = *RingLayout::Make(entries, entries, entries);
     fd_ = ::memfd_create("raw-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    EXPECT_EQ(::ftruncate(fd_, layout_.total), 0);
+    EXPECT_EQ(::posix_fallocate(fd_, 0, layout_.total), 0);
     EXPECT_EQ(::fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
     base_ = static_cast<char*>(::mmap(nullptr, layout_.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0));
     hdr()->magic = kRingMagic;
     hdr()->version = kRingVersion;
     hdr()->sq_entries = hdr()->cq_entries = hdr()->nq_entries = entries;
-    bell_ = ::eventfd(0, EFD_CLOEXEC);
+    bell_ = ::eventfd(0, EFD_CLOEXEC | bell_flags);  // blocking, like the attack's
     status_ = c.OpenRelayRing(fd_, bell_, entries, entries, entries);
   }
   ~RawRing() {
@@ -173,6 +206,8 @@ class RawRing {
     ::close(bell_);
   }
   RingHeader* hdr() { return reinterpret_cast<RingHeader*>(base_); }
+  int bell() const { return bell_; }
+  void Ring(uint64_t n = 1) { (void)!::write(bell_, &n, sizeof(n)); }
   void Push(const RelaySqe& e) {
     reinterpret_cast<RelaySqe*>(base_ + layout_.sq_offset)[tail_ & (layout_.sq_entries - 1)] = e;
     ++tail_;
@@ -290,7 +325,7 @@ TEST_P(Relay, BadRingsAreRefused) {
   ::close(fd);
   // Sealed, but the header does not match.
   fd = ::memfd_create("r", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  ASSERT_EQ(::ftruncate(fd, layout.total), 0);
+  ASSERT_EQ(::posix_fallocate(fd, 0, layout.total), 0);
   ASSERT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
   s = c->OpenRelayRing(fd, bell, 8, 8, 8);
   EXPECT_NE(s.message().find("header"), absl::string_view::npos) << s;
@@ -329,7 +364,7 @@ TEST_P(Relay, ABusySessionDoesNotStarveAnother) {
     flood_done = true;
   });
   // Wait until the flood is under way, then do small transfers.
-  while (static_cast<uint8_t*>(a.buf->data())[0] != 1) std::this_thread::yield();
+  ASSERT_TRUE(SpinUntil([&] { return static_cast<volatile uint8_t*>(a.buf->data())[0] == 1; }));
   std::vector<TransferOp> ops;
   for (int i = 0; i < 64; ++i) ops.push_back({&small.region, 0, &ra_small, static_cast<uint64_t>((1 << 20) + i * 1024), 1024});
   EXPECT_TRUE(small.engine->Writev(ops).ok());
@@ -405,11 +440,11 @@ TEST_P(Relay, NotifyingASessionThatGoesAwayFailsCleanly) {
       }
     }
   });
-  while (ok.load() < 100) std::this_thread::yield();
+  EXPECT_TRUE(SpinUntil([&] { return ok.load() >= 100; }));
   a.engine.reset();  // closes a's ring while notifications keep coming
   a.client.reset();
   int before = gone.load();
-  while (gone.load() < before + 100) std::this_thread::yield();
+  EXPECT_TRUE(SpinUntil([&] { return gone.load() >= before + 100; }));
   stop = true;
   t.join();
   EXPECT_EQ(other.load(), 0);
@@ -418,6 +453,128 @@ TEST_P(Relay, NotifyingASessionThatGoesAwayFailsCleanly) {
   Peer c = MakePeer(daemon_, 1 << 16, 0);
   RemoteRegion rc = Open(b, c);
   EXPECT_TRUE(b.engine->Write({&b.region, 0, &rc, 0, 4096}).ok());
+}
+
+// ---------------------------------------------------------------------------
+// The relay attacks of issue 11, named by the issue's numbers.
+
+// 3. Holes punched into an export after it was exported: a relay copy used to
+// fault the pages in on podlinkd's memory account.
+TEST_P(Relay, A03_HolesPunchedAfterExportAreNeverFilledByTheDaemon) {
+  constexpr size_t kSize = 4 << 20;
+  Peer a = MakePeer(daemon_, kSize, kPoison);
+  Peer b = MakePeer(daemon_, kSize, 1);
+  RemoteRegion ra = Open(b, a);
+  ASSERT_TRUE(b.engine->Write({&b.region, 0, &ra, 0, kSize}).ok());  // mapped by the relay now
+  ASSERT_EQ(::fallocate(a.buf->fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, kSize), 0);
+  EXPECT_EQ(b.engine->Write({&b.region, 0, &ra, 0, kSize}).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(b.engine->Read({&b.region, 0, &ra, 0, kSize}).code(), absl::StatusCode::kFailedPrecondition);
+  // Its own export punched: the destination of a read.
+  ASSERT_EQ(::posix_fallocate(a.buf->fd(), 0, kSize), 0);
+  ASSERT_EQ(::fallocate(b.buf->fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 4096), 0);
+  EXPECT_EQ(b.engine->Read({&b.region, 0, &ra, 0, 4096}).code(), absl::StatusCode::kFailedPrecondition);
+  // Populated again: served again.
+  ASSERT_EQ(::posix_fallocate(b.buf->fd(), 0, kSize), 0);
+  EXPECT_TRUE(b.engine->Write({&b.region, 0, &ra, 0, kSize}).ok());
+}
+
+// 4. The client shares the doorbell eventfd and drains it first: a blocking
+// read by the relay thread froze every ring on it, and SIGTERM with it.
+TEST_P(Relay, A04_ADoorbellTheClientDrainsNeverFreezesTheRelay) {
+  auto attacker = *Client::Connect({.socket_dir = daemon_.dir()});
+  RawRing ring(*attacker, 16);  // a blocking eventfd, as in the attack
+  ASSERT_TRUE(ring.status_.ok()) << ring.status_;
+  std::atomic<bool> stop{false};
+  std::atomic<int> finished{0};
+  std::vector<std::thread> readers;
+  for (int i = 0; i < 3; ++i) {
+    readers.emplace_back([&] {
+      uint64_t v;
+      while (!stop.load()) (void)!::read(ring.bell(), &v, sizeof(v));
+      ++finished;
+    });
+  }
+  for (int i = 0; i < 1000; ++i) {
+    ring.Ring();
+    std::this_thread::sleep_for(std::chrono::microseconds(300));  // let the relay fall asleep again
+  }
+  // Another session's transfers still complete.
+  Peer a = MakePeer(daemon_, 1 << 16, kPoison);
+  Peer b = MakePeer(daemon_, 1 << 16, 1);
+  RemoteRegion ra = Open(b, a);
+  auto id = b.engine->WriteAsync({{&b.region, 0, &ra, 0, 1 << 16}});
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_TRUE(SpinUntil([&] {
+    absl::StatusOr<bool> done = b.engine->Poll(*id);
+    return !done.ok() || *done;
+  }, 10)) << "the relay stopped serving";
+  stop = true;
+  ASSERT_TRUE(SpinUntil([&] {
+    ring.Ring();  // releases readers still blocked
+    return finished.load() == 3;
+  }, 10));
+  for (auto& t : readers) t.join();
+  // And the daemon still stops when asked.
+  ::kill(daemon_.pid(), SIGTERM);
+  EXPECT_TRUE(SpinUntil([&] { return !daemon_.Alive(); }, 10)) << "SIGTERM did not complete";
+  if (daemon_.Alive()) ::kill(daemon_.pid(), SIGKILL);
+}
+
+// 9. A semaphore-mode doorbell holding a huge count kept the relay thread
+// reading it one unit at a time, forever.
+TEST_P(Relay, A09_ASemaphoreDoorbellWithAHugeCountDoesNotSpin) {
+  auto attacker = *Client::Connect({.socket_dir = daemon_.dir()});
+  RawRing ring(*attacker, 16, EFD_SEMAPHORE | EFD_NONBLOCK);
+  ASSERT_TRUE(ring.status_.ok()) << ring.status_;
+  ring.Ring(0xfffffffffffffffeull - 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  double before = CpuSeconds(daemon_.pid());
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  double used = CpuSeconds(daemon_.pid()) - before;
+  EXPECT_LT(used, 0.5) << "podlinkd used " << used << " s of CPU in 2 s while idle";
+}
+
+// 6. One 2 GiB host copy was one memcpy: another pod's 4 KiB request waited
+// for all of it. Host copies now go a slice per round.
+TEST_P(Relay, A06_AHugeHostCopyDelaysOthersByASliceNotTheWholeCopy) {
+  if (GetParam() != 1) GTEST_SKIP() << "the rings share a relay thread only with one worker";
+  constexpr size_t kBig = size_t{1} << 30;
+  Peer big_dst = MakePeer(daemon_, kBig, 0);
+  Peer big_src = MakePeer(daemon_, kBig, 1);
+  Peer small_dst = MakePeer(daemon_, 4096, 0);
+  Peer small_src = MakePeer(daemon_, 4096, 2);
+  RemoteRegion rb = Open(big_src, big_dst);
+  RemoteRegion rs = Open(small_src, small_dst);
+  uint64_t ops = RelayOps(daemon_);
+  auto big = big_src.engine->WriteAsync({{&big_src.region, 0, &rb, 0, kBig}});
+  ASSERT_TRUE(big.ok()) << big.status();
+  ASSERT_TRUE(SpinUntil([&] { return RelayOps(daemon_) > ops; }, 60));  // the big copy is under way
+  ASSERT_TRUE(small_src.engine->Write({&small_src.region, 0, &rs, 0, 4096}).ok());
+  absl::StatusOr<bool> big_done = big_src.engine->Poll(*big);
+  ASSERT_TRUE(big_done.ok()) << big_done.status();
+  EXPECT_FALSE(*big_done) << "the 4 KiB request waited for the whole 1 GiB copy";
+  ASSERT_TRUE(SpinUntil([&] {
+    absl::StatusOr<bool> d = big_src.engine->Poll(*big);
+    return !d.ok() || *d;
+  }, 120));
+  EXPECT_TRUE(big_src.engine->Wait(*big).ok());
+  auto* p = static_cast<uint8_t*>(big_dst.buf->data());
+  EXPECT_EQ(p[0], 1);
+  EXPECT_EQ(p[kBig / 2], 1);
+  EXPECT_EQ(p[kBig - 1], 1);
+  EXPECT_EQ(static_cast<uint8_t*>(small_dst.buf->data())[4095], 2);
+}
+
+// 11. TransferEngine::Close on a region its own session exported used to
+// withdraw the export for every other importer.
+TEST_P(Relay, A11_ClosingAnOwnRegionKeepsItExported) {
+  Peer a = MakePeer(daemon_, 1 << 16, 3);
+  RemoteRegion self = Open(a, a);
+  ASSERT_TRUE(a.engine->Close(self).ok());
+  Peer b = MakePeer(daemon_, 1 << 16, 0);
+  RemoteRegion ra = Open(b, a);
+  EXPECT_TRUE(b.engine->Read({&b.region, 0, &ra, 0, 4096}).ok());
+  EXPECT_EQ(static_cast<uint8_t*>(b.buf->data())[0], 3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Workers, Relay, ::testing::Values(1, 2),
