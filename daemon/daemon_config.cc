@@ -49,7 +49,9 @@ absl::StatusOr<DaemonConfig> ParseDaemonConfig(const std::string& json_text) {
   }
   if (doc.contains("identity")) {
     const auto& id = doc["identity"];
-    if (!id.is_object()) return absl::InvalidArgumentError("config: \"identity\" must be an object");
+    if (!id.is_object() || id.empty()) {
+      return absl::InvalidArgumentError("config: \"identity\" must be an object with kubelet_cgroup_roots");
+    }
     for (auto it = id.begin(); it != id.end(); ++it) {
       if (it.key() != "kubelet_cgroup_roots") {
         return absl::InvalidArgumentError(absl::StrCat("config: unknown key identity.", it.key()));

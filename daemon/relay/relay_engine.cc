@@ -260,10 +260,14 @@ void RelayEngine::Sleep(Worker& w) {
   for (auto& [id, r] : w.rings) r->hdr->daemon_idle.value.store(1, std::memory_order_seq_cst);
   bool work = false;
   for (auto& [id, r] : w.rings) {
-    if (!r->broken.load(std::memory_order_relaxed) &&
-        r->hdr->sq_tail.value.load(std::memory_order_seq_cst) != r->sq_head) {
-      work = true;
+    if (r->broken.load(std::memory_order_relaxed) ||
+        r->hdr->sq_tail.value.load(std::memory_order_seq_cst) == r->sq_head) {
+      continue;
     }
+    // Queued requests are work only while their completions have room: a
+    // client that never drains its CQ must not keep this thread spinning.
+    uint32_t cq_used = r->cq_tail - r->hdr->cq_head.value.load(std::memory_order_seq_cst);
+    if (cq_used < r->layout.cq_entries) work = true;
   }
   if (!work) {
     epoll_event events[32];
