@@ -534,6 +534,34 @@ TEST_P(Relay, A09_ASemaphoreDoorbellWithAHugeCountDoesNotSpin) {
   EXPECT_LT(used, 0.5) << "podlinkd used " << used << " s of CPU in 2 s while idle";
 }
 
+// A client that queues requests but never reaps completions: with its CQ
+// full the worker used to count the queued requests as work and spin.
+TEST_P(Relay, AFullCompletionQueueDoesNotSpin) {
+  auto attacker = *Client::Connect({.socket_dir = daemon_.dir()});
+  auto own = *attacker->AllocateHost(1 << 16);
+  uint64_t id = *attacker->Export(*own);
+  RawRing ring(*attacker, 16);
+  ASSERT_TRUE(ring.status_.ok()) << ring.status_;
+  RelaySqe e{};
+  e.opcode = 1;
+  e.local_export = id;
+  e.remote_export = id;
+  e.remote_offset = 8192;
+  e.length = 4096;
+  for (int i = 0; i < 16; ++i) ring.Push(e);  // completes into the CQ, which is then full
+  ASSERT_TRUE(SpinUntil([&] { return ring.hdr()->cq_tail.value.load() == 16; }, 10));
+  for (int i = 0; i < 16; ++i) ring.Push(e);  // queued, with no room for their completions
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  double before = CpuSeconds(daemon_.pid());
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  double used = CpuSeconds(daemon_.pid()) - before;
+  EXPECT_LT(used, 0.5) << "podlinkd used " << used << " s of CPU in 2 s while no completion could be posted";
+  // Reaping lets the rest complete.
+  for (int i = 0; i < 16; ++i) ASSERT_TRUE(ring.Next().has_value());
+  ring.Ring();
+  for (int i = 0; i < 16; ++i) EXPECT_TRUE(ring.Next().has_value());
+}
+
 // 6. One 2 GiB host copy was one memcpy: another pod's 4 KiB request waited
 // for all of it. Host copies now go a slice per round.
 TEST_P(Relay, A06_AHugeHostCopyDelaysOthersByASliceNotTheWholeCopy) {
