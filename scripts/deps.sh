@@ -3,11 +3,13 @@
 set -euo pipefail
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-# golang-go, sprig and yaml.v3 build tests/deploy/chartrender, which renders the Helm chart in tests.
+# golang-go, sprig and yaml.v3 build tests/deploy/chartrender, which renders the Helm chart in tests;
+# clang and its runtime build the libFuzzer targets (tests/fuzz).
 pkgs=(build-essential cmake pkg-config protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
       libgrpc++-dev libabsl-dev libspdlog-dev libgtest-dev libgmock-dev nlohmann-json3-dev
       libibverbs-dev librdmacm-dev util-linux iproute2 yamllint
-      golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev)
+      golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev
+      clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

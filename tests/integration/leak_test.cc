@@ -50,7 +50,12 @@ TEST(Leaks, ThousandsOfCyclesLeaveTheDaemonFlat) {
   std::cout << "podlinkd fds " << fds0 << " -> " << fds1 << ", rss " << rss0 << " KiB -> " << rss1 << " KiB\n";
   EXPECT_EQ(fds1, fds0);
   // A leak of one 4 KiB object per cycle would add > 12 MiB.
+#ifndef __SANITIZE_ADDRESS__
   EXPECT_LT(rss1 - rss0, 4096) << "RSS grew by " << (rss1 - rss0) << " KiB";
+#else
+  // ASan's quarantine holds freed memory back: RSS says nothing there, and
+  // LeakSanitizer checks the daemon's heap at its exit instead.
+#endif
 }
 
 }  // namespace
