@@ -2,8 +2,10 @@
 # Builds podlink with a sanitizer into build-<name> and runs the tests there.
 #
 #   scripts/sanitize.sh asan   AddressSanitizer + UndefinedBehaviorSanitizer, every test that needs no GPU
-#   scripts/sanitize.sh tsan   ThreadSanitizer, the broker and relay integration tests
 #
+# ThreadSanitizer is not offered: Debian's Abseil is built without it, so
+# absl::Mutex is invisible to TSan and every access it protects is reported
+# as a race (tried 2026-11-23: RelayEngine's change lists under Worker::mu).
 # Any report fails the run (halt_on_error / -fno-sanitize-recover).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,18 +22,8 @@ case "$mode" in
     targets=(all)
     ctest_args=(-LE gpu)
     ;;
-  tsan)
-    build=${PODLINK_TSAN_BUILD_DIR:-build-tsan}
-    flags="thread"
-    # libgrpc, libprotobuf and libabsl are not instrumented: their internal
-    # synchronization is invisible to TSan, so reports whose every frame is in
-    # them are dropped (ignore_noninstrumented_modules) or suppressed.
-    export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:ignore_noninstrumented_modules=1:suppressions=$PWD/tests/sanitizers/tsan.supp"
-    targets=(podlinkd podlink-demo relay_test broker_namespaces_test hostile_clients_test leak_test)
-    ctest_args=(-R "^(Workers/Relay|BrokerNamespaces|HostileClients|Attacks|Leaks)\\.")
-    ;;
   *)
-    echo "usage: $0 asan|tsan" >&2
+    echo "usage: $0 asan" >&2
     exit 2
     ;;
 esac
