@@ -111,16 +111,7 @@
 #include "grpcpp/support/status.h"
 #include "spdlog/spdlog.h"
 
-// Property violations abort, which libFuzzer reports as a crash.
-#define FUZZ_CHECK(cond, ...)                                         \
-  do {                                                                \
-    if (!(cond)) {                                                    \
-      std::fprintf(stderr, "broker_fuzz: check failed: %s: ", #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                              \
-      std::fputc('\n', stderr);                                       \
-      std::abort();                                                   \
-    }                                                                 \
-  } while (0)
+#include "tests/fuzz/fuzz_check.h"
 
 namespace podlink {
 namespace {

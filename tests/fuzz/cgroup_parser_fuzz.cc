@@ -27,16 +27,7 @@
 #include "absl/strings/string_view.h"
 #include "daemon/identity/cgroup_parser.h"
 
-// Property violations abort, which libFuzzer reports as a crash.
-#define FUZZ_CHECK(cond, ...)                                                 \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      std::fprintf(stderr, "cgroup_parser_fuzz: check failed: %s: ", #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                                      \
-      std::fputc('\n', stderr);                                               \
-      std::abort();                                                           \
-    }                                                                         \
-  } while (0)
+#include "tests/fuzz/fuzz_check.h"
 
 namespace podlink {
 namespace {

@@ -19,16 +19,7 @@
 #include "daemon/daemon_config.h"
 #include "nlohmann/json.hpp"
 
-// Property violations abort, which libFuzzer reports as a crash.
-#define FUZZ_CHECK(cond, ...)                                          \
-  do {                                                                 \
-    if (!(cond)) {                                                     \
-      std::fprintf(stderr, "config_fuzz: check failed: %s: ", #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                               \
-      std::fputc('\n', stderr);                                        \
-      std::abort();                                                    \
-    }                                                                  \
-  } while (0)
+#include "tests/fuzz/fuzz_check.h"
 
 namespace podlink {
 namespace {

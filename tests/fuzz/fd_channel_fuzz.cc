@@ -38,16 +38,7 @@
 #include "common/fd_channel.h"
 #include "common/unique_fd.h"
 
-// Property violations abort, which libFuzzer reports as a crash.
-#define FUZZ_CHECK(cond, ...)                                             \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
-      std::fprintf(stderr, "fd_channel_fuzz: check failed: %s: ", #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                                  \
-      std::fputc('\n', stderr);                                           \
-      std::abort();                                                       \
-    }                                                                     \
-  } while (0)
+#include "tests/fuzz/fuzz_check.h"
 
 namespace podlink {
 namespace {
