@@ -162,15 +162,6 @@ class Input {
   size_t size_;
 };
 
-int OpenFdCount() {
-  DIR* d = ::opendir("/proc/self/fd");
-  FUZZ_CHECK(d != nullptr, "opendir /proc/self/fd: %s", std::strerror(errno));
-  int n = 0;
-  while (const dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
-  ::closedir(d);
-  return n;
-}
-
 void CheckError(const absl::Status& st, const char* what) {
   const int code = static_cast<int>(st.code());
   FUZZ_CHECK(code >= 1 && code <= static_cast<int>(absl::StatusCode::kUnauthenticated),
@@ -679,6 +670,6 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  podlink::RunOne(data, size, podlink::OpenFdCount());
+  podlink::RunOne(data, size, OpenFdCount());
   return 0;
 }

@@ -67,15 +67,6 @@ const Attachables& Fds() {
   return *fds;
 }
 
-int OpenFdCount() {
-  DIR* d = ::opendir("/proc/self/fd");
-  FUZZ_CHECK(d != nullptr, "opendir /proc/self/fd: %s", std::strerror(errno));
-  int n = 0;
-  while (const dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
-  ::closedir(d);
-  return n;
-}
-
 struct Pair {
   UniqueFd tx, rx;
   Pair() {
@@ -197,9 +188,9 @@ void RunOne(const uint8_t* data, size_t size) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   podlink::Fds();  // opened once, before the first count
-  const int before = podlink::OpenFdCount();
+  const int before = OpenFdCount();
   podlink::RunOne(data, size);
-  const int after = podlink::OpenFdCount();
+  const int after = OpenFdCount();
   FUZZ_CHECK(after == before, "descriptor leak: %d open before this input, %d after", before, after);
   return 0;
 }

@@ -154,15 +154,6 @@ class Input {
   size_t size_;
 };
 
-int OpenFdCount() {
-  DIR* d = ::opendir("/proc/self/fd");
-  FUZZ_CHECK(d != nullptr, "opendir /proc/self/fd: %s", std::strerror(errno));
-  int n = 0;
-  while (const dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
-  ::closedir(d);
-  return n;
-}
-
 void Pause() {
   timespec ts{0, 20 * 1000};
   ::nanosleep(&ts, nullptr);
@@ -806,9 +797,9 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   podlink::Exports();  // made once, before the first count
-  const int before = podlink::OpenFdCount();
+  const int before = OpenFdCount();
   podlink::RunOne(data, size);
-  const int after = podlink::OpenFdCount();
+  const int after = OpenFdCount();
   FUZZ_CHECK(after == before, "descriptor leak: %d open before this input, %d after", before, after);
   return 0;
 }
