@@ -1,5 +1,4 @@
 #include "daemon/identity/cri_source.h"
-#include "daemon/identity/standalone_source.h"
 
 #include <unistd.h>
 
@@ -64,9 +63,7 @@ absl::StatusOr<PodInfo> CriPodSource::Resolve(const PeerIdentity& peer) {
     return absl::UnavailableError(absl::StrCat("pod ", uid, " (from the client's cgroup) is not known to the ",
                                                "container runtime at ", socket_));
   }
-  PodInfo pod = it->second;
-  pod.key = IdentityKey(peer);
-  return pod;
+  return it->second;  // the broker sets the identity key from the kernel's facts
 }
 
 }  // namespace podlink
