@@ -264,8 +264,8 @@ int main(int argc, char** argv) {
   backends.push_back(
       std::make_unique<podlink::HostMemfdBackend>(pinner, std::make_shared<podlink::MappingBudget>(2 * ram)));
   std::unique_ptr<podlink::CudaBackend> cuda;
-  auto* inv_for_backend = new podlink::GpuInventory(inv);  // lives as long as the process
-  if (inv.cuda_available) backends.push_back(std::make_unique<podlink::CudaBackend>(inv_for_backend));
+  podlink::GpuInventory inv_for_backend(inv);  // declared before the broker: outlives its backends
+  if (inv.cuda_available) backends.push_back(std::make_unique<podlink::CudaBackend>(&inv_for_backend));
 
   std::unique_ptr<podlink::PodSource> pods = std::make_unique<podlink::StandalonePodSource>(cfg.pods);
   if (args.pod_source == "cri") {

@@ -198,6 +198,8 @@ TEST_F(DevicePluginTest, ReRegistersWhenKubeletRestarts) {
   std::this_thread::sleep_for(100ms);
   kubelet_->Start();  // kubelet.sock recreated
   ASSERT_TRUE(kubelet_->WaitFor(2));
+  // The plugin counts a registration once the kubelet's answer is back.
+  for (int i = 0; i < 500 && plugin_->registrations() < 2; ++i) std::this_thread::sleep_for(10ms);
   EXPECT_GE(plugin_->registrations(), 2);
 }
 

@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <map>
+#include <thread>
 #include <regex>
 #include <sstream>
 
@@ -99,9 +100,16 @@ TEST(Metrics, ScrapedAndParsed) {
   RemoteRegion ry = *eng->Open(*eng->Describe(ly));
   for (int i = 0; i < 10; ++i) ASSERT_TRUE(eng->Write({&lx, 0, &ry, 0, 1 << 20}).ok());
 
-  Http m = Get(d.metrics_port(), "/metrics");
-  ASSERT_EQ(m.status, 200);
-  auto v = Parse(m.body);
+  // The pods' sessions close as the daemon notices their exit: wait (bounded).
+  Http m;
+  std::map<std::string, double> v;
+  for (int i = 0; i < 500; ++i) {
+    m = Get(d.metrics_port(), "/metrics");
+    ASSERT_EQ(m.status, 200);
+    v = Parse(m.body);
+    if (v["podlink_sessions"] == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   EXPECT_EQ(v["podlink_up"], 1);
   EXPECT_EQ(v["podlink_ready"], 1);
   EXPECT_EQ(v["podlink_sessions"], 1);  // the engine's client; the pods have exited
