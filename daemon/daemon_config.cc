@@ -40,6 +40,10 @@ absl::StatusOr<DaemonConfig> ParseDaemonConfig(const std::string& json_text) {
         cfg.broker.offer_ttl = absl::Seconds(static_cast<int64_t>(v));
       } else if (it.key() == "max_sessions_per_pod") {
         cfg.broker.max_sessions_per_pod = v;
+      } else if (it.key() == "max_grpc_connections") {
+        cfg.grpc.max_connections = v;
+      } else if (it.key() == "max_grpc_connections_per_pod") {
+        cfg.grpc.max_connections_per_pod = v;
       } else if (it.key() == "max_exports_per_pod") {
         cfg.broker.registry.max_exports_per_pod = v;
       } else {
@@ -73,6 +77,7 @@ absl::StatusOr<DaemonConfig> ParseDaemonConfig(const std::string& json_text) {
   auto rules = StandalonePodSource::ParseRules(json_text);
   if (!rules.ok()) return rules.status();
   cfg.pods = *std::move(rules);
+  cfg.grpc.cgroup_layout = cfg.broker.cgroup_layout;
   return cfg;
 }
 

@@ -11,12 +11,14 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/broker/broker.h"
+#include "daemon/broker/grpc_listener.h"
 #include "daemon/identity/standalone_source.h"
 
 namespace podlink {
 
 struct DaemonConfig {
   BrokerOptions broker;
+  GrpcListenerOptions grpc;  // its cgroup_layout is the broker's
   std::vector<StandalonePodRule> pods;
 };
 

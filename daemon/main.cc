@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/broker/broker.h"
 #include "daemon/broker/fd_server.h"
+#include "daemon/broker/grpc_listener.h"
 #include "daemon/broker/grpc_service.h"
 #include "daemon/daemon_config.h"
 #include "daemon/gpu/cuda_backend.h"
@@ -175,7 +176,7 @@ int main(int argc, char** argv) {
     return st.ok() ? 0 : 1;
   }
   auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
-  for (const char* name : {"podlinkd", "broker", "fdchan", "gpu", "relay", "deviceplugin"}) {
+  for (const char* name : {"podlinkd", "broker", "fdchan", "grpc", "gpu", "relay", "deviceplugin"}) {
     spdlog::register_logger(std::make_shared<spdlog::logger>(name, sink));
   }
   spdlog::set_level(spdlog::level::from_str(args.log_level));
@@ -295,8 +296,7 @@ int main(int argc, char** argv) {
   }
 
   podlink::BrokerService service(&broker);
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + grpc_path, grpc::InsecureServerCredentials());
+  grpc::ServerBuilder builder;  // no listening port: GrpcListener accepts (and bounds) connections
   builder.RegisterService(&service);
   builder.SetMaxReceiveMessageSize(64 * 1024);  // requests are small; bigger ones are refused
   grpc::ResourceQuota quota("podlinkd");
@@ -304,17 +304,22 @@ int main(int argc, char** argv) {
   builder.SetResourceQuota(quota);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) {
-    log->critical("event=grpc_listen_failed path={}", grpc_path);
+    log->critical("event=grpc_start_failed");
     return 1;
   }
-  ::chmod(grpc_path.c_str(), 0666);
+  auto listener = podlink::GrpcListener::Start(server.get(), grpc_path, cfg.grpc);
+  if (!listener.ok()) {
+    log->critical("event=grpc_listen_failed path={} error=\"{}\"", grpc_path, listener.status().message());
+    return 1;
+  }
 
   std::unique_ptr<podlink::HttpServer> http;
   std::string metrics = "off";
   if (!args.metrics_addr.empty()) {
-    auto h = podlink::HttpServer::Start(args.metrics_addr, [&broker](const std::string& path) {
+    auto h = podlink::HttpServer::Start(args.metrics_addr, [&broker, &listener](const std::string& path) {
       if (path == "/metrics") {
-        return podlink::HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8", broker.RenderMetrics()};
+        return podlink::HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8",
+                                     broker.RenderMetrics() + (*listener)->RenderMetrics()};
       }
       if (path == "/healthz") return podlink::HttpResponse{200, "text/plain; charset=utf-8", "ok\n"};
       if (path == "/readyz") {
@@ -391,6 +396,7 @@ int main(int argc, char** argv) {
   broker.set_ready(false);
   plugin.reset();
   direct_plugin.reset();
+  (*listener)->Stop();
   (*fds)->Stop();  // closes every session; Watch streams end with SESSION_CLOSED
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   log->info("event=stopped");
