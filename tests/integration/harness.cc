@@ -1,8 +1,11 @@
 #include "tests/integration/harness.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,6 +14,7 @@
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -310,6 +314,60 @@ int Pod::Wait() {
     waited_ = true;
   }
   return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
+}
+
+Http HttpRequest(int port, const std::string& raw) {
+  Http h;
+  int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(s);
+    return h;
+  }
+  (void)!::send(s, raw.data(), raw.size(), MSG_NOSIGNAL);
+  std::string resp;
+  char buf[4096];
+  for (;;) {
+    pollfd p{s, POLLIN, 0};
+    if (::poll(&p, 1, 5000) <= 0) break;
+    ssize_t n = ::recv(s, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    resp.append(buf, n);
+  }
+  ::close(s);
+  if (resp.rfind("HTTP/1.0 ", 0) == 0) h.status = std::atoi(resp.c_str() + 9);
+  size_t b = resp.find("\r\n\r\n");
+  if (b != std::string::npos) h.body = resp.substr(b + 4);
+  return h;
+}
+
+Http HttpGet(int port, const std::string& path) { return HttpRequest(port, "GET " + path + " HTTP/1.0\r\n\r\n"); }
+
+std::map<std::string, double> ParseMetrics(const std::string& text) {
+  std::map<std::string, double> m;
+  std::istringstream in(text);
+  std::string line;
+  std::regex sample(R"(^([a-zA-Z_:][a-zA-Z0-9_:]*(\{[^}]*\})?) (-?[0-9.eE+-]+|\+Inf|NaN)$)");
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::smatch mt;
+    EXPECT_TRUE(std::regex_match(line, mt, sample)) << "not a Prometheus sample: " << line;
+    if (!mt.empty()) m[mt[1]] = std::stod(mt[3]);
+  }
+  return m;
+}
+
+std::optional<double> Daemon::Metric(const std::string& name) const {
+  if (metrics_port_ <= 0) return std::nullopt;
+  Http h = HttpGet(metrics_port_, "/metrics");
+  if (h.status != 200) return std::nullopt;
+  auto m = ParseMetrics(h.body);
+  auto it = m.find(name);
+  if (it == m.end()) return std::nullopt;
+  return it->second;
 }
 
 }  // namespace podlink::testing

@@ -6,6 +6,7 @@
 
 #include <sys/types.h>
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,6 +31,9 @@ class Daemon {
   bool WaitForLog(const std::string& text, int timeout_ms = 5000) const;
   bool Alive() const;
   int metrics_port() const { return metrics_port_; }
+  // The value of the unlabeled sample `name` on /metrics (needs
+  // --metrics-addr); nullopt when it is missing or unreachable.
+  std::optional<double> Metric(const std::string& name) const;
 
  private:
   std::string dir_;
@@ -77,6 +81,16 @@ class Pod {
   bool waited_ = false;
   int status_ = 0;
 };
+
+// An HTTP/1.0 exchange with 127.0.0.1:`port` (status 0 when none).
+struct Http {
+  int status = 0;
+  std::string body;
+};
+Http HttpRequest(int port, const std::string& raw);
+Http HttpGet(int port, const std::string& path);
+// Prometheus text: "name{labels}" -> value; every sample line must parse.
+std::map<std::string, double> ParseMetrics(const std::string& text);
 
 // The stand-in for the kubelet's cgroup root that PodCgroup uses and every
 // Daemon is configured with (identity.kubelet_cgroup_roots).

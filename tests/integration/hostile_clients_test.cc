@@ -620,6 +620,64 @@ TEST(Attacks, A07_DescriptorLimitIsRaisedAtStart) {
   EXPECT_TRUE(found);
 }
 
+// A raw connection to the gRPC socket that never says anything.
+UniqueFd IdleGrpcConnection(const Daemon& d) {
+  UniqueFd c(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  snprintf(a.sun_path, sizeof(a.sun_path), "%s/podlink.sock", d.dir().c_str());
+  EXPECT_EQ(::connect(c.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  return c;
+}
+
+// True once the daemon has closed `c` (EOF or reset), within `timeout_ms`.
+bool ClosedByDaemon(int c, int timeout_ms) {
+  pollfd p{c, POLLIN, 0};
+  if (::poll(&p, 1, timeout_ms) != 1) return false;
+  char buf[256];
+  ssize_t n;
+  // gRPC may have sent its SETTINGS frame first; read until EOF or nothing.
+  while ((n = ::recv(c, buf, sizeof(buf), MSG_DONTWAIT)) > 0) {
+  }
+  return n == 0 || (n < 0 && errno != EAGAIN);
+}
+
+// 7. Idle connections to the gRPC socket are counted per pod and in all;
+// past the limit they are closed at once, so they cannot eat podlinkd's
+// descriptors, and other pods are still served.
+TEST(Attacks, A07_GrpcConnectionsAreBoundedPerPod) {
+  Daemon d(R"({"limits": {"max_grpc_connections_per_pod": 8, "max_grpc_connections": 32}})",
+           {"--metrics-addr", "127.0.0.1:0"});
+  OpenSocketDir(d);
+  int fds_before = d.OpenFds();
+  std::vector<UniqueFd> flood;
+  for (int i = 0; i < 300; ++i) flood.push_back(IdleGrpcConnection(d));
+  // The ninth and later are closed by the daemon; the first eight stay open.
+  int closed = 0;
+  for (size_t i = 8; i < flood.size(); ++i) closed += ClosedByDaemon(flood[i].get(), 5000);
+  EXPECT_EQ(closed, 292);
+  for (size_t i = 0; i < 8; ++i) EXPECT_FALSE(ClosedByDaemon(flood[i].get(), 0)) << i;
+  EXPECT_LE(d.OpenFds(), fds_before + 2 * 8 + 4) << "each counted connection costs two fds, no more";
+  EXPECT_TRUE(d.WaitForLog("per-pod limit")) << d.Log();
+  EXPECT_EQ(d.Metric("podlink_grpc_connections"), std::optional<double>(8));
+  EXPECT_GE(d.Metric("podlink_grpc_connections_refused_total").value_or(0), 292);
+  // Another pod (another uid) is still served.
+  auto other = NobodyPod(d, "", {"info"});
+  json j = other->Expect("info");
+  EXPECT_EQ(j["event"], "info") << j.dump();
+  // Closing them gives the pod its share back.
+  flood.clear();
+  bool back = false;
+  for (int i = 0; i < 500 && !back; ++i) {
+    back = d.Metric("podlink_grpc_connections") == std::optional<double>(0);
+    if (!back) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(back) << "connections still counted after the client closed them";
+  auto c = Client::Connect({.socket_dir = d.dir()});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE((*c)->GetStats().ok());
+}
+
 // 10. Probing exports of other namespaces by id and by name.
 TEST(Attacks, A10_OtherNamespacesLearnNothingFromImports) {
   PodCgroup owner(RandomPodUid(), "besteffort"), stranger(RandomPodUid(), "besteffort");
