@@ -358,8 +358,10 @@ class TransferEngine::Impl {
   absl::Status CheckServed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     uint32_t st = hdr_->daemon_status.value.load(std::memory_order_acquire);
     if (st == 0) return absl::OkStatus();
-    return absl::Status(static_cast<absl::StatusCode>(st),
-                        "podlinkd stopped serving this relay ring (its indices were corrupted)");
+    auto code = static_cast<absl::StatusCode>(st);
+    return absl::Status(code, code == absl::StatusCode::kUnavailable
+                                  ? "podlinkd stopped serving this relay ring: the session closed (reconnect)"
+                                  : "podlinkd stopped serving this relay ring (its indices were corrupted)");
   }
 
   absl::Status PushLocked(const RelaySqe& e) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -216,6 +216,11 @@ void RelayEngine::ApplyChanges(Worker& w) {
     auto it = w.rings.find(id);
     if (it == w.rings.end()) continue;
     Drain(w, *it->second);
+    // Whatever the client still queues here is never served: say so, so its
+    // engine fails those transfers now instead of waiting out its timeout.
+    uint32_t unserved = 0;
+    it->second->hdr->daemon_status.value.compare_exchange_strong(
+        unserved, static_cast<uint32_t>(absl::StatusCode::kUnavailable), std::memory_order_release);
     ::epoll_ctl(w.epoll.get(), EPOLL_CTL_DEL, it->second->doorbell.get(), nullptr);
     w.rings.erase(it);
   }

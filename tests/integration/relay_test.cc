@@ -5,6 +5,8 @@
 #include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -12,7 +14,9 @@
 #include <fstream>
 #include <sstream>
 #include <cstring>
+#include <filesystem>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -453,6 +457,43 @@ TEST_P(Relay, NotifyingASessionThatGoesAwayFailsCleanly) {
   Peer c = MakePeer(daemon_, 1 << 16, 0);
   RemoteRegion rc = Open(b, c);
   EXPECT_TRUE(b.engine->Write({&b.region, 0, &rc, 0, 4096}).ok());
+}
+
+// This process's descriptors that are Unix sockets connected to `d`'s sockets.
+std::set<int> SocketsToDaemon(const Daemon& d) {
+  std::set<int> out;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    int fd = std::atoi(e.path().filename().c_str());
+    sockaddr_un a{};
+    socklen_t len = sizeof(a);
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0 || a.sun_family != AF_UNIX) continue;
+    if (std::string(a.sun_path).rfind(d.dir() + "/", 0) == 0) out.insert(fd);
+  }
+  return out;
+}
+
+// A session that ends under its engine (the client's sockets shut down, as
+// when podlinkd drops it) marks its ring as no longer served, so transfers
+// queued there fail at once instead of waiting out the engine's timeout.
+TEST_P(Relay, ASessionClosedUnderItsEngineFailsItsTransfersAtOnce) {
+  Peer a = MakePeer(daemon_, 1 << 16, 1);
+  std::set<int> before = SocketsToDaemon(daemon_);
+  Peer b = MakePeer(daemon_, 1 << 16, 2);
+  RemoteRegion ra = Open(b, a);
+  ASSERT_TRUE(b.engine->Write({&b.region, 0, &ra, 0, 4096}).ok());
+  int shut = 0;
+  for (int fd : SocketsToDaemon(daemon_)) {
+    if (!before.count(fd)) shut += ::shutdown(fd, SHUT_RDWR) == 0;
+  }
+  // b's descriptor channel (gRPC may share one connection between a and b).
+  ASSERT_GE(shut, 1);
+  ASSERT_TRUE(SpinUntil([&] {
+    auto c = Client::Connect({.socket_dir = daemon_.dir()});
+    auto st = c.ok() ? (*c)->GetStats() : absl::StatusOr<Client::NodeStats>(c.status());
+    return st.ok() && st->relay_rings == 1;  // a's
+  }, 10));
+  absl::Status s = b.engine->Write({&b.region, 0, &ra, 0, 4096});
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
 }
 
 // ---------------------------------------------------------------------------
