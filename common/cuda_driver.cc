@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <mutex>
+#include <new>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -11,9 +12,28 @@
 namespace podlink::cu {
 namespace {
 
+// The outcome of loading, kept without heap memory: libpodlink and the NCCL
+// plugin are dlclosed and loaded again, and a heap singleton would leak with
+// each load.
+class StoredStatus {
+ public:
+  StoredStatus& operator=(const absl::Status& s) {
+    code_ = s.code();
+    std::snprintf(message_, sizeof(message_), "%.*s", static_cast<int>(s.message().size()), s.message().data());
+    return *this;
+  }
+  bool ok() const { return code_ == absl::StatusCode::kOk; }
+  absl::string_view message() const { return message_; }
+  absl::Status Get() const { return absl::Status(code_, message_); }
+
+ private:
+  absl::StatusCode code_ = absl::StatusCode::kOk;
+  char message_[512] = {};
+};
+
 struct Loaded {
   Driver driver{};
-  absl::Status status;
+  StoredStatus status;
 };
 
 template <typename F>
@@ -24,7 +44,8 @@ bool Resolve(void* lib, const char* name, F*& out, std::string& missing) {
 }
 
 Loaded* DoLoad() {
-  auto* l = new Loaded();
+  alignas(Loaded) static unsigned char storage[sizeof(Loaded)];
+  auto* l = new (storage) Loaded();
   void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (lib == nullptr) {
     l->status = absl::UnavailableError(
@@ -100,7 +121,7 @@ Loaded* DoLoad() {
 
 absl::StatusOr<const Driver*> LoadDriver() {
   static Loaded* loaded = DoLoad();
-  if (!loaded->status.ok()) return loaded->status;
+  if (!loaded->status.ok()) return loaded->status.Get();
   return &loaded->driver;
 }
 

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <new>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -336,7 +337,11 @@ class State {
 };
 
 State& S() {
-  static State* s = new State();  // never destroyed: NCCL may call in while the process exits
+  // Never destroyed (NCCL may call in while the process exits), and not on
+  // the heap either: NCCL 2.28 dlcloses the plugin after finalize, and a heap
+  // singleton would then leak with each load. Finalize frees what it holds.
+  alignas(State) static unsigned char storage[sizeof(State)];
+  static State* s = new (storage) State();
   return *s;
 }
 
@@ -1109,7 +1114,8 @@ Result Finalize() {
     client = std::move(s.client);
     s.connecting.clear();
     s.remote_refs.clear();
-    s.node_id.clear();
+    std::string().swap(s.node_id);
+    std::vector<State::Dev>().swap(s.devs);  // NCCL asks for names again after the next init
   }
   engine.reset();  // waits for relay copies it still has in flight
   client.reset();  // closes the session; gRPC stops its threads with the last channel
