@@ -156,7 +156,8 @@ absl::Status RelayEngine::AddRing(uint64_t session, std::shared_ptr<MemoryObject
   }
   {
     absl::MutexLock l(&w->mu);
-    w->to_add.push_back(std::move(r));
+    uint64_t id = r->session;
+    w->changes.push_back({id, std::move(r)});
   }
   Wake(*w);
   return absl::OkStatus();
@@ -176,7 +177,7 @@ void RelayEngine::RemoveRing(uint64_t session) {
   }
   {
     absl::MutexLock l(&w->mu);
-    w->to_remove.push_back(session);
+    w->changes.push_back({session, nullptr});
   }
   Wake(*w);
 }
@@ -194,26 +195,25 @@ RelayCounters RelayEngine::Counters() const {
 }
 
 void RelayEngine::ApplyChanges(Worker& w) {
-  std::vector<std::shared_ptr<Ring>> add;
-  std::vector<uint64_t> remove;
+  std::vector<Worker::Change> changes;
   {
     absl::MutexLock l(&w.mu);
-    add.swap(w.to_add);
-    remove.swap(w.to_remove);
+    changes.swap(w.changes);
   }
-  for (auto& r : add) {
-    // Edge-triggered, and never read: the doorbell is shared with the client,
-    // which can drain it first (a blocking read would then hang this worker)
-    // or hold a huge count in semaphore mode (a level-triggered wait would
-    // spin). Each client write is an edge; that is all the daemon needs.
-    epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLET;
-    ev.data.u64 = r->session;
-    ::epoll_ctl(w.epoll.get(), EPOLL_CTL_ADD, r->doorbell.get(), &ev);
-    w.rings[r->session] = std::move(r);
-  }
-  for (uint64_t id : remove) {
-    auto it = w.rings.find(id);
+  for (Worker::Change& c : changes) {
+    if (c.ring != nullptr) {
+      // Edge-triggered, and never read: the doorbell is shared with the client,
+      // which can drain it first (a blocking read would then hang this worker)
+      // or hold a huge count in semaphore mode (a level-triggered wait would
+      // spin). Each client write is an edge; that is all the daemon needs.
+      epoll_event ev{};
+      ev.events = EPOLLIN | EPOLLET;
+      ev.data.u64 = c.session;
+      ::epoll_ctl(w.epoll.get(), EPOLL_CTL_ADD, c.ring->doorbell.get(), &ev);
+      w.rings[c.session] = std::move(c.ring);
+      continue;
+    }
+    auto it = w.rings.find(c.session);
     if (it == w.rings.end()) continue;
     Drain(w, *it->second);
     // Whatever the client still queues here is never served: say so, so its

@@ -137,8 +137,13 @@ class RelayEngine {
     std::vector<std::vector<cu::Event>> free_events;  // [gpu]: an event works only in its GPU's context
     bool warned_sync = false;
     absl::Mutex mu;  // protects the change lists
-    std::vector<std::shared_ptr<Ring>> to_add ABSL_GUARDED_BY(mu);
-    std::vector<uint64_t> to_remove ABSL_GUARDED_BY(mu);
+    // Rings to start serving (ring set) or to stop serving (session id
+    // only), applied by the worker in the order they were asked for.
+    struct Change {
+      uint64_t session = 0;
+      std::shared_ptr<Ring> ring;  // null: remove
+    };
+    std::vector<Change> changes ABSL_GUARDED_BY(mu);
     // Thread-owned from here on.
     std::map<uint64_t, std::shared_ptr<Ring>> rings;
     uint64_t round = 0;
