@@ -57,7 +57,7 @@ grep -q "event=ready" "$WORK/podlinkd.log" || { cat "$WORK/podlinkd.log"; exit 1
 pod() {
   local cg=$1; shift
   sh -c '[ -z "$1" ] || echo 0 > "$1/cgroup.procs"; shift; exec "$@"' pod "$cg" \
-    env PODLINK_SOCKET="$SOCK" unshare --pid --fork --kill-child --mount-proc --uts --ipc --net --mount -- "$DEMO" "$@"
+    env PODLINK_SOCKET_DIR="$SOCK" unshare --pid --fork --kill-child --mount-proc --uts --ipc --net --mount -- "$DEMO" "$@"
 }
 
 SIZE=$((64 << 20)); MEM=(); KIND="host memory (memfd)"

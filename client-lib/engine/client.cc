@@ -45,7 +45,7 @@ constexpr char kSessionMetadataKey[] = "x-podlink-session";
 
 std::string ResolveSocketDir(const std::string& configured) {
   if (!configured.empty()) return configured;
-  const char* env = getenv("PODLINK_SOCKET");
+  const char* env = getenv("PODLINK_SOCKET_DIR");
   if (env == nullptr || *env == '\0') return "/run/podlink";
   std::string p = env;
   struct stat st {};
@@ -290,7 +290,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& op
     return absl::UnavailableError(absl::StrCat(
         "cannot reach podlinkd at ", fd_path, ": ", std::strerror(err),
         ". Is podlinkd running, and is its socket directory mounted into this container "
-        "(set PODLINK_SOCKET to its location)?"));
+        "(set PODLINK_SOCKET_DIR to its location)?"));
   }
   pollfd p{sock.get(), POLLIN, 0};
   int r = ::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(options.timeout)));

@@ -8,7 +8,7 @@
 //                                        what keeps POD from using podlink, and how to fix it
 //
 // status/exports/peers talk to podlinkd's socket on this node (--socket DIR,
-// $PODLINK_SOCKET, or /run/podlink) and need root on the host: run them on
+// $PODLINK_SOCKET_DIR, or /run/podlink) and need root on the host: run them on
 // the node or with `kubectl exec -n podlink-system <podlinkd pod> --
 // kubectl-podlink ...`. doctor reads the pod with `kubectl get pod -o json`
 // (or --pod-json) and, where podlinkd is reachable, what it knows of the pod.
@@ -45,7 +45,7 @@ options:
   -o json              machine-readable output
   -n NAMESPACE         namespace of POD (doctor; default "default")
   --pod-json FILE      read the pod from FILE instead of `kubectl get pod` (doctor)
-  --socket DIR         podlinkd's socket directory (default $PODLINK_SOCKET or /run/podlink)
+  --socket DIR         podlinkd's socket directory (default $PODLINK_SOCKET_DIR or /run/podlink)
   --for-pod POD        cluster mode: run status/exports/peers in the podlinkd pod on POD's node
                        (kubectl exec), POD in -n NAMESPACE
   --node NODE          cluster mode: the podlinkd pod on NODE
@@ -360,10 +360,10 @@ int Doctor(const Args& a) {
   }
   f.push_back({wants_peer, "podlink.io/peer resource",
                wants_peer ? "requested: the device plugin mounts /run/podlink and the client library and sets "
-                            "PODLINK_SOCKET and NCCL_NET_PLUGIN"
+                            "PODLINK_SOCKET_DIR and NCCL_NET_PLUGIN"
                           : "not requested: nothing mounts podlinkd's socket into the container",
                wants_peer ? "" : "add resources.limits[\"podlink.io/peer\"]: 1 to the container (or mount /run/podlink "
-                                 "yourself and set PODLINK_SOCKET)"});
+                                 "yourself and set PODLINK_SOCKET_DIR)"});
   if (!wants_peer) {
     f.push_back({has_socket_mount, "socket mount",
                  has_socket_mount ? "/run/podlink is mounted by the pod spec" : "/run/podlink is not mounted",

@@ -227,7 +227,7 @@ absl::StatusOr<v1beta1::AllocateResponse> DevicePlugin::Allocate(const v1beta1::
     lib->set_container_path(config_.container_lib_dir);
     lib->set_read_only(true);
     auto& env = *out->mutable_envs();
-    env["PODLINK_SOCKET"] = config_.container_socket_dir;
+    env["PODLINK_SOCKET_DIR"] = config_.container_socket_dir;
     // A path makes NCCL open the plugin as given, so LD_LIBRARY_PATH of the
     // image need not change; PODLINK_LIBRARY_DIR names the directory for
     // applications that link libpodlink.

@@ -132,7 +132,7 @@ for t in $SETUPS; do
   dargs=${PSETUP[$t]%%|*} nenv=${PSETUP[$t]#*|}
   echo "== $t: pods, NCCL_NET_PLUGIN=libnccl-net-podlink.so ${nenv:-(NCCL defaults)}; podlinkd ${dargs:-(defaults)}"
   start_daemon $dargs
-  run_pods "$t" "${PLUGIN_ENV[@]}" PODLINK_SOCKET="$WORK/sock" $nenv
+  run_pods "$t" "${PLUGIN_ENV[@]}" PODLINK_SOCKET_DIR="$WORK/sock" $nenv
   # podlinkd's relay counters and latency histogram after the run.
   python3 -c 'import urllib.request as u; print(u.urlopen("http://127.0.0.1:9477/metrics").read().decode())' \
     | grep -E "^podlink_relay" > "$OUT/metrics-$t.txt" || true

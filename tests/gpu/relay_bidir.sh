@@ -28,7 +28,7 @@ for setup in $SETUPS; do
   dpid=$!
   for _ in $(seq 300); do grep -q event=ready "$OUT/podlinkd-$label.log" && break; sleep 0.1; done
   echo "== podlinkd $args: $(grep -o 'relay_workers=[0-9]*' "$OUT/podlinkd-$label.log")"
-  PODLINK_SOCKET=$WORK/sock timeout 300 "$BIN/podlink-bench" --modes "$modes" --bidir-sizes "$SIZES" \
+  PODLINK_SOCKET_DIR=$WORK/sock timeout 300 "$BIN/podlink-bench" --modes "$modes" --bidir-sizes "$SIZES" \
     --window "$WINDOW" --passes 3 --json "$OUT/bidir-$label.json" > "$OUT/bidir-$label.md" 2> "$OUT/bidir-$label.log"
   echo "exit $?"; cat "$OUT/bidir-$label.md"
   grep -h "relay_sync_fallback" "$OUT/podlinkd-$label.log"

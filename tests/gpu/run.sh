@@ -56,7 +56,7 @@ grep -q event=ready "$OUT/podlinkd.log" || { cat "$OUT/podlinkd.log"; exit 1; }
 pod() {
   local name=$1 mask=$2; shift 2
   sh -c '[ -z "$1" ] || echo 0 > "$1/cgroup.procs"; shift; exec "$@"' pod "${POD_CG[$name]}" \
-    env PODLINK_SOCKET="$SOCK" unshare --pid --fork --kill-child --mount-proc --uts --ipc --net --mount -- \
+    env PODLINK_SOCKET_DIR="$SOCK" unshare --pid --fork --kill-child --mount-proc --uts --ipc --net --mount -- \
     sh -c 'for n in $1; do mount --bind /dev/null "$n" || exit 99; done; shift; exec "$@"' pod "$mask" \
     "$BIN/podlink-demo" "$@"
 }
@@ -116,7 +116,7 @@ echo "== KV: pod C (both device nodes, direct mode) writes 1 GiB into pod A's GP
 kv "one-sided write, direct-mode pod on GPU1 -> pod on GPU0" A /dev/nvidia1 C "" 1 podlink/direct
 
 echo "== podlink-bench (host namespaces, GPU0 -> GPU1)"
-PODLINK_SOCKET=$SOCK "$BIN/podlink-bench" --src-gpu 0 --dst-gpu 1 --csv "$OUT/bench.csv" --json "$OUT/bench.json" \
+PODLINK_SOCKET_DIR=$SOCK "$BIN/podlink-bench" --src-gpu 0 --dst-gpu 1 --csv "$OUT/bench.csv" --json "$OUT/bench.json" \
   > "$OUT/bench.md"
 cat "$OUT/bench.md"
 echo "relay counters in the daemon log:"; grep -c "event=relay_open" "$OUT/podlinkd.log"

@@ -150,7 +150,7 @@ TEST_F(DevicePluginTest, AllocateMountsSocketAndLibraryAndSetsEnvironment) {
   EXPECT_FALSE(c.mounts(0).read_only());
   EXPECT_EQ(c.mounts(1).host_path(), "/opt/podlink/lib");
   EXPECT_TRUE(c.mounts(1).read_only());
-  EXPECT_EQ(c.envs().at("PODLINK_SOCKET"), "/run/podlink");
+  EXPECT_EQ(c.envs().at("PODLINK_SOCKET_DIR"), "/run/podlink");
   EXPECT_EQ(c.envs().at("NCCL_NET_PLUGIN"), "/usr/local/podlink/lib/libnccl-net-podlink.so");
   // Unknown ids and empty requests are refused.
   v1beta1::AllocateRequest bad;

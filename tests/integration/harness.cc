@@ -238,7 +238,7 @@ Pod::Pod(const Daemon& d, const std::string& cgroup_path, std::vector<std::strin
     }
     dup2(in[0], 0);
     dup2(out[1], 1);
-    setenv("PODLINK_SOCKET", d.dir().c_str(), 1);
+    setenv("PODLINK_SOCKET_DIR", d.dir().c_str(), 1);
     std::vector<std::string> full = {"unshare", "--pid",   "--fork", "--kill-child", "--mount-proc",
                                      "--uts",   "--ipc",   "--net",  "--mount",      "--",
                                      binary.empty() ? DemoPath() : binary};

@@ -127,7 +127,7 @@ class KubectlPodlinkCluster : public ::testing::Test {
   }
   ShellResult Kube(const std::string& args, const std::string& env = "") {
     return Shell("env PATH=" + bin_ + ":" + KUBECTL_PODLINK_DIR + ":$PATH FAKE_KUBECTL_LOG=" + log_ +
-                 " PODLINK_SOCKET=" + daemon_.dir() + " " + env + " kubectl-podlink " + args);
+                 " PODLINK_SOCKET_DIR=" + daemon_.dir() + " " + env + " kubectl-podlink " + args);
   }
   std::string Log() {
     ShellResult r = Shell("cat " + log_);

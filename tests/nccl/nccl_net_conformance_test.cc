@@ -274,7 +274,7 @@ INSTANTIATE_TEST_SUITE_P(
 // In one process, without a daemon, the way NCCL probes GPUDirect support:
 // connect and accept interleaved in one thread on one handle.
 TEST(NcclNetAbi, TablesAndSelfConnectWithoutDaemon) {
-  setenv("PODLINK_SOCKET", "/nonexistent-podlink-dir", 1);
+  setenv("PODLINK_SOCKET_DIR", "/nonexistent-podlink-dir", 1);
   void* lib = dlopen(PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(lib, nullptr) << dlerror();
   for (const char* sym : {"ncclNetPlugin_v8", "ncclNetPlugin_v9", "ncclNetPlugin_v10", "ncclNetPlugin_v11"}) {

@@ -137,7 +137,7 @@ PodProcess::PodProcess(const std::string& cgroup, const std::string& socket_dir,
     ::dup2(out[1], 1);
     int err = ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (err >= 0) ::dup2(err, 2);
-    ::setenv("PODLINK_SOCKET", socket_dir.c_str(), 1);
+    ::setenv("PODLINK_SOCKET_DIR", socket_dir.c_str(), 1);
     std::vector<char*> a;
     for (auto& s : full) a.push_back(s.data());
     a.push_back(nullptr);

@@ -38,7 +38,7 @@ using nlohmann::json;
 void Emit(const json& j) { std::cout << j.dump() << "\n" << std::flush; }
 
 std::string SocketDir() {
-  const char* e = getenv("PODLINK_SOCKET");
+  const char* e = getenv("PODLINK_SOCKET_DIR");
   return e != nullptr ? e : "/run/podlink";
 }
 

@@ -1,6 +1,6 @@
 // libpodlink: the client library of podlinkd.
 //
-//   auto client = podlink::Client::Connect();                 // /run/podlink or $PODLINK_SOCKET
+//   auto client = podlink::Client::Connect();                 // /run/podlink or $PODLINK_SOCKET_DIR
 //   auto buf = client->AllocateGpu(64 << 20, /*device=*/0);   // exportable cuMem memory
 //   auto id = client->Export(*buf, {.name = "kv-0"});
 //   ...in another pod...
@@ -198,7 +198,7 @@ class PODLINK_API Watcher {
 };
 
 struct ConnectOptions {
-  // Directory holding podlink.sock and podlink.fd.sock. Empty: $PODLINK_SOCKET
+  // Directory holding podlink.sock and podlink.fd.sock. Empty: $PODLINK_SOCKET_DIR
   // (a directory, or the path of podlink.sock), else /run/podlink.
   std::string socket_dir;
   absl::Duration timeout = absl::Seconds(10);  // per call

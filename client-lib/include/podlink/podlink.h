@@ -30,7 +30,7 @@ PODLINK_API int podlink_abi_version(void);
 /* Message of this thread's last failed call ("" if none). Valid until the next call. */
 PODLINK_API const char* podlink_last_error(void);
 
-/* socket_dir: NULL for $PODLINK_SOCKET or /run/podlink. */
+/* socket_dir: NULL for $PODLINK_SOCKET_DIR or /run/podlink. */
 PODLINK_API int podlink_connect(const char* socket_dir, podlink_client_t** out);
 PODLINK_API void podlink_disconnect(podlink_client_t* client);
 
