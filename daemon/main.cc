@@ -6,12 +6,17 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <iostream>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -31,126 +36,116 @@
 #include "grpcpp/resource_quota.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/sinks/stdout_color_sinks.h"
+#include "common/cli.h"
 #include "common/log.h"
+
+ABSL_FLAG(std::string, socket_dir, "",
+          "directory for podlink.sock (gRPC) and podlink.fd.sock (descriptors); empty: $PODLINK_SOCKET_DIR, "
+          "else /run/podlink");
+ABSL_FLAG(std::string, config, "", "JSON config file: limits, identity, standalone pod rules (docs/usage.md)");
+ABSL_FLAG(bool, no_gpu, false, "do not load the CUDA driver; serve host memory only");
+ABSL_FLAG(std::string, pod_source, "standalone",
+          "standalone (pod names and annotations from the config file) or cri (from the container runtime)");
+ABSL_FLAG(std::string, cri_socket, "", "CRI socket; empty: containerd's if present, else CRI-O's");
+ABSL_FLAG(std::string, metrics_addr, "127.0.0.1:9477",
+          "host:port for /metrics, /healthz, /readyz; empty disables; port 0 picks a free port");
+ABSL_FLAG(std::string, device_plugin_dir, "",
+          "serve the kubelet device plugin for podlink.io/peer in this directory (normally "
+          "/var/lib/kubelet/device-plugins); empty: off");
+ABSL_FLAG(uint32_t, device_plugin_devices, 64, "shareable podlink.io/peer devices advertised to the kubelet");
+ABSL_FLAG(std::string, host_lib_dir, "/var/lib/podlink/lib",
+          "host directory holding libpodlink and the NCCL plugin, mounted into allocated containers");
+ABSL_FLAG(uint32_t, relay_workers, 0, "relay threads; 0: one per GPU (at most 8), 1 without GPUs");
+ABSL_FLAG(uint32_t, relay_streams, 4, "copy streams per GPU per relay thread (1 to 64)");
+ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
+ABSL_FLAG(std::string, probe, "",
+          "do not start: GET this path (/readyz or /healthz) from --metrics-addr and exit 0 if it answers 200 "
+          "(exec probes when metrics listen on loopback only)");
+ABSL_FLAG(bool, print_defaults, false, "print every option's default and the config's default limits as JSON");
 
 namespace {
 
 constexpr char kUsage[] = R"(usage: podlinkd [options]
 
-Brokers GPU (and host) memory between isolated pods on this node.
-
-  --socket-dir DIR   where podlink.sock (gRPC) and podlink.fd.sock (descriptors)
-                     are created (default /run/podlink, env PODLINK_SOCKET_DIR)
-  --config FILE      JSON config: limits and standalone pod rules (docs/usage.md)
-  --no-gpu           do not load the CUDA driver; serve host memory only
-  --pod-source S     standalone (config file; default) or cri (pod names and
-                     annotations from the container runtime)
-  --cri-socket PATH  CRI socket (default: containerd's if present, else CRI-O's)
-  --metrics-addr A   host:port for /metrics, /healthz, /readyz (default 127.0.0.1:9477;
-                     "" disables; port 0 picks a free port)
-  --device-plugin-dir DIR
-                     serve the kubelet device plugin for podlink.io/peer in DIR
-                     (normally /var/lib/kubelet/device-plugins; default off)
-  --device-plugin-devices N   shareable podlink.io/peer devices (default 64)
-  --host-lib-dir DIR host directory holding libpodlink and the NCCL plugin, mounted
-                     into allocated containers (default /var/lib/podlink/lib)
-  --relay-workers N  relay threads; each serves a share of the sessions' rings
-                     (default 0: one per GPU, at most 8; 1 without GPUs)
-  --relay-streams N  copy streams per GPU per relay thread (default 4)
-  --log-level LEVEL  trace|debug|info|warn|error (default info)
-  --probe PATH       do not start: GET PATH (/readyz or /healthz) from the daemon's
-                     metrics address (--metrics-addr) and exit 0 if it answers 200;
-                     for exec probes when metrics listen on loopback only
-  --print-defaults   print every option's default and the config's default limits
-                     as JSON (the Helm chart's values are checked against it)
-  --help
+Brokers GPU (and host) memory between isolated pods on this node: gRPC and
+descriptor sockets in --socket-dir, identity from the kernel, policy by pod
+annotation (docs/usage.md, docs/security.md).
 )";
 
+// Every option's value, checked once after parsing.
 struct Args {
-  std::string socket_dir = "/run/podlink";
-  std::string config;
+  std::string socket_dir, config, log_level, metrics_addr, device_plugin_dir, pod_source, cri_socket,
+      host_lib_dir, probe;
   bool no_gpu = false;
-  std::string log_level = "info";
-  std::string metrics_addr = "127.0.0.1:9477";
-  std::string device_plugin_dir;
-  std::string pod_source = "standalone";
-  std::string cri_socket;
-  std::string device_plugin_devices = "64";
-  std::string host_lib_dir = "/var/lib/podlink/lib";
-  std::string relay_workers = "0";
-  std::string relay_streams = "4";
-  std::string probe;
+  uint32_t device_plugin_devices = 0, relay_workers = 0, relay_streams = 0;
 };
 
-bool ParseArgs(int argc, char** argv, Args& a) {
-  if (const char* env = getenv("PODLINK_SOCKET_DIR")) a.socket_dir = env;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto value = [&](std::string& out) {
-      if (i + 1 >= argc) {
-        std::cerr << "podlinkd: " << k << " needs a value\n" << kUsage;
-        return false;
-      }
-      out = argv[++i];
-      return true;
-    };
-    if (k == "--socket-dir") {
-      if (!value(a.socket_dir)) return false;
-    } else if (k == "--config") {
-      if (!value(a.config)) return false;
-    } else if (k == "--log-level") {
-      if (!value(a.log_level)) return false;
-    } else if (k == "--pod-source") {
-      if (!value(a.pod_source)) return false;
-    } else if (k == "--cri-socket") {
-      if (!value(a.cri_socket)) return false;
-    } else if (k == "--device-plugin-dir") {
-      if (!value(a.device_plugin_dir)) return false;
-    } else if (k == "--device-plugin-devices") {
-      if (!value(a.device_plugin_devices)) return false;
-    } else if (k == "--host-lib-dir") {
-      if (!value(a.host_lib_dir)) return false;
-    } else if (k == "--relay-workers") {
-      if (!value(a.relay_workers)) return false;
-    } else if (k == "--relay-streams") {
-      if (!value(a.relay_streams)) return false;
-    } else if (k == "--metrics-addr") {
-      if (!value(a.metrics_addr)) return false;
-    } else if (k == "--probe") {
-      if (!value(a.probe)) return false;
-    } else if (k == "--print-defaults") {
-      Args d;
-      podlink::DaemonConfig c;
-      nlohmann::json j = {
-          {"socket_dir", d.socket_dir},
-          {"no_gpu", d.no_gpu},
-          {"log_level", d.log_level},
-          {"metrics_addr", d.metrics_addr},
-          {"device_plugin_dir", d.device_plugin_dir},
-          {"pod_source", d.pod_source},
-          {"cri_socket", d.cri_socket},
-          {"device_plugin_devices", std::stoi(d.device_plugin_devices)},
-          {"host_lib_dir", d.host_lib_dir},
-          {"relay_workers", std::stoi(d.relay_workers)},
-          {"relay_streams", std::stoi(d.relay_streams)},
-          {"limits",
-           {{"max_sessions", c.broker.max_sessions},
-            {"max_exports_per_session", c.broker.registry.max_exports_per_session},
-            {"max_exports_total", c.broker.registry.max_exports_total},
-            {"max_pending_offers", c.broker.max_pending_offers}}}};
-      std::cout << j.dump(2) << "\n";
-      exit(0);
-    } else if (k == "--no-gpu") {
-      a.no_gpu = true;
-    } else if (k == "--help" || k == "-h") {
-      std::cout << kUsage;
-      exit(0);
+// Reads the flags into `a`; false with the reason when a value is out of range.
+bool ReadFlags(Args& a, std::string* why) {
+  a.socket_dir = absl::GetFlag(FLAGS_socket_dir);
+  if (a.socket_dir.empty()) {
+    const char* env = std::getenv("PODLINK_SOCKET_DIR");
+    a.socket_dir = env != nullptr && *env != '\0' ? env : "/run/podlink";
+  }
+  a.config = absl::GetFlag(FLAGS_config);
+  a.no_gpu = absl::GetFlag(FLAGS_no_gpu);
+  a.log_level = absl::GetFlag(FLAGS_log_level);
+  a.metrics_addr = absl::GetFlag(FLAGS_metrics_addr);
+  a.device_plugin_dir = absl::GetFlag(FLAGS_device_plugin_dir);
+  a.pod_source = absl::GetFlag(FLAGS_pod_source);
+  a.cri_socket = absl::GetFlag(FLAGS_cri_socket);
+  a.device_plugin_devices = absl::GetFlag(FLAGS_device_plugin_devices);
+  a.host_lib_dir = absl::GetFlag(FLAGS_host_lib_dir);
+  a.relay_workers = absl::GetFlag(FLAGS_relay_workers);
+  a.relay_streams = absl::GetFlag(FLAGS_relay_streams);
+  a.probe = absl::GetFlag(FLAGS_probe);
+  const std::vector<std::string> levels = {"trace", "debug", "info", "warn", "error", "critical", "off"};
+  if (std::find(levels.begin(), levels.end(), a.log_level) == levels.end()) {
+    *why = "--log-level must be one of trace, debug, info, warn, error, critical, off (got '" + a.log_level + "')";
+  } else if (a.pod_source != "standalone" && a.pod_source != "cri") {
+    *why = "--pod-source must be standalone or cri (got '" + a.pod_source + "')";
+  } else if (a.relay_workers > 64) {
+    *why = "--relay-workers must be 0 (one per GPU) to 64";
+  } else if (a.relay_streams == 0 || a.relay_streams > 64) {
+    *why = "--relay-streams must be 1 to 64";
+  } else if (a.device_plugin_devices == 0 || a.device_plugin_devices > 100000) {
+    *why = "--device-plugin-devices must be 1 to 100000";
+  } else if (a.socket_dir.empty() || a.socket_dir[0] != '/') {
+    *why = "--socket-dir must be an absolute path (got '" + a.socket_dir + "')";
+  } else {
+    return true;
+  }
+  return false;
+}
+
+// --print-defaults: every option's default and the config's default limits,
+// as JSON (the Helm chart's values are checked against it).
+void PrintDefaults(const podlink::cli::Program& program) {
+  podlink::DaemonConfig c;
+  nlohmann::json j = nlohmann::json::object();
+  for (absl::CommandLineFlag* flag : podlink::cli::OwnFlags(program)) {
+    std::string name(flag->Name());
+    if (name == "probe" || name == "print_defaults") continue;
+    std::string def = flag->DefaultValue();
+    if (flag->IsOfType<bool>()) {
+      j[name] = def == "true";
+    } else if (flag->IsOfType<uint32_t>()) {
+      j[name] = std::stoul(def);
     } else {
-      std::cerr << "podlinkd: unknown option " << k << "\n" << kUsage;
-      return false;
+      j[name] = def;
     }
   }
-  return true;
+  j["socket_dir"] = "/run/podlink";  // the flag's empty default means $PODLINK_SOCKET_DIR, else this
+  j["limits"] = {{"max_sessions", c.broker.max_sessions},
+                 {"max_sessions_per_pod", c.broker.max_sessions_per_pod},
+                 {"max_exports_per_session", c.broker.registry.max_exports_per_session},
+                 {"max_exports_per_pod", c.broker.registry.max_exports_per_pod},
+                 {"max_exports_total", c.broker.registry.max_exports_total},
+                 {"max_pending_offers", c.broker.max_pending_offers},
+                 {"offer_ttl_seconds", absl::ToInt64Seconds(c.broker.offer_ttl)},
+                 {"max_grpc_connections", c.grpc.max_connections},
+                 {"max_grpc_connections_per_pod", c.grpc.max_connections_per_pod}};
+  std::cout << j.dump(2) << "\n";
 }
 
 // True when something accepts connections on `path` (another daemon).
@@ -168,8 +163,21 @@ bool SocketLive(const std::string& path, int type) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const podlink::cli::Program program{"podlinkd", PODLINK_VERSION, kUsage, __FILE__};
+  std::vector<std::string> positional = podlink::cli::Parse(argc, argv, program);
+  if (!positional.empty()) {
+    std::cerr << "podlinkd: unexpected argument '" << positional[0] << "' (--help lists the options)\n";
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_print_defaults)) {
+    PrintDefaults(program);
+    return 0;
+  }
   Args args;
-  if (!ParseArgs(argc, argv, args)) return 2;
+  if (std::string why; !ReadFlags(args, &why)) {
+    std::cerr << "podlinkd: " << why << "\n";
+    return 2;
+  }
   if (!args.probe.empty()) {
     absl::Status st = podlink::ProbeHttp(args.metrics_addr, args.probe);
     if (!st.ok()) std::cerr << "podlinkd --probe: " << st.message() << "\n";
@@ -273,20 +281,9 @@ int main(int argc, char** argv) {
     std::string sock = args.cri_socket.empty() ? podlink::CriPodSource::DefaultSocket() : args.cri_socket;
     log->info("event=pod_source source=cri socket={}", sock);
     pods = std::make_unique<podlink::CriPodSource>(sock, std::move(pods));
-  } else if (args.pod_source != "standalone") {
-    log->critical("event=bad_flag flag=--pod-source value={} msg=\"use standalone or cri\"", args.pod_source);
-    return 2;
   }
-  if (!absl::SimpleAtoi(args.relay_workers, &cfg.broker.relay.workers) || cfg.broker.relay.workers > 64) {
-    log->critical("event=bad_flag flag=--relay-workers value={} msg=\"use 0 (one per GPU) to 64\"",
-                  args.relay_workers);
-    return 2;
-  }
-  if (!absl::SimpleAtoi(args.relay_streams, &cfg.broker.relay.streams_per_gpu) ||
-      cfg.broker.relay.streams_per_gpu == 0 || cfg.broker.relay.streams_per_gpu > 64) {
-    log->critical("event=bad_flag flag=--relay-streams value={} msg=\"use 1 to 64\"", args.relay_streams);
-    return 2;
-  }
+  cfg.broker.relay.workers = args.relay_workers;
+  cfg.broker.relay.streams_per_gpu = args.relay_streams;
   podlink::Broker broker(cfg.broker, std::move(pods), inv, std::move(backends));
 
   auto fds = podlink::FdServer::Start(&broker, fd_path);
@@ -343,10 +340,7 @@ int main(int argc, char** argv) {
     dp.dir = args.device_plugin_dir;
     dp.host_socket_dir = args.socket_dir;
     dp.host_lib_dir = args.host_lib_dir;
-    if (!absl::SimpleAtoi(args.device_plugin_devices, &dp.devices)) {
-      log->critical("event=bad_flag flag=--device-plugin-devices value={}", args.device_plugin_devices);
-      return 2;
-    }
+    dp.devices = static_cast<int>(args.device_plugin_devices);
     // Healthy while the daemon serves and every GPU it found still has its device node.
     auto health = [&broker, &inv](std::string* why) {
       if (!broker.ready()) {
