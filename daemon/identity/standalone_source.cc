@@ -27,6 +27,12 @@ absl::StatusOr<std::vector<StandalonePodRule>> StandalonePodSource::ParseRules(
   for (const auto& p : doc["pods"]) {
     std::string where = absl::StrCat("config: pods[", i++, "]");
     if (!p.is_object()) return absl::InvalidArgumentError(where + " must be an object");
+    for (auto it = p.begin(); it != p.end(); ++it) {
+      if (it.key() != "match" && it.key() != "namespace" && it.key() != "name" && it.key() != "annotations") {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": unknown key \"", it.key(),
+                                                       "\" (match, namespace, name, annotations)"));
+      }
+    }
     StandalonePodRule r;
     if (!p.contains("namespace") || !p["namespace"].is_string() || !p.contains("name") ||
         !p["name"].is_string()) {

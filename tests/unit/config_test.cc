@@ -43,6 +43,9 @@ TEST(DaemonConfig, RejectsBadInputWithReason) {
            {R"({"pods": [{"match": {"uid": 1}, "name": "b"}]})", "namespace"},
            {R"({"pods": [{"match": {"uid": 1}, "namespace": "a", "name": "b", "annotations": {"k": 1}}]})",
             "annotations"},
+           {R"({"pods": [{"match": {"uid": 1}, "namespace": "a", "name": "b", "annotationz": {}}]})",
+            "annotationz"},
+           {R"({"identity": {"kubelet_cgroup_rootz": ["/"]}})", "kubelet_cgroup_rootz"},
        }) {
     auto r = ParseDaemonConfig(c.json);
     ASSERT_FALSE(r.ok()) << c.json;
