@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Renders charts/podlink with tests/deploy/chartrender (Go text/template +
 # sprig + include/toYaml/fail, as `helm template` does; Helm itself is not a
-# Debian package) and checks what comes out: the defaults render podlinkd's own
+# Debian package) and checks what comes out (podlinkd started with each
+# render's arguments until its readiness probe passes): the defaults render podlinkd's own
 # defaults, values-cluster.yaml renders the cluster set-up, every bad
 # combination the validation template knows fails the render with its message,
-# and the rendered YAML lints. Usage: check_chart.sh REPO BUILD_DIR
+# and the rendered YAML lints. Usage: check_chart.sh REPO BUILD_DIR PODLINKD
 set -euo pipefail
-repo=$(realpath "$1") build=$(realpath -m "$2")
+repo=$(realpath "$1") build=$(realpath -m "$2") podlinkd=$(realpath "$3")
 cd "$repo"
 fail() { echo "FAIL: $*"; exit 1; }
 mkdir -p "$build"
@@ -72,6 +73,10 @@ assert pod["initContainers"][0]["name"] == "install-client-library"
 assert ds["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "9477"
 print("cluster render:", " ".join(args))
 PY
+# Both renders' podlinkd, started with exactly their arguments and config, pass their readiness probes.
+for r in default cluster; do
+  bash tests/deploy/start_rendered.sh "$tmp/$r.yaml" "$podlinkd" "chart, $r values" || fail "the $r render's podlinkd"
+done
 
 # Bad combinations fail the render and say why.
 bad() {  # bad "values yaml" "expected message"
