@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +33,7 @@
 #include "daemon/identity/standalone_source.h"
 #include "daemon/deviceplugin/device_plugin.h"
 #include "daemon/metrics/http_server.h"
+#include "daemon/metrics/metrics.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/resource_quota.h"
 #include "nlohmann/json.hpp"
@@ -310,19 +312,49 @@ int main(int argc, char** argv) {
     return 1;
   }
 
+  // Declared before the metrics server, which reports them.
+  std::unique_ptr<podlink::DevicePlugin> plugin, direct_plugin;
+  auto plugin_metrics = [&plugin, &direct_plugin] {
+    std::map<std::string, double> registered, failures;
+    for (const auto* p : {plugin.get(), direct_plugin.get()}) {
+      if (p == nullptr) continue;
+      podlink::DevicePlugin::RegistrationState st = p->registration();
+      registered[p->resource()] = st.registered ? 1 : 0;
+      failures[p->resource()] = static_cast<double>(st.failures);
+    }
+    std::string out;
+    if (registered.empty()) return out;
+    podlink::RenderFamily(&out, "podlink_device_plugin_registered", "gauge",
+                          "1 while the kubelet has accepted the device plugin's registration", registered, "resource");
+    podlink::RenderFamily(&out, "podlink_device_plugin_register_failures_total", "counter",
+                          "device plugin registrations refused or failed", failures, "resource");
+    return out;
+  };
+  // /readyz answers 200 while podlinkd serves pods; the body also names a
+  // device plugin the kubelet has not accepted (pods already running keep
+  // working; new ones cannot be allocated podlink.io resources).
+  auto readiness = [&broker, &plugin, &direct_plugin] {
+    if (!broker.ready()) return podlink::HttpResponse{503, "text/plain; charset=utf-8", "not ready\n"};
+    std::string body = "ready\n";
+    for (const auto* p : {plugin.get(), direct_plugin.get()}) {
+      if (p == nullptr) continue;
+      podlink::DevicePlugin::RegistrationState st = p->registration();
+      if (!st.registered) {
+        body += "device plugin " + p->resource() + " not registered with the kubelet: " + st.last_error + "\n";
+      }
+    }
+    return podlink::HttpResponse{200, "text/plain; charset=utf-8", body};
+  };
   std::unique_ptr<podlink::HttpServer> http;
   std::string metrics = "off";
   if (!args.metrics_addr.empty()) {
-    auto h = podlink::HttpServer::Start(args.metrics_addr, [&broker, &listener](const std::string& path) {
+    auto h = podlink::HttpServer::Start(args.metrics_addr, [&](const std::string& path) {
       if (path == "/metrics") {
         return podlink::HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8",
-                                     broker.RenderMetrics() + (*listener)->RenderMetrics()};
+                                     broker.RenderMetrics() + (*listener)->RenderMetrics() + plugin_metrics()};
       }
       if (path == "/healthz") return podlink::HttpResponse{200, "text/plain; charset=utf-8", "ok\n"};
-      if (path == "/readyz") {
-        return broker.ready() ? podlink::HttpResponse{200, "text/plain; charset=utf-8", "ready\n"}
-                              : podlink::HttpResponse{503, "text/plain; charset=utf-8", "not ready\n"};
-      }
+      if (path == "/readyz") return readiness();
       return podlink::HttpResponse{404, "text/plain; charset=utf-8", "try /metrics, /healthz or /readyz\n"};
     });
     if (!h.ok()) {
@@ -334,7 +366,6 @@ int main(int argc, char** argv) {
   }
   broker.set_ready(true);
 
-  std::unique_ptr<podlink::DevicePlugin> plugin, direct_plugin;
   if (!args.device_plugin_dir.empty()) {
     podlink::DevicePluginConfig dp;
     dp.dir = args.device_plugin_dir;
@@ -388,6 +419,7 @@ int main(int argc, char** argv) {
   sigwait(&sigs, &sig);
   log->info("event=stopping signal={}", sig);
   broker.set_ready(false);
+  http.reset();  // its handlers read the device plugins
   plugin.reset();
   direct_plugin.reset();
   (*listener)->Stop();

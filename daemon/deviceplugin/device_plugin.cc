@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -123,6 +124,9 @@ DevicePlugin::~DevicePlugin() {
     stop_cv_.SignalAll();
   }
   watcher_.join();
+  // The kubelet hears that the devices are gone before the stream ends, so it
+  // stops placing pods on them while podlinkd is away.
+  healthy_ = false;
   service_->CloseAll();
   absl::MutexLock l(&mu_);
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
@@ -151,7 +155,7 @@ absl::Status DevicePlugin::Register() {
   auto ch = grpc::CreateChannel("unix:" + config_.dir + "/kubelet.sock", grpc::InsecureChannelCredentials());
   auto stub = v1beta1::Registration::NewStub(ch);
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + config_.register_timeout));
   v1beta1::RegisterRequest req;
   req.set_version("v1beta1");
   req.set_endpoint(config_.endpoint);
@@ -173,15 +177,35 @@ void DevicePlugin::Watch() {
       }
     }
     FileId k = IdOf(kubelet);
-    if (k.exists() && (!registered_ || !(k == kubelet_id_))) {
+    bool new_kubelet = !(k == attempted_kubelet_);
+    if (k.exists() && (!registered_ || !(k == kubelet_id_)) && (new_kubelet || absl::Now() >= next_attempt_)) {
+      if (new_kubelet) backoff_ = config_.register_backoff;
+      attempted_kubelet_ = k;
       absl::Status s = Register();
+      absl::MutexLock l(&state_mu_);
       if (s.ok()) {
         registered_ = true;
         kubelet_id_ = k;
+        backoff_ = config_.register_backoff;
         ++registrations_;
+        state_.registered = true;
+        state_.last_error.clear();
         Log()->info("event=registered resource={} endpoint={}", config_.resource, config_.endpoint);
       } else {
-        Log()->warn("event=register_failed error=\"{}\" (retrying)", s.message());
+        next_attempt_ = absl::Now() + backoff_;
+        ++state_.failures;
+        state_.registered = false;
+        state_.last_error = std::string(s.message());
+        Log()->warn("event=register_failed resource={} error=\"{}\" retry_in_s={:.0f}", config_.resource,
+                    s.message(), absl::ToDoubleSeconds(backoff_));
+        backoff_ = std::min(backoff_ * 2, config_.register_backoff_max);
+      }
+    }
+    if (!registered_) {
+      absl::MutexLock l(&state_mu_);
+      state_.registered = false;
+      if (state_.last_error.empty()) {
+        state_.last_error = k.exists() ? "registration pending" : kubelet + " does not exist (kubelet not running?)";
       }
     }
     std::string why;
@@ -195,6 +219,11 @@ void DevicePlugin::Watch() {
     stop_cv_.WaitWithTimeout(&stop_mu_, config_.check_interval);
     if (stop_) return;
   }
+}
+
+DevicePlugin::RegistrationState DevicePlugin::registration() const {
+  absl::MutexLock l(&state_mu_);
+  return state_;
 }
 
 v1beta1::ListAndWatchResponse DevicePlugin::DeviceList() const {

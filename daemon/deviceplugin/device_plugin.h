@@ -35,6 +35,13 @@ struct DevicePluginConfig {
   std::string host_lib_dir = "/var/lib/podlink/lib";
   std::string container_lib_dir = "/usr/local/podlink/lib";
   absl::Duration check_interval = absl::Seconds(1);
+  // A refused or failed registration is retried after this, doubling up to
+  // the cap; a kubelet that comes back (new kubelet.sock) is tried at once.
+  absl::Duration register_backoff = absl::Seconds(1);
+  absl::Duration register_backoff_max = absl::Seconds(60);
+  // The kubelet dials the plugin's socket back (10 s) before it answers
+  // Register, so Register waits longer than that.
+  absl::Duration register_timeout = absl::Seconds(15);
   // Device nodes added to every allocation (direct mode: every GPU's
   // /dev/nvidiaN, so the container can map peers' memory itself).
   std::vector<std::string> device_nodes;
@@ -52,6 +59,16 @@ class DevicePlugin {
 
   int registrations() const { return registrations_.load(); }
   bool healthy() const { return healthy_.load(); }
+  const std::string& resource() const { return config_.resource; }
+
+  // Whether the kubelet accepted the last registration; if not, why, and
+  // how many attempts failed in all.
+  struct RegistrationState {
+    bool registered = false;
+    std::string last_error;
+    uint64_t failures = 0;
+  };
+  RegistrationState registration() const ABSL_LOCKS_EXCLUDED(state_mu_);
 
   // Translations, public for the service and for tests.
   v1beta1::ListAndWatchResponse DeviceList() const;
@@ -82,6 +99,11 @@ class DevicePlugin {
   FileId socket_id_;   // our socket as served (watch thread only)
   FileId kubelet_id_;  // kubelet.sock when we last registered (watch thread only)
   bool registered_ = false;  // watch thread only
+  FileId attempted_kubelet_;      // kubelet.sock at the last attempt (watch thread only)
+  absl::Time next_attempt_ = absl::InfinitePast();  // watch thread only
+  absl::Duration backoff_;                          // watch thread only
+  mutable absl::Mutex state_mu_;  // what registration() reports
+  RegistrationState state_ ABSL_GUARDED_BY(state_mu_);
   std::atomic<int> registrations_{0};
   std::atomic<bool> healthy_{false};
   std::atomic<bool> stop_{false};

@@ -37,7 +37,12 @@ class TestKubelet final : public v1beta1::Registration::Service {
   grpc::Status Register(grpc::ServerContext*, const v1beta1::RegisterRequest* req, v1beta1::Empty*) override {
     std::lock_guard<std::mutex> l(mu_);
     requests_.push_back(*req);
+    if (refuse_) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "resource name podlink.io/peer taken");
     return grpc::Status::OK;
+  }
+  void Refuse(bool r) {
+    std::lock_guard<std::mutex> l(mu_);
+    refuse_ = r;
   }
   std::vector<v1beta1::RegisterRequest> Requests() {
     std::lock_guard<std::mutex> l(mu_);
@@ -56,6 +61,7 @@ class TestKubelet final : public v1beta1::Registration::Service {
   std::unique_ptr<grpc::Server> server_;
   std::mutex mu_;
   std::vector<v1beta1::RegisterRequest> requests_;
+  bool refuse_ = false;
 };
 
 class DevicePluginTest : public ::testing::Test {
@@ -201,6 +207,57 @@ TEST_F(DevicePluginTest, ReRegistersWhenKubeletRestarts) {
   // The plugin counts a registration once the kubelet's answer is back.
   for (int i = 0; i < 500 && plugin_->registrations() < 2; ++i) std::this_thread::sleep_for(10ms);
   EXPECT_GE(plugin_->registrations(), 2);
+}
+
+// A kubelet that refuses the registration is asked again with backoff, not
+// every check interval (20 ms here), and the plugin says it is unregistered
+// and why; once the kubelet accepts, it says registered.
+TEST(DevicePluginRegistration, RefusalsBackOffAndAreReported) {
+  char tmpl[] = "/tmp/podlink-dp-XXXXXX";
+  std::string dir = ::mkdtemp(tmpl);
+  TestKubelet kubelet(dir);
+  kubelet.Refuse(true);
+  DevicePluginConfig c;
+  c.dir = dir;
+  c.check_interval = absl::Milliseconds(20);
+  c.register_backoff = absl::Milliseconds(200);
+  c.register_backoff_max = absl::Seconds(1);
+  auto p = DevicePlugin::Start(c, [](std::string*) { return true; });
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_TRUE(kubelet.WaitFor(1));
+  std::this_thread::sleep_for(2s);
+  // Attempts at about 0, 0.2, 0.6, 1.4 s (doubling from 200 ms): far fewer than the 100 checks in 2 s.
+  size_t attempts = kubelet.Requests().size();
+  EXPECT_GE(attempts, 2u);
+  EXPECT_LE(attempts, 8u) << "registration retried without backoff";
+  DevicePlugin::RegistrationState st = (*p)->registration();
+  EXPECT_FALSE(st.registered);
+  EXPECT_EQ(st.failures, attempts);
+  EXPECT_NE(st.last_error.find("taken"), std::string::npos) << st.last_error;
+  kubelet.Refuse(false);
+  for (int i = 0; i < 300 && !(*p)->registration().registered; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE((*p)->registration().registered);
+  p->reset();
+  std::string cmd = "rm -rf '" + dir + "'";
+  (void)!system(cmd.c_str());
+}
+
+// Stopping the plugin tells the kubelet the devices are unhealthy before
+// the ListAndWatch stream ends.
+TEST_F(DevicePluginTest, StoppingMarksDevicesUnhealthyBeforeTheStreamEnds) {
+  ASSERT_TRUE(kubelet_->WaitFor(1));
+  auto stub = Stub();
+  grpc::ClientContext ctx;
+  auto reader = stub->ListAndWatch(&ctx, v1beta1::Empty());
+  v1beta1::ListAndWatchResponse r;
+  ASSERT_TRUE(reader->Read(&r));
+  for (const auto& d : r.devices()) EXPECT_EQ(d.health(), "Healthy");
+  std::thread stop([&] { plugin_.reset(); });
+  v1beta1::ListAndWatchResponse last;
+  while (reader->Read(&r)) last = r;
+  stop.join();
+  ASSERT_GT(last.devices_size(), 0) << "the stream ended without a last device list";
+  for (const auto& d : last.devices()) EXPECT_EQ(d.health(), "Unhealthy");
 }
 
 TEST(DevicePluginDirect, AllocateAddsGpuDeviceNodes) {
