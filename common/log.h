@@ -12,3 +12,33 @@ struct fmt::formatter<absl::string_view> : fmt::formatter<fmt::string_view> {
     return fmt::formatter<fmt::string_view>::format(fmt::string_view(s.data(), s.size()), ctx);
   }
 };
+
+#include <string>
+
+namespace podlink {
+
+// A value for a key=value log field: in double quotes, with backslashes,
+// quotes and control characters escaped, so text a client controls (a status
+// message, a cgroup path, a pod annotation) cannot end the field or forge
+// another line.
+inline std::string LogQuoted(absl::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\x%02x", static_cast<unsigned char>(c));
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  out += '"';
+  return out;
+}
+
+}  // namespace podlink

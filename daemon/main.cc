@@ -197,7 +197,7 @@ int main(int argc, char** argv) {
   if (!args.config.empty()) {
     auto loaded = podlink::LoadDaemonConfig(args.config);
     if (!loaded.ok()) {
-      log->critical("event=bad_config error=\"{}\"", loaded.status().message());
+      log->critical("event=bad_config error={}", podlink::LogQuoted(loaded.status().message()));
       return 2;
     }
     cfg = *std::move(loaded);
@@ -208,7 +208,7 @@ int main(int argc, char** argv) {
   if (rlimit nofile{}; ::getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur < nofile.rlim_max) {
     nofile.rlim_cur = nofile.rlim_max;
     if (::setrlimit(RLIMIT_NOFILE, &nofile) != 0) {
-      log->warn("event=rlimit_nofile_failed error=\"{}\"", std::strerror(errno));
+      log->warn("event=rlimit_nofile_failed error={}", podlink::LogQuoted(std::strerror(errno)));
     }
   }
   if (rlimit nofile{}; ::getrlimit(RLIMIT_NOFILE, &nofile) == 0) {
@@ -224,7 +224,7 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   if (::mkdir(args.socket_dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    log->critical("event=socket_dir_failed dir={} error=\"{}\"", args.socket_dir, std::strerror(errno));
+    log->critical("event=socket_dir_failed dir={} error={}", args.socket_dir, podlink::LogQuoted(std::strerror(errno)));
     return 1;
   }
   const std::string grpc_path = args.socket_dir + "/podlink.sock";
@@ -250,7 +250,7 @@ int main(int argc, char** argv) {
                 g.fabric_attribute);
     }
   } else {
-    log->info("event=no_cuda reason=\"{}\" msg=\"serving host memory only\"", inv.cuda_status);
+    log->info("event=no_cuda reason={} msg=\"serving host memory only\"", podlink::LogQuoted(inv.cuda_status));
   }
 
   std::vector<std::unique_ptr<podlink::MemoryBackend>> backends;
@@ -265,8 +265,8 @@ int main(int argc, char** argv) {
       pinner = std::make_shared<podlink::BudgetedPinner>(*p, ram / 8);
       log->info("event=host_pinning limit_bytes={}", ram / 8);
     } else {
-      log->warn("event=host_pin_unavailable error=\"{}\" msg=\"relay copies of host memory use pageable memory\"",
-                p.status().ToString());
+      log->warn("event=host_pin_unavailable error={} msg=\"relay copies of host memory use pageable memory\"",
+                podlink::LogQuoted(p.status().ToString()));
     }
   }
   // Relay mappings of host exports: at most twice the node's memory of
@@ -290,7 +290,7 @@ int main(int argc, char** argv) {
 
   auto fds = podlink::FdServer::Start(&broker, fd_path);
   if (!fds.ok()) {
-    log->critical("event=fd_listen_failed path={} error=\"{}\"", fd_path, fds.status().message());
+    log->critical("event=fd_listen_failed path={} error={}", fd_path, podlink::LogQuoted(fds.status().message()));
     return 1;
   }
 
@@ -308,7 +308,7 @@ int main(int argc, char** argv) {
   }
   auto listener = podlink::GrpcListener::Start(server.get(), grpc_path, cfg.grpc);
   if (!listener.ok()) {
-    log->critical("event=grpc_listen_failed path={} error=\"{}\"", grpc_path, listener.status().message());
+    log->critical("event=grpc_listen_failed path={} error={}", grpc_path, podlink::LogQuoted(listener.status().message()));
     return 1;
   }
 
@@ -358,7 +358,7 @@ int main(int argc, char** argv) {
       return podlink::HttpResponse{404, "text/plain; charset=utf-8", "try /metrics, /healthz or /readyz\n"};
     });
     if (!h.ok()) {
-      log->critical("event=metrics_listen_failed addr={} error=\"{}\"", args.metrics_addr, h.status().message());
+      log->critical("event=metrics_listen_failed addr={} error={}", args.metrics_addr, podlink::LogQuoted(h.status().message()));
       return 1;
     }
     http = *std::move(h);
@@ -389,7 +389,7 @@ int main(int argc, char** argv) {
     };
     auto p = podlink::DevicePlugin::Start(dp, health);
     if (!p.ok()) {
-      log->critical("event=device_plugin_failed error=\"{}\"", p.status().message());
+      log->critical("event=device_plugin_failed error={}", podlink::LogQuoted(p.status().message()));
       return 1;
     }
     plugin = *std::move(p);
@@ -405,7 +405,7 @@ int main(int argc, char** argv) {
       }
       auto d = podlink::DevicePlugin::Start(direct, health);
       if (!d.ok()) {
-        log->critical("event=device_plugin_failed resource=podlink.io/peer-direct error=\"{}\"", d.status().message());
+        log->critical("event=device_plugin_failed resource=podlink.io/peer-direct error={}", podlink::LogQuoted(d.status().message()));
         return 1;
       }
       direct_plugin = *std::move(d);

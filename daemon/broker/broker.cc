@@ -178,7 +178,7 @@ absl::StatusOr<std::shared_ptr<Session>> Broker::OpenSession(UniqueFd sock) {
     return sent;
   }
   Log()->info("event=session_open session={} pid={} uid={} pod={} key={} container={} qos={}", s->id,
-              s->peer.pid, s->peer.uid, s->pod.Ref(), s->pod.key, s->peer.cgroup.container_id,
+              s->peer.pid, s->peer.uid, LogQuoted(s->pod.Ref()), LogQuoted(s->pod.key), s->peer.cgroup.container_id,
               s->peer.cgroup.qos_class);
   return s;
 }
@@ -272,8 +272,8 @@ void Broker::CloseSession(uint64_t session_id, const std::string& reason) {
   }
   v1::Event bye = MakeEvent(v1::Event::TYPE_SESSION_CLOSED, 0, "", reason);
   for (auto& w : watchers) w->Close(bye);
-  Log()->info("event=session_close session={} pod={} exports_dropped={} reason=\"{}\"", session_id,
-              s->pod.Ref(), removed.size(), reason);
+  Log()->info("event=session_close session={} pod={} exports_dropped={} reason={}", session_id,
+              s->pod.Ref(), removed.size(), LogQuoted(reason));
 }
 
 void Broker::CloseAllSessions(const std::string& reason) {
@@ -496,8 +496,8 @@ absl::StatusOr<v1::ImportResponse> Broker::Import(Session& s, const v1::ImportRe
   if (absl::Status allowed = CheckImport(view, s.pod, &reason); !allowed.ok()) {
     denials_total_.fetch_add(1, std::memory_order_relaxed);
     denials_.Inc(reason);
-    Log()->warn("event=deny session={} pod={} export={} reason=\"{}\"", s.id, s.pod.Ref(), rec.id,
-                allowed.message());
+    Log()->warn("event=deny session={} pod={} export={} reason={}", s.id, s.pod.Ref(), rec.id,
+                LogQuoted(allowed.message()));
     if (rec.owner.namespace_ != s.pod.namespace_) {
       // A pod of another namespace learns nothing, not even that the export
       // exists: the answer is the one for an id or name that was never used.

@@ -89,7 +89,7 @@ void FdServer::Run() {
     }
     if (n < 0) {
       if (errno == EINTR) continue;
-      Log()->error("event=epoll_failed error=\"{}\"", std::strerror(errno));
+      Log()->error("event=epoll_failed error={}", LogQuoted(std::strerror(errno)));
       return;
     }
     for (int i = 0; i < n; ++i) {
@@ -109,13 +109,13 @@ void FdServer::Accept() {
     int c = ::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (c < 0) {
       if (errno != EAGAIN && errno != EINTR) {
-        Log()->warn("event=accept_failed error=\"{}\"", std::strerror(errno));
+        Log()->warn("event=accept_failed error={}", LogQuoted(std::strerror(errno)));
       }
       return;
     }
     absl::StatusOr<std::shared_ptr<Session>> s = broker_->OpenSession(UniqueFd(c));
     if (!s.ok()) {
-      Log()->warn("event=session_refused reason=\"{}\"", s.status().ToString());
+      Log()->warn("event=session_refused reason={}", LogQuoted(s.status().ToString()));
       continue;
     }
     epoll_event ev{};
@@ -146,7 +146,7 @@ void FdServer::Drain(uint64_t session_id) {
     if (!m.ok()) {
       if (absl::IsNotFound(m.status())) return close("client closed its descriptor channel");
       if (absl::IsUnavailable(m.status())) return close(std::string(m.status().message()));
-      Log()->warn("event=protocol_violation session={} error=\"{}\"", session_id, m.status().message());
+      Log()->warn("event=protocol_violation session={} error={}", session_id, LogQuoted(m.status().message()));
       return close(absl::StrCat("protocol violation: ", m.status().message()));
     }
     if (m->msg.type != static_cast<uint16_t>(FdMsgType::kOffer)) {

@@ -18,7 +18,7 @@
 #include "daemon/metrics/metrics.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_posix.h"
-#include "spdlog/spdlog.h"
+#include "common/log.h"
 
 namespace podlink {
 namespace {
@@ -98,7 +98,7 @@ void GrpcListener::Run() {
     int n = ::epoll_wait(epoll_.get(), events, 64, -1);
     if (n < 0) {
       if (errno == EINTR) continue;
-      Log()->error("event=epoll_failed error=\"{}\"", std::strerror(errno));
+      Log()->error("event=epoll_failed error={}", LogQuoted(std::strerror(errno)));
       return;
     }
     for (int i = 0; i < n; ++i) {
@@ -118,7 +118,7 @@ void GrpcListener::Accept() {
     UniqueFd c(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (!c) {
       if (errno != EAGAIN && errno != EINTR) {
-        Log()->warn("event=accept_failed error=\"{}\"", std::strerror(errno));
+        Log()->warn("event=accept_failed error={}", LogQuoted(std::strerror(errno)));
       }
       return;
     }
@@ -156,7 +156,7 @@ void GrpcListener::Accept() {
       // One line per second at most: a flood of refusals must not flood the log.
       if (int64_t now = MonotonicSeconds(); now != last_refusal_log_) {
         last_refusal_log_ = now;
-        Log()->warn("event=grpc_connection_refused refused_total={} reason=\"{}\"", refused(), refusal);
+        Log()->warn("event=grpc_connection_refused refused_total={} reason={}", refused(), LogQuoted(refusal));
       }
       continue;  // `c` closes
     }

@@ -171,7 +171,7 @@ void DevicePlugin::Watch() {
     // Our socket gone (kubelet restarted and cleaned the directory) or never served.
     if (!socket_id_.exists() || !(IdOf(SocketPath()) == socket_id_)) {
       if (absl::Status s = Serve(); !s.ok()) {
-        Log()->warn("event=serve_failed error=\"{}\"", s.message());
+        Log()->warn("event=serve_failed error={}", LogQuoted(s.message()));
       } else {
         registered_ = false;
       }
@@ -196,8 +196,8 @@ void DevicePlugin::Watch() {
         ++state_.failures;
         state_.registered = false;
         state_.last_error = std::string(s.message());
-        Log()->warn("event=register_failed resource={} error=\"{}\" retry_in_s={:.0f}", config_.resource,
-                    s.message(), absl::ToDoubleSeconds(backoff_));
+        Log()->warn("event=register_failed resource={} error={} retry_in_s={:.0f}", config_.resource,
+                    LogQuoted(s.message()), absl::ToDoubleSeconds(backoff_));
         backoff_ = std::min(backoff_ * 2, config_.register_backoff_max);
       }
     }
@@ -211,7 +211,7 @@ void DevicePlugin::Watch() {
     std::string why;
     bool h = health_(&why);
     if (h != healthy_.exchange(h)) {
-      Log()->info("event=health healthy={} reason=\"{}\"", h, why);
+      Log()->info("event=health healthy={} reason={}", h, LogQuoted(why));
       service_->Broadcast();
     }
     absl::MutexLock l(&stop_mu_);

@@ -48,8 +48,8 @@ class MemfdObject : public MemoryObject {
         pinned_ = st.ok();
         if (!st.ok()) {
           spdlog::default_logger()->warn(
-              "event=host_pin_failed bytes={} error=\"{}\" msg=\"relay copies use pageable memory\"", size_,
-              st.ToString());
+              "event=host_pin_failed bytes={} error={} msg=\"relay copies use pageable memory\"", size_,
+              LogQuoted(st.ToString()));
         }
       }
     }

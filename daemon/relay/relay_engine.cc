@@ -457,9 +457,9 @@ void RelayEngine::Seal(Worker& w, Ring& r, int gpu, uint32_t si, StreamQueue& q)
     // No event to poll: finish synchronously (slow: this thread waits).
     if (!w.warned_sync) {
       w.warned_sync = true;
-      Log()->warn("event=relay_sync_fallback worker={} gpu={} error=\"{}\"", w.index, gpu,
-                  g.event == nullptr ? std::string("cuEventCreate failed")
-                                     : std::string(cu::CuStatus(rec, "cuEventRecord").message()));
+      Log()->warn("event=relay_sync_fallback worker={} gpu={} error={}", w.index, gpu,
+                  LogQuoted(g.event == nullptr ? std::string("cuEventCreate failed")
+                                     : std::string(cu::CuStatus(rec, "cuEventRecord").message())));
     }
     absl::Status st = cu::CuStatus(cuda_->StreamSynchronize(stream), "relay copy");
     double secs = (NowNs() - g.start_ns) * 1e-9;
@@ -579,7 +579,7 @@ absl::Status RelayEngine::DeliverNotify(Ring& from, const RelaySqe& e) {
 void RelayEngine::Complete(Ring& r, uint64_t user_data, const absl::Status& st) {
   if (!st.ok()) {
     failed_.fetch_add(1, std::memory_order_relaxed);
-    Log()->debug("event=relay_op_failed session={} user_data={} error=\"{}\"", r.session, user_data, st.message());
+    Log()->debug("event=relay_op_failed session={} user_data={} error={}", r.session, user_data, LogQuoted(st.message()));
   }
   if (r.broken.load(std::memory_order_relaxed)) return;
   RelayCqe& c = r.cq[r.cq_tail & (r.layout.cq_entries - 1)];
@@ -594,7 +594,7 @@ void RelayEngine::Break(Ring& r, const std::string& why) {
   r.broken.store(true, std::memory_order_relaxed);
   broken_.fetch_add(1, std::memory_order_relaxed);
   r.hdr->daemon_status.value.store(static_cast<uint32_t>(absl::StatusCode::kDataLoss), std::memory_order_release);
-  Log()->warn("event=relay_ring_broken session={} reason=\"{}\"", r.session, why);
+  Log()->warn("event=relay_ring_broken session={} reason={}", r.session, LogQuoted(why));
 }
 
 void RelayEngine::Drain(Worker& w, Ring& r) {
