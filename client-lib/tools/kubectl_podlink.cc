@@ -19,16 +19,32 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
+#include "absl/flags/flag.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
+#include "common/cli.h"
 #include "common/command.h"
 #include "podlink/client.h"
 
 using nlohmann::json;
+
+ABSL_FLAG(std::string, output, "", "json: machine-readable output (also -o json)");
+ABSL_FLAG(std::string, namespace, "default", "namespace of POD (doctor, bench, --for-pod; also -n NAMESPACE)");
+ABSL_FLAG(std::string, pod_json, "", "doctor: read the pod from this file instead of `kubectl get pod`");
+ABSL_FLAG(std::string, socket, "", "podlinkd's socket directory; empty: $PODLINK_SOCKET_DIR, else /run/podlink");
+ABSL_FLAG(std::string, for_pod, "",
+          "cluster mode: run status/exports/peers in the podlinkd pod on this pod's node (kubectl exec); the pod "
+          "is in --namespace");
+ABSL_FLAG(std::string, node, "", "cluster mode: run status/exports/peers in the podlinkd pod on this node");
+ABSL_FLAG(std::string, daemon_namespace, "podlink-system", "cluster mode: namespace of the podlinkd DaemonSet");
+ABSL_FLAG(uint64_t, size, 1ull << 30, "bench: bytes to write");
+ABSL_FLAG(std::string, demo, "/usr/local/podlink/lib/podlink-demo", "bench: podlink-demo's path inside the pods");
 
 namespace {
 
@@ -41,29 +57,74 @@ constexpr char kUsage[] = R"(usage: kubectl podlink COMMAND [options]
   bench POD_A POD_B    one-sided write of --size bytes from POD_B into POD_A (through podlink-demo in
                        the pods, which the device plugin's mount provides), then the bandwidth
 
-options:
-  -o json              machine-readable output
-  -n NAMESPACE         namespace of POD (doctor; default "default")
-  --pod-json FILE      read the pod from FILE instead of `kubectl get pod` (doctor)
-  --socket DIR         podlinkd's socket directory (default $PODLINK_SOCKET_DIR or /run/podlink)
-  --for-pod POD        cluster mode: run status/exports/peers in the podlinkd pod on POD's node
-                       (kubectl exec), POD in -n NAMESPACE
-  --node NODE          cluster mode: the podlinkd pod on NODE
-  --daemon-namespace N namespace of the podlinkd DaemonSet (default podlink-system)
-  --size BYTES         bench transfer size (default 1073741824)
-  --demo PATH          podlink-demo inside the pods (default /usr/local/podlink/lib/podlink-demo)
-
 status, exports and peers need root on the node, outside containers: run them on the
-node, or through `kubectl exec -n podlink-system <podlinkd pod> -- kubectl-podlink ...`.
+node, or through `kubectl exec -n podlink-system <podlinkd pod> -- kubectl-podlink ...`,
+or let --for-pod / --node do that. -o json and -n NAMESPACE are kubectl's spellings of
+--output=json and --namespace=NAMESPACE.
 )";
 
 struct Args {
-  std::string cmd, pod, pod_b, ns = "default", pod_json, socket;
-  std::string for_pod, node, daemon_ns = "podlink-system", demo = "/usr/local/podlink/lib/podlink-demo";
-  uint64_t size = 1ull << 30;
+  std::string cmd, pod, pod_b, ns, pod_json, socket;
+  std::string for_pod, node, daemon_ns, demo;
+  uint64_t size = 0;
   bool json_out = false;
   std::vector<std::string> forwarded;  // arguments to repeat inside the podlinkd pod
 };
+
+// kubectl's short spellings: -o is --output, -n is --namespace.
+std::vector<std::string> LongOptions(int argc, char** argv) {
+  std::vector<std::string> out(argv, argv + argc);
+  for (size_t i = 1; i < out.size() && out[i] != "--"; ++i) {
+    for (auto [short_name, long_name] : {std::pair{"-o", "--output"}, {"-n", "--namespace"}}) {
+      if (out[i] == short_name || absl::StartsWith(out[i], std::string(short_name) + "=")) {
+        out[i] = long_name + out[i].substr(2);
+      }
+    }
+  }
+  return out;
+}
+
+// Every option, checked once: the command line's meaning, or what is wrong with it.
+absl::StatusOr<Args> ArgsFromFlags(const std::vector<std::string>& pos) {
+  Args a;
+  std::string output = absl::GetFlag(FLAGS_output);
+  if (!output.empty() && output != "json") {
+    return absl::InvalidArgumentError("-o/--output supports json only (got '" + output + "')");
+  }
+  a.json_out = output == "json";
+  a.ns = absl::GetFlag(FLAGS_namespace);
+  a.pod_json = absl::GetFlag(FLAGS_pod_json);
+  a.socket = absl::GetFlag(FLAGS_socket);
+  a.for_pod = absl::GetFlag(FLAGS_for_pod);
+  a.node = absl::GetFlag(FLAGS_node);
+  a.daemon_ns = absl::GetFlag(FLAGS_daemon_namespace);
+  a.size = absl::GetFlag(FLAGS_size);
+  a.demo = absl::GetFlag(FLAGS_demo);
+  if (a.size == 0) return absl::InvalidArgumentError("--size must be a positive integer (got '0')");
+  if (a.ns.empty()) return absl::InvalidArgumentError("-n/--namespace must name a namespace");
+  if (pos.empty()) return absl::InvalidArgumentError("no command given (status, exports, peers, doctor or bench)");
+  a.cmd = pos[0];
+  size_t want = 1;
+  if (a.cmd == "doctor") {
+    if (pos.size() < 2) return absl::InvalidArgumentError("doctor needs a pod name");
+    a.pod = pos[1];
+    want = 2;
+  } else if (a.cmd == "bench") {
+    if (pos.size() < 3) return absl::InvalidArgumentError("bench needs two pods: the receiver and the sender");
+    a.pod = pos[1];
+    a.pod_b = pos[2];
+    want = 3;
+  } else if (a.cmd != "status" && a.cmd != "exports" && a.cmd != "peers") {
+    return absl::InvalidArgumentError("unknown command '" + a.cmd +
+                                      "' (commands: status, exports, peers, doctor, bench)");
+  }
+  if (pos.size() > want) return absl::InvalidArgumentError("unexpected argument '" + pos[want] + "'");
+  // Cluster mode repeats the command, -o and --socket inside the podlinkd pod.
+  a.forwarded = {a.cmd};
+  if (a.json_out) a.forwarded.insert(a.forwarded.end(), {"-o", "json"});
+  if (!a.socket.empty()) a.forwarded.insert(a.forwarded.end(), {"--socket", a.socket});
+  return a;
+}
 
 
 std::string Human(uint64_t b) {
@@ -424,90 +485,22 @@ int Doctor(const Args& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Args a;
-  std::vector<std::string> pos;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::cerr << k << " needs a value\n" << kUsage;
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (k == "-o" || k == "--output") {
-      std::string v = next();
-      if (v != "json") {
-        std::cerr << "-o supports json only\n";
-        return 2;
-      }
-      a.json_out = true;
-    } else if (k == "-n" || k == "--namespace") {
-      a.ns = next();
-    } else if (k == "--pod-json") {
-      a.pod_json = next();
-    } else if (k == "--socket") {
-      a.socket = next();
-      a.forwarded.push_back(k);
-      a.forwarded.push_back(a.socket);
-      continue;
-    } else if (k == "--for-pod") {
-      a.for_pod = next();
-    } else if (k == "--node") {
-      a.node = next();
-    } else if (k == "--daemon-namespace") {
-      a.daemon_ns = next();
-    } else if (k == "--demo") {
-      a.demo = next();
-    } else if (k == "--size") {
-      if (!absl::SimpleAtoi(next(), &a.size) || a.size == 0) {
-        std::cerr << "--size needs a positive number\n";
-        return 2;
-      }
-    } else if (k == "-h" || k == "--help") {
-      std::cout << kUsage;
-      return 0;
-    } else if (!k.empty() && k[0] == '-') {
-      std::cerr << "unknown option " << k << "\n" << kUsage;
-      return 2;
-    } else {
-      pos.push_back(k);
-    }
-    if (k == "-o" || k == "--output") {
-      a.forwarded.push_back("-o");
-      a.forwarded.push_back("json");
-    }
-  }
-  if (pos.empty()) {
-    std::cerr << kUsage;
+  const podlink::cli::Program program{"kubectl-podlink", PODLINK_VERSION, kUsage, __FILE__};
+  std::vector<std::string> args = LongOptions(argc, argv);
+  std::vector<char*> args_c;
+  for (std::string& arg : args) args_c.push_back(arg.data());
+  absl::StatusOr<Args> parsed =
+      ArgsFromFlags(podlink::cli::Parse(static_cast<int>(args_c.size()), args_c.data(), program));
+  if (!parsed.ok()) {
+    std::cerr << "kubectl-podlink: " << parsed.status().message() << " (--help lists the options)\n";
     return 2;
   }
-  a.cmd = pos[0];
+  const Args& a = *parsed;
   bool node_cmd = a.cmd == "status" || a.cmd == "exports" || a.cmd == "peers";
-  if (node_cmd && (!a.for_pod.empty() || !a.node.empty())) {
-    a.forwarded.insert(a.forwarded.begin(), a.cmd);
-    return ViaCluster(a);
-  }
-  if (a.cmd == "bench") {
-    if (pos.size() < 3) {
-      std::cerr << "bench needs two pods: the receiver and the sender\n" << kUsage;
-      return 2;
-    }
-    a.pod = pos[1];
-    a.pod_b = pos[2];
-    return Bench(a);
-  }
+  if (node_cmd && (!a.for_pod.empty() || !a.node.empty())) return ViaCluster(a);
+  if (a.cmd == "bench") return Bench(a);
   if (a.cmd == "status") return Status(a);
   if (a.cmd == "exports") return Exports(a);
   if (a.cmd == "peers") return Peers(a);
-  if (a.cmd == "doctor") {
-    if (pos.size() < 2) {
-      std::cerr << "doctor needs a pod name\n" << kUsage;
-      return 2;
-    }
-    a.pod = pos[1];
-    return Doctor(a);
-  }
-  std::cerr << "unknown command " << a.cmd << "\n" << kUsage;
-  return 2;
+  return Doctor(a);
 }

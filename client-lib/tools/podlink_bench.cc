@@ -23,6 +23,9 @@
 //   podlink-bench [--src-gpu 0] [--dst-gpu 1] [--total BYTES] [--passes 5]
 //                 [--modes baseline,direct,relay,baseline-bidir,relay-bidir]
 //                 [--bidir-sizes 1048576,4194304] [--window 16] [--csv F] [--json F]
+//
+// (podlink-bench --help lists every option.)
+#include <algorithm>
 #include <atomic>
 #include <barrier>
 #include <chrono>
@@ -34,29 +37,97 @@
 #include <thread>
 #include <vector>
 
+#include "absl/flags/flag.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
+#include "absl/strings/str_join.h"
+#include "common/cli.h"
 #include "common/cuda_driver.h"
 #include "nlohmann/json.hpp"
 #include "podlink/client.h"
 #include "podlink/transfer.h"
 
+ABSL_FLAG(int, src_gpu, 0, "GPU of the source buffers");
+ABSL_FLAG(int, dst_gpu, 1, "GPU of the destination buffers (the source GPU when only one GPU is visible)");
+ABSL_FLAG(uint64_t, total, 1ull << 30, "bytes of each buffer, written whole per pass; at least 4096");
+ABSL_FLAG(int, passes, 5, "timed passes per operation size, after one warm-up; the mean is reported");
+ABSL_FLAG(int, lat_iters, 2000, "synchronous 4 KiB operations timed for the latency table");
+ABSL_FLAG(std::vector<std::string>, modes, (std::vector<std::string>{"baseline", "direct", "relay"}),
+          "what to measure, in this order, comma-separated: baseline, direct, relay, baseline-bidir, relay-bidir");
+ABSL_FLAG(std::vector<std::string>, bidir_sizes,
+          (std::vector<std::string>{"1048576", "2097152", "4194304", "8388608", "16777216"}),
+          "operation sizes of the -bidir modes, bytes, comma-separated");
+ABSL_FLAG(int, window, 16, "relay-bidir: operations in flight per direction");
+ABSL_FLAG(std::string, csv, "", "also write every row to this CSV file");
+ABSL_FLAG(std::string, json, "", "also write every row and the latencies to this JSON file");
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
+constexpr char kUsage[] = R"(usage: podlink-bench [options]
+
+GPU-to-GPU copy bandwidth and 4 KiB latency through podlinkd ($PODLINK_SOCKET_DIR, else
+/run/podlink), against one process's own cuMemcpyAsync (baseline), for operation sizes
+4 KiB .. --total. Prints tables on stdout, progress on stderr; measures, asserts nothing.
+)";
+
+constexpr const char* kModes[] = {"baseline", "direct", "relay", "baseline-bidir", "relay-bidir"};
+
 struct Args {
   int src_gpu = 0, dst_gpu = 1;
-  uint64_t total = 1ull << 30;
-  int passes = 5;
-  int lat_iters = 2000;
-  std::vector<std::string> modes = {"baseline", "direct", "relay"};
-  std::vector<uint64_t> bidir_sizes = {1 << 20, 2 << 20, 4 << 20, 8 << 20, 16 << 20};
-  int window = 16;
+  uint64_t total = 0;
+  int passes = 0;
+  int lat_iters = 0;
+  std::vector<std::string> modes;
+  std::vector<uint64_t> bidir_sizes;
+  int window = 0;
   std::string csv, json;
 };
+
+// Every option, checked once: the command line's meaning, or what is wrong with it.
+absl::StatusOr<Args> ArgsFromFlags(const std::vector<std::string>& positional) {
+  if (!positional.empty()) return absl::InvalidArgumentError("unexpected argument '" + positional[0] + "'");
+  Args a;
+  a.src_gpu = absl::GetFlag(FLAGS_src_gpu);
+  a.dst_gpu = absl::GetFlag(FLAGS_dst_gpu);
+  a.total = absl::GetFlag(FLAGS_total);
+  a.passes = absl::GetFlag(FLAGS_passes);
+  a.lat_iters = absl::GetFlag(FLAGS_lat_iters);
+  a.modes = absl::GetFlag(FLAGS_modes);
+  a.window = absl::GetFlag(FLAGS_window);
+  a.csv = absl::GetFlag(FLAGS_csv);
+  a.json = absl::GetFlag(FLAGS_json);
+  auto positive = [](const char* flag, int64_t v) {
+    return absl::InvalidArgumentError(absl::StrFormat("--%s must be a positive integer (got '%d')", flag, v));
+  };
+  for (auto [flag, gpu] : {std::pair{"src-gpu", a.src_gpu}, {"dst-gpu", a.dst_gpu}}) {
+    if (gpu < 0) return absl::InvalidArgumentError(absl::StrFormat("--%s must be a GPU index (got '%d')", flag, gpu));
+  }
+  if (a.total < 4096) {
+    return absl::InvalidArgumentError(absl::StrFormat("--total must be at least 4096 bytes (got '%d')", a.total));
+  }
+  if (a.passes < 1) return positive("passes", a.passes);
+  if (a.lat_iters < 1) return positive("lat-iters", a.lat_iters);
+  if (a.window < 1) return positive("window", a.window);
+  if (a.modes.empty()) return absl::InvalidArgumentError("--modes names nothing to measure");
+  for (const std::string& m : a.modes) {
+    if (std::find(std::begin(kModes), std::end(kModes), m) == std::end(kModes)) {
+      return absl::InvalidArgumentError("--modes: unknown mode '" + m + "' (modes: " + absl::StrJoin(kModes, ", ") +
+                                        ")");
+    }
+  }
+  for (const std::string& v : absl::GetFlag(FLAGS_bidir_sizes)) {
+    uint64_t x = 0;
+    if (!absl::SimpleAtoi(v, &x) || x == 0) {
+      return absl::InvalidArgumentError("--bidir-sizes must be positive integers, comma-separated (got '" + v + "')");
+    }
+    a.bidir_sizes.push_back(x);
+  }
+  return a;
+}
 
 struct Row {
   std::string mode;
@@ -200,45 +271,14 @@ std::vector<double> TimeBothDirections(std::vector<Direction>& dirs, int passes,
 }
 
 int main(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", k.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    bool ok = true;
-    if (k == "--src-gpu") ok = absl::SimpleAtoi(next(), &a.src_gpu);
-    else if (k == "--dst-gpu") ok = absl::SimpleAtoi(next(), &a.dst_gpu);
-    else if (k == "--total") ok = absl::SimpleAtoi(next(), &a.total);
-    else if (k == "--passes") ok = absl::SimpleAtoi(next(), &a.passes);
-    else if (k == "--lat-iters") ok = absl::SimpleAtoi(next(), &a.lat_iters);
-    else if (k == "--modes") a.modes = absl::StrSplit(next(), ',');
-    else if (k == "--window") ok = absl::SimpleAtoi(next(), &a.window) && a.window > 0;
-    else if (k == "--bidir-sizes") {
-      a.bidir_sizes.clear();
-      for (absl::string_view v : absl::StrSplit(next(), ',')) {
-        uint64_t x = 0;
-        ok = ok && absl::SimpleAtoi(v, &x) && x > 0;
-        a.bidir_sizes.push_back(x);
-      }
-    }
-    else if (k == "--csv") a.csv = next();
-    else if (k == "--json") a.json = next();
-    else {
-      std::fprintf(stderr, "usage: podlink-bench [--src-gpu N] [--dst-gpu N] [--total BYTES] [--passes N] "
-                           "[--lat-iters N] [--modes baseline,direct,relay,baseline-bidir,relay-bidir] "
-                           "[--bidir-sizes B1,B2,...] [--window N] [--csv F] [--json F]\n");
-      return 2;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "%s: bad number\n", k.c_str());
-      return 2;
-    }
+  const podlink::cli::Program program{"podlink-bench", PODLINK_VERSION, kUsage, __FILE__};
+  absl::StatusOr<Args> args = ArgsFromFlags(podlink::cli::Parse(argc, argv, program));
+  if (!args.ok()) {
+    std::fprintf(stderr, "podlink-bench: %s (--help lists the options)\n",
+                 std::string(args.status().message()).c_str());
+    return 2;
   }
+  Args a = *std::move(args);
   auto drv = podlink::cu::LoadDriver();
   if (!drv.ok()) Fail("CUDA", drv.status());
   const podlink::cu::Driver* d = *drv;
@@ -385,10 +425,6 @@ int main(int argc, char** argv) {
       }
       latency_us[mode] = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / a.lat_iters;
       continue;
-    }
-    if (mode != "direct" && mode != "relay") {
-      std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
-      return 2;
     }
     // A fresh session per mode: one relay ring per session.
     auto c = podlink::Client::Connect();

@@ -1,30 +1,26 @@
 // podlink-demo: exports and imports memory through podlinkd. Used by the
 // README demo and, as the program running inside namespaced "pods", by the
 // integration and GPU tests. Every result is one JSON line on stdout.
-//
-//   podlink-demo info
-//   podlink-demo export --size N [--gpu D] [--name X] [--allow ns/name] [--seed S]
-//                       [--await-import] [--expect-writeback S2] [--commands]
-//   podlink-demo import (--id N | --name X) [--gpu D] [--verify S] [--writeback S2]
-//                       [--hold] [--watch]
-//   podlink-demo cycle --count N --size B     (export/import/close loop for leak tests)
-//   podlink-demo kv-serve --size N [--gpu D] --verify S    (register, print descriptor, wait for a
-//                                                          notification, check the bytes)
-//   podlink-demo kv-put --desc D [--gpu D] --seed S [--relay]  (write a whole region one-sided, notify)
+// Commands and options: kUsage below, or podlink-demo --help.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
-#include <functional>
 #include <cstring>
+#include <functional>
 #include <iostream>
+#include <iterator>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
+#include "absl/flags/flag.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "common/cli.h"
 #include "common/cuda_driver.h"
 #include "nlohmann/json.hpp"
 #include "podlink/client.h"
@@ -32,7 +28,51 @@
 
 using nlohmann::json;
 
+ABSL_FLAG(uint64_t, size, 1 << 20, "bytes to allocate (export, kv-serve, cycle)");
+ABSL_FLAG(int, gpu, -1, "GPU index of the memory (or of the mapping, for import); -1: host memory");
+ABSL_FLAG(std::string, name, "", "export: the name to publish; import: the export to import, by name");
+ABSL_FLAG(uint64_t, id, 0, "import: the export to import, by id");
+ABSL_FLAG(std::vector<std::string>, allow, {},
+          "export, kv-serve: pods that may import besides the peer group, comma-separated namespace/name");
+ABSL_FLAG(int, seed, -1, "export, kv-put: fill the memory with the pattern of this seed; -1: leave it");
+ABSL_FLAG(int, verify, -1,
+          "import: check the first three quarters for the pattern of this seed; kv-serve: check all of it "
+          "(required there); -1: no check");
+ABSL_FLAG(int, writeback, -1, "import: write the pattern of this seed into the last quarter; -1: no write");
+ABSL_FLAG(int, expect_writeback, -1,
+          "export: check the last quarter for the pattern of this seed (after --await-import); -1: no check");
+ABSL_FLAG(bool, await_import, false, "export: wait up to 120 s for a peer to import the export and release it");
+ABSL_FLAG(bool, commands, false,
+          "export: then obey stdin, one command a line: release, release-again, check, check-writeback S, exit");
+ABSL_FLAG(bool, hold, false, "import: keep the import mapped until stdin says exit or closes");
+ABSL_FLAG(bool, watch, false, "import: print the daemon's watch events as they come");
+ABSL_FLAG(bool, relay, false, "kv-put: force podlinkd's relay instead of mapping the peer's memory");
+ABSL_FLAG(std::string, desc, "", "kv-put: the peer region's descriptor, as kv-serve printed it (required)");
+ABSL_FLAG(uint64_t, count, 100, "cycle: export/import/close rounds");
+
 namespace {
+
+constexpr char kUsage[] = R"(usage: podlink-demo COMMAND [options]
+
+Exports and imports memory through podlinkd (its socket directory: $PODLINK_SOCKET_DIR,
+else /run/podlink). Every result is one JSON line on stdout.
+
+  info                                 the node, its GPUs and this process as podlinkd sees them
+  export [--size N] [--gpu D] [--name X] [--allow ns/name,...] [--seed S]
+         [--await-import] [--expect-writeback S2] [--commands]
+  import (--id N | --name X) [--gpu D] [--verify S] [--writeback S2] [--hold] [--watch]
+  cycle [--count N] [--size B]         export/import/close rounds on fresh sessions (leak tests)
+  kv-serve [--size N] [--gpu D] --verify S
+                                       register a region, print its descriptor, wait for a
+                                       notification, then check every byte
+  kv-put --desc D [--gpu D] --seed S [--relay]
+                                       write a whole peer region one-sided, then notify
+
+Exit status: 0 done; 1 an operation failed (an "error" JSON line says which); 2 a bad
+command line; 3 bytes did not match.
+)";
+
+constexpr const char* kCommands[] = {"info", "export", "import", "cycle", "kv-serve", "kv-put"};
 
 struct Opts {
   std::string cmd;
@@ -131,53 +171,60 @@ json IdentityJson(const podlink::Identity& id) {
           {"cgroup", id.cgroup_path}, {"annotations", id.annotations}};
 }
 
-bool ParseArgs(int argc, char** argv, Opts& o) {
-  if (argc < 2) return false;
-  o.cmd = argv[1];
-  for (int i = 2; i < argc; ++i) {
-    std::string k = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::cerr << k << " needs a value\n";
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    auto num = [&](auto& out) {
-      std::string v = next();
-      if (!absl::SimpleAtoi(v, &out)) {
-        std::cerr << k << ": not a number: " << v << "\n";
-        std::exit(2);
-      }
-    };
-    if (k == "--size") num(o.size);
-    else if (k == "--gpu") num(o.gpu);
-    else if (k == "--name") o.name = next();
-    else if (k == "--id") num(o.id);
-    else if (k == "--seed") num(o.seed);
-    else if (k == "--verify") num(o.verify);
-    else if (k == "--writeback") num(o.writeback);
-    else if (k == "--expect-writeback") num(o.expect_writeback);
-    else if (k == "--count") num(o.count);
-    else if (k == "--await-import") o.await_import = true;
-    else if (k == "--commands") o.commands = true;
-    else if (k == "--hold") o.hold = true;
-    else if (k == "--watch") o.watch = true;
-    else if (k == "--relay") o.relay = true;
-    else if (k == "--desc") o.desc = next();
-    else if (k == "--allow") {
-      std::vector<std::string> p = absl::StrSplit(next(), '/');
-      if (p.size() != 2) {
-        std::cerr << "--allow takes namespace/name\n";
-        std::exit(2);
-      }
-      o.allow.push_back({p[0], p[1]});
-    } else {
-      std::cerr << "unknown option " << k << "\n";
-      return false;
+// Every option, checked once: the command line's meaning, or what is wrong with it.
+absl::StatusOr<Opts> OptsFromFlags(const std::vector<std::string>& args) {
+  Opts o;
+  if (args.empty()) return absl::InvalidArgumentError("no command given");
+  o.cmd = args[0];
+  if (std::find(std::begin(kCommands), std::end(kCommands), o.cmd) == std::end(kCommands)) {
+    return absl::InvalidArgumentError("unknown command '" + o.cmd +
+                                      "' (commands: info, export, import, cycle, kv-serve, kv-put)");
+  }
+  if (args.size() > 1) return absl::InvalidArgumentError("unexpected argument '" + args[1] + "'");
+  o.size = absl::GetFlag(FLAGS_size);
+  o.gpu = absl::GetFlag(FLAGS_gpu);
+  o.name = absl::GetFlag(FLAGS_name);
+  o.id = absl::GetFlag(FLAGS_id);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.verify = absl::GetFlag(FLAGS_verify);
+  o.writeback = absl::GetFlag(FLAGS_writeback);
+  o.expect_writeback = absl::GetFlag(FLAGS_expect_writeback);
+  o.await_import = absl::GetFlag(FLAGS_await_import);
+  o.commands = absl::GetFlag(FLAGS_commands);
+  o.hold = absl::GetFlag(FLAGS_hold);
+  o.watch = absl::GetFlag(FLAGS_watch);
+  o.relay = absl::GetFlag(FLAGS_relay);
+  o.desc = absl::GetFlag(FLAGS_desc);
+  o.count = absl::GetFlag(FLAGS_count);
+  if (o.size == 0) return absl::InvalidArgumentError("--size must be a positive integer (got '0')");
+  if (o.count == 0) return absl::InvalidArgumentError("--count must be a positive integer (got '0')");
+  if (o.gpu < -1) {
+    return absl::InvalidArgumentError("--gpu must be a GPU index, or -1 for host memory (got '" +
+                                      std::to_string(o.gpu) + "')");
+  }
+  for (auto [flag, seed] : {std::pair{"seed", o.seed}, {"verify", o.verify}, {"writeback", o.writeback},
+                            {"expect-writeback", o.expect_writeback}}) {
+    if (seed < -1) {
+      return absl::InvalidArgumentError(std::string("--") + flag + " must be a non-negative integer (got '" +
+                                        std::to_string(seed) + "')");
     }
   }
-  return true;
+  for (const std::string& pod : absl::GetFlag(FLAGS_allow)) {
+    std::vector<std::string> p = absl::StrSplit(pod, '/');
+    if (p.size() != 2 || p[0].empty() || p[1].empty()) {
+      return absl::InvalidArgumentError("--allow takes namespace/name, comma-separated (got '" + pod + "')");
+    }
+    o.allow.push_back({p[0], p[1]});
+  }
+  if (o.cmd == "import" && o.name.empty() && o.id == 0) {
+    return absl::InvalidArgumentError("import needs --id N or --name X");
+  }
+  if (o.cmd == "kv-serve" && o.verify < 0) return absl::InvalidArgumentError("kv-serve needs --verify S");
+  if (o.cmd == "kv-put" && o.desc.empty()) {
+    return absl::InvalidArgumentError("kv-put needs --desc D (the descriptor kv-serve printed)");
+  }
+  if (o.cmd == "kv-put" && o.seed < 0) return absl::InvalidArgumentError("kv-put needs --seed S");
+  return o;
 }
 
 int Info(podlink::Client& c) {
@@ -452,14 +499,18 @@ int Cycle(const Opts& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Opts o;
-  if (!ParseArgs(argc, argv, o)) {
-    std::cerr << "usage: podlink-demo info | export --size N [--gpu D] [--name X] [--allow ns/name] "
-                 "[--seed S] [--await-import] [--expect-writeback S] [--commands] | import (--id N | "
-                 "--name X) [--gpu D] [--verify S] [--writeback S] [--hold] [--watch] | cycle --count N "
-                 "--size B\n";
+  const podlink::cli::Program program{"podlink-demo", PODLINK_VERSION, kUsage, __FILE__};
+  std::vector<std::string> args = podlink::cli::Parse(argc, argv, program);
+  if (args.empty()) {
+    std::cerr << "podlink-demo: no command given\n\n" << kUsage;
     return 2;
   }
+  absl::StatusOr<Opts> opts = OptsFromFlags(args);
+  if (!opts.ok()) {
+    std::cerr << "podlink-demo: " << opts.status().message() << " (--help lists the options)\n";
+    return 2;
+  }
+  const Opts& o = *opts;
   if (o.cmd == "cycle") return Cycle(o);
   auto c = podlink::Client::Connect();
   if (!c.ok()) Die("connect", c.status());
@@ -467,7 +518,5 @@ int main(int argc, char** argv) {
   if (o.cmd == "export") return Export(**c, o);
   if (o.cmd == "import") return Import(**c, o);
   if (o.cmd == "kv-serve") return KvServe(**c, o);
-  if (o.cmd == "kv-put") return KvPut(**c, o);
-  std::cerr << "unknown command " << o.cmd << "\n";
-  return 2;
+  return KvPut(**c, o);
 }
