@@ -20,6 +20,7 @@
 #include "daemon/identity/standalone_source.h"
 #include "daemon/policy/policy.h"
 #include "common/log.h"
+#include "daemon/metrics/process_metrics.h"
 
 namespace podlink {
 namespace {
@@ -668,6 +669,9 @@ std::string Broker::RenderMetrics() const {
     RenderFamily(&out, name, type, help, {{"", v}});
   };
   one("podlink_up", "gauge", "1 while podlinkd serves", 1);
+  RenderFamily(&out, "podlink_build_info", "gauge", "podlinkd's version (the value is 1)", {{PODLINK_VERSION, 1}},
+               "version");
+  absl::StrAppend(&out, RenderProcessMetrics());
   one("podlink_ready", "gauge", "1 once both sockets serve", ready() ? 1 : 0);
   one("podlink_gpus", "gauge", "GPUs podlinkd sees", static_cast<double>(inventory_.gpus.size()));
   one("podlink_sessions", "gauge", "open client sessions", static_cast<double>(st.sessions));
@@ -678,6 +682,7 @@ std::string Broker::RenderMetrics() const {
       static_cast<double>(exports_total_.load(std::memory_order_relaxed)));
   one("podlink_imports_total", "counter", "imports granted", static_cast<double>(st.imports_total));
   std::map<std::string, double> denials;
+  for (const char* reason : kDenialReasons) denials[reason] = 0;  // every series exists from the start
   for (const auto& [reason, n] : denials_.Snapshot()) denials[reason] = static_cast<double>(n);
   RenderFamily(&out, "podlink_denials_total", "counter", "imports refused, by reason", denials, "reason");
   one("podlink_relay_rings", "gauge", "relay rings served", static_cast<double>(rc.rings));

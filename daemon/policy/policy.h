@@ -29,9 +29,11 @@ struct ExportPolicyView {
   const std::vector<PodName>* allowed_importers = nullptr;
 };
 
-// `reason`, when given, receives a short label for metrics on denial:
-// "namespace_mismatch", "exporter_not_in_group", "importer_not_in_group",
-// "group_mismatch".
+// Every label CheckImport gives a denial (metrics list them all from the start).
+inline constexpr const char* kDenialReasons[] = {"namespace_mismatch", "exporter_not_in_group",
+                                                 "importer_not_in_group", "group_mismatch"};
+
+// `reason`, when given, receives one of kDenialReasons on denial.
 absl::Status CheckImport(const ExportPolicyView& exp, const PodInfo& importer, const char** reason = nullptr);
 
 }  // namespace podlink

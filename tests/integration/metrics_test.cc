@@ -65,6 +65,16 @@ TEST(Metrics, ScrapedAndParsed) {
   EXPECT_EQ(v["podlink_exports_total"], 3);
   EXPECT_EQ(v["podlink_imports_total"], 1);
   EXPECT_EQ(v["podlink_denials_total{reason=\"importer_not_in_group\"}"], 1);
+  // Every denial reason has its series from the start (rate() needs them before the first denial).
+  for (const char* r : {"namespace_mismatch", "exporter_not_in_group", "group_mismatch"}) {
+    EXPECT_EQ(v.count(std::string("podlink_denials_total{reason=\"") + r + "\"}"), 1u) << r;
+  }
+  EXPECT_EQ(v.count("podlink_build_info{version=\"" PODLINK_VERSION "\"}"), 1u) << m.body;
+  EXPECT_GT(v["process_resident_memory_bytes"], 1 << 20);
+  EXPECT_GT(v["process_open_fds"], 3);
+  EXPECT_GE(v["process_max_fds"], v["process_open_fds"]);
+  EXPECT_GT(v["process_start_time_seconds"], 1.7e9);
+  EXPECT_EQ(v.count("process_cpu_seconds_total"), 1u);
   EXPECT_EQ(v["podlink_relay_rings"], 1);
   EXPECT_EQ(v["podlink_relay_ops_total"], 10);
   EXPECT_EQ(v["podlink_relay_bytes_total"], 10 << 20);
