@@ -14,6 +14,8 @@ for kind in Namespace ServiceAccount ConfigMap DaemonSet; do
 done
 [ "$(grep -c '^  namespace: podlink-system$' "$out")" -ge 3 ] || fail "objects not placed in podlink-system"
 grep -q 'hostPID: true' "$out" || fail "DaemonSet must run in the host PID namespace"
+grep -q 'pod-security.kubernetes.io/enforce: privileged' "$out" \
+  || fail "the Namespace must allow privileged pods (Pod Security Admission)"
 grep -q 'privileged: true' "$out" || fail "DaemonSet must be privileged"
 grep -q 'path: /readyz' "$out" || fail "no readiness probe on /readyz"
 grep -q 'path: /healthz' "$out" || fail "no liveness probe on /healthz"
