@@ -150,6 +150,16 @@ void PrintDefaults(const podlink::cli::Program& program) {
   std::cout << j.dump(2) << "\n";
 }
 
+// The node this daemon serves: $NODE_NAME (the DaemonSet sets it from
+// spec.nodeName), else the host name (outside Kubernetes).
+std::string NodeName() {
+  const char* env = std::getenv("NODE_NAME");
+  if (env != nullptr && *env != '\0') return env;
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) return "";
+  return host;
+}
+
 // True when something accepts connections on `path` (another daemon).
 bool SocketLive(const std::string& path, int type) {
   int fd = ::socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
@@ -286,6 +296,7 @@ int main(int argc, char** argv) {
   }
   cfg.broker.relay.workers = args.relay_workers;
   cfg.broker.relay.streams_per_gpu = args.relay_streams;
+  cfg.broker.node_name = NodeName();
   podlink::Broker broker(cfg.broker, std::move(pods), inv, std::move(backends));
 
   auto fds = podlink::FdServer::Start(&broker, fd_path);
@@ -411,9 +422,9 @@ int main(int argc, char** argv) {
       direct_plugin = *std::move(d);
     }
   }
-  log->info("event=ready version={} node={} grpc={} fd={} metrics={} handle_types={} relay_workers={}",
-            PODLINK_VERSION, broker.node_id(), grpc_path, fd_path, metrics, broker.GetNodeInfo().handle_types_size(),
-            broker.RelayStats().workers);
+  log->info("event=ready version={} node={} node_name={} grpc={} fd={} metrics={} handle_types={} relay_workers={}",
+            PODLINK_VERSION, broker.node_id(), podlink::LogQuoted(cfg.broker.node_name), grpc_path, fd_path, metrics,
+            broker.GetNodeInfo().handle_types_size(), broker.RelayStats().workers);
 
   int sig = 0;
   sigwait(&sigs, &sig);

@@ -319,6 +319,7 @@ absl::StatusOr<NodeInfo> Client::GetNodeInfo() {
                                                &v1::Broker::Stub::GetNodeInfo, v1::GetNodeInfoRequest())));
   NodeInfo out;
   out.node_id = n.node_id();
+  out.node_name = n.node_name();
   out.daemon_version = n.daemon_version();
   out.cuda_available = n.cuda_available();
   out.cuda_status = n.cuda_status();

@@ -1,19 +1,22 @@
 // kubectl-podlink: diagnostics for podlink, as a kubectl plugin
 // (`kubectl podlink ...` once this binary is on PATH).
 //
-//   kubectl podlink status  [-o json]    node, GPUs, NVLink matrix, sessions, exports, relay counters
-//   kubectl podlink exports [-o json]    every export on the node
-//   kubectl podlink peers   [-o json]    the NVLink matrix
-//   kubectl podlink doctor POD [-n NS] [--pod-json FILE] [-o json]
-//                                        what keeps POD from using podlink, and how to fix it
+//   kubectl podlink status  [-o json|yaml]    node, GPUs, NVLink matrix, sessions, exports, relay counters
+//   kubectl podlink exports [-o json|yaml]    every export on the node
+//   kubectl podlink peers   [-o json|yaml]    the NVLink matrix
+//   kubectl podlink doctor POD [-n NS] [--pod-json FILE] [-o json|yaml]
+//                                             what keeps POD from using podlink, and how to fix it
+//   kubectl podlink bench POD_A POD_B [-n NS] [-o json|yaml]
+//   kubectl podlink version [-o json|yaml]    this plugin's version and, where reachable, podlinkd's
 //
 // status/exports/peers talk to podlinkd's socket on this node (--socket DIR,
 // $PODLINK_SOCKET_DIR, or /run/podlink) and need root on the host: run them on
 // the node or with `kubectl exec -n podlink-system <podlinkd pod> --
-// kubectl-podlink ...`. doctor reads the pod with `kubectl get pod -o json`
-// (or --pod-json) and, where podlinkd is reachable, what it knows of the pod.
-#include <sys/wait.h>
-
+// kubectl-podlink ...` (--for-pod / --node do that). doctor reads the pod with
+// `kubectl get pod -o json` (or --pod-json) and, where podlinkd is reachable,
+// what it knows of the pod. Every kubectl call carries --kubeconfig and
+// --context when given; without -n, pods are looked up in the namespace of the
+// kubeconfig's context (`kubectl config view --minify`), else "default".
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -28,20 +31,25 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
+#include "client-lib/tools/yaml_output.h"
 #include "common/cli.h"
 #include "common/command.h"
 #include "podlink/client.h"
 
 using nlohmann::json;
 
-ABSL_FLAG(std::string, output, "", "json: machine-readable output (also -o json)");
-ABSL_FLAG(std::string, namespace, "default", "namespace of POD (doctor, bench, --for-pod; also -n NAMESPACE)");
+ABSL_FLAG(std::string, output, "", "json or yaml: machine-readable output (also -o json, -o yaml)");
+ABSL_FLAG(std::string, namespace, "",
+          "namespace of POD (doctor, bench, --for-pod; also -n NAMESPACE); empty: the namespace of the kubeconfig's "
+          "current (or --context) context, else default");
+ABSL_FLAG(std::string, kubeconfig, "", "kubeconfig file, passed to every kubectl call (kubectl's --kubeconfig)");
+ABSL_FLAG(std::string, context, "", "kubeconfig context, passed to every kubectl call (kubectl's --context)");
 ABSL_FLAG(std::string, pod_json, "", "doctor: read the pod from this file instead of `kubectl get pod`");
 ABSL_FLAG(std::string, socket, "", "podlinkd's socket directory; empty: $PODLINK_SOCKET_DIR, else /run/podlink");
 ABSL_FLAG(std::string, for_pod, "",
-          "cluster mode: run status/exports/peers in the podlinkd pod on this pod's node (kubectl exec); the pod "
-          "is in --namespace");
-ABSL_FLAG(std::string, node, "", "cluster mode: run status/exports/peers in the podlinkd pod on this node");
+          "cluster mode: run status/exports/peers/version in the podlinkd pod on this pod's node (kubectl exec); "
+          "the pod is in --namespace");
+ABSL_FLAG(std::string, node, "", "cluster mode: run status/exports/peers/version in the podlinkd pod on this node");
 ABSL_FLAG(std::string, daemon_namespace, "podlink-system", "cluster mode: namespace of the podlinkd DaemonSet");
 ABSL_FLAG(uint64_t, size, 1ull << 30, "bench: bytes to write");
 ABSL_FLAG(std::string, demo, "/usr/local/podlink/lib/podlink-demo", "bench: podlink-demo's path inside the pods");
@@ -56,19 +64,24 @@ constexpr char kUsage[] = R"(usage: kubectl podlink COMMAND [options]
   doctor POD           what keeps POD from using podlink, in plain words, with fixes
   bench POD_A POD_B    one-sided write of --size bytes from POD_B into POD_A (through podlink-demo in
                        the pods, which the device plugin's mount provides), then the bandwidth
+  version              this plugin's version and, where reachable, podlinkd's and its node
 
 status, exports and peers need root on the node, outside containers: run them on the
 node, or through `kubectl exec -n podlink-system <podlinkd pod> -- kubectl-podlink ...`,
-or let --for-pod / --node do that. -o json and -n NAMESPACE are kubectl's spellings of
---output=json and --namespace=NAMESPACE.
+or let --for-pod / --node do that. -o json|yaml and -n NAMESPACE are kubectl's spellings
+of --output and --namespace. Without -n, pods are looked up in the namespace of the
+kubeconfig's context (else default); --kubeconfig and --context reach every kubectl call.
 )";
 
+enum class Format { kText, kJson, kYaml };
+
 struct Args {
-  std::string cmd, pod, pod_b, ns, pod_json, socket;
+  std::string cmd, pod, pod_b, ns, pod_json, socket, kubeconfig, context;
   std::string for_pod, node, daemon_ns, demo;
   uint64_t size = 0;
-  bool json_out = false;
-  std::vector<std::string> forwarded;  // arguments to repeat inside the podlinkd pod
+  Format format = Format::kText;
+  bool structured() const { return format != Format::kText; }
+  bool cluster() const { return !for_pod.empty() || !node.empty(); }
 };
 
 // kubectl's short spellings: -o is --output, -n is --namespace.
@@ -87,12 +100,17 @@ std::vector<std::string> LongOptions(int argc, char** argv) {
 // Every option, checked once: the command line's meaning, or what is wrong with it.
 absl::StatusOr<Args> ArgsFromFlags(const std::vector<std::string>& pos) {
   Args a;
-  std::string output = absl::GetFlag(FLAGS_output);
-  if (!output.empty() && output != "json") {
-    return absl::InvalidArgumentError("-o/--output supports json only (got '" + output + "')");
+  const std::string output = absl::GetFlag(FLAGS_output);
+  if (output == "json") {
+    a.format = Format::kJson;
+  } else if (output == "yaml") {
+    a.format = Format::kYaml;
+  } else if (!output.empty()) {
+    return absl::InvalidArgumentError("-o/--output must be json or yaml (got '" + output + "')");
   }
-  a.json_out = output == "json";
   a.ns = absl::GetFlag(FLAGS_namespace);
+  a.kubeconfig = absl::GetFlag(FLAGS_kubeconfig);
+  a.context = absl::GetFlag(FLAGS_context);
   a.pod_json = absl::GetFlag(FLAGS_pod_json);
   a.socket = absl::GetFlag(FLAGS_socket);
   a.for_pod = absl::GetFlag(FLAGS_for_pod);
@@ -101,8 +119,9 @@ absl::StatusOr<Args> ArgsFromFlags(const std::vector<std::string>& pos) {
   a.size = absl::GetFlag(FLAGS_size);
   a.demo = absl::GetFlag(FLAGS_demo);
   if (a.size == 0) return absl::InvalidArgumentError("--size must be a positive integer (got '0')");
-  if (a.ns.empty()) return absl::InvalidArgumentError("-n/--namespace must name a namespace");
-  if (pos.empty()) return absl::InvalidArgumentError("no command given (status, exports, peers, doctor or bench)");
+  if (pos.empty()) {
+    return absl::InvalidArgumentError("no command given (status, exports, peers, doctor, bench or version)");
+  }
   a.cmd = pos[0];
   size_t want = 1;
   if (a.cmd == "doctor") {
@@ -114,18 +133,13 @@ absl::StatusOr<Args> ArgsFromFlags(const std::vector<std::string>& pos) {
     a.pod = pos[1];
     a.pod_b = pos[2];
     want = 3;
-  } else if (a.cmd != "status" && a.cmd != "exports" && a.cmd != "peers") {
+  } else if (a.cmd != "status" && a.cmd != "exports" && a.cmd != "peers" && a.cmd != "version") {
     return absl::InvalidArgumentError("unknown command '" + a.cmd +
-                                      "' (commands: status, exports, peers, doctor, bench)");
+                                      "' (commands: status, exports, peers, doctor, bench, version)");
   }
   if (pos.size() > want) return absl::InvalidArgumentError("unexpected argument '" + pos[want] + "'");
-  // Cluster mode repeats the command, -o and --socket inside the podlinkd pod.
-  a.forwarded = {a.cmd};
-  if (a.json_out) a.forwarded.insert(a.forwarded.end(), {"-o", "json"});
-  if (!a.socket.empty()) a.forwarded.insert(a.forwarded.end(), {"--socket", a.socket});
   return a;
 }
-
 
 std::string Human(uint64_t b) {
   const char* u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -158,37 +172,78 @@ std::string Trim(std::string s) {
   return s;
 }
 
-// Cluster mode: runs this command inside the podlinkd pod on the right node.
-int ViaCluster(const Args& a) {
+// `kubectl` with the user's --kubeconfig and --context: every kubectl call starts so.
+std::string Kubectl(const Args& a) {
+  std::string cmd = "kubectl";
+  if (!a.kubeconfig.empty()) cmd += " --kubeconfig " + Q(a.kubeconfig);
+  if (!a.context.empty()) cmd += " --context " + Q(a.context);
+  return cmd;
+}
+
+// -o json or -o yaml.
+void Print(const Args& a, const json& j) {
+  std::cout << (a.format == Format::kYaml ? podlink::ToYaml(j) : j.dump(2) + "\n");
+}
+
+// The namespace pods are looked up in: -n, else the namespace of the
+// kubeconfig's current (or --context) context, else "default".
+absl::StatusOr<std::string> PodNamespace(const Args& a) {
+  if (!a.ns.empty()) return a.ns;
+  Output o = Sh(Kubectl(a) + " config view --minify -o 'jsonpath={..namespace}'");
+  if (o.code != 0) {
+    return absl::FailedPreconditionError("cannot read the namespace of the kubeconfig's context (kubectl config "
+                                         "view --minify: " + Trim(o.text) + "); pass -n NAMESPACE");
+  }
+  std::string ns = Trim(o.text);
+  return ns.empty() ? "default" : ns;
+}
+
+// Cluster mode: runs `kubectl-podlink ARGS` inside the podlinkd pod on the
+// right node (--node, or the node of --for-pod) and returns what it printed.
+absl::StatusOr<Output> InDaemonPod(const Args& a, const std::vector<std::string>& args) {
   std::string node = a.node;
   if (node.empty()) {
-    Output o = Sh("kubectl get pod " + Q(a.for_pod) + " -n " + Q(a.ns) + " -o jsonpath='{.spec.nodeName}'");
+    Output o = Sh(Kubectl(a) + " get pod " + Q(a.for_pod) + " -n " + Q(a.ns) + " -o 'jsonpath={.spec.nodeName}'");
     node = Trim(o.text);
     if (o.code != 0 || node.empty()) {
-      std::cerr << "kubectl-podlink: cannot find the node of pod " << a.ns << "/" << a.for_pod << ": " << o.text << "\n";
-      return 1;
+      return absl::NotFoundError("cannot find the node of pod " + a.ns + "/" + a.for_pod + ": " + o.text);
     }
   }
-  Output d = Sh("kubectl get pods -n " + Q(a.daemon_ns) +
+  Output d = Sh(Kubectl(a) + " get pods -n " + Q(a.daemon_ns) +
                 " -l app.kubernetes.io/component=podlinkd --field-selector spec.nodeName=" + Q(node) +
-                " -o jsonpath='{.items[0].metadata.name}'");
+                " -o 'jsonpath={.items[0].metadata.name}'");
   std::string daemon = Trim(d.text);
   if (d.code != 0 || daemon.empty()) {
-    std::cerr << "kubectl-podlink: no podlinkd pod on node " << node << " in namespace " << a.daemon_ns
-              << " (is the DaemonSet installed and scheduled there?) " << d.text << "\n";
-    return 1;
+    return absl::NotFoundError("no podlinkd pod on node " + node + " in namespace " + a.daemon_ns +
+                               " (is the DaemonSet installed and scheduled there?) " + d.text);
   }
-  std::string cmd = "kubectl exec -n " + Q(a.daemon_ns) + " " + Q(daemon) + " -- kubectl-podlink";
-  for (const std::string& f : a.forwarded) cmd += " " + Q(f);
-  Output r = Sh(cmd);
-  std::cout << r.text;
-  return r.code;
+  std::string cmd = Kubectl(a) + " exec -n " + Q(a.daemon_ns) + " " + Q(daemon) + " -- kubectl-podlink";
+  for (const std::string& arg : args) cmd += " " + Q(arg);
+  return Sh(cmd);
+}
+
+// status/exports/peers in cluster mode. The pod's kubectl-podlink prints JSON
+// for -o yaml too: the YAML is made here.
+int ViaCluster(const Args& a) {
+  std::vector<std::string> args = {a.cmd};
+  if (a.structured()) args.insert(args.end(), {"-o", "json"});
+  if (!a.socket.empty()) args.insert(args.end(), {"--socket", a.socket});
+  absl::StatusOr<Output> r = InDaemonPod(a, args);
+  if (!r.ok()) return Fail(a.cmd, r.status());
+  json j = json::value_t::discarded;
+  if (a.format == Format::kYaml && r->code == 0) j = json::parse(r->text, nullptr, false);
+  if (j.is_discarded()) {
+    std::cout << r->text;
+  } else {
+    Print(a, j);
+  }
+  return r->code;
 }
 
 int Bench(const Args& a) {
   // POD_A registers a region and waits; POD_B writes it whole and notifies.
-  std::string serve = "kubectl exec -n " + Q(a.ns) + " " + Q(a.pod) + " -- " + Q(a.demo) + " kv-serve --size " +
-                      std::to_string(a.size) + " --verify 7";
+  std::string serve = Kubectl(a) + " exec -n " + Q(a.ns) + " " + Q(a.pod) + " -- " + Q(a.demo) +
+                      " kv-serve --size " + std::to_string(a.size) + " --verify 7";
   FILE* server = popen((serve + " 2>&1").c_str(), "r");
   if (server == nullptr) return Fail("bench", absl::UnavailableError("cannot run kubectl"));
   char line[4096];
@@ -206,8 +261,8 @@ int Bench(const Args& a) {
     return Fail("bench", absl::UnavailableError("pod " + a.pod + " did not register a region (is podlink-demo at " +
                                                 a.demo + " and does the pod request podlink.io/peer?)"));
   }
-  Output put = Sh("kubectl exec -n " + Q(a.ns) + " " + Q(a.pod_b) + " -- " + Q(a.demo) + " kv-put --desc " + Q(desc) +
-                  " --seed 7");
+  Output put = Sh(Kubectl(a) + " exec -n " + Q(a.ns) + " " + Q(a.pod_b) + " -- " + Q(a.demo) + " kv-put --desc " +
+                  Q(desc) + " --seed 7");
   json pj;
   for (const auto& l : absl::StrSplit(put.text, '\n')) {
     json j = json::parse(std::string(l), nullptr, false);
@@ -220,8 +275,8 @@ int Bench(const Args& a) {
   }
   pclose(server);
   bool ok = put.code == 0 && pj.value("event", "") == "put" && vj.value("mismatches", -1) == 0;
-  if (a.json_out) {
-    std::cout << json({{"ok", ok}, {"from", a.pod_b}, {"to", a.pod}, {"put", pj}, {"verified", vj}}).dump(2) << "\n";
+  if (a.structured()) {
+    Print(a, {{"ok", ok}, {"from", a.pod_b}, {"to", a.pod}, {"put", pj}, {"verified", vj}});
   } else if (ok) {
     std::cout << absl::StrFormat("%s -> %s: %s via %s in %.3f s = %.1f GB/s (incl. first-use setup), %s verified\n",
                                  a.pod_b, a.pod, Human(a.size), pj.value("transport", "?"), pj.value("seconds", 0.0),
@@ -249,8 +304,13 @@ json NodeJson(const podlink::NodeInfo& n) {
   }
   json types = json::array();
   for (auto t : n.handle_types) types.push_back(podlink::HandleTypeName(t));
-  return {{"node_id", n.node_id}, {"version", n.daemon_version}, {"cuda", n.cuda_available},
+  return {{"node", n.node_name}, {"node_id", n.node_id}, {"version", n.daemon_version}, {"cuda", n.cuda_available},
           {"cuda_status", n.cuda_status}, {"handle_types", types}, {"gpus", gpus}};
+}
+
+// The node's name; a podlinkd older than the node_name field reports only its boot id.
+std::string NodeLabel(const podlink::NodeInfo& n) {
+  return n.node_name.empty() ? "with boot id " + n.node_id : n.node_name;
 }
 
 json ExportJson(const podlink::ExportInfo& e) {
@@ -291,16 +351,16 @@ int Status(const Args& a) {
   if (!n.ok()) return Fail("node info", n.status());
   auto st = (*c)->GetStats();
   if (!st.ok()) return Fail("stats", st.status());
-  if (a.json_out) {
+  if (a.structured()) {
     json j = NodeJson(*n);
     j["stats"] = {{"sessions", st->sessions}, {"exports", st->exports}, {"imports_total", st->imports_total},
                   {"denials_total", st->denials_total}, {"relay_rings", st->relay_rings},
                   {"relay_ops_total", st->relay_ops_total}, {"relay_bytes_total", st->relay_bytes_total},
                   {"relay_failed_total", st->relay_failed_total}, {"relay_notifies_total", st->relay_notifies_total}};
-    std::cout << j.dump(2) << "\n";
+    Print(a, j);
     return 0;
   }
-  std::cout << "node " << n->node_id << ", podlinkd " << n->daemon_version << "\n";
+  std::cout << "node " << NodeLabel(*n) << ", podlinkd " << n->daemon_version << "\n";
   std::cout << "CUDA: " << (n->cuda_available ? "yes" : "no (" + n->cuda_status + ")") << "; handle types:";
   for (auto t : n->handle_types) std::cout << " " << podlink::HandleTypeName(t);
   std::cout << "\n\n";
@@ -327,10 +387,10 @@ int Exports(const Args& a) {
   if (!c.ok()) return Fail("connect", c.status());
   auto l = (*c)->ListAll();
   if (!l.ok()) return Fail("list", l.status());
-  if (a.json_out) {
+  if (a.structured()) {
     json j = json::array();
     for (const auto& e : *l) j.push_back(ExportJson(e));
-    std::cout << j.dump(2) << "\n";
+    Print(a, j);
     return 0;
   }
   if (l->empty()) {
@@ -353,11 +413,57 @@ int Peers(const Args& a) {
   if (!c.ok()) return Fail("connect", c.status());
   auto n = (*c)->GetNodeInfo();
   if (!n.ok()) return Fail("node info", n.status());
-  if (a.json_out) {
-    std::cout << NodeJson(*n)["gpus"].dump(2) << "\n";
+  if (a.structured()) {
+    Print(a, NodeJson(*n)["gpus"]);
     return 0;
   }
   PrintMatrix(*n);
+  return 0;
+}
+
+// podlinkd's version and node: from this node's socket, or in cluster mode
+// from `kubectl-podlink version` in the podlinkd pod.
+absl::StatusOr<json> DaemonVersion(const Args& a) {
+  if (a.cluster()) {
+    std::vector<std::string> args = {"version", "-o", "json"};
+    if (!a.socket.empty()) args.insert(args.end(), {"--socket", a.socket});
+    absl::StatusOr<Output> r = InDaemonPod(a, args);
+    if (!r.ok()) return r.status();
+    json j = json::parse(r->text, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) {
+      return absl::UnavailableError("kubectl-podlink version in the podlinkd pod failed: " + Trim(r->text));
+    }
+    if (!j.contains("daemon_version")) return absl::UnavailableError(j.value("daemon_error", "no daemon_version"));
+    return json{{"daemon_version", j["daemon_version"]}, {"node", j.value("node", "")}};
+  }
+  auto c = Connect(a);
+  if (!c.ok()) return c.status();
+  auto n = (*c)->GetNodeInfo();
+  if (!n.ok()) return n.status();
+  return json{{"daemon_version", n->daemon_version}, {"node", n->node_name}};
+}
+
+// This plugin's version, and podlinkd's where it is reachable (exit 0 either way).
+int Version(const Args& a) {
+  absl::StatusOr<json> daemon = DaemonVersion(a);
+  if (a.structured()) {
+    json j = {{"plugin_version", PODLINK_VERSION}};
+    if (daemon.ok()) {
+      j.update(*daemon);
+    } else {
+      j["daemon_error"] = std::string(daemon.status().message());
+    }
+    Print(a, j);
+    return 0;
+  }
+  std::cout << "kubectl-podlink " << PODLINK_VERSION << "\n";
+  if (daemon.ok()) {
+    const std::string node = daemon->value("node", "");
+    std::cout << "podlinkd " << daemon->value("daemon_version", "") << (node.empty() ? "" : " on node " + node)
+              << "\n";
+  } else {
+    std::cout << "podlinkd: not reachable: " << daemon.status().message() << "\n";
+  }
   return 0;
 }
 
@@ -377,13 +483,9 @@ absl::StatusOr<json> ReadPod(const Args& a) {
     ss << f.rdbuf();
     text = ss.str();
   } else {
-    std::string cmd = "kubectl get pod '" + a.pod + "' -n '" + a.ns + "' -o json 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    if (p == nullptr) return absl::UnavailableError("cannot run kubectl");
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) text.append(buf, n);
-    if (pclose(p) != 0) return absl::UnavailableError("kubectl get pod failed: " + text.substr(0, 500));
+    Output o = Sh(Kubectl(a) + " get pod " + Q(a.pod) + " -n " + Q(a.ns) + " -o json");
+    if (o.code != 0) return absl::UnavailableError("kubectl get pod failed: " + o.text.substr(0, 500));
+    text = std::move(o.text);
   }
   json j = json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object() || j.value("kind", "") != "Pod") {
@@ -396,7 +498,9 @@ int Doctor(const Args& a) {
   auto pod = ReadPod(a);
   if (!pod.ok()) return Fail("doctor", pod.status());
   const json& p = *pod;
-  std::string name = p["metadata"].value("namespace", a.ns) + "/" + p["metadata"].value("name", a.pod);
+  // A pod from --pod-json without a namespace, and no -n: Kubernetes' default.
+  std::string name = p["metadata"].value("namespace", a.ns.empty() ? "default" : a.ns) + "/" +
+                     p["metadata"].value("name", a.pod);
   std::vector<Finding> f;
   json ann = p["metadata"].value("annotations", json::object());
   std::string group = ann.value("podlink.io/peer-group", "");
@@ -467,10 +571,10 @@ int Doctor(const Args& a) {
   }
   bool all_ok = true;
   for (const auto& x : f) all_ok &= x.ok;
-  if (a.json_out) {
+  if (a.structured()) {
     json j = {{"pod", name}, {"ok", all_ok}, {"checks", json::array()}};
     for (const auto& x : f) j["checks"].push_back({{"check", x.check}, {"ok", x.ok}, {"detail", x.detail}, {"fix", x.fix}});
-    std::cout << j.dump(2) << "\n";
+    Print(a, j);
   } else {
     std::cout << "pod " << name << ":\n";
     for (const auto& x : f) {
@@ -495,9 +599,19 @@ int main(int argc, char** argv) {
     std::cerr << "kubectl-podlink: " << parsed.status().message() << " (--help lists the options)\n";
     return 2;
   }
-  const Args& a = *parsed;
-  bool node_cmd = a.cmd == "status" || a.cmd == "exports" || a.cmd == "peers";
-  if (node_cmd && (!a.for_pod.empty() || !a.node.empty())) return ViaCluster(a);
+  Args a = *std::move(parsed);
+  const bool node_cmd = a.cmd == "status" || a.cmd == "exports" || a.cmd == "peers" || a.cmd == "version";
+  // Commands that look pods up need their namespace: -n, else the context's.
+  // Nothing else runs kubectl (status on a node needs neither kubectl nor a kubeconfig).
+  const bool looks_up_pods = a.cmd == "bench" || (a.cmd == "doctor" && a.pod_json.empty()) ||
+                             (node_cmd && a.node.empty() && !a.for_pod.empty());
+  if (looks_up_pods) {
+    absl::StatusOr<std::string> ns = PodNamespace(a);
+    if (!ns.ok()) return Fail(a.cmd, ns.status());
+    a.ns = *ns;
+  }
+  if (a.cmd == "version") return Version(a);
+  if (node_cmd && a.cluster()) return ViaCluster(a);
   if (a.cmd == "bench") return Bench(a);
   if (a.cmd == "status") return Status(a);
   if (a.cmd == "exports") return Exports(a);

@@ -314,6 +314,7 @@ v1::NodeInfo Broker::GetNodeInfo() const {
   v1::NodeInfo n;
   n.set_node_id(node_id_);
   n.set_daemon_version(PODLINK_VERSION);
+  n.set_node_name(options_.node_name);
   n.set_cuda_available(inventory_.cuda_available);
   n.set_cuda_status(inventory_.cuda_status);
   n.set_cuda_driver_version(inventory_.driver_version);

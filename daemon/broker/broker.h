@@ -38,6 +38,7 @@ struct BrokerOptions {
   uint64_t max_export_size = uint64_t{1} << 40;  // 1 TiB
   RegistryLimits registry;
   RelayOptions relay;
+  std::string node_name;  // reported by GetNodeInfo: the Kubernetes node's name, else the host name
 };
 
 struct BrokerStats {

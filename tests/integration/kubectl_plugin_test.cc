@@ -1,9 +1,10 @@
 // kubectl-podlink: found by `kubectl plugin list`, its commands run against a
-// live podlinkd (tables and -o json), node-wide views refused inside a pod,
-// doctor on pod fixtures.
+// live podlinkd (tables, -o json and -o yaml, the node's name, version),
+// node-wide views refused inside a pod, doctor on pod fixtures.
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -36,6 +37,7 @@ TEST(KubectlPodlink, FoundByKubectlPluginList) {
 }
 
 TEST(KubectlPodlink, CommandsAgainstALiveDaemon) {
+  ::setenv("NODE_NAME", "gpu-node-test", 1);  // as the DaemonSet sets it (downward API); podlinkd inherits it
   PodCgroup cg(RandomPodUid(), "burstable");
   Daemon d(R"({"pods": [{"match": {"pod_uid": ")" + cg.pod_uid() +
            R"("}, "namespace": "ml", "name": "prefill-0", "annotations": {"podlink.io/peer-group": "job-7"}}]})");
@@ -49,7 +51,9 @@ TEST(KubectlPodlink, CommandsAgainstALiveDaemon) {
   EXPECT_EQ(sj["stats"]["exports"], 1);
   EXPECT_GE(sj["stats"]["sessions"], 2);  // the exporter and this command
   EXPECT_EQ(sj["cuda"], false);
+  EXPECT_EQ(sj["node"], "gpu-node-test");
   ShellResult table = Shell("kubectl podlink status" + sock);
+  EXPECT_EQ(table.text.rfind("node gpu-node-test, podlinkd ", 0), 0u) << table.text;
   EXPECT_NE(table.text.find("sessions"), std::string::npos) << table.text;
   EXPECT_NE(table.text.find("relay:"), std::string::npos);
 
@@ -63,6 +67,18 @@ TEST(KubectlPodlink, CommandsAgainstALiveDaemon) {
   EXPECT_EQ(ej[0]["size"], 1048576);
   ShellResult ext = Shell("kubectl podlink exports" + sock);
   EXPECT_NE(ext.text.find("ml/prefill-0"), std::string::npos) << ext.text;
+  ShellResult exy = Shell("kubectl podlink exports -o yaml" + sock);
+  EXPECT_EQ(exy.code, 0) << exy.text;
+  EXPECT_NE(exy.text.find("\n  owner: ml/prefill-0\n  peer_group: job-7\n  size: 1048576\n"), std::string::npos)
+      << exy.text;
+
+  ShellResult ver = Shell("kubectl podlink version -o json" + sock);
+  ASSERT_EQ(ver.code, 0) << ver.text;
+  auto vj = Json(ver);
+  EXPECT_EQ(vj["daemon_version"], vj["plugin_version"]);
+  EXPECT_EQ(vj["node"], "gpu-node-test");
+  ShellResult vt = Shell("kubectl podlink version" + sock);
+  EXPECT_NE(vt.text.find(" on node gpu-node-test\n"), std::string::npos) << vt.text;
 
   ShellResult peers = Shell("kubectl podlink peers -o json" + sock);
   EXPECT_EQ(peers.code, 0);

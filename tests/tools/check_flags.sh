@@ -119,7 +119,8 @@ expect 2 err "unexpected argument 'relay'" "$BENCH" relay
 
 echo "== kubectl-podlink"
 common "$KUBECTL" kubectl-podlink
-help_lists "$KUBECTL" --daemon-namespace --demo --for-pod --namespace --node --output --pod-json --size --socket
+help_lists "$KUBECTL" --context --daemon-namespace --demo --for-pod --kubeconfig --namespace --node --output --pod-json \
+  --size --socket
 expect 0 out "doctor POD" "$KUBECTL" --help
 # doctor reads the pod from a file and needs no daemon: short, long, = and space forms.
 expect 0 out '"pod": "ml/decode-0"' "$KUBECTL" doctor decode-0 -n ml -o json --socket /nonexistent \
@@ -130,13 +131,15 @@ expect 0 out '"pod": "ml/decode-0"' "$KUBECTL" doctor decode-0 -n=ml -o=json --p
 expect 0 out "nothing to fix" "$KUBECTL" doctor decode-0 --pod_json "$FIXTURES/pod-good.json"
 expect 1 err "cannot read /nonexistent.json" "$KUBECTL" doctor x --pod-json /nonexistent.json
 expect 1 err "kubectl-podlink: connect" "$KUBECTL" status --socket="$TMP/no-daemon"
-expect 2 err "-o/--output supports json only (got 'yaml')" "$KUBECTL" status -o yaml
-expect 2 err "-o/--output supports json only (got 'yaml')" "$KUBECTL" status --output=yaml
+expect 1 err "kubectl-podlink: connect" "$KUBECTL" status -o yaml --socket="$TMP/no-daemon"
+expect 2 err "-o/--output must be json or yaml (got 'wide')" "$KUBECTL" status -o wide
+expect 2 err "-o/--output must be json or yaml (got 'JSON')" "$KUBECTL" status --output=JSON
 expect 2 err "--size must be a positive integer (got '0')" "$KUBECTL" bench a b --size 0
 expect 2 err "bad value 'x' for --size" "$KUBECTL" bench a b --size=x
 expect 2 err "--socket needs a value" "$KUBECTL" status --socket
 expect 2 err "no command given" "$KUBECTL"
 expect 2 err "unknown command 'frobnicate'" "$KUBECTL" frobnicate
+expect 2 err "unexpected argument 'extra'" "$KUBECTL" version extra
 expect 2 err "doctor needs a pod name" "$KUBECTL" doctor
 expect 2 err "bench needs two pods" "$KUBECTL" bench only-one
 expect 2 err "unexpected argument 'extra'" "$KUBECTL" status extra

@@ -58,7 +58,8 @@ struct GpuInfo {
 };
 
 struct NodeInfo {
-  std::string node_id;
+  std::string node_id;    // podlinkd's node identity (boot id based)
+  std::string node_name;  // the Kubernetes node's name, else the host name; empty from older daemons
   std::string daemon_version;
   bool cuda_available = false;
   std::string cuda_status;
