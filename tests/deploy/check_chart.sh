@@ -1,11 +1,20 @@
 #!/usr/bin/env bash
 # Renders charts/podlink with tests/deploy/chartrender (Go text/template +
 # sprig + include/toYaml/fail, as `helm template` does; Helm itself is not a
-# Debian package) and checks what comes out (podlinkd started with each
-# render's arguments until its readiness probe passes): the defaults render podlinkd's own
-# defaults, values-cluster.yaml renders the cluster set-up, every bad
-# combination the validation template knows fails the render with its message,
-# and the rendered YAML lints. Usage: check_chart.sh REPO BUILD_DIR PODLINKD
+# Debian package) and checks what comes out: the defaults render the cluster
+# set-up (CRI pod source through the runtime's socket directory, device plugin,
+# metrics for Prometheus, OnDelete updates, standard labels),
+# values-standalone.yaml renders podlinkd's own defaults, every node-agent
+# value (image pull secrets, affinity, pod annotations and labels, update
+# strategy, priority class, security context) appears when set, NOTES.txt
+# says what it should, every bad combination the validation template knows
+# fails the render with its message, and the rendered YAML lints. Then podlinkd
+# is started with each render's arguments until its readiness probe passes
+# (start_rendered.sh, with a test container runtime for CRI renders), and the
+# default render's init container installs the client library without
+# disturbing a process that has the old one mapped (check_library_install.sh).
+#
+#   check_chart.sh REPO BUILD_DIR PODLINKD
 set -euo pipefail
 repo=$(realpath "$1") build=$(realpath -m "$2") podlinkd=$(realpath "$3")
 cd "$repo"
@@ -22,61 +31,165 @@ lint() {
   yamllint -s -c tests/deploy/rendered.yamllint "$1" || fail "yamllint of $2"
 }
 
-# Defaults: podlinkd's own, probes through podlinkd --probe, no device plugin.
+# Helpers for the renders' checks, read by each python3 check below.
+cat > "$tmp/render.py" <<'PY'
+import sys, yaml
+chart = yaml.safe_load(open("charts/podlink/Chart.yaml"))
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+ds = next(d for d in docs if d["kind"] == "DaemonSet")
+meta = ds["spec"]["template"]["metadata"]
+pod = ds["spec"]["template"]["spec"]
+c = next(c for c in pod["containers"] if c["name"] == "podlinkd")
+args = c["args"]
+mounts = {m["name"]: m for m in c["volumeMounts"]}
+vols = {v["name"]: v for v in pod["volumes"]}
+
+def standard_labels(release):
+    want = {"app.kubernetes.io/name": "podlink", "app.kubernetes.io/instance": release,
+            "app.kubernetes.io/version": str(chart["appVersion"]), "app.kubernetes.io/managed-by": "Helm",
+            "helm.sh/chart": f"podlink-{chart['version']}"}
+    for d in docs + [ds["spec"]["template"]]:
+        got = d["metadata"]["labels"]
+        assert want.items() <= got.items(), (d["metadata"].get("name", "pod template"), got)
+    selector = {"app.kubernetes.io/name": "podlink", "app.kubernetes.io/component": "podlinkd"}
+    assert ds["spec"]["selector"] == {"matchLabels": selector}, ds["spec"]["selector"]
+    assert selector.items() <= meta["labels"].items(), meta["labels"]
+PY
+export RENDER_PY=$tmp/render.py
+
+# Defaults: a GPU cluster.
 "$render" -namespace podlink-system charts/podlink > "$tmp/default.yaml" || fail "default values do not render"
 lint "$tmp/default.yaml" "the default render"
-python3 - "$tmp/default.yaml" default <<'PY' || fail "default render"
-import sys, yaml
-docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
-kinds = sorted(d["kind"] for d in docs)
-assert kinds == ["ConfigMap", "DaemonSet", "ServiceAccount"], kinds
-ds = next(d for d in docs if d["kind"] == "DaemonSet")
-pod = ds["spec"]["template"]["spec"]
-c = pod["containers"][0]
-args = c["args"]
-want = ["--socket-dir=/run/podlink", "--pod-source=standalone", "--metrics-addr=127.0.0.1:9477",
-        "--relay-workers=0", "--relay-streams=4", "--log-level=info"]
-for w in want:
-    assert w in args, (w, args)
-assert not any(a.startswith(("--device-plugin-dir", "--cri-socket", "--no-gpu")) for a in args), args
-assert pod["hostPID"] is True and c["securityContext"]["privileged"] is True
-assert c["readinessProbe"]["exec"]["command"] == ["podlinkd", "--probe", "/readyz", "--metrics-addr", "127.0.0.1:9477"]
-assert c["livenessProbe"]["exec"]["command"][:3] == ["podlinkd", "--probe", "/healthz"]
-assert "annotations" not in ds["spec"]["template"]["metadata"], "no scrape annotations on loopback metrics"
-assert "initContainers" not in pod
-assert all(d["metadata"].get("namespace") == "podlink-system" for d in docs)
-cm = next(d for d in docs if d["kind"] == "ConfigMap")
+python3 - "$tmp/default.yaml" <<'PY' || fail "default render"
+exec(open(__import__("os").environ["RENDER_PY"]).read())
 import json
+assert sorted(d["kind"] for d in docs) == ["ConfigMap", "DaemonSet", "ServiceAccount"]
+assert all(d["metadata"].get("namespace") == "podlink-system" for d in docs)
+for w in ["--socket-dir=/run/podlink", "--pod-source=cri", "--cri-socket=/run/containerd/containerd.sock",
+          "--device-plugin-dir=/var/lib/kubelet/device-plugins", "--device-plugin-devices=64",
+          "--host-lib-dir=/var/lib/podlink/lib", "--metrics-addr=0.0.0.0:9477", "--relay-workers=0",
+          "--relay-streams=4", "--log-level=info"]:
+    assert w in args, (w, args)
+assert "--no-gpu" not in args
+# The runtime's socket through its directory (a new socket appears there after a runtime restart), read-only.
+assert mounts["cri-socket-dir"] == {"name": "cri-socket-dir", "mountPath": "/run/containerd", "readOnly": True}
+assert vols["cri-socket-dir"]["hostPath"] == {"path": "/run/containerd", "type": "Directory"}
+assert not any(v.get("hostPath", {}).get("type") == "Socket" for v in pod["volumes"]), "a socket mounted as a file"
+assert {"/var/lib/kubelet/device-plugins", "/var/lib/podlink/lib"} <= {m["mountPath"] for m in mounts.values()}
+assert pod["initContainers"][0]["name"] == "install-client-library"
+assert meta["annotations"] == {"prometheus.io/scrape": "true", "prometheus.io/port": "9477"}, meta["annotations"]
+# Node-agent defaults.
+standard_labels("release")
+assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}
+assert pod["priorityClassName"] == "system-node-critical"
+assert pod["hostPID"] is True and c["securityContext"] == {"privileged": True}
+assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+for absent in ["imagePullSecrets", "affinity"]:
+    assert absent not in pod, absent
+assert c["image"] == f"podlink/podlinkd:{chart['appVersion']}"
+assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in c["env"]
+assert c["readinessProbe"]["exec"]["command"] == ["podlinkd", "--probe", "/readyz", "--metrics-addr", "0.0.0.0:9477"]
+assert c["livenessProbe"]["exec"]["command"][:3] == ["podlinkd", "--probe", "/healthz"]
+cm = next(d for d in docs if d["kind"] == "ConfigMap")
 assert json.loads(cm["data"]["config.json"])["limits"]["max_sessions"] == 1024
 print("default render:", " ".join(args))
 PY
 
-# The cluster set-up.
-"$render" -namespace podlink-system -f charts/podlink/values-cluster.yaml charts/podlink > "$tmp/cluster.yaml" \
-  || fail "values-cluster.yaml does not render"
-lint "$tmp/cluster.yaml" "the cluster render"
-python3 - "$tmp/cluster.yaml" <<'PY' || fail "cluster render"
-import sys, yaml
-docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
-ds = next(d for d in docs if d["kind"] == "DaemonSet")
-pod = ds["spec"]["template"]["spec"]
-args = pod["containers"][0]["args"]
-for w in ["--pod-source=cri", "--cri-socket=/run/containerd/containerd.sock",
-          "--device-plugin-dir=/var/lib/kubelet/device-plugins", "--device-plugin-devices=64",
-          "--host-lib-dir=/var/lib/podlink/lib", "--metrics-addr=0.0.0.0:9477"]:
+# A laptop or single machine: podlinkd's own defaults.
+"$render" -namespace podlink-system -f charts/podlink/values-standalone.yaml charts/podlink > "$tmp/standalone.yaml" \
+  || fail "values-standalone.yaml does not render"
+lint "$tmp/standalone.yaml" "the standalone render"
+python3 - "$tmp/standalone.yaml" <<'PY' || fail "standalone render"
+exec(open(__import__("os").environ["RENDER_PY"]).read())
+for w in ["--socket-dir=/run/podlink", "--pod-source=standalone", "--metrics-addr=127.0.0.1:9477",
+          "--relay-workers=0", "--relay-streams=4", "--log-level=info"]:
     assert w in args, (w, args)
-mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
-assert {"/run/containerd/containerd.sock", "/var/lib/kubelet/device-plugins", "/var/lib/podlink/lib"} <= mounts, mounts
-vols = {v["name"]: v for v in pod["volumes"]}
-assert vols["cri-socket"]["hostPath"] == {"path": "/run/containerd/containerd.sock", "type": "Socket"}
-assert pod["initContainers"][0]["name"] == "install-client-library"
-assert ds["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "9477"
-print("cluster render:", " ".join(args))
+assert not any(a.startswith(("--device-plugin-dir", "--host-lib-dir", "--cri-socket", "--no-gpu")) for a in args), args
+assert "cri-socket-dir" not in vols and "host-lib" not in vols and "initContainers" not in pod
+assert "annotations" not in meta, "no scrape annotations on loopback metrics"
+assert c["readinessProbe"]["exec"]["command"] == ["podlinkd", "--probe", "/readyz", "--metrics-addr", "127.0.0.1:9477"]
+standard_labels("release")
+print("standalone render:", " ".join(args))
 PY
-# Both renders' podlinkd, started with exactly their arguments and config, pass their readiness probes.
-for r in default cluster; do
-  bash tests/deploy/start_rendered.sh "$tmp/$r.yaml" "$podlinkd" "chart, $r values" || fail "the $r render's podlinkd"
+
+# Every node-agent value, set.
+cat > "$tmp/custom.yaml" <<'EOF'
+image: {repository: registry.example/podlinkd, tag: "9.9.9", pullPolicy: Always}
+imagePullSecrets: [{name: regcred}]
+criSocket: /var/run/crio/crio.sock
+updateStrategy: {type: RollingUpdate, rollingUpdate: {maxUnavailable: 2}}
+securityContext: {privileged: false, capabilities: {add: [SYS_PTRACE]}}
+priorityClassName: ""
+podAnnotations: {example.com/team: ml, prometheus.io/scrape: "false"}
+podLabels: {team: ml}
+nodeSelector: null  # (a map merges with the default; null drops it, as in Helm)
+affinity:
+  nodeAffinity:
+    requiredDuringSchedulingIgnoredDuringExecution:
+      nodeSelectorTerms:
+        - matchExpressions: [{key: example.com/gpu, operator: In, values: [h100]}]
+tolerations: []
+EOF
+"$render" -namespace gpu-system -name edge -f "$tmp/custom.yaml" charts/podlink > "$tmp/custom-render.yaml" \
+  || fail "the chart with every node-agent value set does not render"
+lint "$tmp/custom-render.yaml" "the render with every node-agent value set"
+python3 - "$tmp/custom-render.yaml" <<'PY' || fail "render with every node-agent value set"
+exec(open(__import__("os").environ["RENDER_PY"]).read())
+assert all(d["metadata"].get("namespace") == "gpu-system" for d in docs)
+standard_labels("edge")
+assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+assert c["image"] == "registry.example/podlinkd:9.9.9" and c["imagePullPolicy"] == "Always"
+assert pod["initContainers"][0]["image"] == c["image"]
+assert "--cri-socket=/var/run/crio/crio.sock" in args
+assert mounts["cri-socket-dir"]["mountPath"] == "/var/run/crio"
+assert vols["cri-socket-dir"]["hostPath"] == {"path": "/var/run/crio", "type": "Directory"}
+assert ds["spec"]["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 2}}
+assert c["securityContext"] == {"privileged": False, "capabilities": {"add": ["SYS_PTRACE"]}}
+assert "priorityClassName" not in pod
+# The pod's own annotations win over the scrape annotations they name; the others stay.
+assert meta["annotations"] == {"example.com/team": "ml", "prometheus.io/scrape": "false",
+                               "prometheus.io/port": "9477"}, meta["annotations"]
+assert meta["labels"]["team"] == "ml" and meta["labels"]["app.kubernetes.io/component"] == "podlinkd"
+assert "team" not in ds["spec"]["selector"]["matchLabels"]
+terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+assert terms == [{"matchExpressions": [{"key": "example.com/gpu", "operator": "In", "values": ["h100"]}]}]
+assert "nodeSelector" not in pod and "tolerations" not in pod
+print("every node-agent value appears where it belongs")
+PY
+
+# NOTES.txt, what `helm install` prints.
+notes() {  # notes VALUES WANT... [-- UNWANTED...]: with VALUES ("": none) each WANT is in the notes, no UNWANTED is
+  local values=$1 f=()
+  shift
+  [ -z "$values" ] || f=(-f "$values")
+  "$render" -namespace podlink-system "${f[@]}" -notes charts/podlink > "$tmp/notes" || fail "NOTES.txt does not render"
+  local want=1
+  for s in "$@"; do
+    if [ "$s" = -- ]; then want=0; continue; fi
+    if grep -qF -- "$s" "$tmp/notes"; then
+      [ $want = 1 ] || fail "NOTES.txt ($values) says '$s': $(cat "$tmp/notes")"
+    else
+      [ $want = 0 ] || fail "NOTES.txt ($values) lacks '$s': $(cat "$tmp/notes")"
+    fi
+  done
+}
+notes "" "kubectl -n podlink-system get pods -l app.kubernetes.io/component=podlinkd" \
+  "pod-security.kubernetes.io/enforce=privileged" "container runtime at /run/containerd/containerd.sock" \
+  "podlink.io/peer" "updateStrategy is OnDelete" \
+  "delete pod -l app.kubernetes.io/component=podlinkd --field-selector spec.nodeName=NODE" \
+  "closes every podlink session on its node" -- "Pod source standalone" "No device plugin"
+notes charts/podlink/values-standalone.yaml "Pod source standalone" "No device plugin: mount /run/podlink" \
+  -- "container runtime at" "Metrics:"
+notes "$tmp/custom.yaml" "updateStrategy is RollingUpdate" "replaces podlinkd on every node" \
+  "/var/run/crio/crio.sock" -- "updateStrategy is OnDelete"
+
+# The renders' podlinkd, started with exactly their arguments and config, pass their readiness probes.
+for r in default standalone custom-render; do
+  bash tests/deploy/start_rendered.sh "$tmp/$r.yaml" "$podlinkd" "chart, $r" || fail "the $r render's podlinkd"
 done
+# The default render's init container replaces the client library without breaking a process using it.
+bash tests/deploy/check_library_install.sh "$tmp/default.yaml" "chart, default" \
+  || fail "the default render's install-client-library"
 
 # Bad combinations fail the render and say why.
 bad() {  # bad "values yaml" "expected message"
@@ -84,14 +197,25 @@ bad() {  # bad "values yaml" "expected message"
   if "$render" -f "$tmp/bad.yaml" charts/podlink > /dev/null 2> "$tmp/err"; then fail "rendered despite: $1"; fi
   grep -qF "$2" "$tmp/err" || fail "render of '$1' failed without '$2': $(cat "$tmp/err")"
 }
-bad 'podSource: kubelet' 'podSource must be standalone or cri'
-bad 'podSource: cri' 'podSource=cri needs criSocket'
-bad 'devicePlugin: {enabled: true}' 'devicePlugin.enabled with podSource=standalone'
-bad '{podSource: cri, criSocket: /run/containerd/containerd.sock, devicePlugin: {enabled: true, devices: 0}}' \
-  'devicePlugin.devices must be in 1..100000'
-bad 'metrics: {port: 70000}' 'metrics.port must be in 1..65535'
-bad 'relay: {workers: 65}' 'relay.workers must be in 0..64'
-bad 'relay: {streams: 0}' 'relay.streams must be in 1..64'
-bad 'logLevel: loud' 'logLevel must be trace, debug, info, warn or error'
-bad 'limits: {maxSessions: 0}' 'limits.maxSessions must be a positive integer'
-echo "chart renders with its defaults and values-cluster.yaml, lints, and refuses 9 bad combinations"
+nbad=0
+while IFS='|' read -r values message; do
+  bad "$values" "$message"
+  nbad=$((nbad + 1))
+done <<'EOF'
+podSource: kubelet|podSource must be standalone or cri
+criSocket: ""|podSource=cri needs criSocket
+criSocket: run/containerd/containerd.sock|criSocket must be an absolute path in a directory other than /
+criSocket: /containerd.sock|criSocket must be an absolute path in a directory other than /
+podSource: standalone|devicePlugin.enabled with podSource=standalone
+devicePlugin: {devices: 0}|devicePlugin.devices must be in 1..100000
+metrics: {port: 70000}|metrics.port must be in 1..65535
+relay: {workers: 65}|relay.workers must be in 0..64
+relay: {streams: 0}|relay.streams must be in 1..64
+logLevel: loud|logLevel must be trace, debug, info, warn or error
+limits: {maxSessions: 0}|limits.maxSessions must be a positive integer
+updateStrategy: {type: Recreate}|updateStrategy.type must be OnDelete or RollingUpdate
+podLabels: {app.kubernetes.io/name: mine}|podLabels must not set app.kubernetes.io/name
+podLabels: {helm.sh/chart: mine}|podLabels must not set helm.sh/chart
+EOF
+echo "chart renders its cluster defaults, values-standalone.yaml and every node-agent value, lints, and refuses" \
+  "$nbad bad combinations"

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# deploy/ renders with kustomize, every YAML lints, and the rendered DaemonSet's
-# podlinkd starts with exactly its arguments and config until its readiness
-# probe passes. Usage: check_deploy.sh REPO PODLINKD
+# deploy/ renders with kustomize, every YAML lints, the rendered DaemonSet's
+# podlinkd starts with exactly its arguments and config (and a test container
+# runtime behind its runtime-socket volume) until its readiness probe passes,
+# and its init container installs the client library without disturbing a
+# process that has the old one mapped. The chart's values equal podlinkd's own
+# defaults with values-standalone.yaml, and differ from them only where a
+# cluster needs it without. Usage: check_deploy.sh REPO PODLINKD
 set -euo pipefail
 repo=$1 podlinkd=$2
 cd "$repo"
@@ -20,38 +24,68 @@ grep -q 'privileged: true' "$out" || fail "DaemonSet must be privileged"
 grep -q 'path: /readyz' "$out" || fail "no readiness probe on /readyz"
 grep -q 'path: /healthz' "$out" || fail "no liveness probe on /healthz"
 grep -q 'mountPath: /var/lib/kubelet/device-plugins' "$out" || fail "device-plugins dir not mounted"
-yamllint -s deploy/ charts/podlink/Chart.yaml charts/podlink/values.yaml charts/podlink/values-cluster.yaml .yamllint \
-  tests/deploy/rendered.yamllint \
+python3 - "$out" <<'PY' || fail "the rendered DaemonSet's update strategy or runtime socket mount"
+import sys, yaml
+ds = next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "DaemonSet")
+pod = ds["spec"]["template"]["spec"]
+c = next(c for c in pod["containers"] if c["name"] == "podlinkd")
+assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}, ds["spec"]["updateStrategy"]
+assert "--cri-socket=/run/containerd/containerd.sock" in c["args"], c["args"]
+vols = {v["name"]: v for v in pod["volumes"]}
+assert vols["cri-socket-dir"]["hostPath"] == {"path": "/run/containerd", "type": "Directory"}, vols
+assert {"name": "cri-socket-dir", "mountPath": "/run/containerd", "readOnly": True} in c["volumeMounts"]
+assert not any(v.get("hostPath", {}).get("type") == "Socket" for v in pod["volumes"]), "a socket mounted as a file"
+PY
+yamllint -s deploy/ charts/podlink/Chart.yaml charts/podlink/values.yaml charts/podlink/values-standalone.yaml \
+  .yamllint tests/deploy/rendered.yamllint \
   || fail "yamllint (sources)"
 yamllint -s -c tests/deploy/rendered.yamllint "$out" || fail "yamllint (rendered)"
 # The DaemonSet's podlinkd, started with exactly the rendered arguments and config, passes its readiness probe.
 bash tests/deploy/start_rendered.sh "$out" "$podlinkd" "deploy/ (kustomize)" || fail "the rendered DaemonSet's podlinkd"
-# The chart's values default to podlinkd's own defaults.
+bash tests/deploy/check_library_install.sh "$out" "deploy/ (kustomize)" || fail "the rendered install-client-library"
+# The chart's values with values-standalone.yaml are podlinkd's own defaults;
+# without it they differ only in what a cluster needs.
 "$podlinkd" --print-defaults > "$out.defaults" || fail "podlinkd --print-defaults"
-python3 - charts/podlink/values.yaml "$out.defaults" <<'PY' || fail "chart values differ from podlinkd's defaults"
-import json, sys, yaml
-v = yaml.safe_load(open(sys.argv[1]))
-d = json.load(open(sys.argv[2]))
+python3 - charts/podlink/values.yaml charts/podlink/values-standalone.yaml "$out.defaults" <<'PY' \
+  || fail "chart values differ from podlinkd's defaults"
+import copy, json, sys, yaml
+
+def merged(base, over):  # what -f does to the chart's values
+    out = copy.deepcopy(base)
+    for k, x in over.items():
+        out[k] = merged(out[k], x) if isinstance(x, dict) and isinstance(out.get(k), dict) else x
+    return out
+
+cluster = yaml.safe_load(open(sys.argv[1]))
+standalone = merged(cluster, yaml.safe_load(open(sys.argv[2])))
+d = json.load(open(sys.argv[3]))
 host, port = d["metrics_addr"].rsplit(":", 1)
-pairs = [
-    ("socketDir", v["socketDir"], d["socket_dir"]),
-    ("podSource", v["podSource"], d["pod_source"]),
-    ("criSocket", v["criSocket"], d["cri_socket"]),
-    ("devicePlugin.enabled", v["devicePlugin"]["enabled"], d["device_plugin_dir"] != ""),
-    ("devicePlugin.devices", v["devicePlugin"]["devices"], d["device_plugin_devices"]),
-    ("devicePlugin.hostLibDir", v["devicePlugin"]["hostLibDir"], d["host_lib_dir"]),
-    ("metrics.address", v["metrics"]["address"], host),
-    ("metrics.port", v["metrics"]["port"], int(port)),
-    ("relay.workers", v["relay"]["workers"], d["relay_workers"]),
-    ("relay.streams", v["relay"]["streams"], d["relay_streams"]),
-    ("logLevel", v["logLevel"], d["log_level"]),
-    ("gpu", v["gpu"], not d["no_gpu"]),
-    ("limits.maxSessions", v["limits"]["maxSessions"], d["limits"]["max_sessions"]),
-    ("limits.maxExportsPerSession", v["limits"]["maxExportsPerSession"], d["limits"]["max_exports_per_session"]),
-    ("limits.maxExportsTotal", v["limits"]["maxExportsTotal"], d["limits"]["max_exports_total"]),
-    ("limits.maxPendingOffers", v["limits"]["maxPendingOffers"], d["limits"]["max_pending_offers"]),
-]
-bad = [f"{k}: chart {a!r}, podlinkd {b!r}" for k, a, b in pairs if a != b]
+def pairs(v):  # (chart key, chart value, podlinkd default)
+    return [
+        ("socketDir", v["socketDir"], d["socket_dir"]),
+        ("podSource", v["podSource"], d["pod_source"]),
+        ("criSocket", v["criSocket"], d["cri_socket"]),
+        ("devicePlugin.enabled", v["devicePlugin"]["enabled"], d["device_plugin_dir"] != ""),
+        ("devicePlugin.devices", v["devicePlugin"]["devices"], d["device_plugin_devices"]),
+        ("devicePlugin.hostLibDir", v["devicePlugin"]["hostLibDir"], d["host_lib_dir"]),
+        ("metrics.address", v["metrics"]["address"], host),
+        ("metrics.port", v["metrics"]["port"], int(port)),
+        ("relay.workers", v["relay"]["workers"], d["relay_workers"]),
+        ("relay.streams", v["relay"]["streams"], d["relay_streams"]),
+        ("logLevel", v["logLevel"], d["log_level"]),
+        ("gpu", v["gpu"], not d["no_gpu"]),
+        ("limits.maxSessions", v["limits"]["maxSessions"], d["limits"]["max_sessions"]),
+        ("limits.maxExportsPerSession", v["limits"]["maxExportsPerSession"], d["limits"]["max_exports_per_session"]),
+        ("limits.maxExportsTotal", v["limits"]["maxExportsTotal"], d["limits"]["max_exports_total"]),
+        ("limits.maxPendingOffers", v["limits"]["maxPendingOffers"], d["limits"]["max_pending_offers"]),
+    ]
+bad = [f"with values-standalone.yaml, {k}: chart {a!r}, podlinkd {b!r}" for k, a, b in pairs(standalone) if a != b]
+# The cluster defaults: exactly these differ from podlinkd's, and are what a cluster needs.
+cluster_only = {"podSource": "cri", "criSocket": "/run/containerd/containerd.sock", "devicePlugin.enabled": True,
+                "metrics.address": "0.0.0.0"}
+differ = {k: a for k, a, b in pairs(cluster) if a != b}
+if differ != cluster_only:
+    bad.append(f"values.yaml differs from podlinkd's defaults in {differ}, expected {cluster_only}")
 print("\n".join(bad))
 sys.exit(1 if bad else 0)
 PY

@@ -5,15 +5,25 @@
 # namespaces, with tmpfs over /run and /var/lib, so the manifest's paths and
 # ports are used as they are. No GPU here: podlinkd serves host memory.
 #
+# With --pod-source=cri the container runtime is tests/deploy/fake_cri.py,
+# listening on the node's side of the hostPath volume the manifest mounts the
+# runtime's socket from, and reached through that volume mounted as the
+# manifest says (path, type, read-only). The runtime is then restarted (a new
+# socket at the same path, as containerd makes when it restarts): its socket
+# must still answer at the path podlinkd was given, and podlinkd must be (or
+# become again) ready.
+#
 #   start_rendered.sh RENDERED.yaml PODLINKD LABEL
 set -euo pipefail
 rendered=$1 podlinkd=$(realpath "$2") label=$3
+here=$(dirname "$(realpath "$0")")
 fail() { echo "FAIL ($label): $*"; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 python3 - "$rendered" "$work" <<'PY' || fail "cannot read the podlinkd container from $rendered"
 import json, shlex, sys, yaml
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+out = sys.argv[2]
 ds = next(d for d in docs if d["kind"] == "DaemonSet")
 pod = ds["spec"]["template"]["spec"]
 c = next(c for c in pod["containers"] if c["name"] == "podlinkd")
@@ -32,14 +42,36 @@ config = ""
 for d in docs:
     if d["kind"] == "ConfigMap" and "config.json" in d.get("data", {}):
         config = d["data"]["config.json"]
-open(sys.argv[2] + "/args", "w").write(shlex.join(cmd[1:]))
-open(sys.argv[2] + "/ready", "w").write(shlex.join(ready[1:]))
-open(sys.argv[2] + "/config.json", "w").write(config)
+open(out + "/args", "w").write(shlex.join(cmd[1:]))
+open(out + "/ready", "w").write(shlex.join(ready[1:]))
+open(out + "/config.json", "w").write(config)
+
+# The runtime's socket: which volume of the container holds it.
+flags = dict(a[2:].split("=", 1) for a in cmd[1:] if a.startswith("--") and "=" in a)
+cri = {"sock": "", "mount": "", "host": "", "type": "", "ro": ""}
+if flags.get("pod-source") == "cri":
+    sock = flags.get("cri-socket", "")
+    assert sock, "--pod-source=cri without --cri-socket: podlinkd would guess the runtime"
+    holding = [m for m in c.get("volumeMounts", [])
+               if sock == m["mountPath"] or sock.startswith(m["mountPath"].rstrip("/") + "/")]
+    assert holding, f"no volume of the podlinkd container holds --cri-socket={sock}"
+    m = max(holding, key=lambda m: len(m["mountPath"]))
+    vol = next(v for v in pod["volumes"] if v["name"] == m["name"])
+    assert "hostPath" in vol, f"volume {m['name']} holding the runtime's socket is not a hostPath"
+    cri = {"sock": sock, "mount": m["mountPath"], "host": vol["hostPath"]["path"],
+           "type": vol["hostPath"].get("type", ""), "ro": "1" if m.get("readOnly") else ""}
+for k, v in cri.items():
+    open(f"{out}/cri_{k}", "w").write(v)
 PY
 echo "$label: podlinkd $(cat "$work/args")"
 config_path=$(python3 -c 'import shlex,sys; a=shlex.split(open(sys.argv[1]).read()); print(next((x.split("=",1)[1] for x in a if x.startswith("--config=")), ""))' "$work/args")
+if [ -s "$work/cri_sock" ]; then
+  echo "$label: runtime socket $(cat "$work/cri_sock") from hostPath $(cat "$work/cri_host")" \
+       "(type $(cat "$work/cri_type"))$([ -s "$work/cri_ro" ] && echo ", read-only")"
+fi
 set +e
-PODLINKD=$podlinkd WORK=$work CONFIG_PATH=$config_path timeout 60 unshare --mount --net --fork bash -c '
+PODLINKD=$podlinkd WORK=$work CONFIG_PATH=$config_path FAKE_CRI=$here/fake_cri.py timeout 90 \
+  unshare --mount --net --fork bash -c '
   set -eu
   mount --make-rprivate /
   ip link set lo up
@@ -56,19 +88,69 @@ PODLINKD=$podlinkd WORK=$work CONFIG_PATH=$config_path timeout 60 unshare --moun
   fi
   eval "args=($(cat "$WORK/args"))"
   eval "ready=($(cat "$WORK/ready"))"
+  cri_sock=$(cat "$WORK/cri_sock") cri_mount=$(cat "$WORK/cri_mount") cri_host=$(cat "$WORK/cri_host")
+  cri_type=$(cat "$WORK/cri_type") cri_ro=$(cat "$WORK/cri_ro")
+  runtime=""
+  # Starts the fake runtime, named $1, on the node side of the volume; waits until it answers there.
+  start_runtime() {
+    /usr/bin/python3 "$FAKE_CRI" serve "$node_sock" "$1" "$WORK/cri_calls" > "$WORK/cri_$1.log" 2>&1 &
+    runtime=$!
+    for _ in $(seq 50); do
+      /usr/bin/python3 "$FAKE_CRI" call "$node_sock" 2> /dev/null && return 0
+      kill -0 "$runtime" 2> /dev/null || break
+      sleep 0.2
+    done
+    echo "the fake runtime did not start: $(cat "$WORK/cri_$1.log")"; exit 1
+  }
+  if [ -n "$cri_sock" ]; then
+    node=$WORK/node  # stands in for the node'"'"'s root
+    node_sock=$node$cri_host${cri_sock#"$cri_mount"}
+    mkdir -p "$(dirname "$node_sock")"
+    start_runtime first  # the node'"'"'s runtime runs before any pod
+    case $cri_type in
+      Socket) mkdir -p "$(dirname "$cri_mount")"; touch "$cri_mount" ;;
+      Directory | DirectoryOrCreate | "") mkdir -p "$cri_mount" ;;
+      *) echo "hostPath type $cri_type for the runtime'"'"'s socket"; exit 1 ;;
+    esac
+    mount --bind "$node$cri_host" "$cri_mount"
+    [ -z "$cri_ro" ] || mount -o remount,bind,ro "$cri_mount"
+  fi
+  stop() {
+    kill -TERM "$pid" 2> /dev/null; wait "$pid" || true
+    if [ -n "$runtime" ]; then kill "$runtime"; wait "$runtime" 2> /dev/null || true; fi
+  }
+  await_ready() {  # $1: what is awaited
+    for _ in $(seq 150); do
+      if "$PODLINKD" "${ready[@]}" 2> "$WORK/probe"; then
+        echo "readiness probe passed$1: podlinkd ${ready[*]}"
+        return 0
+      fi
+      kill -0 "$pid" 2>/dev/null || { echo "podlinkd exited:"; tail -20 "$WORK/log"; stop; exit 1; }
+      sleep 0.2
+    done
+    echo "readiness probe never passed$1: $(cat "$WORK/probe")"; tail -20 "$WORK/log"; stop; exit 1
+  }
   "$PODLINKD" "${args[@]}" 2> "$WORK/log" &
   pid=$!
-  for _ in $(seq 150); do
-    if "$PODLINKD" "${ready[@]}" 2> "$WORK/probe"; then
-      echo "readiness probe passed: podlinkd ${ready[*]}"
-      kill -TERM "$pid"; wait "$pid" || true
-      exit 0
+  await_ready ""
+  if [ -n "$cri_sock" ]; then
+    grep -qF "event=pod_source source=cri socket=$cri_sock" "$WORK/log" \
+      || { echo "podlinkd does not use the runtime socket $cri_sock:"; tail -20 "$WORK/log"; stop; exit 1; }
+    # The runtime restarts: a new socket at the same path on the node.
+    kill "$runtime"; wait "$runtime" 2> /dev/null || true
+    runtime=""
+    start_runtime second
+    if ! /usr/bin/python3 "$FAKE_CRI" call "$cri_sock" 2> "$WORK/call"; then
+      echo "after the runtime restarted, $cri_sock in the container no longer reaches it" \
+           "($(cat "$WORK/call")): mount the socket'"'"'s directory, not the socket"
+      stop; exit 1
     fi
-    kill -0 "$pid" 2>/dev/null || { echo "podlinkd exited:"; tail -20 "$WORK/log"; exit 1; }
-    sleep 0.2
-  done
-  echo "readiness probe never passed: $(cat "$WORK/probe")"; tail -20 "$WORK/log"; kill -KILL "$pid"; exit 1
+    echo "the restarted runtime answers at $cri_sock in the container"
+    await_ready " after the runtime restarted"
+  fi
+  stop
+  exit 0
 '
 rc=$?
 set -e
-[ $rc = 0 ] || fail "podlinkd with the manifest's arguments did not become ready"
+[ $rc = 0 ] || fail "podlinkd as the manifest starts it did not stay reachable and ready (above)"

@@ -6,6 +6,9 @@
 {{- if and (eq .Values.podSource "cri") (not .Values.criSocket) -}}
 {{- fail "podSource=cri needs criSocket (containerd: /run/containerd/containerd.sock, CRI-O: /var/run/crio/crio.sock)" -}}
 {{- end -}}
+{{- if and (eq .Values.podSource "cri") (or (not (isAbs .Values.criSocket)) (eq (dir .Values.criSocket) "/")) -}}
+{{- fail (printf "criSocket must be an absolute path in a directory other than / (its directory is mounted), not %q" .Values.criSocket) -}}
+{{- end -}}
 {{- if and .Values.devicePlugin.enabled (or (lt (int .Values.devicePlugin.devices) 1) (gt (int .Values.devicePlugin.devices) 100000)) -}}
 {{- fail "devicePlugin.devices must be in 1..100000" -}}
 {{- end -}}
@@ -23,6 +26,14 @@
 {{- end -}}
 {{- if not (has .Values.logLevel (list "trace" "debug" "info" "warn" "error")) -}}
 {{- fail (printf "logLevel must be trace, debug, info, warn or error, not %q" .Values.logLevel) -}}
+{{- end -}}
+{{- if not (has .Values.updateStrategy.type (list "OnDelete" "RollingUpdate")) -}}
+{{- fail (printf "updateStrategy.type must be OnDelete or RollingUpdate, not %q" .Values.updateStrategy.type) -}}
+{{- end -}}
+{{- range $k, $v := .Values.podLabels -}}
+{{- if or (hasPrefix "app.kubernetes.io/" $k) (eq $k "helm.sh/chart") -}}
+{{- fail (printf "podLabels must not set %s: the chart sets the app.kubernetes.io labels and helm.sh/chart (the DaemonSet's selector uses some)" $k) -}}
+{{- end -}}
 {{- end -}}
 {{- range $k, $v := .Values.limits -}}
 {{- if lt (int $v) 1 -}}

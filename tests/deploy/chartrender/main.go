@@ -3,9 +3,11 @@
 // functions, include, toYaml and fail, .Values from values.yaml deep-merged
 // with -f files, .Release and .Chart. Helm is not a Debian package; this lets
 // CI render the chart and exercise its validation. It is not Helm: only what
-// the chart needs is implemented.
+// the chart needs is implemented. With -notes it prints templates/NOTES.txt
+// rendered (what `helm install` prints) instead of the manifests, after
+// rendering them as Helm does (so validation still fails the render).
 //
-//	chartrender [-f values.yaml]... [-namespace NS] CHART_DIR
+//	chartrender [-f values.yaml]... [-namespace NS] [-notes] CHART_DIR
 package main
 
 import (
@@ -67,9 +69,10 @@ func main() {
 	flag.Var(&files, "f", "values file merged over the chart's values.yaml (repeatable)")
 	namespace := flag.String("namespace", "default", "release namespace")
 	name := flag.String("name", "release", "release name")
+	notes := flag.Bool("notes", false, "print the rendered NOTES.txt instead of the manifests")
 	flag.Parse()
 	if flag.NArg() != 1 {
-		fmt.Fprintln(os.Stderr, "usage: chartrender [-f values.yaml]... [-namespace NS] CHART_DIR")
+		fmt.Fprintln(os.Stderr, "usage: chartrender [-f values.yaml]... [-namespace NS] [-notes] CHART_DIR")
 		os.Exit(2)
 	}
 	dir := flag.Arg(0)
@@ -139,6 +142,17 @@ func main() {
 		}
 		fmt.Fprintf(&out, "---\n# Source: %v/templates/%s\n%s\n", chart["name"], base,
 			strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(doc), "---")))
+	}
+	if *notes {
+		out.Reset()
+		if root.Lookup("NOTES.txt") == nil {
+			fmt.Fprintln(os.Stderr, "Error: the chart has no templates/NOTES.txt")
+			os.Exit(1)
+		}
+		if err := root.ExecuteTemplate(&out, "NOTES.txt", data); err != nil {
+			fmt.Fprintln(os.Stderr, "Error: execution error at", err)
+			os.Exit(1)
+		}
 	}
 	os.Stdout.Write(out.Bytes())
 }
