@@ -19,6 +19,10 @@ namespace podlink {
 
 inline constexpr uint32_t kFdMagic = 0x4b4c4450;  // "PDLK"
 inline constexpr uint16_t kFdVersion = 1;
+// GOODBYE (the daemon refuses a client): a = the absl::StatusCode, b = the
+// length of the reason, which follows as one packet of UTF-8 text of at most
+// this many bytes (b = 0: none).
+inline constexpr size_t kGoodbyeTextMax = 1024;
 
 enum class FdMsgType : uint16_t {
   kHello = 1,

@@ -196,7 +196,7 @@ int main(int argc, char** argv) {
     return st.ok() ? 0 : 1;
   }
   auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
-  for (const char* name : {"podlinkd", "broker", "fdchan", "grpc", "gpu", "relay", "deviceplugin"}) {
+  for (const char* name : {"podlinkd", "broker", "fdchan", "grpc", "gpu", "relay", "deviceplugin", "identity"}) {
     spdlog::register_logger(std::make_shared<spdlog::logger>(name, sink));
   }
   spdlog::set_level(spdlog::level::from_str(args.log_level));
@@ -341,11 +341,16 @@ int main(int argc, char** argv) {
                           "device plugin registrations refused or failed", failures, "resource");
     return out;
   };
-  // /readyz answers 200 while podlinkd serves pods; the body also names a
-  // device plugin the kubelet has not accepted (pods already running keep
-  // working; new ones cannot be allocated podlink.io resources).
+  // /readyz answers 200 while podlinkd serves pods and can identify new ones
+  // (with --pod-source cri: while the container runtime answers); the body
+  // also names a device plugin the kubelet has not accepted (pods already
+  // running keep working; new ones cannot be allocated podlink.io resources).
   auto readiness = [&broker, &plugin, &direct_plugin] {
     if (!broker.ready()) return podlink::HttpResponse{503, "text/plain; charset=utf-8", "not ready\n"};
+    if (absl::Status pods = broker.PodSourceReady(); !pods.ok()) {
+      return podlink::HttpResponse{503, "text/plain; charset=utf-8",
+                                   "not ready: " + std::string(pods.message()) + "\n"};
+    }
     std::string body = "ready\n";
     for (const auto* p : {plugin.get(), direct_plugin.get()}) {
       if (p == nullptr) continue;

@@ -8,6 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -268,6 +269,33 @@ Mapping::~Mapping() {
 
 // ---------------------------------------------------------------------------
 
+namespace {
+
+// A refusal: GOODBYE's code and the reason podlinkd sends right after it
+// (docs/contract.md); older daemons send no reason.
+absl::Status GoodbyeStatus(int sock, const FdMessage& m) {
+  const uint64_t code = m.a;
+  const auto status_code = code >= 1 && code <= 16 ? static_cast<absl::StatusCode>(code) : absl::StatusCode::kUnknown;
+  std::string reason;
+  if (m.b > 0 && m.b <= kGoodbyeTextMax) {
+    std::string buf(kGoodbyeTextMax, '\0');
+    pollfd p{sock, POLLIN, 0};  // sent right after GOODBYE, perhaps not here yet
+    ssize_t n = ::poll(&p, 1, 1000) == 1 ? ::recv(sock, buf.data(), buf.size(), MSG_DONTWAIT) : -1;
+    if (n > 0) reason.assign(buf.data(), static_cast<size_t>(std::min<uint64_t>(m.b, static_cast<uint64_t>(n))));
+  }
+  // Printable text only: it ends up in the caller's logs and terminals.
+  for (char& c : reason) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+  }
+  if (reason.empty()) {
+    reason = "its log names the reason (commonly: the daemon does not run in the host PID namespace, or its session "
+             "limit is reached)";
+  }
+  return absl::Status(status_code, absl::StrCat("podlinkd refused this client: ", reason));
+}
+
+}  // namespace
+
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() = default;
 
@@ -298,9 +326,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ConnectOptions& op
   PODLINK_ASSIGN_OR_RETURN(std::optional<ReceivedMessage> hello, RecvFdMessage(sock.get(), false));
   if (!hello) return absl::UnavailableError("podlinkd sent nothing");
   if (hello->msg.type == static_cast<uint16_t>(FdMsgType::kGoodbye)) {
-    return absl::Status(static_cast<absl::StatusCode>(hello->msg.a),
-                        "podlinkd refused this client; its log names the reason (commonly: the daemon "
-                        "does not run in the host PID namespace, or its session limit is reached)");
+    return GoodbyeStatus(sock.get(), hello->msg);
   }
   if (hello->msg.type != static_cast<uint16_t>(FdMsgType::kHello)) {
     return absl::InternalError("podlinkd sent an unexpected first message");

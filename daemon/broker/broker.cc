@@ -132,17 +132,38 @@ MemoryBackend* Broker::BackendFor(HandleKind kind) const {
   return nullptr;
 }
 
+absl::StatusOr<PeerIdentity> Broker::IdentifyClient(int sock) const {
+  return IdentifyPeer(sock, options_.cgroup_layout);
+}
+
+std::optional<absl::StatusOr<PodInfo>> Broker::ResolvePodCached(const PeerIdentity& peer) {
+  return pods_->ResolveCached(peer);
+}
+
+absl::StatusOr<PodInfo> Broker::ResolvePod(const PeerIdentity& peer) { return pods_->Resolve(peer); }
+
 absl::StatusOr<std::shared_ptr<Session>> Broker::OpenSession(UniqueFd sock) {
+  absl::StatusOr<PeerIdentity> peer = IdentifyClient(sock.get());
+  absl::StatusOr<PodInfo> pod = peer.ok() ? ResolvePod(*peer) : absl::StatusOr<PodInfo>(peer.status());
+  return FinishOpen(std::move(sock), std::move(peer), std::move(pod));
+}
+
+absl::StatusOr<std::shared_ptr<Session>> Broker::FinishOpen(UniqueFd sock, absl::StatusOr<PeerIdentity> peer,
+                                                            absl::StatusOr<PodInfo> pod) {
+  // GOODBYE carries the code; the reason follows as one more packet of text
+  // (the pod source's texts name only the client's own facts).
   auto goodbye = [&](const absl::Status& why) {
+    const std::string text(why.message().substr(0, kGoodbyeTextMax));
     FdMessage m;
     m.type = static_cast<uint16_t>(FdMsgType::kGoodbye);
     m.a = static_cast<uint64_t>(why.code());
-    (void)SendFdMessage(sock.get(), m, -1, /*dontwait=*/true);
+    m.b = text.size();
+    if (SendFdMessage(sock.get(), m, -1, /*dontwait=*/true).ok() && !text.empty()) {
+      (void)::send(sock.get(), text.data(), text.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
     return why;
   };
-  auto peer = IdentifyPeer(sock.get(), options_.cgroup_layout);
   if (!peer.ok()) return goodbye(peer.status());
-  auto pod = pods_->Resolve(*peer);
   if (!pod.ok()) return goodbye(pod.status());
 
   pod->key = IdentityKey(*peer);  // from the kernel, whatever the pod source says
@@ -697,6 +718,7 @@ std::string Broker::RenderMetrics() const {
   absl::StrAppend(&out, "# HELP podlink_relay_op_latency_seconds relay request from ring to completion\n",
                   "# TYPE podlink_relay_op_latency_seconds histogram\n");
   relay_->latency().Render("podlink_relay_op_latency_seconds", &out);
+  absl::StrAppend(&out, pods_->RenderMetrics());
   return out;
 }
 

@@ -56,8 +56,20 @@ class Broker {
 
   // --- descriptor channel side -------------------------------------------
   // Identifies the peer of a freshly accepted descriptor channel, resolves
-  // its pod, creates the session and sends HELLO.
+  // its pod, creates the session and sends HELLO; a refusal sends GOODBYE
+  // with the code and the reason. One call; the FdServer uses the parts below
+  // so that a pod source waiting for the runtime never holds up its thread.
   absl::StatusOr<std::shared_ptr<Session>> OpenSession(UniqueFd sock);
+  // The parts: the peer's kernel facts (fast); the pod when known without
+  // waiting (nullopt: only ResolvePod can tell, perhaps after a while); then
+  // the session, or GOODBYE for a refusal in `peer` or `pod`.
+  absl::StatusOr<PeerIdentity> IdentifyClient(int sock) const;
+  std::optional<absl::StatusOr<PodInfo>> ResolvePodCached(const PeerIdentity& peer);
+  absl::StatusOr<PodInfo> ResolvePod(const PeerIdentity& peer);
+  absl::StatusOr<std::shared_ptr<Session>> FinishOpen(UniqueFd sock, absl::StatusOr<PeerIdentity> peer,
+                                                      absl::StatusOr<PodInfo> pod);
+  // OK while the pod source can identify new pods (the runtime answers).
+  absl::Status PodSourceReady() const { return pods_->Ready(); }
   // A descriptor offered on the channel; answered with OFFER_ACK.
   void OnOffer(Session& s, uint64_t slot, UniqueFd fd);
   // Closes offers older than offer_ttl in every session (called periodically).

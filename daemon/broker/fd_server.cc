@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -20,7 +21,11 @@ namespace {
 
 constexpr uint64_t kListenKey = 0;
 constexpr uint64_t kWakeKey = ~uint64_t{0};
+constexpr uint64_t kOpenedKey = ~uint64_t{1};
 constexpr int kMessagesPerWake = 32;
+constexpr int kOpeners = 4;
+constexpr size_t kMaxWaiting = 256;       // clients waiting for the pod source, in all
+constexpr size_t kMaxWaitingPerPod = 16;  // and per pod
 
 std::shared_ptr<spdlog::logger> Log() {
   static auto l = spdlog::get("fdchan");
@@ -47,32 +52,53 @@ absl::StatusOr<std::unique_ptr<FdServer>> FdServer::Start(Broker* broker, const 
   if (!ep) return ErrnoStatus(errno, "epoll_create1");
   UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake) return ErrnoStatus(errno, "eventfd");
+  UniqueFd opened(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!opened) return ErrnoStatus(errno, "eventfd");
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = kListenKey;
   ::epoll_ctl(ep.get(), EPOLL_CTL_ADD, ls.get(), &ev);
   ev.data.u64 = kWakeKey;
   ::epoll_ctl(ep.get(), EPOLL_CTL_ADD, wake.get(), &ev);
+  ev.data.u64 = kOpenedKey;
+  ::epoll_ctl(ep.get(), EPOLL_CTL_ADD, opened.get(), &ev);
   std::unique_ptr<FdServer> srv(
-      new FdServer(broker, std::move(ls), std::move(ep), std::move(wake), path));
+      new FdServer(broker, std::move(ls), std::move(ep), std::move(wake), std::move(opened), path));
   srv->thread_ = std::thread([s = srv.get()] { s->Run(); });
+  for (int i = 0; i < kOpeners; ++i) srv->openers_.emplace_back([s = srv.get()] { s->Opener(); });
   return srv;
 }
 
-FdServer::FdServer(Broker* broker, UniqueFd listen, UniqueFd epoll, UniqueFd wake, std::string path)
+FdServer::FdServer(Broker* broker, UniqueFd listen, UniqueFd epoll, UniqueFd wake, UniqueFd opened_wake,
+                   std::string path)
     : broker_(broker),
       listen_(std::move(listen)),
       epoll_(std::move(epoll)),
       wake_(std::move(wake)),
+      opened_wake_(std::move(opened_wake)),
       path_(std::move(path)) {}
 
 FdServer::~FdServer() { Stop(); }
 
 void FdServer::Stop() {
   if (!thread_.joinable()) return;
+  {
+    absl::MutexLock l(&open_mu_);
+    stopping_ = true;
+    open_cv_.SignalAll();
+  }
   uint64_t one = 1;
   (void)!::write(wake_.get(), &one, sizeof(one));
   thread_.join();
+  for (std::thread& t : openers_) t.join();  // one asking the runtime returns within its deadline
+  openers_.clear();
+  std::vector<std::shared_ptr<Session>> opened;
+  {
+    absl::MutexLock l(&open_mu_);
+    opened.swap(opened_);
+    waiting_.clear();  // their clients see the channel close
+  }
+  for (auto& s : opened) sessions_[s->id] = s;
   for (auto& [id, s] : sessions_) broker_->CloseSession(id, "daemon stopping");
   sessions_.clear();
   ::unlink(path_.c_str());
@@ -95,7 +121,9 @@ void FdServer::Run() {
     for (int i = 0; i < n; ++i) {
       uint64_t key = events[i].data.u64;
       if (key == kWakeKey) return;
-      if (key == kListenKey) {
+      if (key == kOpenedKey) {
+        RegisterOpened();
+      } else if (key == kListenKey) {
         Accept();
       } else {
         Drain(key);
@@ -106,27 +134,119 @@ void FdServer::Run() {
 
 void FdServer::Accept() {
   for (int i = 0; i < kMessagesPerWake; ++i) {
-    int c = ::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (c < 0) {
+    UniqueFd sock(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (!sock) {
       if (errno != EAGAIN && errno != EINTR) {
         Log()->warn("event=accept_failed error={}", LogQuoted(std::strerror(errno)));
       }
       return;
     }
-    absl::StatusOr<std::shared_ptr<Session>> s = broker_->OpenSession(UniqueFd(c));
+    absl::StatusOr<PeerIdentity> peer = broker_->IdentifyClient(sock.get());
+    if (!peer.ok()) {
+      absl::Status why = peer.status();
+      Register(broker_->FinishOpen(std::move(sock), std::move(peer), why));
+      continue;
+    }
+    if (std::optional<absl::StatusOr<PodInfo>> pod = broker_->ResolvePodCached(*peer)) {
+      Register(broker_->FinishOpen(std::move(sock), std::move(peer), *std::move(pod)));
+      continue;
+    }
+    // Only the pod source can tell, perhaps after asking the runtime: an opener does that.
+    const std::string pod_uid = peer->cgroup.pod_uid;
+    bool queued = false;
+    {
+      absl::MutexLock l(&open_mu_);
+      size_t& mine = waiting_per_pod_[pod_uid];
+      if (waiting_.size() < kMaxWaiting && mine < kMaxWaitingPerPod) {
+        ++mine;
+        waiting_.push_back(Waiting{std::move(sock), *std::move(peer)});
+        open_cv_.Signal();
+        queued = true;
+      } else if (mine == 0) {
+        waiting_per_pod_.erase(pod_uid);
+      }
+    }
+    if (!queued) {
+      Register(broker_->FinishOpen(
+          std::move(sock), std::move(peer),
+          absl::ResourceExhaustedError(absl::StrCat(
+              "podlinkd is already waiting for the container runtime on ", kMaxWaitingPerPod,
+              " connections from this pod (or ", kMaxWaiting, " in all); retry in a moment"))));
+    }
+  }
+}
+
+void FdServer::Opener() {
+  for (;;) {
+    Waiting w;
+    {
+      absl::MutexLock l(&open_mu_);
+      // The oldest client whose pod no other opener is resolving: one pod
+      // never holds more than one opener.
+      auto next = waiting_.end();
+      for (;;) {
+        if (stopping_) return;
+        next = std::find_if(waiting_.begin(), waiting_.end(),
+                            [&](const Waiting& x) { return resolving_.count(x.peer.cgroup.pod_uid) == 0; });
+        if (next != waiting_.end()) break;
+        open_cv_.Wait(&open_mu_);
+      }
+      w = std::move(*next);
+      waiting_.erase(next);
+      auto it = waiting_per_pod_.find(w.peer.cgroup.pod_uid);
+      if (it != waiting_per_pod_.end() && --it->second == 0) waiting_per_pod_.erase(it);
+      resolving_.insert(w.peer.cgroup.pod_uid);
+    }
+    absl::StatusOr<PodInfo> pod = broker_->ResolvePod(w.peer);
+    {
+      absl::MutexLock l(&open_mu_);
+      resolving_.erase(w.peer.cgroup.pod_uid);
+      open_cv_.SignalAll();  // that pod's next client may go now
+    }
+    absl::StatusOr<std::shared_ptr<Session>> s = broker_->FinishOpen(std::move(w.sock), std::move(w.peer), pod);
     if (!s.ok()) {
       Log()->warn("event=session_refused reason={}", LogQuoted(s.status().ToString()));
       continue;
     }
-    epoll_event ev{};
-    ev.events = EPOLLIN | EPOLLRDHUP;
-    ev.data.u64 = (*s)->id;
-    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, (*s)->sock.get(), &ev) != 0) {
-      broker_->CloseSession((*s)->id, "epoll registration failed");
+    bool stopping;
+    {
+      absl::MutexLock l(&open_mu_);
+      stopping = stopping_;
+      if (!stopping) opened_.push_back(*s);
+    }
+    if (stopping) {
+      broker_->CloseSession((*s)->id, "daemon stopping");
       continue;
     }
-    sessions_[(*s)->id] = *s;
+    uint64_t one = 1;
+    (void)!::write(opened_wake_.get(), &one, sizeof(one));
   }
+}
+
+void FdServer::RegisterOpened() {
+  uint64_t n;
+  (void)!::read(opened_wake_.get(), &n, sizeof(n));
+  std::vector<std::shared_ptr<Session>> opened;
+  {
+    absl::MutexLock l(&open_mu_);
+    opened.swap(opened_);
+  }
+  for (auto& s : opened) Register(std::move(s));
+}
+
+void FdServer::Register(absl::StatusOr<std::shared_ptr<Session>> s) {
+  if (!s.ok()) {
+    Log()->warn("event=session_refused reason={}", LogQuoted(s.status().ToString()));
+    return;
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP;
+  ev.data.u64 = (*s)->id;
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, (*s)->sock.get(), &ev) != 0) {
+    broker_->CloseSession((*s)->id, "epoll registration failed");
+    return;
+  }
+  sessions_[(*s)->id] = *std::move(s);
 }
 
 void FdServer::Drain(uint64_t session_id) {

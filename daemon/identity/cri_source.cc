@@ -2,122 +2,322 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "common/status_util.h"
+#include "common/log.h"
+#include "daemon/metrics/metrics.h"
 #include "grpcpp/grpcpp.h"
 
 namespace podlink {
+namespace {
+
+std::shared_ptr<spdlog::logger> Log() {
+  static auto l = spdlog::get("identity");
+  return l ? l : spdlog::default_logger();
+}
+
+std::chrono::system_clock::time_point DeadlineIn(absl::Duration d) {
+  return std::chrono::system_clock::now() + absl::ToChronoNanoseconds(d);
+}
+
+std::string Lower(const std::string& s) { return absl::AsciiStrToLower(s); }
+
+}  // namespace
 
 std::string CriPodSource::DefaultSocket() {
   if (::access("/run/containerd/containerd.sock", F_OK) == 0) return "/run/containerd/containerd.sock";
   return "/var/run/crio/crio.sock";
 }
 
-CriPodSource::CriPodSource(std::string socket, std::unique_ptr<PodSource> fallback)
-    : socket_(std::move(socket)),
-      fallback_(std::move(fallback)),
-      stub_(runtime::v1::RuntimeService::NewStub(
-          grpc::CreateChannel("unix:" + socket_, grpc::InsecureChannelCredentials()))) {}
+CriPodSource::CriPodSource(std::string socket, std::unique_ptr<PodSource> fallback, CriOptions options)
+    : socket_(std::move(socket)), options_(options), fallback_(std::move(fallback)) {
+  // gRPC's default reconnect backoff grows to two minutes: after a runtime
+  // restart new pods would be refused that long. The runtime is local; try
+  // again within a second.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  stub_ = runtime::v1::RuntimeService::NewStub(
+      grpc::CreateCustomChannel("unix:" + socket_, grpc::InsecureChannelCredentials(), args));
+  for (const char* r : {"ok", "error"}) calls_[r] = 0;
+  for (const char* r : {"cached", "looked_up", "refused", "unknown", "runtime_error"}) resolves_[r] = 0;
+  prober_ = std::thread([this] { Probe(); });
+}
 
-absl::Status CriPodSource::Refresh() {
-  // One deadline for both lists: a slow runtime holds the cache lock at most 3 s.
-  auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(3);
-  grpc::ClientContext sandbox_ctx, container_ctx;
-  sandbox_ctx.set_deadline(deadline);
-  container_ctx.set_deadline(deadline);
-  runtime::v1::ListPodSandboxResponse sandboxes;
-  runtime::v1::ListContainersResponse containers;
-  const char* listing = "pod sandboxes";
-  grpc::Status st = stub_->ListPodSandbox(&sandbox_ctx, runtime::v1::ListPodSandboxRequest(), &sandboxes);
+CriPodSource::~CriPodSource() {
+  stop_.Notify();
+  prober_.join();
+}
+
+template <typename Req, typename Resp, typename Method>
+grpc::Status CriPodSource::Call(Method method, const Req& req, Resp* resp, absl::Duration deadline) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(DeadlineIn(deadline));
+  ctx.set_wait_for_ready(true);  // a channel reconnecting after a runtime restart is waited for, not failed
+  grpc::Status st = (stub_.get()->*method)(&ctx, req, resp);
+  absl::MutexLock l(&mu_);
+  ++calls_[st.ok() ? "ok" : "error"];
   if (st.ok()) {
-    listing = "containers";
-    st = stub_->ListContainers(&container_ctx, runtime::v1::ListContainersRequest(), &containers);
+    reached_ = answered_once_ = true;
+    runtime_error_.clear();
+  } else if (st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+             st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    if (reached_ || runtime_error_ != st.error_message()) {
+      Log()->warn("event=container_runtime_unreachable socket={} error={}", socket_, LogQuoted(st.error_message()));
+    }
+    reached_ = false;
+    runtime_error_ = st.error_message();
+  } else {
+    reached_ = answered_once_ = true;  // it answered, if not with what was asked
   }
-  last_refresh_ = absl::Now();
-  if (!st.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("container runtime at ", socket_, " did not list ", listing, ": ", st.error_message()));
+  return st;
+}
+
+void CriPodSource::Probe() {
+  bool was = false;
+  do {
+    runtime::v1::VersionRequest req;
+    req.set_version("v1");
+    runtime::v1::VersionResponse resp;
+    grpc::Status st = Call(&runtime::v1::RuntimeService::Stub::Version, req, &resp, options_.deadline);
+    if (st.ok()) {
+      absl::MutexLock l(&mu_);
+      runtime_name_ = absl::StrCat(resp.runtime_name(), " ", resp.runtime_version());
+      if (!was) Log()->info("event=container_runtime_reached socket={} runtime={}", socket_, LogQuoted(runtime_name_));
+    }
+    was = st.ok();
+  } while (!stop_.WaitForNotificationWithTimeout(options_.probe_interval));
+}
+
+absl::Status CriPodSource::Ready() const {
+  absl::MutexLock l(&mu_);
+  if (reached_) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("container runtime at ", socket_,
+                                             answered_once_ ? " stopped answering: " : " not reached: ",
+                                             runtime_error_.empty() ? "no answer yet" : runtime_error_));
+}
+
+std::string CriPodSource::RenderMetrics() const {
+  absl::MutexLock l(&mu_);
+  std::string out;
+  RenderFamily(&out, "podlink_container_runtime_up", "gauge",
+               "1 while the container runtime answers (pod source cri)", {{"", reached_ ? 1.0 : 0.0}});
+  RenderFamily(&out, "podlink_container_runtime_calls_total", "counter", "calls to the container runtime, by result",
+               calls_, "result");
+  RenderFamily(&out, "podlink_pod_resolutions_total", "counter",
+               "clients in pods identified through the runtime, by outcome", resolves_, "outcome");
+  RenderFamily(&out, "podlink_pod_cache_pods", "gauge", "pods cached from the container runtime",
+               {{"", static_cast<double>(pods_.size())}});
+  return out;
+}
+
+std::optional<absl::StatusOr<PodInfo>> CriPodSource::Decide(const PeerIdentity& peer) {
+  const std::string& uid = peer.cgroup.pod_uid;
+  const std::string& container = peer.cgroup.container_id;  // lowercase, as the cache's ids
+  auto o = owner_.find(container);
+  if (o == owner_.end()) return std::nullopt;
+  if (o->second != uid) {
+    // A container never changes pods: final. The other pod is named in the
+    // log only; the client learns nothing about it.
+    Log()->warn("event=cgroup_pod_mismatch pid={} cgroup={} cgroup_pod={} container={} runtime_uid={}", peer.pid,
+                LogQuoted(peer.cgroup.path), uid, container, o->second);
+    ++resolves_["refused"];
+    return absl::StatusOr<PodInfo>(absl::PermissionDeniedError(absl::StrCat(
+        "the client's cgroup ", peer.cgroup.path, " names pod ", uid, ", but the container runtime at ", socket_,
+        " lists its container ", container, " under another pod; podlinkd identifies a client only when its "
+        "cgroup's pod and container agree: run the client in a container of its own pod, not in a cgroup made "
+        "for, or moved into, another pod's")));
   }
-  std::map<std::string, std::pair<PodInfo, std::pair<bool, uint32_t>>> best;  // uid -> (pod, (ready, attempt))
-  std::map<std::string, std::string> sandbox_uid;
+  auto p = pods_.find(uid);
+  if (p == pods_.end()) return std::nullopt;
+  p->second.used = ++clock_;
+  return absl::StatusOr<PodInfo>(p->second.pod);  // the broker sets the identity key from the kernel's facts
+}
+
+absl::Status CriPodSource::LookUp(const std::string& uid, const std::string& container) {
+  using Stub = runtime::v1::RuntimeService::Stub;
+  auto failed = [&](const char* what, const grpc::Status& st) {
+    return absl::UnavailableError(absl::StrCat("the container runtime at ", socket_, " did not list ", what,
+                                               " of pod ", uid, ": ", st.error_message()));
+  };
+  runtime::v1::ListPodSandboxRequest sreq;
+  (*sreq.mutable_filter()->mutable_label_selector())[kPodUidLabel] = uid;
+  runtime::v1::ListPodSandboxResponse sandboxes;
+  if (grpc::Status st = Call(&Stub::ListPodSandbox, sreq, &sandboxes, options_.deadline); !st.ok()) {
+    return failed("the sandboxes", st);
+  }
+  runtime::v1::ListContainersRequest creq;
+  (*creq.mutable_filter()->mutable_label_selector())[kPodUidLabel] = uid;
+  runtime::v1::ListContainersResponse containers;
+  if (grpc::Status st = Call(&Stub::ListContainers, creq, &containers, options_.deadline); !st.ok()) {
+    return failed("the containers", st);
+  }
+
+  CachedPod fresh;
+  std::pair<bool, uint32_t> best{false, 0};
+  bool found = false;
   for (const auto& sb : sandboxes.items()) {
     const auto& md = sb.metadata();
-    if (md.uid().empty() || md.name().empty() || md.namespace_().empty()) continue;
-    sandbox_uid[absl::AsciiStrToLower(sb.id())] = md.uid();
+    // The label selected it; the metadata must agree (a runtime that ignores filters lists every pod).
+    if (md.uid() != uid || md.name().empty() || md.namespace_().empty() || sb.id().empty()) continue;
+    fresh.ids.insert(Lower(sb.id()));
     std::pair<bool, uint32_t> rank{sb.state() == runtime::v1::SANDBOX_READY, md.attempt()};
-    auto it = best.find(md.uid());
-    if (it != best.end() && it->second.second >= rank) continue;  // keep the ready, newest sandbox
-    PodInfo p;
-    p.uid = md.uid();
-    p.namespace_ = md.namespace_();
-    p.name = md.name();
-    for (const auto& [k, v] : sb.annotations()) p.annotations[k] = v;
-    p.source = "cri";
-    best[md.uid()] = {std::move(p), rank};
+    if (found && rank <= best) continue;  // keep the ready, newest sandbox
+    found = true;
+    best = rank;
+    fresh.pod = PodInfo{};
+    fresh.pod.uid = uid;
+    fresh.pod.namespace_ = md.namespace_();
+    fresh.pod.name = md.name();
+    for (const auto& [k, v] : sb.annotations()) fresh.pod.annotations[k] = v;
+    fresh.pod.source = "cri";
   }
-  // Containers in every state are kept, CONTAINER_EXITED included: the pod a
-  // container belongs to never changes and ids are never reused, so the entry
-  // stays true, and a client still exiting with its container is not refused
-  // for it. Whether the process is alive is the pidfd's business, not this.
-  std::map<std::string, std::string> container_sandbox;
+  // Containers in every state count, CONTAINER_EXITED included: the pod a
+  // container belongs to never changes and ids are never reused, so a client
+  // still exiting with its container is not refused for it.
   for (const auto& c : containers.containers()) {
-    if (!c.id().empty()) container_sandbox[absl::AsciiStrToLower(c.id())] = absl::AsciiStrToLower(c.pod_sandbox_id());
+    if (!c.id().empty() && fresh.ids.count(Lower(c.pod_sandbox_id())) != 0) fresh.ids.insert(Lower(c.id()));
   }
-  by_uid_.clear();
-  for (auto& [uid, v] : best) by_uid_[uid] = std::move(v.first);
-  sandbox_uid_ = std::move(sandbox_uid);
-  container_sandbox_ = std::move(container_sandbox);
+
+  // Not this pod's: whose, then? A container of another pod (its labels say
+  // which), or another pod's sandbox.
+  std::string other;
+  if (!container.empty() && fresh.ids.count(container) == 0) {
+    runtime::v1::ListContainersRequest q;
+    q.mutable_filter()->set_id(container);
+    runtime::v1::ListContainersResponse r;
+    if (grpc::Status st = Call(&Stub::ListContainers, q, &r, options_.deadline); !st.ok()) {
+      return failed("the owner of a container", st);
+    }
+    std::string sandbox;
+    for (const auto& c : r.containers()) {
+      if (Lower(c.id()) != container) continue;
+      auto label = c.labels().find(kPodUidLabel);
+      if (label != c.labels().end()) other = label->second;
+      sandbox = c.pod_sandbox_id();
+    }
+    // The sandbox: the container's, or the container id is a sandbox's own.
+    const std::string sandbox_id = Lower(sandbox.empty() ? container : sandbox);
+    runtime::v1::ListPodSandboxRequest sq;
+    sq.mutable_filter()->set_id(sandbox_id);
+    runtime::v1::ListPodSandboxResponse sr;
+    if (grpc::Status st = Call(&Stub::ListPodSandbox, sq, &sr, options_.deadline); !st.ok()) {
+      return failed("the owner of a sandbox", st);
+    }
+    std::string other_ref;
+    for (const auto& sb : sr.items()) {
+      if (Lower(sb.id()) != sandbox_id) continue;
+      if (other.empty()) other = sb.metadata().uid();
+      other_ref = absl::StrCat(sb.metadata().namespace_(), "/", sb.metadata().name());
+    }
+    if (!other.empty() && other != uid) {
+      Log()->warn("event=container_of_another_pod cgroup_pod={} container={} runtime_pod={} runtime_uid={}", uid,
+                  container, LogQuoted(other_ref), other);
+    }
+  }
+
+  absl::MutexLock l(&mu_);
+  if (auto old = pods_.find(uid); old != pods_.end()) {
+    for (const std::string& id : old->second.ids) {
+      if (auto o = owner_.find(id); o != owner_.end() && o->second == uid) owner_.erase(o);
+    }
+    pods_.erase(old);
+  }
+  if (found) {
+    for (const std::string& id : fresh.ids) owner_[id] = uid;
+    fresh.used = ++clock_;
+    pods_[uid] = std::move(fresh);
+  }
+  if (!other.empty() && other != uid) owner_[container] = other;
+  Evict();
   return absl::OkStatus();
 }
 
-std::string CriPodSource::OwnerUid(const std::string& container_id) const {
-  auto c = container_sandbox_.find(container_id);
-  // Not a container: perhaps a sandbox, in its own (pause container's) cgroup.
-  const std::string& sandbox = c == container_sandbox_.end() ? container_id : c->second;
-  auto s = sandbox_uid_.find(sandbox);
-  return s == sandbox_uid_.end() ? "" : s->second;
+void CriPodSource::Evict() {
+  while (pods_.size() > options_.max_cached_pods) {
+    auto lru = std::min_element(pods_.begin(), pods_.end(),
+                                [](const auto& a, const auto& b) { return a.second.used < b.second.used; });
+    for (const std::string& id : lru->second.ids) owner_.erase(id);
+    pods_.erase(lru);
+  }
+  // Containers seen under pods that are not cached (refusals) are forgotten
+  // in bulk once they outnumber what the cached pods could hold.
+  if (owner_.size() > 16 * options_.max_cached_pods + 1024) {
+    owner_.clear();
+    for (const auto& [uid, p] : pods_) {
+      for (const std::string& id : p.ids) owner_[id] = uid;
+    }
+  }
+}
+
+std::optional<absl::StatusOr<PodInfo>> CriPodSource::ResolveCached(const PeerIdentity& peer) {
+  if (!peer.cgroup.in_pod()) return fallback_->ResolveCached(peer);
+  if (peer.cgroup.container_id.empty()) return Resolve(peer);  // refused without asking anyone
+  absl::MutexLock l(&mu_);
+  std::optional<absl::StatusOr<PodInfo>> d = Decide(peer);
+  if (d && d->ok()) ++resolves_["cached"];
+  return d;
 }
 
 absl::StatusOr<PodInfo> CriPodSource::Resolve(const PeerIdentity& peer) {
   if (!peer.cgroup.in_pod()) return fallback_->Resolve(peer);
   const std::string& uid = peer.cgroup.pod_uid;
-  const std::string& container = peer.cgroup.container_id;  // lowercase, as the keys of container_sandbox_
+  const std::string& container = peer.cgroup.container_id;
   if (container.empty()) {
     return absl::PermissionDeniedError(absl::StrCat(
         "the client's cgroup ", peer.cgroup.path, " is pod ", uid, "'s own cgroup, in none of its containers; ",
         "the kubelet never runs processes there: run the client in one of the pod's containers"));
   }
+  bool looked_up = false;
+  for (int round = 0; round < 2 && !looked_up; ++round) {
+    std::shared_ptr<absl::Notification> mine, theirs;
+    {
+      absl::MutexLock l(&mu_);
+      if (std::optional<absl::StatusOr<PodInfo>> d = Decide(peer)) {
+        if (d->ok()) ++resolves_[round == 0 ? "cached" : "looked_up"];
+        return *std::move(d);
+      }
+      auto it = inflight_.find(uid);
+      if (it != inflight_.end()) {
+        theirs = it->second;
+      } else {
+        mine = std::make_shared<absl::Notification>();
+        inflight_[uid] = mine;
+      }
+    }
+    if (theirs) {  // another client of this pod is asking already: share its answer
+      theirs->WaitForNotificationWithTimeout(4 * options_.deadline);
+      continue;
+    }
+    absl::Status st = LookUp(uid, container);
+    {
+      absl::MutexLock l(&mu_);
+      inflight_.erase(uid);
+      if (!st.ok()) ++resolves_["runtime_error"];
+    }
+    mine->Notify();
+    if (!st.ok()) return st;
+    looked_up = true;
+  }
   absl::MutexLock l(&mu_);
-  auto pod = by_uid_.find(uid);
-  std::string owner = OwnerUid(container);
-  if ((pod == by_uid_.end() || owner.empty()) && absl::Now() - last_refresh_ >= absl::Milliseconds(500)) {
-    PODLINK_RETURN_IF_ERROR(Refresh());
-    pod = by_uid_.find(uid);
-    owner = OwnerUid(container);
+  if (std::optional<absl::StatusOr<PodInfo>> d = Decide(peer)) {
+    if (d->ok()) ++resolves_["looked_up"];
+    return *std::move(d);
   }
-  auto describe = [&](const std::string& u) {
-    auto it = by_uid_.find(u);
-    return it == by_uid_.end() ? absl::StrCat("uid ", u) : absl::StrCat(it->second.Ref(), " (uid ", u, ")");
-  };
-  // A container never changes pods, so a disagreement found in the cache is final.
-  if (!owner.empty() && owner != uid) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "the client's cgroup ", peer.cgroup.path, " names pod ", describe(uid), ", but the container runtime at ",
-        socket_, " lists its container ", container, " under pod ", describe(owner),
-        "; podlinkd identifies a client only when its cgroup's pod and container agree: run the client in a "
-        "container of its own pod, not in a cgroup made for, or moved into, another pod's"));
-  }
-  if (pod == by_uid_.end()) {
+  ++resolves_["unknown"];
+  auto pod = pods_.find(uid);
+  if (pod == pods_.end()) {
     return absl::UnavailableError(absl::StrCat("pod ", uid, " (from the client's cgroup) is not known to the ",
-                                               "container runtime at ", socket_));
+                                               "container runtime at ", socket_, "; retry once the pod is running"));
   }
-  if (owner.empty()) {
-    return absl::UnavailableError(absl::StrCat("container ", container, " (from the client's cgroup) of pod ",
-                                               describe(uid), " is not known to the container runtime at ", socket_,
-                                               "; retry once the runtime lists it"));
-  }
-  return pod->second;  // the broker sets the identity key from the kernel's facts
+  return absl::UnavailableError(absl::StrCat("container ", container, " (from the client's cgroup) of pod ",
+                                             pod->second.pod.Ref(), " is not listed by the container runtime at ",
+                                             socket_, "; retry once it is running"));
 }
 
 }  // namespace podlink
