@@ -345,7 +345,7 @@ def main():
         def probe_passes():
             """The manifest's readiness probe, as the kubelet runs it (host network: the node's address)."""
             if "exec" in rp:
-                code, out, err = kube.exec(d_cid, rp["exec"]["command"], timeout=5)
+                code, out, err = kube.exec(daemon["cid"], rp["exec"]["command"], timeout=5)
                 return code == 0, out + err
             port = rp["httpGet"]["port"]
             if isinstance(port, str):
@@ -357,32 +357,39 @@ def main():
                 return False, f"{e.code} {e.read().decode()}"
             except OSError as e:
                 return False, str(e)
-        d_uid = str(uuid.uuid4())
-        d_sid, d_cfg = kube.sandbox("podlink-system", "podlinkd-node1", d_uid, qos="burstable", host_pid=True)
-        pods.append(d_sid)
-        init_id = kube.container(d_sid, d_cfg, init_c["name"], init_c["command"], init_c.get("args", []),
-                                 mounts_of(init_c))
-        for _ in range(100):
-            st = cri("ContainerStatus", pb.ContainerStatusRequest(container_id=init_id)).status
-            if st.state == pb.CONTAINER_EXITED:
-                break
-            time.sleep(0.1)
-        check(st.state == pb.CONTAINER_EXITED and st.exit_code == 0, "the init container installed the client files",
-              f"state {st.state} exit {st.exit_code}")
-        installed = sorted(os.listdir(host["host-lib"]))
-        check(installed == ["libnccl-net-podlink.so", "libpodlink.so.0", "podlink-demo"],
-              "host library directory holds exactly the client files", str(installed))
-        env = {e["name"]: "podlinkd-node1" for e in main_c.get("env", []) if e["name"] == "NODE_NAME"}
-        d_cid = kube.container(d_sid, d_cfg, "podlinkd", [], args, mounts_of(main_c), privileged=True, env=env)
-        for _ in range(150):
-            ready, said = probe_passes()
-            if ready:
-                break
-            time.sleep(0.2)
-        check(ready, "podlinkd from the image passes the manifest's readiness probe", said)
-        d_pid = container_pid(ctd, d_cid)
-        check(os.readlink(f"/proc/{d_pid}/ns/pid") == os.readlink("/proc/self/ns/pid"),
-              "podlinkd runs in the host PID namespace (the test's own)")
+
+        daemon = {}
+
+        def start_podlinkd(pod_name):
+            """The DaemonSet's pod: a new sandbox, its init container, then podlinkd until the probe passes."""
+            sid, cfg = kube.sandbox("podlink-system", pod_name, str(uuid.uuid4()), qos="burstable", host_pid=True)
+            pods.append(sid)
+            init_id = kube.container(sid, cfg, init_c["name"], init_c["command"], init_c.get("args", []),
+                                     mounts_of(init_c))
+            for _ in range(100):
+                st = cri("ContainerStatus", pb.ContainerStatusRequest(container_id=init_id)).status
+                if st.state == pb.CONTAINER_EXITED:
+                    break
+                time.sleep(0.1)
+            check(st.state == pb.CONTAINER_EXITED and st.exit_code == 0,
+                  f"{pod_name}: the init container installed the client files", f"state {st.state} exit {st.exit_code}")
+            installed = sorted(os.listdir(host["host-lib"]))
+            check(installed == ["libnccl-net-podlink.so", "libpodlink.so.0", "podlink-demo"],
+                  f"{pod_name}: the host library directory holds exactly the client files", str(installed))
+            env = {e["name"]: "node1" for e in main_c.get("env", []) if e["name"] == "NODE_NAME"}
+            daemon["cid"] = kube.container(sid, cfg, "podlinkd", [], args, mounts_of(main_c), privileged=True, env=env)
+            daemon["sid"] = sid
+            for _ in range(150):
+                ready, said = probe_passes()
+                if ready:
+                    break
+                time.sleep(0.2)
+            check(ready, f"{pod_name}: podlinkd from the image passes the manifest's readiness probe", said)
+            pid = container_pid(ctd, daemon["cid"])
+            check(os.readlink(f"/proc/{pid}/ns/pid") == os.readlink("/proc/self/ns/pid"),
+                  f"{pod_name}: podlinkd runs in the host PID namespace (the test's own)")
+
+        start_podlinkd("podlinkd-abcde")
 
         # --- 2. pods through CRI -------------------------------------------------
         group = {"podlink.io/peer-group": "job-1"}
@@ -410,6 +417,7 @@ def main():
               "a pod of the same peer group imports the export and reads it byte for byte",
               json.dumps(imp) + " exporter: " + container_log(kube, a, "exporter"))
         denied = kube.demo(c, "import", "--name", "kv")
+        log(f"refusal as the client sees it: {denied.get('code')}: {denied.get('message')}")
         check(denied.get("code") in ("PERMISSION_DENIED", "NOT_FOUND") and denied.get("message"),
               "a pod outside the peer group is refused, with a reason", json.dumps(denied))
         del exp
@@ -462,6 +470,7 @@ def main():
         finally:
             ctd.proc.send_signal(signal.SIGCONT)
         out, _ = waiting.communicate(timeout=30)
+        log(f"unknown pod as the client sees it: {out.strip()}")
         check('"UNAVAILABLE"' in out and "not known to the container runtime" in out,
               "once containerd answers, the unknown pod is refused with the reason", out)
         os.rmdir(stranger_cg)
@@ -487,6 +496,34 @@ def main():
                 break
             time.sleep(0.2)
         check(ready, "podlinkd is ready again after the runtime restart", said)
+
+        # --- podlinkd replaced (docs/kubernetes.md, "Restarts and upgrades") -----------------
+        # The OnDelete upgrade: the podlinkd pod is deleted and the DaemonSet makes a new one. Running pods keep
+        # their /run/podlink mount and reach the new podlinkd with new sessions.
+        old_sid = daemon["sid"]
+        kube.remove_pod(old_sid)
+        pods.remove(old_sid)
+        down = kube.demo(a, "info")
+        log(f"podlinkd gone, as a client sees it: {down.get('code')}: {down.get('message')}")
+        check(down.get("code") == "UNAVAILABLE", "with podlinkd's pod deleted, clients are told it is unreachable",
+              json.dumps(down))
+        start_podlinkd("podlinkd-fghij")
+        check(kube.demo(a, "info").get("identity", {}).get("pod") == "prefill-0",
+              "a running pod reaches the new podlinkd (new session) without a restart of its own")
+        exp2 = kube.container(a["sandbox"], a["config"], "exporter-2",
+                              [DEMO, "export", "--size", "1048576", "--name", "kv", "--seed", "9", "--await-import"],
+                              mounts=[(host["run-podlink"], "/run/podlink", False)],
+                              env={"PODLINK_SOCKET_DIR": "/run/podlink"})
+        imp = {}
+        for _ in range(50):
+            imp = kube.demo(b, "import", "--name", "kv", "--verify", "9", want="verified")
+            if imp.get("code") != "NOT_FOUND":
+                break
+            time.sleep(0.2)
+        check(imp.get("event") == "verified" and imp.get("mismatches") == 0,
+              "after the upgrade, exported again and imported again, byte for byte",
+              json.dumps(imp) + " exporter: " + container_log(kube, a, "exporter-2"))
+        del exp2
         log(f"PASS: {CHECKS} checks")
     finally:
         if kube is not None and ctd is not None and ctd.proc is not None:
