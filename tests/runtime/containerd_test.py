@@ -460,13 +460,15 @@ def main():
         ctd.proc.send_signal(signal.SIGSTOP)
         try:
             waiting = start([os.path.join(stranger_cg, "cgroup.procs")], [demo_host, "info"])
+            time.sleep(0.5)  # connected by now, and waiting in podlinkd for the stopped runtime
+            check(waiting.poll() is None, "with containerd stopped, a new pod's client waits for the runtime")
             t0 = time.time()
             known = start(cgroup_files(a_pid), [DEMO, "info"], ns_pid=a_pid)
             out, err = known.communicate(timeout=20)
             took = time.time() - t0
             check('"prefill-0"' in out, f"with containerd stopped, a known pod's client is served ({took:.2f} s)",
                   out + err)
-            check(waiting.poll() is None, "while a new pod's client waits for the runtime")
+            check(waiting.poll() is None, "and the new pod's client is still waiting")
         finally:
             ctd.proc.send_signal(signal.SIGCONT)
         out, _ = waiting.communicate(timeout=30)
