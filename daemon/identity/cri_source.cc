@@ -20,8 +20,8 @@ std::shared_ptr<spdlog::logger> Log() {
   return l ? l : spdlog::default_logger();
 }
 
-std::chrono::system_clock::time_point DeadlineIn(absl::Duration d) {
-  return std::chrono::system_clock::now() + absl::ToChronoNanoseconds(d);
+std::chrono::system_clock::time_point ToChrono(absl::Time t) {
+  return std::chrono::system_clock::now() + absl::ToChronoNanoseconds(t - absl::Now());
 }
 
 std::string Lower(const std::string& s) { return absl::AsciiStrToLower(s); }
@@ -55,9 +55,9 @@ CriPodSource::~CriPodSource() {
 }
 
 template <typename Req, typename Resp, typename Method>
-grpc::Status CriPodSource::Call(Method method, const Req& req, Resp* resp, absl::Duration deadline) {
+grpc::Status CriPodSource::Call(Method method, const Req& req, Resp* resp, absl::Time deadline) {
   grpc::ClientContext ctx;
-  ctx.set_deadline(DeadlineIn(deadline));
+  ctx.set_deadline(ToChrono(deadline));
   ctx.set_wait_for_ready(true);  // a channel reconnecting after a runtime restart is waited for, not failed
   grpc::Status st = (stub_.get()->*method)(&ctx, req, resp);
   absl::MutexLock l(&mu_);
@@ -84,7 +84,7 @@ void CriPodSource::Probe() {
     runtime::v1::VersionRequest req;
     req.set_version("v1");
     runtime::v1::VersionResponse resp;
-    grpc::Status st = Call(&runtime::v1::RuntimeService::Stub::Version, req, &resp, options_.deadline);
+    grpc::Status st = Call(&runtime::v1::RuntimeService::Stub::Version, req, &resp, absl::Now() + options_.deadline);
     if (st.ok()) {
       absl::MutexLock l(&mu_);
       runtime_name_ = absl::StrCat(resp.runtime_name(), " ", resp.runtime_version());
@@ -145,16 +145,18 @@ absl::Status CriPodSource::LookUp(const std::string& uid, const std::string& con
     return absl::UnavailableError(absl::StrCat("the container runtime at ", socket_, " did not list ", what,
                                                " of pod ", uid, ": ", st.error_message()));
   };
+  // One deadline for the whole lookup (up to four calls): a stalled runtime holds a client that long at most.
+  const absl::Time deadline = absl::Now() + options_.deadline;
   runtime::v1::ListPodSandboxRequest sreq;
   (*sreq.mutable_filter()->mutable_label_selector())[kPodUidLabel] = uid;
   runtime::v1::ListPodSandboxResponse sandboxes;
-  if (grpc::Status st = Call(&Stub::ListPodSandbox, sreq, &sandboxes, options_.deadline); !st.ok()) {
+  if (grpc::Status st = Call(&Stub::ListPodSandbox, sreq, &sandboxes, deadline); !st.ok()) {
     return failed("the sandboxes", st);
   }
   runtime::v1::ListContainersRequest creq;
   (*creq.mutable_filter()->mutable_label_selector())[kPodUidLabel] = uid;
   runtime::v1::ListContainersResponse containers;
-  if (grpc::Status st = Call(&Stub::ListContainers, creq, &containers, options_.deadline); !st.ok()) {
+  if (grpc::Status st = Call(&Stub::ListContainers, creq, &containers, deadline); !st.ok()) {
     return failed("the containers", st);
   }
 
@@ -191,7 +193,7 @@ absl::Status CriPodSource::LookUp(const std::string& uid, const std::string& con
     runtime::v1::ListContainersRequest q;
     q.mutable_filter()->set_id(container);
     runtime::v1::ListContainersResponse r;
-    if (grpc::Status st = Call(&Stub::ListContainers, q, &r, options_.deadline); !st.ok()) {
+    if (grpc::Status st = Call(&Stub::ListContainers, q, &r, deadline); !st.ok()) {
       return failed("the owner of a container", st);
     }
     std::string sandbox;
@@ -206,7 +208,7 @@ absl::Status CriPodSource::LookUp(const std::string& uid, const std::string& con
     runtime::v1::ListPodSandboxRequest sq;
     sq.mutable_filter()->set_id(sandbox_id);
     runtime::v1::ListPodSandboxResponse sr;
-    if (grpc::Status st = Call(&Stub::ListPodSandbox, sq, &sr, options_.deadline); !st.ok()) {
+    if (grpc::Status st = Call(&Stub::ListPodSandbox, sq, &sr, deadline); !st.ok()) {
       return failed("the owner of a sandbox", st);
     }
     std::string other_ref;
@@ -291,7 +293,7 @@ absl::StatusOr<PodInfo> CriPodSource::Resolve(const PeerIdentity& peer) {
       }
     }
     if (theirs) {  // another client of this pod is asking already: share its answer
-      theirs->WaitForNotificationWithTimeout(4 * options_.deadline);
+      theirs->WaitForNotificationWithTimeout(options_.deadline + absl::Seconds(1));
       continue;
     }
     absl::Status st = LookUp(uid, container);

@@ -41,7 +41,7 @@ namespace podlink {
 inline constexpr char kPodUidLabel[] = "io.kubernetes.pod.uid";
 
 struct CriOptions {
-  absl::Duration deadline = absl::Seconds(3);         // per runtime call
+  absl::Duration deadline = absl::Seconds(3);         // per lookup (and per probe)
   absl::Duration probe_interval = absl::Seconds(5);   // Version, for Ready() and the metrics
   size_t max_cached_pods = 4096;                       // least recently used pods leave first
 };
@@ -72,7 +72,7 @@ class CriPodSource : public PodSource {
   absl::Status LookUp(const std::string& uid, const std::string& container) ABSL_LOCKS_EXCLUDED(mu_);
   // One runtime call, counted, its outcome recorded as the runtime's reachability.
   template <typename Req, typename Resp, typename Method>
-  grpc::Status Call(Method method, const Req& req, Resp* resp, absl::Duration deadline) ABSL_LOCKS_EXCLUDED(mu_);
+  grpc::Status Call(Method method, const Req& req, Resp* resp, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
   void Probe();
   void Evict() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
