@@ -13,9 +13,33 @@ struct fmt::formatter<absl::string_view> : fmt::formatter<fmt::string_view> {
   }
 };
 
+#include <memory>
+#include <mutex>
 #include <string>
 
 namespace podlink {
+
+// The logger of one daemon component ("broker", "relay", ...): the one podlinkd
+// registers for it at start, or spdlog's default where none is (tests, tools).
+// Looked up once, at the first call. Each file defines
+//   namespace { const ComponentLog Log("relay"); }
+// and logs with Log()->info(...).
+class ComponentLog {
+ public:
+  explicit ComponentLog(const char* component) : component_(component) {}
+  const std::shared_ptr<spdlog::logger>& operator()() const {
+    std::call_once(once_, [this] {
+      logger_ = spdlog::get(component_);
+      if (!logger_) logger_ = spdlog::default_logger();
+    });
+    return logger_;
+  }
+
+ private:
+  const char* const component_;
+  mutable std::once_flag once_;
+  mutable std::shared_ptr<spdlog::logger> logger_;
+};
 
 // A value for a key=value log field: in double quotes, with backslashes,
 // quotes and control characters escaped, so text a client controls (a status

@@ -25,10 +25,7 @@
 namespace podlink {
 namespace {
 
-std::shared_ptr<spdlog::logger> Log() {
-  static auto l = spdlog::get("broker");
-  return l ? l : spdlog::default_logger();
-}
+const ComponentLog Log("broker");
 
 std::string ReadBootId() {
   std::ifstream f("/proc/sys/kernel/random/boot_id");

@@ -27,10 +27,7 @@ constexpr int kOpeners = 4;
 constexpr size_t kMaxWaiting = 256;       // clients waiting for the pod source, in all
 constexpr size_t kMaxWaitingPerPod = 16;  // and per pod
 
-std::shared_ptr<spdlog::logger> Log() {
-  static auto l = spdlog::get("fdchan");
-  return l ? l : spdlog::default_logger();
-}
+const ComponentLog Log("fdchan");
 
 }  // namespace
 

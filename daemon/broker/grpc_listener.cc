@@ -27,10 +27,7 @@ constexpr uint64_t kListenKey = 0;
 constexpr uint64_t kWakeKey = 1;
 constexpr int kAcceptsPerWake = 64;
 
-std::shared_ptr<spdlog::logger> Log() {
-  static auto l = spdlog::get("grpc");
-  return l ? l : spdlog::default_logger();
-}
+const ComponentLog Log("grpc");
 
 int64_t MonotonicSeconds() {
   timespec ts{};

@@ -14,10 +14,7 @@
 namespace podlink {
 namespace {
 
-std::shared_ptr<spdlog::logger> Log() {
-  static auto l = spdlog::get("deviceplugin");
-  return l ? l : spdlog::default_logger();
-}
+const ComponentLog Log("deviceplugin");
 
 std::string DeviceId(int i) { return absl::StrCat("podlink-peer-", i); }
 

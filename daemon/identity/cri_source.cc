@@ -15,10 +15,7 @@
 namespace podlink {
 namespace {
 
-std::shared_ptr<spdlog::logger> Log() {
-  static auto l = spdlog::get("identity");
-  return l ? l : spdlog::default_logger();
-}
+const ComponentLog Log("identity");
 
 std::chrono::system_clock::time_point ToChrono(absl::Time t) {
   return std::chrono::system_clock::now() + absl::ToChronoNanoseconds(t - absl::Now());

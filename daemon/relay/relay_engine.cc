@@ -15,10 +15,7 @@
 namespace podlink {
 namespace {
 
-std::shared_ptr<spdlog::logger> Log() {
-  static auto l = spdlog::get("relay");
-  return l ? l : spdlog::default_logger();
-}
+const ComponentLog Log("relay");
 
 constexpr uint64_t kWakeKey = ~uint64_t{0};
 
