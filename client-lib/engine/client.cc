@@ -280,12 +280,18 @@ absl::Status GoodbyeStatus(int sock, const FdMessage& m) {
   if (m.b > 0 && m.b <= kGoodbyeTextMax) {
     std::string buf(kGoodbyeTextMax, '\0');
     pollfd p{sock, POLLIN, 0};  // sent right after GOODBYE, perhaps not here yet
-    ssize_t n = ::poll(&p, 1, 1000) == 1 ? ::recv(sock, buf.data(), buf.size(), MSG_DONTWAIT) : -1;
+    int ready;
+    do {
+      ready = ::poll(&p, 1, 1000);
+    } while (ready < 0 && errno == EINTR);
+    ssize_t n = ready == 1 ? ::recv(sock, buf.data(), buf.size(), MSG_DONTWAIT) : -1;
     if (n > 0) reason.assign(buf.data(), static_cast<size_t>(std::min<uint64_t>(m.b, static_cast<uint64_t>(n))));
   }
-  // Printable text only: it ends up in the caller's logs and terminals.
+  // Printable ASCII only: it ends up in the caller's logs and terminals, and
+  // parts of it (a cgroup path, the runtime's error) are not podlinkd's words.
   for (char& c : reason) {
-    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = ' ';
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u >= 0x7f) c = '?';
   }
   if (reason.empty()) {
     reason = "its log names the reason (commonly: the daemon does not run in the host PID namespace, or its session "

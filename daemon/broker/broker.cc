@@ -150,7 +150,11 @@ absl::StatusOr<std::shared_ptr<Session>> Broker::FinishOpen(UniqueFd sock, absl:
   // GOODBYE carries the code; the reason follows as one more packet of text
   // (the pod source's texts name only the client's own facts).
   auto goodbye = [&](const absl::Status& why) {
-    const std::string text(why.message().substr(0, kGoodbyeTextMax));
+    absl::string_view text = why.message().substr(0, kGoodbyeTextMax);
+    if (why.message().size() > kGoodbyeTextMax) {  // cut at a character boundary, not inside one
+      while (!text.empty() && (static_cast<unsigned char>(text.back()) & 0xc0) == 0x80) text.remove_suffix(1);
+      if (!text.empty() && static_cast<unsigned char>(text.back()) >= 0xc0) text.remove_suffix(1);
+    }
     FdMessage m;
     m.type = static_cast<uint16_t>(FdMsgType::kGoodbye);
     m.a = static_cast<uint64_t>(why.code());

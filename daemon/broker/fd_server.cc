@@ -1,5 +1,6 @@
 #include "daemon/broker/fd_server.h"
 
+#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -24,8 +25,8 @@ constexpr uint64_t kWakeKey = ~uint64_t{0};
 constexpr uint64_t kOpenedKey = ~uint64_t{1};
 constexpr int kMessagesPerWake = 32;
 constexpr int kOpeners = 4;
-constexpr size_t kMaxWaiting = 256;       // clients waiting for the pod source, in all
-constexpr size_t kMaxWaitingPerPod = 16;  // and per pod
+constexpr size_t kMaxWaiting = 512;      // clients waiting for the pod source, in all
+constexpr size_t kMaxWaitingPerPod = 8;  // and per pod
 
 const ComponentLog Log("fdchan");
 
@@ -90,10 +91,14 @@ void FdServer::Stop() {
   for (std::thread& t : openers_) t.join();  // one asking the runtime returns within its deadline
   openers_.clear();
   std::vector<std::shared_ptr<Session>> opened;
+  std::deque<Waiting> waiting;
   {
     absl::MutexLock l(&open_mu_);
     opened.swap(opened_);
-    waiting_.clear();  // their clients see the channel close
+    waiting.swap(waiting_);
+  }
+  for (Waiting& w : waiting) {
+    (void)broker_->FinishOpen(std::move(w.sock), std::move(w.peer), absl::UnavailableError("podlinkd is stopping"));
   }
   for (auto& s : opened) sessions_[s->id] = s;
   for (auto& [id, s] : sessions_) broker_->CloseSession(id, "daemon stopping");
@@ -166,9 +171,8 @@ void FdServer::Accept() {
     if (!queued) {
       Register(broker_->FinishOpen(
           std::move(sock), std::move(peer),
-          absl::ResourceExhaustedError(absl::StrCat(
-              "podlinkd is already waiting for the container runtime on ", kMaxWaitingPerPod,
-              " connections from this pod (or ", kMaxWaiting, " in all); retry in a moment"))));
+          absl::ResourceExhaustedError(absl::StrCat("podlinkd is already waiting for the container runtime on ",
+                                                    "other connections from this pod; retry in a moment"))));
     }
   }
 }
@@ -194,18 +198,25 @@ void FdServer::Opener() {
       if (it != waiting_per_pod_.end() && --it->second == 0) waiting_per_pod_.erase(it);
       resolving_.insert(w.peer.cgroup.pod_uid);
     }
-    absl::StatusOr<PodInfo> pod = broker_->ResolvePod(w.peer);
+    // A client that gave up waiting (its connect timed out) is not worth a lookup.
+    pollfd hup{w.sock.get(), POLLRDHUP, 0};
+    const bool gone = ::poll(&hup, 1, 0) == 1 && (hup.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+    absl::StatusOr<PodInfo> pod = gone ? absl::CancelledError("the client hung up while waiting")
+                                       : broker_->ResolvePod(w.peer);
+    bool stopping;
     {
       absl::MutexLock l(&open_mu_);
       resolving_.erase(w.peer.cgroup.pod_uid);
       open_cv_.SignalAll();  // that pod's next client may go now
+      stopping = stopping_;
     }
+    if (gone) continue;
+    if (stopping) pod = absl::UnavailableError("podlinkd is stopping");
     absl::StatusOr<std::shared_ptr<Session>> s = broker_->FinishOpen(std::move(w.sock), std::move(w.peer), pod);
     if (!s.ok()) {
       Log()->warn("event=session_refused reason={}", LogQuoted(s.status().ToString()));
       continue;
     }
-    bool stopping;
     {
       absl::MutexLock l(&open_mu_);
       stopping = stopping_;

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -59,35 +60,42 @@ grpc::Status CriPodSource::Call(Method method, const Req& req, Resp* resp, absl:
   grpc::Status st = (stub_.get()->*method)(&ctx, req, resp);
   absl::MutexLock l(&mu_);
   ++calls_[st.ok() ? "ok" : "error"];
-  if (st.ok()) {
-    reached_ = answered_once_ = true;
-    runtime_error_.clear();
-  } else if (st.error_code() == grpc::StatusCode::UNAVAILABLE ||
-             st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-    if (reached_ || runtime_error_ != st.error_message()) {
-      Log()->warn("event=container_runtime_unreachable socket={} error={}", socket_, LogQuoted(st.error_message()));
-    }
-    reached_ = false;
-    runtime_error_ = st.error_message();
-  } else {
-    reached_ = answered_once_ = true;  // it answered, if not with what was asked
-  }
   return st;
 }
 
+// Readiness follows the prober's Version calls only: one slow lookup on a busy
+// node does not make podlinkd unready, and a runtime that answers everything
+// with UNIMPLEMENTED (no CRI v1) does not make it ready.
 void CriPodSource::Probe() {
-  bool was = false;
   do {
     runtime::v1::VersionRequest req;
     req.set_version("v1");
     runtime::v1::VersionResponse resp;
     grpc::Status st = Call(&runtime::v1::RuntimeService::Stub::Version, req, &resp, absl::Now() + options_.deadline);
-    if (st.ok()) {
-      absl::MutexLock l(&mu_);
-      runtime_name_ = absl::StrCat(resp.runtime_name(), " ", resp.runtime_version());
-      if (!was) Log()->info("event=container_runtime_reached socket={} runtime={}", socket_, LogQuoted(runtime_name_));
+    std::string error;
+    if (st.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+      error = "it does not serve the CRI v1 RuntimeService (containerd >= 1.6, CRI-O >= 1.20 do): " +
+              st.error_message();
+    } else if (!st.ok()) {
+      error = st.error_message();
     }
-    was = st.ok();
+    bool changed;
+    std::string name = absl::StrCat(resp.runtime_name(), " ", resp.runtime_version());
+    {
+      absl::MutexLock l(&mu_);
+      changed = reached_ != error.empty() || runtime_error_ != error;
+      reached_ = error.empty();
+      if (reached_) {
+        answered_once_ = true;
+        runtime_name_ = name;
+      }
+      runtime_error_ = error;
+    }
+    if (changed && error.empty()) {  // logged without the lock: a slow log sink must not hold up lookups
+      Log()->info("event=container_runtime_reached socket={} runtime={}", socket_, LogQuoted(name));
+    } else if (changed) {
+      Log()->warn("event=container_runtime_unreachable socket={} error={}", socket_, LogQuoted(error));
+    }
   } while (!stop_.WaitForNotificationWithTimeout(options_.probe_interval));
 }
 
@@ -113,16 +121,21 @@ std::string CriPodSource::RenderMetrics() const {
   return out;
 }
 
-std::optional<absl::StatusOr<PodInfo>> CriPodSource::Decide(const PeerIdentity& peer) {
+std::optional<absl::StatusOr<PodInfo>> CriPodSource::Decide(const PeerIdentity& peer, std::string* warn) {
   const std::string& uid = peer.cgroup.pod_uid;
   const std::string& container = peer.cgroup.container_id;  // lowercase, as the cache's ids
   auto o = owner_.find(container);
-  if (o == owner_.end()) return std::nullopt;
+  if (o == owner_.end()) return RecentFailure(uid);
   if (o->second != uid) {
     // A container never changes pods: final. The other pod is named in the
-    // log only; the client learns nothing about it.
-    Log()->warn("event=cgroup_pod_mismatch pid={} cgroup={} cgroup_pod={} container={} runtime_uid={}", peer.pid,
-                LogQuoted(peer.cgroup.path), uid, container, o->second);
+    // log only (once per pod every 10 s); the client learns nothing about it.
+    absl::Time& last = warned_[uid];
+    if (absl::Now() - last >= absl::Seconds(10)) {
+      last = absl::Now();
+      *warn = absl::StrCat("event=cgroup_pod_mismatch pid=", peer.pid, " cgroup=", LogQuoted(peer.cgroup.path),
+                           " cgroup_pod=", uid, " container=", container, " runtime_uid=", o->second);
+    }
+    if (warned_.size() > 4096) warned_.clear();
     ++resolves_["refused"];
     return absl::StatusOr<PodInfo>(absl::PermissionDeniedError(absl::StrCat(
         "the client's cgroup ", peer.cgroup.path, " names pod ", uid, ", but the container runtime at ", socket_,
@@ -131,9 +144,17 @@ std::optional<absl::StatusOr<PodInfo>> CriPodSource::Decide(const PeerIdentity& 
         "for, or moved into, another pod's")));
   }
   auto p = pods_.find(uid);
-  if (p == pods_.end()) return std::nullopt;
+  if (p == pods_.end()) return RecentFailure(uid);
   p->second.used = ++clock_;
   return absl::StatusOr<PodInfo>(p->second.pod);  // the broker sets the identity key from the kernel's facts
+}
+
+std::optional<absl::StatusOr<PodInfo>> CriPodSource::RecentFailure(const std::string& uid) {
+  auto f = failed_.find(uid);
+  if (f == failed_.end()) return std::nullopt;
+  if (absl::Now() < f->second.until) return absl::StatusOr<PodInfo>(f->second.status);
+  failed_.erase(f);
+  return std::nullopt;
 }
 
 absl::Status CriPodSource::LookUp(const std::string& uid, const std::string& container) {
@@ -241,7 +262,9 @@ void CriPodSource::Evict() {
   while (pods_.size() > options_.max_cached_pods) {
     auto lru = std::min_element(pods_.begin(), pods_.end(),
                                 [](const auto& a, const auto& b) { return a.second.used < b.second.used; });
-    for (const std::string& id : lru->second.ids) owner_.erase(id);
+    for (const std::string& id : lru->second.ids) {
+      if (auto o = owner_.find(id); o != owner_.end() && o->second == lru->first) owner_.erase(o);
+    }
     pods_.erase(lru);
   }
   // Containers seen under pods that are not cached (refusals) are forgotten
@@ -257,9 +280,14 @@ void CriPodSource::Evict() {
 std::optional<absl::StatusOr<PodInfo>> CriPodSource::ResolveCached(const PeerIdentity& peer) {
   if (!peer.cgroup.in_pod()) return fallback_->ResolveCached(peer);
   if (peer.cgroup.container_id.empty()) return Resolve(peer);  // refused without asking anyone
-  absl::MutexLock l(&mu_);
-  std::optional<absl::StatusOr<PodInfo>> d = Decide(peer);
-  if (d && d->ok()) ++resolves_["cached"];
+  std::string warn;
+  std::optional<absl::StatusOr<PodInfo>> d;
+  {
+    absl::MutexLock l(&mu_);
+    d = Decide(peer, &warn);
+    if (d && d->ok()) ++resolves_["cached"];
+  }
+  if (!warn.empty()) Log()->warn("{}", warn);
   return d;
 }
 
@@ -267,7 +295,13 @@ absl::StatusOr<PodInfo> CriPodSource::Resolve(const PeerIdentity& peer) {
   if (!peer.cgroup.in_pod()) return fallback_->Resolve(peer);
   const std::string& uid = peer.cgroup.pod_uid;
   const std::string& container = peer.cgroup.container_id;
+  std::string warn;
+  absl::Cleanup log_warning = [&warn] {
+    if (!warn.empty()) Log()->warn("{}", warn);  // after the lock is released
+  };
   if (container.empty()) {
+    absl::MutexLock l(&mu_);
+    ++resolves_["refused"];
     return absl::PermissionDeniedError(absl::StrCat(
         "the client's cgroup ", peer.cgroup.path, " is pod ", uid, "'s own cgroup, in none of its containers; ",
         "the kubelet never runs processes there: run the client in one of the pod's containers"));
@@ -277,7 +311,7 @@ absl::StatusOr<PodInfo> CriPodSource::Resolve(const PeerIdentity& peer) {
     std::shared_ptr<absl::Notification> mine, theirs;
     {
       absl::MutexLock l(&mu_);
-      if (std::optional<absl::StatusOr<PodInfo>> d = Decide(peer)) {
+      if (std::optional<absl::StatusOr<PodInfo>> d = Decide(peer, &warn)) {
         if (d->ok()) ++resolves_[round == 0 ? "cached" : "looked_up"];
         return *std::move(d);
       }
@@ -289,22 +323,32 @@ absl::StatusOr<PodInfo> CriPodSource::Resolve(const PeerIdentity& peer) {
         inflight_[uid] = mine;
       }
     }
-    if (theirs) {  // another client of this pod is asking already: share its answer
+    if (theirs) {  // another client of this pod is asking already: share its answer (or its failure)
       theirs->WaitForNotificationWithTimeout(options_.deadline + absl::Seconds(1));
       continue;
     }
-    absl::Status st = LookUp(uid, container);
+    absl::Status st;
     {
-      absl::MutexLock l(&mu_);
-      inflight_.erase(uid);
-      if (!st.ok()) ++resolves_["runtime_error"];
+      absl::Cleanup done = [&] {  // whatever happens, waiters are released
+        absl::MutexLock l(&mu_);
+        inflight_.erase(uid);
+        if (!st.ok()) {
+          ++resolves_["runtime_error"];
+          // Clients of this pod queued behind this one get the same answer at once, not a lookup each.
+          failed_[uid] = Failure{st, absl::Now() + kFailureMemory};
+          if (failed_.size() > 4096) failed_.clear();
+        } else {
+          failed_.erase(uid);
+        }
+        mine->Notify();
+      };
+      st = LookUp(uid, container);
     }
-    mine->Notify();
     if (!st.ok()) return st;
     looked_up = true;
   }
   absl::MutexLock l(&mu_);
-  if (std::optional<absl::StatusOr<PodInfo>> d = Decide(peer)) {
+  if (std::optional<absl::StatusOr<PodInfo>> d = Decide(peer, &warn)) {
     if (d->ok()) ++resolves_["looked_up"];
     return *std::move(d);
   }

@@ -17,7 +17,8 @@
 // a slow runtime delays only the clients of pods not yet cached; concurrent
 // misses for one pod share one lookup. A new container of a cached pod (a
 // restart, or a re-created sandbox with new annotations) is a miss too, and
-// refreshes the pod. The gRPC channel reconnects within a second after a
+// refreshes the pod. A lookup the runtime did not answer is the answer for
+// that pod for a second. The gRPC channel reconnects within a second after a
 // runtime restart, and a prober asks the runtime's Version every few seconds
 // so that Ready() and the metrics say whether it answers.
 #pragma once
@@ -66,7 +67,11 @@ class CriPodSource : public PodSource {
     uint64_t used = 0;             // lookup clock, for eviction
   };
   // What the cache says of (uid, container): a pod, a final refusal, or nullopt (ask the runtime).
-  std::optional<absl::StatusOr<PodInfo>> Decide(const PeerIdentity& peer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A warning to log (after unlocking) goes to *warn.
+  std::optional<absl::StatusOr<PodInfo>> Decide(const PeerIdentity& peer, std::string* warn)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A miss: nullopt, or the failure of this pod's lookup if it was moments ago.
+  std::optional<absl::StatusOr<PodInfo>> RecentFailure(const std::string& uid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Asks the runtime about pod `uid` (and, if it does not list `container`, whom
   // the container belongs to) and updates the cache. Holds no lock while it waits.
   absl::Status LookUp(const std::string& uid, const std::string& container) ABSL_LOCKS_EXCLUDED(mu_);
@@ -86,8 +91,17 @@ class CriPodSource : public PodSource {
   std::map<std::string, std::string> owner_ ABSL_GUARDED_BY(mu_);    // sandbox/container id -> pod uid
   std::map<std::string, std::shared_ptr<absl::Notification>> inflight_ ABSL_GUARDED_BY(mu_);  // uid -> its lookup
   uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;
+  // A lookup that failed (the runtime did not answer) is the answer for that
+  // pod's next clients for a moment, so a queue of them does not ask again each.
+  struct Failure {
+    absl::Status status;
+    absl::Time until;
+  };
+  static constexpr absl::Duration kFailureMemory = absl::Seconds(1);
+  std::map<std::string, Failure> failed_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, absl::Time> warned_ ABSL_GUARDED_BY(mu_);  // pod uid -> last mismatch warning
 
-  // The runtime's reachability, from the last call that reached a verdict.
+  // The runtime's reachability, from the prober's last Version call.
   bool reached_ ABSL_GUARDED_BY(mu_) = false;
   bool answered_once_ ABSL_GUARDED_BY(mu_) = false;
   std::string runtime_error_ ABSL_GUARDED_BY(mu_) = "not asked yet";
