@@ -331,6 +331,15 @@ struct Harness {
                      static_cast<unsigned long long>(m.msg.seq), static_cast<unsigned long long>(m.msg.a),
                      static_cast<unsigned long long>(want.a));
           FUZZ_CHECK(!m.fd.valid(), "slot %zu: message type %u carried a descriptor", k, m.msg.type);
+          if (want.type == FdMsgType::kGoodbye && m.msg.b > 0) {
+            // The reason follows as one packet of exactly b bytes of text (docs/contract.md).
+            FUZZ_CHECK(m.msg.b <= kGoodbyeTextMax, "slot %zu: GOODBYE announces %llu bytes of reason", k,
+                       static_cast<unsigned long long>(m.msg.b));
+            std::string text(kGoodbyeTextMax + 1, '\0');
+            ssize_t n = ::recv(s.client.get(), text.data(), text.size(), MSG_DONTWAIT);
+            FUZZ_CHECK(n == static_cast<ssize_t>(m.msg.b), "slot %zu: GOODBYE announced %llu bytes, %zd came", k,
+                       static_cast<unsigned long long>(m.msg.b), n);
+          }
           break;
         case FdMsgType::kDeliver: {
           FUZZ_CHECK(m.msg.a == want.a && m.fd.valid(), "slot %zu: DELIVER of export %llu (expected %llu), fd %d", k,
