@@ -473,6 +473,7 @@ TEST(CriSource, ClientsWaitingForTheRuntimeAreBoundedPerPod) {
   PodCgroup pod(RandomPodUid(), "besteffort");
   rt.AddContainer(rt.Add(pod.pod_uid(), "ml", "many-0", ""), pod.container_id());
   Daemon d("{}", {"--pod-source", "cri", "--cri-socket", sock});
+  const int fds_before = d.OpenFds();
   rt.Stall(true);
   std::vector<std::unique_ptr<Pod>> clients;
   for (int i = 0; i < 24; ++i) clients.push_back(std::make_unique<Pod>(d, &pod, std::vector<std::string>{"info"}));
@@ -487,6 +488,15 @@ TEST(CriSource, ClientsWaitingForTheRuntimeAreBoundedPerPod) {
   std::this_thread::sleep_for(std::chrono::milliseconds(1100));
   Pod after(d, &pod, {"info"});
   EXPECT_EQ(after.Expect("info")["identity"]["pod"], "many-0");
+  // Every connection, refused, timed out or served, is closed again in podlinkd.
+  clients.clear();
+  after.Wait();
+  int fds = d.OpenFds();
+  for (int i = 0; i < 100 && fds > fds_before; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    fds = d.OpenFds();
+  }
+  EXPECT_LE(fds, fds_before) << "podlinkd kept descriptors of its clients";
 }
 
 // Clients queued behind a lookup the runtime did not answer get its failure at
