@@ -7,7 +7,7 @@
 #include <new>
 
 #include "client-lib/nccl/nccl_net_abi.h"
-#include "client-lib/nccl/net_core.h"
+#include "client-lib/nccl/api.h"
 
 namespace {
 

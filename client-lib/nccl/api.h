@@ -1,4 +1,4 @@
-// The version-agnostic core of libnccl-net-podlink.so. nccl_net_exports.cc
+// The version-agnostic API of libnccl-net-podlink.so. nccl_net_exports.cc
 // adapts it to NCCL's ncclNet_v8..v11 tables; the conformance tests drive
 // the same tables through dlopen.
 //

@@ -1,0 +1,93 @@
+#include "client-lib/nccl/plugin.h"
+
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <climits>
+#include <cstring>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+
+namespace podlink::ncclnet {
+
+using nccl_abi::kInternalError;
+using nccl_abi::kInvalidArgument;
+using nccl_abi::kInvalidUsage;
+using nccl_abi::kRemoteError;
+using nccl_abi::kSuccess;
+using nccl_abi::kSystemError;
+using nccl_abi::kUnhandledCudaError;
+
+State& S() {
+  // Never destroyed (NCCL may call in while the process exits), and not on
+  // the heap either: NCCL 2.28 dlcloses the plugin after finalize, and a heap
+  // singleton would then leak with each load. Finalize frees what it holds.
+  alignas(State) static unsigned char storage[sizeof(State)];
+  static State* s = new (storage) State();
+  return *s;
+}
+
+Result Fail(Result r, const std::string& what) {
+  WARN("%s", what.c_str());
+  return r;
+}
+
+Result FailStatus(Result r, const char* what, const absl::Status& st) {
+  WARN("%s: %s", what, st.ToString().c_str());
+  return r;
+}
+
+uint64_t Random64() {
+  uint64_t v = 0;
+  if (::getrandom(&v, sizeof(v), 0) != sizeof(v)) v = static_cast<uint64_t>(::getpid()) * 0x9e3779b97f4a7c15ull;
+  return v;
+}
+
+int EnvInt(const char* name, int dflt) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return dflt;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  return (end != v && *end == '\0' && x >= 0 && x <= INT_MAX) ? static_cast<int>(x) : dflt;
+}
+
+bool EnvIs(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, value) == 0;
+}
+
+// One net device per GPU this process sees, each reporting that GPU's PCI
+// path so NCCL keeps its buffers in GPU memory; one host device without GPUs.
+void EnumerateDevices(State& s) {
+  auto drv = cu::LoadDriver();
+  s.cuda = drv.ok() ? *drv : nullptr;
+  int ngpu = 0;
+  if (s.cuda != nullptr && s.cuda->DeviceGetCount(&ngpu) != cu::kSuccess) ngpu = 0;
+  for (int i = 0; i < std::max(ngpu, 1); ++i) {
+    State::Dev d;
+    d.name = absl::StrCat("podlink", i);
+    char bus[32] = {};
+    cu::Device dev = 0;
+    if (i < ngpu && s.cuda->DeviceGet(&dev, i) == cu::kSuccess &&
+        s.cuda->DeviceGetPCIBusId(bus, sizeof(bus), dev) == cu::kSuccess) {
+      std::string id = bus;
+      for (char& ch : id) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      char* real = ::realpath(absl::StrCat("/sys/bus/pci/devices/", id).c_str(), nullptr);
+      if (real != nullptr) {
+        // The GPU's parent (its PCIe switch port, or the root complex):
+        // NCCL places the NIC beside the GPU. With the GPU's own PCI function
+        // as the NIC's path, NCCL 2.28.9 died right after adding the NIC to
+        // its topology on the test machine (docs/nccl.md).
+        d.pci_path = real;
+        std::free(real);
+        if (!EnvIs("PODLINK_NCCL_PCI_PATH", "gpu")) d.pci_path = d.pci_path.substr(0, d.pci_path.rfind('/'));
+      }
+    }
+    s.devs.push_back(d);
+  }
+}
+
+}  // namespace podlink::ncclnet

@@ -1,0 +1,101 @@
+// The NCCL net plugin's process-wide state (what init found, shared cuMem
+// exports, the plugin's own CUDA copy contexts), its logging through NCCL's
+// logger, and small environment helpers.
+#pragma once
+
+#include <atomic>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "client-lib/nccl/api.h"
+#include "client-lib/nccl/handshake.h"
+#include "client-lib/nccl/nccl_net_abi.h"
+#include "client-lib/nccl/net_socket.h"
+#include "common/cuda_driver.h"
+#include "podlink/client.h"
+#include "podlink/transfer.h"
+
+namespace podlink::ncclnet {
+
+// ---------------------------------------------------------------- plugin state
+
+class State {
+ public:
+  std::mutex mu;
+  int refs = 0;
+  nccl_abi::Logger logger = nullptr;
+
+  // What init found.
+  std::string node_id;  // podlinkd's node identity; empty without a daemon
+  std::unique_ptr<Client> client;
+  std::unique_ptr<TransferEngine> engine;
+  const cu::Driver* cuda = nullptr;
+  struct Dev {
+    std::string name, pci_path;
+  };
+  std::vector<Dev> devs;
+  SockAddr listen_addr;
+  std::string ifname;
+  int nsocks = 4;
+  bool tcp_only = false;
+
+  std::map<void*, std::unique_ptr<Connecting>> connecting;  // keyed by the handle buffer NCCL passes again
+  struct SharedExport {
+    LocalRegion region;
+    int refs = 0;
+  };
+  std::map<uint64_t, SharedExport> exports;  // cuMem allocation base -> its export
+  std::map<uint64_t, int> remote_refs;       // remote export -> comms using it
+  int live_comms = 0;
+  std::atomic<int> trace_left{0};  // PODLINK_NCCL_TRACE: operations still to log
+  bool tcp_fallback_kept = false;  // finalize kept state without a podlinkd session
+  std::map<int, cu::Context> copy_ctx;  // CUDA device -> the plugin's own context for staging copies
+
+  void Log(int level, const char* file, int line, const char* fmt, ...) __attribute__((format(printf, 5, 6))) {
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    std::vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    nccl_abi::Logger l = logger;
+    if (l != nullptr) {
+      l(level, nccl_abi::kLogSubsysNet, file, line, "%s", buf);
+    } else if (level == nccl_abi::kLogWarn || std::getenv("PODLINK_NCCL_DEBUG") != nullptr) {
+      std::fprintf(stderr, "NET/podlink: %s\n", buf);
+    }
+  }
+};
+
+// The one State of the process.
+State& S();
+
+#define PLOG(level, ...) S().Log(nccl_abi::level, __FILE__, __LINE__, __VA_ARGS__)
+#define WARN(...) PLOG(kLogWarn, __VA_ARGS__)
+#define INFO(...) PLOG(kLogInfo, __VA_ARGS__)
+// One line per operation while PODLINK_NCCL_TRACE lines remain (debugging).
+#define TRACE_OP(...)                                                                          \
+  do {                                                                                         \
+    if (S().trace_left.load(std::memory_order_relaxed) > 0 && S().trace_left.fetch_sub(1) > 0) \
+      INFO(__VA_ARGS__);                                                                       \
+  } while (0)
+
+
+Result Fail(Result r, const std::string& what);
+Result FailStatus(Result r, const char* what, const absl::Status& st);
+
+uint64_t Random64();
+int EnvInt(const char* name, int dflt);
+bool EnvIs(const char* name, const char* value);
+
+// Fills s.devs and s.cuda: one net device per GPU this process sees.
+void EnumerateDevices(State& s);
+
+}  // namespace podlink::ncclnet

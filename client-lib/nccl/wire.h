@@ -1,0 +1,113 @@
+// Wire formats of the NCCL net plugin: the listen handle NCCL carries between
+// ranks, the hello and welcome of the connection handshake, the TCP
+// transport's frames and the podlink transport's shared control region.
+// Every struct crosses a process boundary, so each size is pinned.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "client-lib/nccl/api.h"
+#include "client-lib/nccl/nccl_net_abi.h"
+
+namespace podlink::ncclnet {
+
+
+constexpr uint32_t kHandleMagic = 0x4b4e4c50;  // "PLNK"
+constexpr uint32_t kHelloMagic = 0x4f4c4548;   // "HELO"
+constexpr uint32_t kCommMagic = 0x4d4d4f43;    // "COMM"
+constexpr uint32_t kListenMagic = 0x4e54534c;  // "LSTN"
+constexpr uint32_t kMrMagic = 0x5247454d;      // "MEGR"
+constexpr uint32_t kRegionMagic = 0x4c525443;  // "CTRL"
+constexpr uint16_t kWireVersion = 1;
+constexpr int kSlots = 64;  // control-region ring slots (> NCCL's 32 requests in flight)
+constexpr int kMaxRequests = nccl_abi::kMaxRequests;
+constexpr uint64_t kSizeError = ~0ull;  // a completion size meaning "this send failed"
+constexpr size_t kMinPiece = 64 << 10;  // smallest share of one TCP data socket
+
+enum class Transport : uint8_t { kTcp = 1, kPodlink = 2 };
+inline const char* TransportName(Transport t) { return t == Transport::kPodlink ? "podlink" : "TCP"; }
+// ---------------------------------------------------------------- wire formats
+
+// The listen handle NCCL carries to the peer (<= 128 bytes). The last 16
+// bytes are the connecting side's own bookkeeping and never trusted as a
+// pointer.
+struct WireHandle {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t family;
+  uint8_t addr[16];
+  uint16_t port;  // network order
+  uint16_t dev;
+  uint32_t pad;
+  uint64_t nonce;
+  char node_id[48];
+  uint64_t connect_cookie;
+  uint64_t reserved;
+};
+static_assert(sizeof(WireHandle) <= nccl_abi::kHandleMaxSize);
+
+struct Hello {  // first bytes on every socket a connect opens
+  uint32_t magic;
+  uint16_t version;
+  uint8_t kind;  // 0 control, 1 data
+  uint8_t transport;
+  uint64_t nonce;    // the listen handle's: proves the connector saw the handle
+  uint64_t conn_id;  // groups a connection's sockets
+  uint32_t nsocks;
+  uint32_t index;
+  uint32_t pid;
+  uint32_t pad;
+  char node_id[48];
+};
+static_assert(sizeof(Hello) == 88);
+
+struct Welcome {  // accept's answer on the control socket
+  uint32_t magic;
+  int32_t status;  // 0 ok
+  uint64_t ctrl_export;
+  uint64_t ctrl_size;
+  char message[40];
+};
+static_assert(sizeof(Welcome) == 64);
+
+enum FrameType : uint32_t { kFrameCts = 1, kFrameData = 2 };
+
+struct Frame {  // TCP control messages
+  uint32_t type;
+  uint32_t index;  // data: which buffer of the grouped receive
+  uint64_t seq;
+  uint32_t n;
+  uint32_t pad;
+  int32_t tags[kMaxRecvs];
+  uint64_t sizes[kMaxRecvs];  // cts: room per buffer; data: sizes[0] = bytes that follow (or kSizeError)
+};
+static_assert(sizeof(Frame) == 120);
+
+// The podlink transport's shared control region (receiver creates it).
+struct alignas(64) CtsSlot {
+  std::atomic<uint64_t> ready;  // seq + 1 once the entry is complete
+  uint32_t n;
+  uint32_t pad;
+  int32_t tags[kMaxRecvs];
+  uint64_t sizes[kMaxRecvs];
+  uint64_t region[kMaxRecvs];  // export id the bytes must land in
+  uint64_t offset[kMaxRecvs];
+};
+struct alignas(64) DoneSlot {
+  std::atomic<uint64_t> state;  // (seq << 8) | mask of completed buffers
+  uint64_t sizes[kMaxRecvs];
+};
+struct CtrlRegion {
+  uint32_t magic;
+  uint32_t version;
+  char pad[56];
+  CtsSlot cts[kSlots];
+  DoneSlot done[kSlots];
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+
+inline uint64_t DoneState(uint64_t seq, uint32_t mask) { return (seq << 8) | mask; }
+
+}  // namespace podlink::ncclnet
