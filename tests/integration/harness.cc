@@ -6,31 +6,22 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <cstring>
+#include <cstdlib>
 #include <fstream>
-#include <random>
 #include <regex>
 #include <sstream>
 #include <thread>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_replace.h"
-#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 
 namespace podlink::testing {
 namespace {
-
-std::mt19937_64& Rng() {
-  static std::mt19937_64 rng(std::random_device{}());
-  return rng;
-}
 
 std::string ReadFile(const std::string& p) {
   std::ifstream f(p);
@@ -47,27 +38,6 @@ const char* BinPath(const char* env, const char* built) {
 }
 
 }  // namespace
-
-std::string RandomPodUid() {
-  uint64_t a = Rng()(), b = Rng()();
-  return absl::StrFormat("%08x-%04x-4%03x-a%03x-%012x", a >> 32, (a >> 16) & 0xffff, a & 0xfff, b >> 52,
-                         b & 0xffffffffffffULL);
-}
-
-std::string Cgroup2Root() {
-  std::ifstream f("/proc/self/mountinfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    // ... mount-point ... - fstype source options
-    std::vector<std::string> halves = absl::StrSplit(line, " - ");
-    if (halves.size() != 2) continue;
-    std::vector<std::string> left = absl::StrSplit(halves[0], ' ');
-    std::vector<std::string> right = absl::StrSplit(halves[1], ' ');
-    if (right.empty() || right[0] != "cgroup2" || left.size() < 5) continue;
-    if (::access(left[4].c_str(), W_OK) == 0) return left[4];
-  }
-  return "";
-}
 
 Daemon::Daemon(const std::string& config_json, std::vector<std::string> extra_args, bool gpu) {
   char tmpl[] = "/tmp/podlink-it-XXXXXX";
@@ -154,67 +124,22 @@ bool Daemon::WaitForLog(const std::string& text, int timeout_ms) const {
 // cgroup root, which every Daemon of the process is configured with.
 std::string TestKubeletRoot() { return absl::StrCat("/podlink-test-", getpid()); }
 
-namespace {
-// Shared levels (the root, kubepods.slice, the QoS slices) outlive single
-// pods; they are removed, deepest first, when the test process exits.
-std::vector<std::string>& SharedCgroupDirs() {
-  static auto* dirs = [] {
-    auto* d = new std::vector<std::string>();
-    std::atexit([] {
-      for (auto it = SharedCgroupDirs().rbegin(); it != SharedCgroupDirs().rend(); ++it) ::rmdir(it->c_str());
-    });
-    return d;
-  }();
-  return *dirs;
-}
-}  // namespace
-
-PodCgroup::PodCgroup(const std::string& pod_uid, const std::string& qos) : pod_uid_(pod_uid) {
-  std::string root = Cgroup2Root();
-  if (root.empty()) {
-    ADD_FAILURE() << "these tests need a writable cgroup2 mount (run as root)";
+PodCgroup::PodCgroup(const std::string& pod_uid, const std::string& qos)
+    : pod_uid_(pod_uid), container_id_(RandomContainerId()) {
+  // The shared levels outlive single pods: removed when the test process exits.
+  static const bool registered = [] { return std::atexit([] { RemoveSharedPodCgroups(0); }) == 0; }();
+  (void)registered;
+  absl::StatusOr<std::vector<std::string>> dirs = MakePodCgroup(TestKubeletRoot(), pod_uid, qos, container_id_);
+  if (!dirs.ok()) {
+    ADD_FAILURE() << dirs.status();
     return;
   }
-  uint64_t r = Rng()();
-  container_id_ = absl::StrFormat("%016x%016x%016x%016x", r, r ^ 0x5555, r ^ 0xaaaa, r ^ 0xffff);
-  std::string u = absl::StrReplaceAll(pod_uid, {{"-", "_"}});
-  std::vector<std::string> shared = {TestKubeletRoot().substr(1), "kubepods.slice"};
-  std::vector<std::string> own;
-  if (qos == "guaranteed") {
-    own = {absl::StrCat("kubepods-pod", u, ".slice")};
-  } else {
-    shared.push_back(absl::StrCat("kubepods-", qos, ".slice"));
-    own = {absl::StrCat("kubepods-", qos, "-pod", u, ".slice")};
-  }
-  own.push_back(absl::StrCat("cri-containerd-", container_id_, ".scope"));
-  std::string p = root;
-  for (const auto& part : shared) {
-    p += "/" + part;
-    if (::mkdir(p.c_str(), 0755) == 0) {
-      SharedCgroupDirs().push_back(p);
-    } else if (errno != EEXIST) {
-      ADD_FAILURE() << "mkdir " << p << ": " << strerror(errno);
-      return;
-    }
-  }
-  for (const auto& part : own) {
-    p += "/" + part;
-    if (::mkdir(p.c_str(), 0755) != 0) {
-      ADD_FAILURE() << "mkdir " << p << ": " << strerror(errno);
-      return;
-    }
-    dirs_.push_back(p);
-  }
-  path_ = p;
+  dirs_ = *std::move(dirs);
+  path_ = dirs_.back();
 }
 
 PodCgroup::~PodCgroup() {
-  for (auto it = dirs_.rbegin(); it != dirs_.rend(); ++it) {
-    // Processes may take a moment to leave after being reaped.
-    for (int i = 0; i < 100 && ::rmdir(it->c_str()) != 0 && errno == EBUSY; ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  }
+  for (auto it = dirs_.rbegin(); it != dirs_.rend(); ++it) RemoveCgroupDir(*it, 1000);
 }
 
 std::string DemoPath() { return BinPath("PODLINK_DEMO_PATH", PODLINK_DEMO_PATH); }
@@ -239,9 +164,8 @@ Pod::Pod(const Daemon& d, const std::string& cgroup_path, std::vector<std::strin
     dup2(in[0], 0);
     dup2(out[1], 1);
     setenv("PODLINK_SOCKET_DIR", d.dir().c_str(), 1);
-    std::vector<std::string> full = {"unshare", "--pid",   "--fork", "--kill-child", "--mount-proc",
-                                     "--uts",   "--ipc",   "--net",  "--mount",      "--",
-                                     binary.empty() ? DemoPath() : binary};
+    std::vector<std::string> full = PodUnshareCommand();
+    full.push_back(binary.empty() ? DemoPath() : binary);
     for (auto& a : args) full.push_back(a);
     std::vector<char*> argv;
     for (auto& a : full) argv.push_back(a.data());

@@ -1,7 +1,9 @@
 // Test harness: starts podlinkd on a temporary socket directory and runs
 // podlink-demo inside "pods" made by the test itself: own PID, UTS, IPC,
 // network and mount namespaces (unshare), placed in a kubepods-style cgroup
-// so the daemon resolves a pod UID, container id and QoS class.
+// so the daemon resolves a pod UID, container id and QoS class. The pod
+// convention, and Cgroup2Root() and RandomPodUid(), are in
+// tests/common/pod_cgroup.h.
 #pragma once
 
 #include <sys/types.h>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "nlohmann/json.hpp"
+#include "tests/common/pod_cgroup.h"
 
 namespace podlink::testing {
 
@@ -41,8 +44,9 @@ class Daemon {
   int metrics_port_ = 0;
 };
 
-// A kubepods.slice/.../cri-containerd-<id>.scope cgroup under a private
-// test root in the cgroup2 hierarchy.
+// A kubepods.slice/.../cri-containerd-<id>.scope cgroup under
+// TestKubeletRoot() in the cgroup2 hierarchy; `qos` is "guaranteed" (no QoS
+// slice), "burstable" or "besteffort". Failures are test failures.
 class PodCgroup {
  public:
   PodCgroup(const std::string& pod_uid, const std::string& qos);
@@ -98,9 +102,5 @@ std::string TestKubeletRoot();
 
 // podlink-demo's path (as built, or $PODLINK_DEMO_PATH).
 std::string DemoPath();
-
-// Locates a writable cgroup2 mount ("" if none).
-std::string Cgroup2Root();
-std::string RandomPodUid();
 
 }  // namespace podlink::testing

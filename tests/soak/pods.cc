@@ -3,94 +3,31 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <chrono>
-#include <cstring>
 #include <fstream>
-#include <random>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_replace.h"
-#include "absl/strings/str_split.h"
 
 namespace podlink::soak {
 namespace {
 
-std::mt19937_64& Rng() {
-  static std::mt19937_64 rng(std::random_device{}());
-  return rng;
-}
-
-// Shared levels (the root, kubepods.slice, the QoS slice), outermost first.
-std::vector<std::string>& SharedDirs() {
-  static auto* d = new std::vector<std::string>();
-  return *d;
-}
-
-void RemoveDir(const std::string& p) {
-  // Processes may take a moment to leave after being reaped.
-  for (int i = 0; i < 200 && ::rmdir(p.c_str()) != 0 && errno == EBUSY; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-}
+// How long a pod's cgroup directory may stay busy after its processes are reaped.
+constexpr int kRemoveWaitMs = 2000;
 
 }  // namespace
-
-std::string Cgroup2Root() {
-  std::ifstream f("/proc/self/mountinfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    std::vector<std::string> halves = absl::StrSplit(line, " - ");
-    if (halves.size() != 2) continue;
-    std::vector<std::string> left = absl::StrSplit(halves[0], ' ');
-    std::vector<std::string> right = absl::StrSplit(halves[1], ' ');
-    if (right.empty() || right[0] != "cgroup2" || left.size() < 5) continue;
-    if (::access(left[4].c_str(), W_OK) == 0) return left[4];
-  }
-  return "";
-}
-
-std::string RandomPodUid() {
-  uint64_t a = Rng()(), b = Rng()();
-  return absl::StrFormat("%08x-%04x-4%03x-a%03x-%012x", a >> 32, (a >> 16) & 0xffff, a & 0xfff, b >> 52,
-                         b & 0xffffffffffffULL);
-}
 
 std::string SoakKubeletRoot() { return absl::StrCat("/podlink-soak-", getpid()); }
 
 absl::StatusOr<PodCgroup> PodCgroup::Create(const std::string& pod_uid) {
-  std::string root = Cgroup2Root();
-  if (root.empty()) return absl::FailedPreconditionError("the soak needs a writable cgroup2 mount (run as root)");
+  absl::StatusOr<std::vector<std::string>> dirs =
+      testing::MakePodCgroup(SoakKubeletRoot(), pod_uid, "besteffort", testing::RandomContainerId());
+  if (!dirs.ok()) return dirs.status();
   PodCgroup cg;
   cg.pod_uid_ = pod_uid;
-  uint64_t r = Rng()();
-  std::string container = absl::StrFormat("%016x%016x%016x%016x", r, r ^ 0x5555, r ^ 0xaaaa, r ^ 0xffff);
-  std::string u = absl::StrReplaceAll(pod_uid, {{"-", "_"}});
-  std::vector<std::string> shared = {SoakKubeletRoot().substr(1), "kubepods.slice", "kubepods-besteffort.slice"};
-  std::vector<std::string> own = {absl::StrCat("kubepods-besteffort-pod", u, ".slice"),
-                                  absl::StrCat("cri-containerd-", container, ".scope")};
-  std::string p = root;
-  for (const auto& part : shared) {
-    p += "/" + part;
-    if (::mkdir(p.c_str(), 0755) == 0) {
-      SharedDirs().push_back(p);
-    } else if (errno != EEXIST) {
-      return absl::InternalError(absl::StrCat("mkdir ", p, ": ", std::strerror(errno)));
-    }
-  }
-  for (const auto& part : own) {
-    p += "/" + part;
-    if (::mkdir(p.c_str(), 0755) != 0)
-      return absl::InternalError(absl::StrCat("mkdir ", p, ": ", std::strerror(errno)));
-    cg.dirs_.push_back(p);
-  }
-  cg.path_ = p;
+  cg.dirs_ = *std::move(dirs);
+  cg.path_ = cg.dirs_.back();
   return cg;
 }
 
@@ -100,13 +37,10 @@ PodCgroup::PodCgroup(PodCgroup&& o) noexcept
 }
 
 PodCgroup::~PodCgroup() {
-  for (auto it = dirs_.rbegin(); it != dirs_.rend(); ++it) RemoveDir(*it);
+  for (auto it = dirs_.rbegin(); it != dirs_.rend(); ++it) testing::RemoveCgroupDir(*it, kRemoveWaitMs);
 }
 
-void RemoveSharedCgroups() {
-  for (auto it = SharedDirs().rbegin(); it != SharedDirs().rend(); ++it) RemoveDir(*it);
-  SharedDirs().clear();
-}
+void RemoveSharedCgroups() { testing::RemoveSharedPodCgroups(kRemoveWaitMs); }
 
 PodProcess::PodProcess(const std::string& cgroup, const std::string& socket_dir, const std::vector<std::string>& argv,
                        const std::string& stderr_path) {
@@ -116,8 +50,7 @@ PodProcess::PodProcess(const std::string& cgroup, const std::string& socket_dir,
     return;
   }
   std::string procs = cgroup + "/cgroup.procs";
-  std::vector<std::string> full = {"unshare", "--pid", "--fork", "--kill-child", "--mount-proc",
-                                   "--uts",   "--ipc", "--net",  "--mount",      "--"};
+  std::vector<std::string> full = testing::PodUnshareCommand();
   for (const auto& a : argv) full.push_back(a);
   pid_ = ::fork();
   if (pid_ < 0) {

@@ -1,8 +1,8 @@
-// The soak's "pods", made as tests/integration/harness does: a
-// kubepods-style cgroup under a private stand-in for the kubelet's cgroup
-// root (which the daemon's config names in identity.kubelet_cgroup_roots),
-// and processes started there in new PID, UTS, IPC, network and mount
-// namespaces (unshare).
+// The soak's "pods", made by the convention of tests/common/pod_cgroup.h as
+// tests/integration/harness does: a kubepods-style cgroup under a private
+// stand-in for the kubelet's cgroup root (which the daemon's config names in
+// identity.kubelet_cgroup_roots), and processes started there in new PID,
+// UTS, IPC, network and mount namespaces (unshare).
 #pragma once
 
 #include <sys/types.h>
@@ -13,12 +13,11 @@
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"
+#include "tests/common/pod_cgroup.h"
 
 namespace podlink::soak {
 
-// Writable cgroup2 mount point, "" if none.
-std::string Cgroup2Root();
-std::string RandomPodUid();
+using testing::RandomPodUid;
 
 // The stand-in for the kubelet's cgroup root of this soak process, as the
 // daemon sees cgroup paths ("/podlink-soak-<pid>").
