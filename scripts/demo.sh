@@ -5,6 +5,8 @@
 # through it: GPU memory when a GPU is usable, host memory otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib/pod.sh
+source scripts/lib/pod.sh
 bash scripts/deps.sh
 bash scripts/build.sh
 BUILD=${PODLINK_BUILD_DIR:-build}
@@ -13,18 +15,12 @@ DEMO=$(realpath "$BUILD/client-lib/tools/podlink-demo")
 SOCK=${PODLINK_SOCKET_DIR:-/run/podlink}
 WORK=$(mktemp -d /tmp/podlink-demo.XXXXXX)
 
-# Two pods, each in a kubepods-style cgroup so podlinkd resolves a pod UID.
-CG=$(awk '$9 == "cgroup2" {print $5; exit}' /proc/self/mountinfo)
+# Two pods, each in a kubepods-style cgroup so podlinkd resolves a pod UID (scripts/lib/pod.sh).
 pod_uid() { cat /proc/sys/kernel/random/uuid; }
 UID_A=$(pod_uid); UID_B=$(pod_uid)
-CGS=()
-make_cgroup() {  # pod uid -> cgroup dir
-  local u=${1//-/_} base="$CG/podlink-demo-$$/kubepods.slice/kubepods-besteffort.slice"
-  local d="$base/kubepods-besteffort-pod$u.slice/cri-containerd-$(head -c 32 /dev/urandom | sha256sum | cut -c1-64).scope"
-  mkdir -p "$d" && echo "$d"
-}
-if [ -n "$CG" ] && [ -w "$CG" ]; then
-  A_CG=$(make_cgroup "$UID_A"); B_CG=$(make_cgroup "$UID_B")
+if [ -n "$(pod_cgroup_root)" ]; then
+  A_CG=$(pod_make_cgroup "podlink-demo-$$" "$UID_A" besteffort)
+  B_CG=$(pod_make_cgroup "podlink-demo-$$" "$UID_B" besteffort)
 else
   echo "note: no writable cgroup2 mount; the two pods will share one identity"; A_CG=""; B_CG=""
 fi
@@ -42,7 +38,7 @@ JSON
 
 cleanup() {
   [ -n "${DPID:-}" ] && kill "$DPID" 2>/dev/null && wait "$DPID" 2>/dev/null || true
-  [ -n "$A_CG" ] && find "$CG/podlink-demo-$$" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+  if [ -n "$A_CG" ]; then pod_cleanup_cgroups "podlink-demo-$$" || true; fi
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -56,8 +52,7 @@ grep -q "event=ready" "$WORK/podlinkd.log" || { cat "$WORK/podlinkd.log"; exit 1
 # pod CGROUP ARGS...: run podlink-demo in fresh namespaces inside CGROUP.
 pod() {
   local cg=$1; shift
-  sh -c '[ -z "$1" ] || echo 0 > "$1/cgroup.procs"; shift; exec "$@"' pod "$cg" \
-    env PODLINK_SOCKET_DIR="$SOCK" unshare --pid --fork --kill-child --mount-proc --uts --ipc --net --mount -- "$DEMO" "$@"
+  pod_run "$cg" -- env PODLINK_SOCKET_DIR="$SOCK" "$DEMO" "$@"
 }
 
 SIZE=$((64 << 20)); MEM=(); KIND="host memory (memfd)"

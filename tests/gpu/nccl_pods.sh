@@ -17,6 +17,8 @@
 #   socket   the same pods, no plugin (NCCL's NET/Socket over the veth)
 #   native   the same two ranks in the host namespaces (NCCL's P2P over NVLink)
 set -uo pipefail
+# shellcheck source=scripts/lib/pod.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/pod.sh"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${1:-/tmp/podlink-nccl-out}
 mkdir -p "$OUT"
@@ -28,22 +30,22 @@ PLUGIN=$LIB/libnccl-net-podlink.so
 SIZES=${NCCL_TEST_SIZES_MIB:-1,4,16,64,128,256,512,1024}
 WORK=/var/tmp/podlink-nccl.$$  # not under /tmp: the pods get a private /tmp
 mkdir -p "$WORK/sock"
-ip_() { /lib64/ld-linux-x86-64.so.2 --library-path "$IPR/lib" "$IPR/bin/ip" "$@"; }
-ip_ -V >/dev/null || { echo "iproute2 bundle missing in $IPR"; exit 1; }
+# The bundle's iproute2 through the dynamic loader: the ip command of pod_veth.
+POD_IP=(/lib64/ld-linux-x86-64.so.2 --library-path "$IPR/lib" "$IPR/bin/ip")
+"${POD_IP[@]}" -V >/dev/null || { echo "iproute2 bundle missing in $IPR"; exit 1; }
 
 echo "== machine"; nvidia-smi -L; uname -r
 python3 -c 'import torch; print("torch", torch.__version__, "nccl", torch.cuda.nccl.version())'
 
-CG=$(awk '$9 == "cgroup2" {print $5; exit}' /proc/self/mountinfo)
+# Pods: scripts/lib/pod.sh.
+CG=$(pod_cgroup_root)
 CG_OK=0; [ -n "$CG" ] && mkdir -p "$CG/podlink-nccl-$$" 2>/dev/null && CG_OK=1
 declare -A POD_UID POD_CG
 for p in a b; do
   POD_UID[$p]=$(cat /proc/sys/kernel/random/uuid)
   POD_CG[$p]=""
   if [ $CG_OK = 1 ]; then
-    u=${POD_UID[$p]//-/_}
-    d="$CG/podlink-nccl-$$/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod$u.slice/cri-containerd-$(head -c 32 /dev/urandom | sha256sum | cut -c1-64).scope"
-    mkdir -p "$d" && POD_CG[$p]=$d
+    POD_CG[$p]=$(pod_make_cgroup "podlink-nccl-$$" "${POD_UID[$p]}" burstable)
   fi
 done
 rule() { echo "{\"match\": {\"pod_uid\": \"${POD_UID[$1]}\"}, \"namespace\": \"ml\", \"name\": \"$2\", \"annotations\": {\"podlink.io/peer-group\": \"nccl-job\"}}"; }
@@ -61,37 +63,23 @@ start_daemon() {
   [ "$(grep -c event=ready "$OUT/podlinkd.log")" -gt "${n:-0}" ] || { cat "$OUT/podlinkd.log"; exit 1; }
 }
 
-netns() { readlink "/proc/$1/ns/net"; }
-
-# run_pods LABEL ENV... : rank 0 in pod a (GPU0), rank 1 in pod b (GPU1).
+# run_pods LABEL ENV... : rank 0 in pod a (GPU0), rank 1 in pod b (GPU1); each starts once the veth pair
+# between them is up. pod_exec in the background: $! is the pod's unshare, in the pod's network namespace.
 run_pods() {
   local label=$1; shift
   local port=$((29500 + RANDOM % 1000))
   rm -f "$WORK"/net-ready
-  ip_ link del pla 2>/dev/null
   local pids=()
   for r in 0 1; do
     local p mask; [ $r = 0 ] && p=a mask=/dev/nvidia1 || { p=b; mask=/dev/nvidia0; }
-    sh -c '[ -z "$1" ] || echo 0 > "$1/cgroup.procs"; shift; exec "$@"' pod "${POD_CG[$p]}" \
-      unshare --pid --fork --kill-child --mount-proc --uts --ipc --net --mount -- \
-      sh -c 'mount -t tmpfs tmpfs /dev/shm && mount -t tmpfs tmpfs /tmp && mount --bind /dev/null "$1" &&
-             hostname "pod-$2" || exit 99
-             while [ ! -e "$3/net-ready" ]; do sleep 0.05; done
-             shift 3; exec "$@"' pod "$mask" "$p" "$WORK" \
+    pod_exec "${POD_CG[$p]}" --private-tmp --hide "$mask" --hostname "pod-$p" --wait-for "$WORK/net-ready" -- \
       env RANK=$r WORLD_SIZE=2 MASTER_ADDR=10.78.0.1 MASTER_PORT=$port LABEL="$label" NCCL_SOCKET_IFNAME=pl \
           NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,GRAPH,ENV "$@" \
       timeout "${NCCL_TEST_TIMEOUT:-300}" python3 "$ROOT/tests/gpu/nccl_check.py" --sizes-mib "$SIZES" \
       > "$OUT/$label-rank$r.jsonl" 2> "$OUT/$label-rank$r.log" &
     pids+=($!)
   done
-  local mine; mine=$(netns $$)
-  for _ in $(seq 200); do
-    [ "$(netns "${pids[0]}")" != "$mine" ] && [ "$(netns "${pids[1]}")" != "$mine" ] && break; sleep 0.05
-  done
-  ip_ link add pla type veth peer name plb
-  ip_ link set pla netns "${pids[0]}"; ip_ link set plb netns "${pids[1]}"
-  nsenter -t "${pids[0]}" -n bash -c "$(declare -f ip_); IPR=$IPR; ip_ link set lo up; ip_ addr add 10.78.0.1/24 dev pla; ip_ link set pla up"
-  nsenter -t "${pids[1]}" -n bash -c "$(declare -f ip_); IPR=$IPR; ip_ link set lo up; ip_ addr add 10.78.0.2/24 dev plb; ip_ link set plb up"
+  pod_veth "${pids[0]}" "${pids[1]}" pla plb 10.78.0.1/24 10.78.0.2/24
   touch "$WORK/net-ready"
   local rc=0
   for p in "${pids[@]}"; do wait "$p" || rc=$?; done
@@ -147,7 +135,7 @@ if [[ " $SETUPS " == *" native "* ]]; then
 fi
 
 [ -n "$DPID" ] && { kill "$DPID"; wait "$DPID" 2>/dev/null; }
-[ $CG_OK = 1 ] && find "$CG/podlink-nccl-$$" -depth -type d -exec rmdir {} \; 2>/dev/null
+[ $CG_OK = 1 ] && pod_cleanup_cgroups "podlink-nccl-$$"
 
 for l in $SETUPS; do
   echo "-- $l: transport lines (rank 0)"

@@ -12,6 +12,8 @@
 #    daemon, and the script reports which paths work and the bytes verified.
 # 2. The GPU gtests (ctest label gpu): hostile GPU exports, round trips, leaks.
 set -uo pipefail
+# shellcheck source=scripts/lib/pod.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/pod.sh"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${1:-/tmp/podlink-gpu-out}
 mkdir -p "$OUT"
@@ -27,16 +29,14 @@ echo "== machine"; nvidia-smi -L; nvidia-smi topo -m | head -4; uname -r
 NGPU=$(nvidia-smi -L | wc -l)
 [ "$NGPU" -ge 2 ] || { echo "need 2 GPUs, have $NGPU"; exit 1; }
 
-# --- pods -------------------------------------------------------------------
-CG=$(awk '$9 == "cgroup2" {print $5; exit}' /proc/self/mountinfo)
+# --- pods (scripts/lib/pod.sh) ---------------------------------------------
+CG=$(pod_cgroup_root)
 CG_OK=0; [ -n "$CG" ] && mkdir -p "$CG/podlink-gpu-$$" 2>/dev/null && CG_OK=1
 declare -A POD_UID POD_CG
 for p in A B C D; do
   POD_UID[$p]=$(cat /proc/sys/kernel/random/uuid)
   if [ $CG_OK = 1 ]; then
-    u=${POD_UID[$p]//-/_}
-    d="$CG/podlink-gpu-$$/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod$u.slice/cri-containerd-$(head -c 32 /dev/urandom | sha256sum | cut -c1-64).scope"
-    mkdir -p "$d"; POD_CG[$p]=$d
+    POD_CG[$p]=$(pod_make_cgroup "podlink-gpu-$$" "${POD_UID[$p]}" burstable)
   else
     POD_CG[$p]=""
   fi
@@ -55,10 +55,7 @@ grep -q event=ready "$OUT/podlinkd.log" || { cat "$OUT/podlinkd.log"; exit 1; }
 # replaced by /dev/null inside the pod's mount namespace.
 pod() {
   local name=$1 mask=$2; shift 2
-  sh -c '[ -z "$1" ] || echo 0 > "$1/cgroup.procs"; shift; exec "$@"' pod "${POD_CG[$name]}" \
-    env PODLINK_SOCKET_DIR="$SOCK" unshare --pid --fork --kill-child --mount-proc --uts --ipc --net --mount -- \
-    sh -c 'for n in $1; do mount --bind /dev/null "$n" || exit 99; done; shift; exec "$@"' pod "$mask" \
-    "$BIN/podlink-demo" "$@"
+  pod_run "${POD_CG[$name]}" --hide "$mask" -- env PODLINK_SOCKET_DIR="$SOCK" "$BIN/podlink-demo" "$@"
 }
 field() { python3 -c "import json,sys; l=sys.stdin.readline(); print(json.loads(l).get('$1','') if l.strip() else '')"; }
 
@@ -122,7 +119,7 @@ cat "$OUT/bench.md"
 echo "relay counters in the daemon log:"; grep -c "event=relay_open" "$OUT/podlinkd.log"
 
 kill $DPID; wait $DPID 2>/dev/null
-[ $CG_OK = 1 ] && find "$CG/podlink-gpu-$$" -depth -type d -exec rmdir {} \; 2>/dev/null
+[ $CG_OK = 1 ] && pod_cleanup_cgroups "podlink-gpu-$$"
 
 echo "== GPU gtests"
 "$BIN/gpu_broker_test" 2>&1 | tee "$OUT/gpu_broker_test.log" | grep -E "^\[|gpu |GPU cycle" 
