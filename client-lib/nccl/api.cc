@@ -1,6 +1,8 @@
 // The entry points of the NCCL net plugin (api.h).
 #include "client-lib/nccl/api.h"
 
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <array>
 #include <climits>
@@ -13,8 +15,6 @@
 #include "client-lib/nccl/comm.h"
 #include "client-lib/nccl/handshake.h"
 #include "client-lib/nccl/plugin.h"
-#include "client-lib/nccl/transport_podlink.h"
-#include "client-lib/nccl/transport_tcp.h"
 
 namespace podlink::ncclnet {
 
@@ -44,49 +44,8 @@ Result Init(nccl_abi::Logger logger) {
 
   if (s.devs.empty()) EnumerateDevices(s);  // once: names handed to NCCL stay valid
 
-  if (!s.tcp_only) {
-    ConnectOptions opt;
-    opt.timeout = absl::Seconds(10);
-    auto client = Client::Connect(opt);
-    absl::Status st = client.status();
-    if (client.ok()) {
-      TransferEngine::Options eo;
-      eo.log_transport = false;
-      eo.allow_direct = EnvIs("PODLINK_NCCL_DIRECT", "1");
-      eo.force_relay = EnvIs("PODLINK_NCCL_FORCE_RELAY", "1");
-      auto engine = TransferEngine::Create(**client, eo);
-      auto node = (*client)->GetNodeInfo();
-      st = engine.ok() ? node.status() : engine.status();
-      if (st.ok()) {
-        s.client = *std::move(client);
-        s.engine = *std::move(engine);
-        s.node_id = node->node_id;
-      }
-    }
-    if (!st.ok()) {
-      s.Log(nccl_abi::kLogInfo, __FILE__, __LINE__,
-            "podlinkd not usable (%s): peers on this node use TCP like other nodes", st.ToString().c_str());
-    }
-  }
-  // Defaults for the relay, set only when podlinkd is reachable and the user
-  // chose nothing (aws-ofi-nccl does the same on its platforms); NCCL reads
-  // them when it builds the communicator, after this init (docs/nccl.md):
-  //  - NCCL_PROTO=Simple: NCCL's LL/LL128 mix is slower over the relay at
-  //    every size measured.
-  //  - NCCL_MIN_NCHANNELS=16, NCCL_BUFFSIZE=16 MiB: NCCL sizes channels from
-  //    the topology, where the plugin's NIC sits behind the GPU's PCIe link,
-  //    and opens 4; the relay needs more requests in flight (80 -> 255 GB/s).
-  if (!s.node_id.empty()) {
-    auto set_default = [&](const char* name, const char* value, const char* keep) {
-      if (std::getenv(name) != nullptr || EnvIs(keep, "1")) return;
-      ::setenv(name, value, 0);
-      s.Log(nccl_abi::kLogInfo, __FILE__, __LINE__,
-            "%s was not set: setting %s=%s for the podlink relay (%s=1 keeps NCCL's)", name, name, value, keep);
-    };
-    set_default("NCCL_PROTO", "Simple", "PODLINK_NCCL_KEEP_PROTO");
-    set_default("NCCL_MIN_NCHANNELS", "16", "PODLINK_NCCL_KEEP_CHANNELS");
-    set_default("NCCL_BUFFSIZE", "16777216", "PODLINK_NCCL_KEEP_CHANNELS");
-  }
+  if (!s.tcp_only) ConnectPodlinkd(s);
+  if (!s.node_id.empty()) SetRelayDefaults(s);
   s.Log(nccl_abi::kLogInfo, __FILE__, __LINE__,
         "NET/podlink %s: %zu device(s), listening on %s (%s), %d data sockets per TCP connection, node %s",
         "v1", s.devs.size(), s.listen_addr.ToString().c_str(), s.ifname.c_str(), s.nsocks,
@@ -161,6 +120,56 @@ Result GetProperties(int dev, DeviceProps* p) {
   return kSuccess;
 }
 
+// ---------------------------------------------------------------- connections
+
+Result Listen(int dev, void* handle, void** listen_comm) {
+  if (handle == nullptr || listen_comm == nullptr) return kInvalidArgument;
+  return StartListen(dev, handle, listen_comm);
+}
+
+Result Connect(int dev, void* handle, void** send_comm) {
+  if (handle == nullptr || send_comm == nullptr) return kInvalidArgument;
+  *send_comm = nullptr;
+  auto* h = static_cast<WireHandle*>(handle);
+  if (h->magic != kHandleMagic || h->version != kWireVersion || h->family != AF_INET || h->port == 0) {
+    return Fail(kInvalidArgument, "connect: the handle is not a podlink listen handle (corrupted, or from another "
+                                  "plugin or version)");
+  }
+  return ConnectStep(dev, h, send_comm);
+}
+
+Result Accept(void* listen_comm, void** recv_comm) {
+  auto* lc = static_cast<Listener*>(listen_comm);
+  if (lc == nullptr || lc->magic != kListenMagic || recv_comm == nullptr) {
+    return Fail(kInvalidArgument, "accept: not a podlink listen comm");
+  }
+  *recv_comm = nullptr;
+  return AcceptStep(lc, recv_comm);
+}
+
+Result CloseListen(void* listen_comm) {
+  auto* lc = static_cast<Listener*>(listen_comm);
+  if (lc == nullptr || lc->magic != kListenMagic) return Fail(kInvalidArgument, "closeListen: not a listen comm");
+  CloseListener(lc);
+  return kSuccess;
+}
+
+Result CloseSend(void* send_comm) {
+  Comm* c = AsComm(send_comm, true);
+  if (c == nullptr) return Fail(kInvalidArgument, "closeSend: not a podlink send comm");
+  delete c;
+  return kSuccess;
+}
+
+Result CloseRecv(void* recv_comm) {
+  Comm* c = AsComm(recv_comm, false);
+  if (c == nullptr) return Fail(kInvalidArgument, "closeRecv: not a podlink receive comm");
+  delete c;
+  return kSuccess;
+}
+
+// ---------------------------------------------------------------- memory
+
 Result RegMr(void* comm, void* data, size_t size, int type, void** mhandle) {
   auto* c = static_cast<Comm*>(comm);
   if (c == nullptr || c->magic != kCommMagic || mhandle == nullptr) return Fail(kInvalidArgument, "regMr: bad comm");
@@ -168,97 +177,22 @@ Result RegMr(void* comm, void* data, size_t size, int type, void** mhandle) {
     return Fail(kInvalidArgument, absl::StrCat("regMr: unsupported memory type ", type));
   }
   if (data == nullptr && size > 0) return Fail(kInvalidArgument, "regMr: NULL buffer");
-  State& s = S();
-  auto mr = std::make_unique<Mr>();
-  mr->comm = c;
-  mr->base = static_cast<char*>(data);
-  mr->size = size;
-  mr->type = type;
-  if (c->transport == Transport::kPodlink && size > 0) {
-    absl::Status why = absl::OkStatus();
-    if (type == nccl_abi::kPtrCuda && s.cuda == nullptr) {
-      return Fail(kInvalidArgument, "regMr: GPU memory but no CUDA driver in this process");
-    }
-    if (type == nccl_abi::kPtrCuda) {
-      cu::DevicePtr base = 0;
-      size_t alloc = 0;
-      if (s.cuda->MemGetAddressRange(&base, &alloc, reinterpret_cast<cu::DevicePtr>(data)) == cu::kSuccess) {
-        std::lock_guard<std::mutex> l(s.mu);
-        auto it = s.exports.find(base);
-        if (it != s.exports.end()) {
-          it->second.refs++;
-          mr->region = it->second.region;
-          mr->alloc_base = base;
-        }
-      }
-      if (mr->alloc_base == 0 && base != 0) {
-        auto region = s.engine->RegisterExisting(base, alloc);
-        if (region.ok()) {
-          bool raced = false;
-          {
-            std::lock_guard<std::mutex> l(s.mu);
-            auto& e = s.exports[base];
-            raced = e.refs > 0;  // another proxy thread exported the same allocation meanwhile
-            if (!raced) e.region = *region;
-            e.refs++;
-            mr->region = e.region;
-            mr->alloc_base = base;
-          }
-          if (raced) (void)s.engine->Unregister(*region);
-        } else {
-          why = region.status();
-        }
-      }
-      if (mr->alloc_base != 0) mr->region_offset = reinterpret_cast<cu::DevicePtr>(data) - base;
-    }
-    if (mr->alloc_base == 0) {
-      // Not exportable as is: a bounce buffer of the same size that is.
-      absl::StatusOr<LocalRegion> region;
-      if (type == nccl_abi::kPtrHost) {
-        auto buf = s.client->AllocateHost(size);
-        if (!buf.ok()) return FailStatus(kSystemError, "regMr: host bounce buffer", buf.status());
-        mr->host_bounce = *std::move(buf);
-        region = s.engine->Register(*mr->host_bounce);
-      } else {
-        INFO("regMr: GPU buffer %p is not an exportable cuMem allocation (%s); using a bounce buffer", data,
-             why.ToString().c_str());
-        auto buf = s.client->AllocateGpu(size, c->dev);
-        if (!buf.ok()) return FailStatus(kUnhandledCudaError, "regMr: GPU bounce buffer", buf.status());
-        mr->gpu_bounce = *std::move(buf);
-        region = s.engine->Register(*mr->gpu_bounce);
-      }
-      if (!region.ok()) return FailStatus(kSystemError, "regMr: exporting the bounce buffer", region.status());
-      mr->region = *region;
-    }
-  }
-  *mhandle = mr.release();
+  Mr* mr = nullptr;
+  Result r = c->RegMr(data, size, type, &mr);
+  if (r == kSuccess) *mhandle = mr;
+  return r;
+}
+
+Result DeregMr(void* /*comm*/, void* mhandle) {
+  // Only the registration is used: NCCL may deregister after closing the comm.
+  auto* mr = static_cast<Mr*>(mhandle);
+  if (mr == nullptr || mr->magic != kMrMagic) return Fail(kInvalidArgument, "deregMr: not a podlink registration");
+  mr->magic = 0;
+  delete mr;
   return kSuccess;
 }
 
-Result DeregMr(void* comm, void* mhandle) {
-  auto* mr = static_cast<Mr*>(mhandle);
-  if (mr == nullptr || mr->magic != kMrMagic) return Fail(kInvalidArgument, "deregMr: not a podlink registration");
-  State& s = S();
-  std::unique_ptr<Mr> owned(mr);
-  owned->magic = 0;
-  if (owned->alloc_base != 0) {
-    bool last = false;
-    LocalRegion region;
-    {
-      std::lock_guard<std::mutex> l(s.mu);
-      auto it = s.exports.find(owned->alloc_base);
-      if (it != s.exports.end() && --it->second.refs == 0) {
-        last = true;
-        region = it->second.region;
-        s.exports.erase(it);
-      }
-    }
-    if (last) (void)s.engine->Unregister(region);
-  } else if (owned->bounce() && s.engine) {
-    (void)s.engine->Unregister(owned->region);
-  }
-  return kSuccess;
-}
+// ---------------------------------------------------------------- operations
 
 Result Isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, void** request) {
   if (request == nullptr) return kInvalidArgument;
@@ -270,56 +204,8 @@ Result Isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, v
   if (mr == nullptr || mr->magic != kMrMagic || mr->comm != c) {
     return Fail(kInvalidArgument, "isend: memory handle not registered on this comm");
   }
-  char* p = static_cast<char*>(data);
-  if (!Covers(*mr, p, size)) {
-    return Fail(kInvalidArgument, "isend: buffer outside its registration");
-  }
-  if (c->transport == Transport::kPodlink) return PodlinkIsend(*c, data, size, tag, mr, request);
-
-  Result pr = TcpProgress(*c);
-  if (pr != kSuccess) return pr;
-  if (c->cts_queue.empty()) return kSuccess;
-  const Frame cts = c->cts_queue.front();  // by value: consuming it may pop it
-  int index = -1;
-  if (Result m = MatchTag(cts.tags, cts.n, c->cts_consumed, tag, c->peer, &index); m != kSuccess) return m;
-  Request* r = TakeRequest(*c);
-  if (r == nullptr) return kSuccess;
-  r->send = true;
-  r->seq = cts.seq;
-  r->index = index;
-  r->size = size;
-  Frame f{};
-  f.type = kFrameData;
-  f.seq = cts.seq;
-  f.index = static_cast<uint32_t>(index);
-  if (size > cts.sizes[index]) size = r->size = Truncate(*c, size, cts.sizes[index]);
-  f.sizes[0] = size;
-  c->cts_consumed |= 1u << index;
-  if (c->cts_consumed == (1u << cts.n) - 1) {
-    c->cts_queue.pop_front();
-    c->cts_consumed = 0;
-  }
-  TcpQueueFrame(*c, f);
-  TRACE_OP("trace tcp isend comm=%p peer=%s seq=%lu index=%d tag=%d size=%zu type=%d", static_cast<void*>(c),
-           c->peer.c_str(), static_cast<unsigned long>(cts.seq), index, tag, size, mr->type);
-  r->src = p;
-  if (mr->type != nccl_abi::kPtrHost && size > 0) {
-    auto st = TakeStage(*c, size);
-    absl::Status cs = st.ok() ? absl::OkStatus() : st.status();
-    if (cs.ok()) {
-      r->staging[0] = *st;
-      r->src = st->p;
-      cs = StartCopies(*c, *r, {{reinterpret_cast<uint64_t>(st->p), reinterpret_cast<uint64_t>(p), size}});
-    }
-    if (!cs.ok()) {
-      c->failed = kUnhandledCudaError;
-      DropRequest(*r);
-      return FailStatus(kUnhandledCudaError, "isend: staging GPU memory", cs);
-    }
-  }
-  c->unqueued.push_back(r);
-  *request = r;
-  return TcpProgress(*c);
+  if (!mr->Covers(data, size)) return Fail(kInvalidArgument, "isend: buffer outside its registration");
+  return c->Isend(data, size, tag, mr, request);
 }
 
 Result Irecv(void* recv_comm, int n, void** data, const size_t* sizes, const int* tags, void** mhandles,
@@ -338,52 +224,12 @@ Result Irecv(void* recv_comm, int n, void** data, const size_t* sizes, const int
     if (mrs[i] == nullptr || mrs[i]->magic != kMrMagic || mrs[i]->comm != c) {
       return Fail(kInvalidArgument, "irecv: memory handle not registered on this comm");
     }
-    if (!Covers(*mrs[i], data[i], sizes[i])) {
-      return Fail(kInvalidArgument, "irecv: buffer outside its registration");
-    }
+    if (!mrs[i]->Covers(data[i], sizes[i])) return Fail(kInvalidArgument, "irecv: buffer outside its registration");
   }
-  Result pr = c->transport == Transport::kTcp ? TcpProgress(*c) : kSuccess;
-  if (pr != kSuccess) return pr;
-  if (c->transport == Transport::kPodlink) {
-    Result r = PodlinkIrecv(*c, n, data, sizes, tags, mrs, request);
-    if (*request != nullptr) {
-      auto* req = static_cast<Request*>(*request);
-      for (int i = 0; i < n; ++i) {
-        req->data[i] = data[i];
-        req->posted[i] = sizes[i];
-        req->mr[i] = mrs[i];
-      }
-    }
-    return r;
-  }
-  if (!c->peer_closed.empty()) {
-    c->failed = kRemoteError;
-    return Fail(kRemoteError, absl::StrCat("irecv: connection with ", c->peer, ": ", c->peer_closed));
-  }
-  Request* r = TakeRequest(*c, static_cast<int>(c->next_seq % kMaxRequests));
-  if (r == nullptr) return kSuccess;
-  r->seq = c->next_seq++;
-  r->n = n;
-  r->frames_left = n;
-  Frame f{};
-  f.type = kFrameCts;
-  f.seq = r->seq;
-  f.n = static_cast<uint32_t>(n);
-  for (int i = 0; i < n; ++i) {
-    r->data[i] = data[i];
-    r->posted[i] = sizes[i];
-    r->mr[i] = mrs[i];
-    f.tags[i] = tags[i];
-    f.sizes[i] = sizes[i];
-  }
-  TcpQueueFrame(*c, f);
-  TRACE_OP("trace tcp irecv comm=%p peer=%s seq=%lu n=%d tag0=%d size0=%zu type0=%d", static_cast<void*>(c),
-           c->peer.c_str(), static_cast<unsigned long>(r->seq), n, tags[0], sizes[0], mrs[0]->type);
-  *request = r;
-  return TcpProgress(*c);
+  return c->Irecv(n, data, sizes, tags, mrs, request);
 }
 
-Result Iflush(void* recv_comm, int n, void** data, int* sizes, void** mhandles, void** request) {
+Result Iflush(void* recv_comm, int /*n*/, void** /*data*/, int* /*sizes*/, void** /*mhandles*/, void** request) {
   // test() reports a receive done only once the bytes are in place (relay
   // completion, or our own copy waited for), so there is nothing to flush.
   if (request != nullptr) *request = nullptr;
@@ -396,73 +242,7 @@ Result Test(void* request, int* done, int* sizes) {
     return Fail(kInvalidArgument, "test: not a podlink request in flight");
   }
   *done = 0;
-  Comm& c = *r->comm;
-  if (c.transport == Transport::kPodlink) return PodlinkTest(*r, done, sizes);
-  Result pr = TcpProgress(c);
-  if (pr != kSuccess) return pr;
-  if (r->send) {
-    if (!r->queued || r->pieces_left > 0) return kSuccess;
-    TRACE_OP("trace tcp send done comm=%p seq=%lu", static_cast<void*>(&c), static_cast<unsigned long>(r->seq));
-    if (sizes != nullptr) sizes[0] = static_cast<int>(r->size);
-    *done = 1;
-    DropRequest(*r);
-    return kSuccess;
-  }
-  if (r->frames_left > 0 && !c.peer_closed.empty()) {
-    c.failed = kRemoteError;
-    return Fail(kRemoteError, absl::StrCat("connection with ", c.peer, ": ", c.peer_closed,
-                                           " before sending what a receive was due"));
-  }
-  if (r->frames_left > 0 || r->pieces_left > 0) return kSuccess;
-  Result result = r->error;
-  if (!r->copying && result == kSuccess) {
-    // Page-locked staging -> GPU, asynchronously; done once they have landed.
-    std::vector<std::array<uint64_t, 3>> copies;
-    for (int i = 0; i < r->n; ++i) {
-      if (r->mr[i]->type != nccl_abi::kPtrHost && r->got[i] > 0) {
-        copies.push_back(
-            {reinterpret_cast<uint64_t>(r->data[i]), reinterpret_cast<uint64_t>(r->staging[i].p), r->got[i]});
-      }
-    }
-    TRACE_OP("trace tcp recv arrived comm=%p seq=%lu copies=%zu", static_cast<void*>(&c),
-             static_cast<unsigned long>(r->seq), copies.size());
-    r->copying = true;
-    if (!copies.empty()) {
-      absl::Status st = StartCopies(c, *r, copies);
-      if (!st.ok()) result = FailStatus(kUnhandledCudaError, "irecv: copying into GPU memory", st);
-    }
-  }
-  if (result == kSuccess) {
-    auto copied = CopiesDone(c, *r);
-    if (!copied.ok()) {
-      result = FailStatus(kUnhandledCudaError, "irecv: copying into GPU memory", copied.status());
-    } else if (!*copied) {
-      return kSuccess;
-    }
-  } else if (r->error != kSuccess) {
-    WARN("receive from %s: the matching send was larger than the receive", c.peer.c_str());
-  }
-  if (result != kSuccess && result != r->error) c.failed = result;
-  for (int i = 0; i < r->n; ++i) {
-    if (sizes != nullptr) sizes[i] = static_cast<int>(r->got[i]);
-  }
-  *done = 1;
-  DropRequest(*r);
-  return result;
-}
-
-Result CloseSend(void* send_comm) {
-  Comm* c = AsComm(send_comm, true);
-  if (c == nullptr) return Fail(kInvalidArgument, "closeSend: not a podlink send comm");
-  DestroyComm(c);
-  return kSuccess;
-}
-
-Result CloseRecv(void* recv_comm) {
-  Comm* c = AsComm(recv_comm, false);
-  if (c == nullptr) return Fail(kInvalidArgument, "closeRecv: not a podlink receive comm");
-  DestroyComm(c);
-  return kSuccess;
+  return r->comm->Test(*r, done, sizes);
 }
 
 }  // namespace podlink::ncclnet

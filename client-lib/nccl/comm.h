@@ -1,48 +1,43 @@
 // The objects NCCL holds handles to: registered memory (Mr), requests and
-// comms, and the helpers every transport uses on them.
+// comms. Comm is the transport interface: the API layer (api.cc) checks
+// NCCL's arguments, then calls these virtuals; each transport is one class
+// (transport_tcp.*, transport_podlink.*) and transports.cc is the one place
+// that chooses and makes them.
 #pragma once
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
-#include <memory>
-#include <set>
 #include <string>
-#include <vector>
 
 #include "client-lib/nccl/api.h"
 #include "client-lib/nccl/gpu_staging.h"
 #include "client-lib/nccl/wire.h"
-#include "common/cuda_driver.h"
 #include "common/unique_fd.h"
-#include "podlink/client.h"
-#include "podlink/transfer.h"
 
 namespace podlink::ncclnet {
 
-struct Comm;
+constexpr uint32_t kCommMagic = 0x4d4d4f43;  // "COMM"
+constexpr uint32_t kMrMagic = 0x5247454d;    // "MEGR"
+constexpr int kMaxRequests = nccl_abi::kMaxRequests;
 
-// Registered memory. For the podlink transport it names an exported region
-// that holds the bytes: NCCL's own cuMem buffer, or a bounce buffer when
-// the memory cannot be exported (plain host memory, non-VMM GPU memory).
+class Comm;
+
+// Memory NCCL registered on a comm. A transport that needs more (the
+// podlink transport's export) derives from it; deleting it undoes the
+// registration.
 struct Mr {
+  virtual ~Mr() = default;
   uint32_t magic = kMrMagic;
   Comm* comm = nullptr;
   char* base = nullptr;
   size_t size = 0;
-  int type = 0;
-  LocalRegion region;        // the export the relay reads / writes
-  uint64_t region_offset = 0;  // where `base` lies in it
-  uint64_t alloc_base = 0;   // key of the shared cuMem export (0: bounce or TCP)
-  std::unique_ptr<HostBuffer> host_bounce;
-  std::unique_ptr<GpuBuffer> gpu_bounce;
-  bool bounce() const { return host_bounce || gpu_bounce; }
-  uint64_t bounce_ptr() const {
-    return host_bounce ? reinterpret_cast<uint64_t>(host_bounce->data()) : gpu_bounce->device_ptr();
-  }
+  int type = 0;  // nccl_abi::kPtrHost or kPtrCuda
+  // [p, p + n) lies inside the registration.
+  bool Covers(const void* p, size_t n) const;
 };
 
+// One send, or one (grouped) receive. Transports derive their own with what
+// they track per operation; each comm owns a fixed array of them.
 struct Request {
   Comm* comm = nullptr;
   bool in_use = false;
@@ -51,84 +46,99 @@ struct Request {
   int n = 1;
   Result error = nccl_abi::kSuccess;
   // send
-  int index = 0;
+  int index = 0;  // which buffer of the peer's grouped receive
   size_t size = 0;
-  uint64_t batch = 0;  // relay batch in flight (podlink)
-  // recv
+  // receive
   void* data[kMaxRecvs] = {};
   size_t posted[kMaxRecvs] = {};
   size_t got[kMaxRecvs] = {};
   Mr* mr[kMaxRecvs] = {};
-  int frames_left = 0;  // TCP: data frames still due
-  // TCP payload in flight
-  int pieces_left = 0;
-  // TCP with GPU memory: page-locked host copies of the GPU buffers, and the
-  // event that marks the copy to them (send) or from them (receive) done.
-  HostStage staging[kMaxRecvs];
-  cu::Event copied = nullptr;
-  bool copying = false;  // receive: copies to the GPU started
-  char* src = nullptr;   // send: the bytes for the wire (the buffer itself, or staging[0])
-  bool queued = false;   // send: its pieces are in the data sockets' queues
+  void Post(int count, void** buffers, const size_t* sizes, Mr** mrs);
 };
 
-struct Piece {
-  Request* req;
-  char* p;
-  size_t left;
-};
+class Comm {
+ public:
+  Comm(bool send, int dev, std::string peer, UniqueFd ctrl);
+  virtual ~Comm();
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
 
-struct Comm {
+  virtual TransportId id() const = 0;
+  // For the connection log line ("podlink (...)", "TCP, 4 data sockets").
+  virtual std::string Describe() const = 0;
+  // Connection set-up after the sockets are grouped: the receiver fills in
+  // its welcome, the sender reads it.
+  virtual Result SetupReceiver(Welcome& w) = 0;
+  virtual Result SetupSender(const Welcome& w) = 0;
+  // A registration of [data, data + size) of memory `type` (host or CUDA).
+  virtual Result RegMr(void* data, size_t size, int type, Mr** mr) = 0;
+  // NCCL's isend/irecv/test, arguments already checked; *request stays null
+  // when the operation cannot start now.
+  virtual Result Isend(void* data, size_t size, int tag, Mr* mr, void** request) = 0;
+  virtual Result Irecv(int n, void** data, const size_t* sizes, const int* tags, Mr** mrs, void** request) = 0;
+  virtual Result Test(Request& r, int* done, int* sizes) = 0;
+
   uint32_t magic = kCommMagic;
-  bool send = false;
-  Transport transport = Transport::kTcp;
-  int dev = 0;
-  std::string peer;  // for messages
-  UniqueFd ctrl;
-  std::vector<UniqueFd> data;
-  Request reqs[kMaxRequests];
-  uint64_t next_seq = 0;
+  const bool send;
+  const int dev;
+  const std::string peer;  // for messages
+  UniqueFd ctrl;           // the control socket (EOF: the peer went away)
   Result failed = nccl_abi::kSuccess;
-  uint64_t calls = 0;
-  bool warned_truncation = false;
-  cu::Stream stream = nullptr;  // staging / bounce copies, in `stream_ctx` (the plugin's copy context)
-  cu::Context stream_ctx = nullptr;
-  // podlink transport
-  std::unique_ptr<HostBuffer> region_buf;  // receiver: the control region
-  uint64_t region_export = 0;
-  std::unique_ptr<Mapping> region_map;     // sender: the receiver's region mapped
-  CtrlRegion* region = nullptr;
-  bool have_cts = false;                   // sender: `cts` is the entry being consumed
-  CtsSlot cts_copy;
-  uint32_t cts_consumed = 0;
-  uint64_t done_seq[kSlots] = {};
-  uint32_t done_mask[kSlots] = {};
-  std::set<uint64_t> opened;               // sender: remote exports in use
-  // TCP transport
-  std::string out;       // control bytes not yet sent
-  Frame in{};
-  size_t in_got = 0;
-  std::deque<Frame> cts_queue;  // sender: clear-to-send frames not yet consumed
-  std::string peer_closed;      // receiver: why the peer's control stream ended; empty while open
-  std::vector<std::deque<Piece>> pieces;  // per data socket
-  std::deque<Request*> unqueued;  // sender: sends in frame order whose pieces wait for their staging copy
-  std::vector<HostStage> stage_pool;   // free page-locked staging buffers
-  std::vector<cu::Event> event_pool;   // free completion events
-  uint32_t rr = 0;       // next data socket (advances identically on both sides)
+
+ protected:
+  // A send larger than the posted receive delivers what fits, as NCCL's own
+  // IB transport does (NCCL 2.28 posts such sends: a receive sized for one
+  // protocol's step may meet a larger send). Logged once per comm.
+  size_t Truncate(size_t size, size_t room);
+  // Marks the comm failed with `r` and logs why.
+  Result FailComm(Result r, const std::string& why);
+
+  CopyStream copies_;  // bounce and staging copies, in the plugin's copy context
+
+ private:
+  bool warned_truncation_ = false;
+};
+
+// The requests of one comm, of the transport's request type.
+template <typename Req>
+class RequestSlots {
+ public:
+  // A free request (the one at `slot` when given), reset, or nullptr.
+  Req* Take(Comm* owner, int slot = -1) {
+    for (int i = slot >= 0 ? slot : 0; i < (slot >= 0 ? slot + 1 : kMaxRequests); ++i) {
+      Req& r = reqs_[i];
+      if (r.in_use) continue;
+      r = Req();
+      r.comm = owner;
+      r.in_use = true;
+      return &r;
+    }
+    return nullptr;
+  }
+  Req& at(int i) { return reqs_[i]; }
+  bool AnyInUse() const {
+    for (const Req& r : reqs_) {
+      if (r.in_use) return true;
+    }
+    return false;
+  }
+  template <typename F>
+  void ForEachInUse(F&& f) {
+    for (Req& r : reqs_) {
+      if (r.in_use) f(r);
+    }
+  }
+
+ private:
+  Req reqs_[kMaxRequests];
 };
 
 // The comm behind an NCCL handle, or nullptr when it is not a live comm of
 // that direction.
 Comm* AsComm(void* p, bool send);
 
-// A free request of the comm (the one at `slot` when given), reset.
-Request* TakeRequest(Comm& c, int slot = -1);
-void DropRequest(Request& r);
-
+// The buffer of a clear-to-send entry a send with `tag` goes to: the first
+// one not yet consumed with that tag (NCCL matches grouped receives by tag).
 Result MatchTag(const int32_t* tags, uint32_t n, uint32_t consumed, int tag, const std::string& peer, int* index);
-bool Covers(const Mr& mr, const void* p, size_t size);
-size_t Truncate(Comm& c, size_t size, size_t room);
-
-// Ends the comm's transport, waits for copies in flight, frees it.
-void DestroyComm(Comm* c);
 
 }  // namespace podlink::ncclnet

@@ -3,22 +3,15 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <optional>
 
-#include "client-lib/nccl/comm.h"
 #include "client-lib/nccl/plugin.h"
 #include "common/status_util.h"
 
 namespace podlink::ncclnet {
+namespace {
 
-using nccl_abi::kInternalError;
-using nccl_abi::kInvalidArgument;
-using nccl_abi::kInvalidUsage;
-using nccl_abi::kRemoteError;
-using nccl_abi::kSuccess;
-using nccl_abi::kSystemError;
-using nccl_abi::kUnhandledCudaError;
-
-// Staging copies run in a CUDA context of the plugin's own, never in the
+// Copies run in a CUDA context of the plugin's own, never in the
 // application's. With lazy module loading (CUDA's default) an application
 // thread that launches a kernel for the first time loads its module and
 // synchronizes the context while holding it; that waits for NCCL's running
@@ -41,23 +34,26 @@ absl::StatusOr<cu::Context> CopyContext(State& s, int dev) {
   return ctx;
 }
 
-// For its lifetime: the plugin's copy context is current on this thread and
-// the comm has its stream (created in that context on first use).
-class CopyScope {
+constexpr size_t kStageRound = 64 << 10;
+constexpr size_t kStagePoolMax = 8;  // NCCL keeps at most NCCL_STEPS (8) operations in flight per connection
+
+}  // namespace
+
+class CopyStream::Scope {
  public:
-  explicit CopyScope(Comm& c) {
+  explicit Scope(CopyStream& cs) {
     State& s = S();
     d_ = s.cuda;
     if (d_ == nullptr) {
       status_ = absl::FailedPreconditionError("GPU memory without a CUDA driver");
       return;
     }
-    if (c.stream != nullptr) {  // the usual case (every test() of a staged request): no lookup
-      use_.emplace(*d_, c.stream_ctx);
+    if (cs.stream_ != nullptr) {  // the usual case (every test() of a staged request): no lookup
+      use_.emplace(*d_, cs.ctx_);
       status_ = use_->status();
       return;
     }
-    auto ctx = CopyContext(s, c.dev);
+    auto ctx = CopyContext(s, cs.dev_);
     if (!ctx.ok()) {
       status_ = ctx.status();
       return;
@@ -65,8 +61,8 @@ class CopyScope {
     use_.emplace(*d_, *ctx);
     status_ = use_->status();
     if (status_.ok()) {
-      status_ = cu::CuStatus(d_->StreamCreate(&c.stream, cu::kStreamNonBlocking), "cuStreamCreate");
-      if (status_.ok()) c.stream_ctx = *ctx;
+      status_ = cu::CuStatus(d_->StreamCreate(&cs.stream_, cu::kStreamNonBlocking), "cuStreamCreate");
+      if (status_.ok()) cs.ctx_ = *ctx;
     }
   }
   const absl::Status& status() const { return status_; }
@@ -78,42 +74,55 @@ class CopyScope {
   absl::Status status_;
 };
 
-// Copies on the comm's stream and waits for that stream only (the podlink
-// transport's bounce buffers): NCCL's kernels keep running meanwhile.
-absl::Status CopyAndWait(Comm& c, uint64_t dst, uint64_t src, size_t n) {
-  CopyScope scope(c);
-  PODLINK_RETURN_IF_ERROR(scope.status());
-  PODLINK_RETURN_IF_ERROR(cu::CuStatus(scope.d().MemcpyAsync(dst, src, n, c.stream), "cuMemcpyAsync"));
-  return cu::CuStatus(scope.d().StreamSynchronize(c.stream), "cuStreamSynchronize");
+CopyStream::~CopyStream() {
+  const cu::Driver* d = S().cuda;
+  if (stream_ == nullptr || d == nullptr) return;
+  cu::ScopedContext use(*d, ctx_);
+  (void)d->StreamSynchronize(stream_);
+  d->StreamDestroy(stream_);
 }
 
-// Host <-> any copy for memory NCCL registered as `type`.
-absl::Status CopyFor(Comm& c, int type, void* dst, const void* src, size_t n) {
+void CopyStream::Synchronize() {
+  const cu::Driver* d = S().cuda;
+  if (stream_ == nullptr || d == nullptr) return;
+  cu::ScopedContext use(*d, ctx_);
+  (void)d->StreamSynchronize(stream_);
+}
+
+absl::Status CopyStream::CopyAndWait(uint64_t dst, uint64_t src, size_t n) {
+  Scope scope(*this);
+  PODLINK_RETURN_IF_ERROR(scope.status());
+  PODLINK_RETURN_IF_ERROR(cu::CuStatus(scope.d().MemcpyAsync(dst, src, n, stream_), "cuMemcpyAsync"));
+  return cu::CuStatus(scope.d().StreamSynchronize(stream_), "cuStreamSynchronize");
+}
+
+absl::Status CopyStream::CopyFor(int type, void* dst, const void* src, size_t n) {
   if (n == 0) return absl::OkStatus();
   if (type == nccl_abi::kPtrHost) {
     std::memcpy(dst, src, n);
     return absl::OkStatus();
   }
-  return CopyAndWait(c, reinterpret_cast<uint64_t>(dst), reinterpret_cast<uint64_t>(src), n);
+  return CopyAndWait(reinterpret_cast<uint64_t>(dst), reinterpret_cast<uint64_t>(src), n);
 }
 
-// The TCP transport stages GPU memory through page-locked host buffers with
-// asynchronous copies on the comm's stream, so the proxy thread never waits
-// for the GPU: a send's pieces go to the sockets once its event completes, a
-// receive reports done once its copies to the GPU have.
-constexpr size_t kStageRound = 64 << 10;
-constexpr size_t kStagePoolMax = 8;  // NCCL keeps at most NCCL_STEPS (8) operations in flight per connection
+StagingPool::~StagingPool() {
+  if (stages_.empty() && events_.empty()) return;
+  CopyStream::Scope scope(stream_);
+  if (!scope.status().ok()) return;
+  for (HostStage& st : stages_) (void)scope.d().MemFreeHost(st.p);
+  for (cu::Event e : events_) scope.d().EventDestroy(e);
+}
 
-absl::StatusOr<HostStage> TakeStage(Comm& c, size_t n) {
-  for (size_t i = 0; i < c.stage_pool.size(); ++i) {
-    if (c.stage_pool[i].cap >= n) {
-      HostStage st = c.stage_pool[i];
-      c.stage_pool[i] = c.stage_pool.back();
-      c.stage_pool.pop_back();
+absl::StatusOr<HostStage> StagingPool::Take(size_t n) {
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    if (stages_[i].cap >= n) {
+      HostStage st = stages_[i];
+      stages_[i] = stages_.back();
+      stages_.pop_back();
       return st;
     }
   }
-  CopyScope scope(c);
+  CopyStream::Scope scope(stream_);
   PODLINK_RETURN_IF_ERROR(scope.status());
   HostStage st;
   st.cap = std::max(kStageRound, (n + kStageRound - 1) / kStageRound * kStageRound);
@@ -123,47 +132,50 @@ absl::StatusOr<HostStage> TakeStage(Comm& c, size_t n) {
   return st;
 }
 
-void FreeStage(Comm& c, HostStage st) {
-  CopyScope scope(c);
+void StagingPool::Free(HostStage st) {
+  CopyStream::Scope scope(stream_);
   if (scope.status().ok()) (void)scope.d().MemFreeHost(st.p);
 }
 
-void GiveStage(Comm& c, HostStage st) {
+void StagingPool::Give(HostStage st) {
   if (st.p == nullptr) return;
-  if (c.stage_pool.size() < kStagePoolMax) {
-    c.stage_pool.push_back(st);
+  if (stages_.size() < kStagePoolMax) {
+    stages_.push_back(st);
   } else {
-    FreeStage(c, st);
+    Free(st);
   }
 }
 
-// Queues the copies, then the request's completion event, on the comm's stream.
-absl::Status StartCopies(Comm& c, Request& r, const std::vector<std::array<uint64_t, 3>>& copies) {
-  CopyScope scope(c);
+absl::Status StagingPool::StartCopies(const std::vector<std::array<uint64_t, 3>>& copies, cu::Event* event) {
+  CopyStream::Scope scope(stream_);
   PODLINK_RETURN_IF_ERROR(scope.status());
   const cu::Driver& d = scope.d();
   for (const auto& [dst, src, n] : copies) {
-    PODLINK_RETURN_IF_ERROR(cu::CuStatus(d.MemcpyAsync(dst, src, n, c.stream), "cuMemcpyAsync"));
+    PODLINK_RETURN_IF_ERROR(cu::CuStatus(d.MemcpyAsync(dst, src, n, stream_.stream_), "cuMemcpyAsync"));
   }
-  if (r.copied == nullptr) {
-    if (!c.event_pool.empty()) {
-      r.copied = c.event_pool.back();
-      c.event_pool.pop_back();
+  if (*event == nullptr) {
+    if (!events_.empty()) {
+      *event = events_.back();
+      events_.pop_back();
     } else {
-      PODLINK_RETURN_IF_ERROR(cu::CuStatus(d.EventCreate(&r.copied, cu::kEventDisableTiming), "cuEventCreate"));
+      PODLINK_RETURN_IF_ERROR(cu::CuStatus(d.EventCreate(event, cu::kEventDisableTiming), "cuEventCreate"));
     }
   }
-  return cu::CuStatus(d.EventRecord(r.copied, c.stream), "cuEventRecord");
+  return cu::CuStatus(d.EventRecord(*event, stream_.stream_), "cuEventRecord");
 }
 
-absl::StatusOr<bool> CopiesDone(Comm& c, Request& r) {
-  if (r.copied == nullptr) return true;
-  CopyScope scope(c);
+absl::StatusOr<bool> StagingPool::Done(cu::Event event) {
+  if (event == nullptr) return true;
+  CopyStream::Scope scope(stream_);
   PODLINK_RETURN_IF_ERROR(scope.status());
-  cu::Result q = scope.d().EventQuery(r.copied);
+  cu::Result q = scope.d().EventQuery(event);
   if (q == cu::kErrorNotReady) return false;
   PODLINK_RETURN_IF_ERROR(cu::CuStatus(q, "cuEventQuery"));
   return true;
+}
+
+void StagingPool::GiveEvent(cu::Event event) {
+  if (event != nullptr) events_.push_back(event);
 }
 
 }  // namespace podlink::ncclnet

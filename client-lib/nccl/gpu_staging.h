@@ -1,13 +1,13 @@
-// GPU copies of the NCCL net plugin, all in CUDA contexts of the plugin's
-// own (see CopyContext in gpu_staging.cc), on one stream per comm: bounce
-// buffer copies that wait, and the TCP transport's page-locked staging with
-// asynchronous copies and completion events.
+// GPU copies of the NCCL net plugin. Every copy runs in a CUDA context of
+// the plugin's own (CopyContext, see the .cc for why) on one stream per
+// comm (CopyStream): bounce-buffer copies that wait for that stream only,
+// and the TCP transport's page-locked staging buffers with asynchronous
+// copies and completion events (StagingPool).
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -16,9 +16,34 @@
 
 namespace podlink::ncclnet {
 
-class State;
-struct Comm;
-struct Request;
+// The comm's copy stream, created on first use in the plugin's copy context
+// of device `dev`. Destruction waits for copies still running on it.
+class CopyStream {
+ public:
+  explicit CopyStream(int dev) : dev_(dev) {}
+  ~CopyStream();
+  CopyStream(const CopyStream&) = delete;
+  CopyStream& operator=(const CopyStream&) = delete;
+
+  // Copies on this stream and waits for it (NCCL's kernels keep running).
+  absl::Status CopyAndWait(uint64_t dst, uint64_t src, size_t n);
+  // Host <-> any copy for memory NCCL registered as `type` (a plain memcpy
+  // for host memory).
+  absl::Status CopyFor(int type, void* dst, const void* src, size_t n);
+  // Waits for every copy queued so far; nothing when the stream was never used.
+  void Synchronize();
+
+  // For its lifetime: the copy context is current on this thread and the
+  // stream exists (status() says whether both worked).
+  class Scope;
+
+ private:
+  friend class Scope;
+  friend class StagingPool;
+  int dev_;
+  cu::Stream stream_ = nullptr;
+  cu::Context ctx_ = nullptr;
+};
 
 // A page-locked host buffer.
 struct HostStage {
@@ -26,18 +51,32 @@ struct HostStage {
   size_t cap = 0;
 };
 
-absl::StatusOr<cu::Context> CopyContext(State& s, int dev);
+// Page-locked buffers and completion events of one comm, reused: NCCL keeps
+// at most 8 operations in flight per connection. The owner synchronizes the
+// stream before the pool goes.
+class StagingPool {
+ public:
+  explicit StagingPool(CopyStream& stream) : stream_(stream) {}
+  ~StagingPool();
+  StagingPool(const StagingPool&) = delete;
+  StagingPool& operator=(const StagingPool&) = delete;
 
-// Copies on the comm's stream and waits for that stream only.
-absl::Status CopyAndWait(Comm& c, uint64_t dst, uint64_t src, size_t n);
-// Host <-> any copy for memory NCCL registered as `type`.
-absl::Status CopyFor(Comm& c, int type, void* dst, const void* src, size_t n);
+  absl::StatusOr<HostStage> Take(size_t n);
+  // Back to the pool (or freed). A copy still running into or out of it
+  // stays ordered before any later use: the comm has one stream.
+  void Give(HostStage st);
+  // Queues the copies {dst, src, bytes}, then records `*event` (taken from
+  // the pool when null) after them.
+  absl::Status StartCopies(const std::vector<std::array<uint64_t, 3>>& copies, cu::Event* event);
+  // Whether the copies before `event` are done (true for a null event).
+  absl::StatusOr<bool> Done(cu::Event event);
+  void GiveEvent(cu::Event event);
 
-absl::StatusOr<HostStage> TakeStage(Comm& c, size_t n);
-void FreeStage(Comm& c, HostStage st);
-void GiveStage(Comm& c, HostStage st);
-// Queues the copies {dst, src, bytes}, then the request's completion event.
-absl::Status StartCopies(Comm& c, Request& r, const std::vector<std::array<uint64_t, 3>>& copies);
-absl::StatusOr<bool> CopiesDone(Comm& c, Request& r);
+ private:
+  void Free(HostStage st);
+  CopyStream& stream_;
+  std::vector<HostStage> stages_;
+  std::vector<cu::Event> events_;
+};
 
 }  // namespace podlink::ncclnet

@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "client-lib/nccl/comm.h"
 #include "client-lib/nccl/plugin.h"
-#include "client-lib/nccl/transport_podlink.h"
+#include "client-lib/nccl/transports.h"
 
 namespace podlink::ncclnet {
 
@@ -34,9 +34,8 @@ bool WriteAll(int fd, const void* p, size_t n) {
   return n == 0;
 }
 
-Result Listen(int dev, void* handle, void** listen_comm) {
+Result StartListen(int dev, void* handle, void** listen_comm) {
   State& s = S();
-  if (handle == nullptr || listen_comm == nullptr) return kInvalidArgument;
   SockAddr addr;
   {
     std::lock_guard<std::mutex> l(s.mu);
@@ -68,15 +67,9 @@ Result Listen(int dev, void* handle, void** listen_comm) {
   return kSuccess;
 }
 
-Result Connect(int dev, void* handle, void** send_comm) {
+Result ConnectStep(int dev, WireHandle* h, void** send_comm) {
   State& s = S();
-  if (handle == nullptr || send_comm == nullptr) return kInvalidArgument;
-  *send_comm = nullptr;
-  auto* h = static_cast<WireHandle*>(handle);
-  if (h->magic != kHandleMagic || h->version != kWireVersion || h->family != AF_INET || h->port == 0) {
-    return Fail(kInvalidArgument, "connect: the handle is not a podlink listen handle (corrupted, or from another "
-                                  "plugin or version)");
-  }
+  void* handle = h;
   Connecting* st = nullptr;
   {
     std::lock_guard<std::mutex> l(s.mu);
@@ -97,9 +90,8 @@ Result Connect(int dev, void* handle, void** send_comm) {
     int nsocks;
     {
       std::lock_guard<std::mutex> l(s.mu);
-      bool same_node = !s.node_id.empty() && s.engine != nullptr && s.node_id == peer_node;
-      fresh->transport = same_node ? Transport::kPodlink : Transport::kTcp;
-      nsocks = fresh->transport == Transport::kTcp ? s.nsocks : 0;
+      fresh->transport = ChooseTransportLocked(s, peer_node);
+      nsocks = DataSocketsLocked(s, fresh->transport);
       fresh->hello.nonce = h->nonce;
       std::snprintf(fresh->hello.node_id, sizeof(fresh->hello.node_id), "%s", s.node_id.c_str());
     }
@@ -149,41 +141,23 @@ Result Connect(int dev, void* handle, void** send_comm) {
     std::string msg(st->welcome.message, strnlen(st->welcome.message, sizeof(st->welcome.message)));
     return abandon(kRemoteError, absl::StrCat("the receiver refused the connection: ", msg));
   }
-  auto* c = new Comm();
-  c->send = true;
-  c->dev = dev;
-  c->transport = st->transport;
-  c->peer = st->to.ToString();
-  c->ctrl = std::move(st->fds[0]);
-  for (size_t i = 1; i < st->fds.size(); ++i) c->data.push_back(std::move(st->fds[i]));
-  c->pieces.resize(c->data.size());
+  std::vector<UniqueFd> data;
+  for (size_t i = 1; i < st->fds.size(); ++i) data.push_back(std::move(st->fds[i]));
+  std::unique_ptr<Comm> c =
+      MakeComm(st->transport, /*send=*/true, dev, st->to.ToString(), std::move(st->fds[0]), std::move(data));
   Welcome w = st->welcome;
   {
     std::lock_guard<std::mutex> l(s.mu);
-    s.connecting.erase(handle);
-    s.live_comms++;
+    s.connecting.erase(handle);  // st is gone
   }
-  if (c->transport == Transport::kPodlink) {
-    Result r = SetupPodlinkSender(*c, w);
-    if (r != kSuccess) {
-      DestroyComm(c);
-      return r;
-    }
-  }
-  INFO("connection to %s via %s%s", c->peer.c_str(),
-       c->transport == Transport::kPodlink ? "podlink (same node: podlinkd relay over NVLink)" : "TCP",
-       c->transport == Transport::kTcp ? absl::StrCat(", ", c->data.size(), " data sockets").c_str() : "");
-  *send_comm = c;
+  if (Result r = c->SetupSender(w); r != kSuccess) return r;
+  INFO("connection to %s via %s", c->peer.c_str(), c->Describe().c_str());
+  *send_comm = c.release();
   return kSuccess;
 }
 
-Result Accept(void* listen_comm, void** recv_comm) {
+Result AcceptStep(Listener* lc, void** recv_comm) {
   State& s = S();
-  auto* lc = static_cast<Listener*>(listen_comm);
-  if (lc == nullptr || lc->magic != kListenMagic || recv_comm == nullptr) {
-    return Fail(kInvalidArgument, "accept: not a podlink listen comm");
-  }
-  *recv_comm = nullptr;
   for (;;) {
     int fd = ::accept4(lc->fd.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) break;
@@ -204,8 +178,7 @@ Result Accept(void* listen_comm, void** recv_comm) {
       const Hello& h = p.hello;
       drop = h.magic != kHelloMagic || h.version != kWireVersion || h.nonce != lc->nonce || h.kind > 1 ||
              h.nsocks > 16 || (h.kind == 1 && h.index >= h.nsocks) ||
-             (h.transport != static_cast<uint8_t>(Transport::kTcp) &&
-              h.transport != static_cast<uint8_t>(Transport::kPodlink));
+             !IsTransportId(h.transport);
       if (drop) {
         WARN("accept: dropped a connection with a bad hello (not from the NCCL peer this handle went to)");
       } else {
@@ -227,67 +200,55 @@ Result Accept(void* listen_comm, void** recv_comm) {
       if (p.hello.kind == 0) ctrl = &p;
     }
     if (ctrl == nullptr || socks.size() != ctrl->hello.nsocks + 1) continue;
-    auto* c = new Comm();
-    c->send = false;
-    c->dev = lc->dev;
-    c->transport = static_cast<Transport>(ctrl->hello.transport);
+    const auto transport = static_cast<TransportId>(ctrl->hello.transport);
+    UniqueFd ctrl_fd;
     std::vector<UniqueFd> data(ctrl->hello.nsocks);
     bool ok = true;
     for (auto& p : socks) {
       if (p.hello.kind == 0) {
-        c->ctrl = std::move(p.fd);
+        ctrl_fd = std::move(p.fd);
       } else if (!data[p.hello.index]) {
         data[p.hello.index] = std::move(p.fd);
       } else {
         ok = false;
       }
     }
-    c->data = std::move(data);
-    c->pieces.resize(c->data.size());
-    sockaddr_in peer{};
-    socklen_t len = sizeof(peer);
-    SockAddr pa;
-    if (::getpeername(c->ctrl.get(), reinterpret_cast<sockaddr*>(&pa.ss), &len) == 0) pa.len = len;
-    c->peer = pa.ToString();
     lc->groups.erase(it);
+    SockAddr pa;
+    socklen_t len = sizeof(pa.ss);
+    if (::getpeername(ctrl_fd.get(), reinterpret_cast<sockaddr*>(&pa.ss), &len) == 0) pa.len = len;
     {
       std::lock_guard<std::mutex> l(s.mu);
-      s.live_comms++;
-      if (c->transport == Transport::kPodlink && s.engine == nullptr) ok = false;
+      if (!UsableLocked(s, transport)) ok = false;
     }
+    std::unique_ptr<Comm> c =
+        MakeComm(transport, /*send=*/false, lc->dev, pa.ToString(), std::move(ctrl_fd), std::move(data));
     Welcome w{};
     w.magic = kHelloMagic;
     Result r = kSuccess;
     if (!ok) {
       r = Fail(kRemoteError, absl::StrCat("accept from ", c->peer, ": inconsistent connection (duplicate socket, or "
                                           "same-node transport without podlinkd here)"));
-    } else if (c->transport == Transport::kPodlink) {
-      r = SetupPodlinkReceiver(*c, w);
+    } else {
+      r = c->SetupReceiver(w);
     }
     if (r != kSuccess) {
       w.status = 1;
       std::snprintf(w.message, sizeof(w.message), "receiver setup failed, see its log");
       (void)WriteAll(c->ctrl.get(), &w, sizeof(w));
-      DestroyComm(c);
       return r;
     }
-    if (!WriteAll(c->ctrl.get(), &w, sizeof(w))) {
-      DestroyComm(c);
-      return Fail(kRemoteError, "accept: the connector went away");
-    }
-    INFO("connection from %s via %s", c->peer.c_str(), TransportName(c->transport));
-    *recv_comm = c;
+    if (!WriteAll(c->ctrl.get(), &w, sizeof(w))) return Fail(kRemoteError, "accept: the connector went away");
+    INFO("connection from %s via %s", c->peer.c_str(), c->Describe().c_str());
+    *recv_comm = c.release();
     return kSuccess;
   }
   return kSuccess;
 }
 
-Result CloseListen(void* listen_comm) {
-  auto* lc = static_cast<Listener*>(listen_comm);
-  if (lc == nullptr || lc->magic != kListenMagic) return Fail(kInvalidArgument, "closeListen: not a listen comm");
+void CloseListener(Listener* lc) {
   lc->magic = 0;
   delete lc;
-  return kSuccess;
 }
 
 }  // namespace podlink::ncclnet

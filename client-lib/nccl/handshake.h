@@ -15,6 +15,8 @@
 
 namespace podlink::ncclnet {
 
+constexpr uint32_t kListenMagic = 0x4e54534c;  // "LSTN"
+
 struct Listener {
   uint32_t magic = kListenMagic;
   int dev = 0;
@@ -31,7 +33,7 @@ struct Listener {
 
 struct Connecting {
   uint64_t cookie = 0;
-  Transport transport = Transport::kTcp;
+  TransportId transport = TransportId::kTcp;
   SockAddr to;
   std::vector<UniqueFd> fds;  // [0] control
   std::vector<bool> hello_sent;
@@ -42,5 +44,12 @@ struct Connecting {
 
 // Writes all of a small message to a non-blocking socket (bounded retries).
 bool WriteAll(int fd, const void* p, size_t n);
+
+// The steps behind NCCL's listen, connect, accept and closeListen; api.cc
+// checks the arguments first (`h` is a well-formed listen handle).
+Result StartListen(int dev, void* handle, void** listen_comm);
+Result ConnectStep(int dev, WireHandle* h, void** send_comm);
+Result AcceptStep(Listener* lc, void** recv_comm);
+void CloseListener(Listener* lc);
 
 }  // namespace podlink::ncclnet

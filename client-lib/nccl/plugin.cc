@@ -90,4 +90,49 @@ void EnumerateDevices(State& s) {
   }
 }
 
+void ConnectPodlinkd(State& s) {
+  ConnectOptions opt;
+  opt.timeout = absl::Seconds(10);
+  auto client = Client::Connect(opt);
+  absl::Status st = client.status();
+  if (client.ok()) {
+    TransferEngine::Options eo;
+    eo.log_transport = false;
+    eo.allow_direct = EnvIs("PODLINK_NCCL_DIRECT", "1");
+    eo.force_relay = EnvIs("PODLINK_NCCL_FORCE_RELAY", "1");
+    auto engine = TransferEngine::Create(**client, eo);
+    auto node = (*client)->GetNodeInfo();
+    st = engine.ok() ? node.status() : engine.status();
+    if (st.ok()) {
+      s.client = *std::move(client);
+      s.engine = *std::move(engine);
+      s.node_id = node->node_id;
+    }
+  }
+  if (!st.ok()) {
+    s.Log(nccl_abi::kLogInfo, __FILE__, __LINE__,
+          "podlinkd not usable (%s): peers on this node use TCP like other nodes", st.ToString().c_str());
+  }
+}
+
+// Defaults for the relay, set only when podlinkd is reachable and the user
+// chose nothing (aws-ofi-nccl does the same on its platforms); NCCL reads
+// them when it builds the communicator, after this init (docs/nccl.md):
+//  - NCCL_PROTO=Simple: NCCL's LL/LL128 mix is slower over the relay at
+//    every size measured.
+//  - NCCL_MIN_NCHANNELS=16, NCCL_BUFFSIZE=16 MiB: NCCL sizes channels from
+//    the topology, where the plugin's NIC sits behind the GPU's PCIe link,
+//    and opens 4; the relay needs more requests in flight (80 -> 255 GB/s).
+void SetRelayDefaults(State& s) {
+  auto set_default = [&](const char* name, const char* value, const char* keep) {
+    if (std::getenv(name) != nullptr || EnvIs(keep, "1")) return;
+    ::setenv(name, value, 0);
+    s.Log(nccl_abi::kLogInfo, __FILE__, __LINE__,
+          "%s was not set: setting %s=%s for the podlink relay (%s=1 keeps NCCL's)", name, name, value, keep);
+  };
+  set_default("NCCL_PROTO", "Simple", "PODLINK_NCCL_KEEP_PROTO");
+  set_default("NCCL_MIN_NCHANNELS", "16", "PODLINK_NCCL_KEEP_CHANNELS");
+  set_default("NCCL_BUFFSIZE", "16777216", "PODLINK_NCCL_KEEP_CHANNELS");
+}
+
 }  // namespace podlink::ncclnet

@@ -98,4 +98,12 @@ bool EnvIs(const char* name, const char* value);
 // Fills s.devs and s.cuda: one net device per GPU this process sees.
 void EnumerateDevices(State& s);
 
+// Opens the podlinkd session and TransferEngine (s.client, s.engine,
+// s.node_id); without podlinkd, logs why and leaves them empty. s.mu held.
+void ConnectPodlinkd(State& s);
+
+// With podlinkd: NCCL settings the relay needs, for those the user left
+// unset (see the .cc). s.mu held.
+void SetRelayDefaults(State& s);
+
 }  // namespace podlink::ncclnet

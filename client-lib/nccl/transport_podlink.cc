@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <mutex>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "client-lib/nccl/net_socket.h"
@@ -10,7 +11,6 @@
 
 namespace podlink::ncclnet {
 
-using nccl_abi::kInternalError;
 using nccl_abi::kInvalidArgument;
 using nccl_abi::kInvalidUsage;
 using nccl_abi::kRemoteError;
@@ -18,39 +18,187 @@ using nccl_abi::kSuccess;
 using nccl_abi::kSystemError;
 using nccl_abi::kUnhandledCudaError;
 
-bool PodlinkPeerGone(Comm& c) {
-  // Cheap enough every 4096 calls; a dead peer otherwise leaves NCCL waiting forever.
-  return (++c.calls & 4095) == 0 && PeerClosed(c.ctrl.get());
+// ---------------------------------------------------------------- registration
+
+PodlinkMr::~PodlinkMr() {
+  State& s = S();
+  if (alloc_base != 0) {
+    bool last = false;
+    LocalRegion shared;
+    {
+      std::lock_guard<std::mutex> l(s.mu);
+      auto it = s.exports.find(alloc_base);
+      if (it != s.exports.end() && --it->second.refs == 0) {
+        last = true;
+        shared = it->second.region;
+        s.exports.erase(it);
+      }
+    }
+    if (last) (void)s.engine->Unregister(shared);
+  } else if (bounce() && s.engine) {
+    (void)s.engine->Unregister(region);
+  }
 }
 
-void PublishDone(Comm& c, uint64_t seq, int index, uint64_t size) {
-  DoneSlot& d = c.region->done[seq % kSlots];
+Result PodlinkComm::RegMr(void* data, size_t size, int type, Mr** out) {
+  State& s = S();
+  auto mr = std::make_unique<PodlinkMr>();
+  mr->comm = this;
+  mr->base = static_cast<char*>(data);
+  mr->size = size;
+  mr->type = type;
+  if (size == 0) {
+    *out = mr.release();
+    return kSuccess;
+  }
+  absl::Status why = absl::OkStatus();
+  if (type == nccl_abi::kPtrCuda && s.cuda == nullptr) {
+    return Fail(kInvalidArgument, "regMr: GPU memory but no CUDA driver in this process");
+  }
+  if (type == nccl_abi::kPtrCuda) {
+    cu::DevicePtr base = 0;
+    size_t alloc = 0;
+    if (s.cuda->MemGetAddressRange(&base, &alloc, reinterpret_cast<cu::DevicePtr>(data)) == cu::kSuccess) {
+      std::lock_guard<std::mutex> l(s.mu);
+      auto it = s.exports.find(base);
+      if (it != s.exports.end()) {
+        it->second.refs++;
+        mr->region = it->second.region;
+        mr->alloc_base = base;
+      }
+    }
+    if (mr->alloc_base == 0 && base != 0) {
+      auto region = s.engine->RegisterExisting(base, alloc);
+      if (region.ok()) {
+        bool raced = false;
+        {
+          std::lock_guard<std::mutex> l(s.mu);
+          auto& e = s.exports[base];
+          raced = e.refs > 0;  // another proxy thread exported the same allocation meanwhile
+          if (!raced) e.region = *region;
+          e.refs++;
+          mr->region = e.region;
+          mr->alloc_base = base;
+        }
+        if (raced) (void)s.engine->Unregister(*region);
+      } else {
+        why = region.status();
+      }
+    }
+    if (mr->alloc_base != 0) mr->region_offset = reinterpret_cast<cu::DevicePtr>(data) - base;
+  }
+  if (mr->alloc_base == 0) {
+    // Not exportable as is: a bounce buffer of the same size that is.
+    absl::StatusOr<LocalRegion> region;
+    if (type == nccl_abi::kPtrHost) {
+      auto buf = s.client->AllocateHost(size);
+      if (!buf.ok()) return FailStatus(kSystemError, "regMr: host bounce buffer", buf.status());
+      mr->host_bounce = *std::move(buf);
+      region = s.engine->Register(*mr->host_bounce);
+    } else {
+      INFO("regMr: GPU buffer %p is not an exportable cuMem allocation (%s); using a bounce buffer", data,
+           why.ToString().c_str());
+      auto buf = s.client->AllocateGpu(size, dev);
+      if (!buf.ok()) return FailStatus(kUnhandledCudaError, "regMr: GPU bounce buffer", buf.status());
+      mr->gpu_bounce = *std::move(buf);
+      region = s.engine->Register(*mr->gpu_bounce);
+    }
+    if (!region.ok()) {
+      mr->host_bounce.reset();  // nothing registered: the destructor must not unregister
+      mr->gpu_bounce.reset();
+      return FailStatus(kSystemError, "regMr: exporting the bounce buffer", region.status());
+    }
+    mr->region = *region;
+  }
+  *out = mr.release();
+  return kSuccess;
+}
+
+// ---------------------------------------------------------------- set-up and teardown
+
+PodlinkComm::PodlinkComm(bool send, int dev, std::string peer, UniqueFd ctrl)
+    : Comm(send, dev, std::move(peer), std::move(ctrl)) {}
+
+PodlinkComm::~PodlinkComm() {
+  State& s = S();
+  if (s.engine) {
+    reqs_.ForEachInUse([&](PodlinkRequest& r) {
+      if (r.batch != 0) (void)s.engine->Wait(r.batch);  // the relay may still read our memory
+    });
+    CloseRemotes();
+  }
+  if (region_export_ != 0 && s.client) (void)s.client->Release(region_export_);
+}
+
+Result PodlinkComm::SetupReceiver(Welcome& w) {
+  State& s = S();
+  auto buf = s.client->AllocateHost(sizeof(CtrlRegion));
+  if (!buf.ok()) return FailStatus(kSystemError, "allocating the control region", buf.status());
+  auto id = s.client->Export(**buf);
+  if (!id.ok()) return FailStatus(kSystemError, "exporting the control region", id.status());
+  region_buf_ = *std::move(buf);
+  region_export_ = *id;
+  region_ = static_cast<CtrlRegion*>(region_buf_->data());  // zero-filled memfd
+  region_->magic = kRegionMagic;
+  region_->version = kWireVersion;
+  w.ctrl_export = *id;
+  w.ctrl_size = sizeof(CtrlRegion);
+  return kSuccess;
+}
+
+Result PodlinkComm::SetupSender(const Welcome& w) {
+  State& s = S();
+  auto imp = s.client->Import(w.ctrl_export);
+  if (!imp.ok()) return FailStatus(kSystemError, "importing the receiver's control region", imp.status());
+  if (imp->info().handle_type != HandleType::kHostMemfd || imp->info().size < sizeof(CtrlRegion)) {
+    return Fail(kRemoteError, "the receiver's control region is not a host region of the expected size");
+  }
+  auto map = s.client->Map(*imp);
+  if (!map.ok()) return FailStatus(kSystemError, "mapping the receiver's control region", map.status());
+  region_map_ = *std::move(map);
+  region_ = static_cast<CtrlRegion*>(region_map_->host_ptr());
+  if (region_->magic != kRegionMagic || region_->version != kWireVersion) {
+    return Fail(kRemoteError, "the receiver's control region has an unknown format");
+  }
+  // The import record can go; the mapping keeps the memory.
+  (void)s.client->Release(w.ctrl_export);
+  return kSuccess;
+}
+
+bool PodlinkComm::PeerGone() {
+  // Cheap enough every 4096 calls; a dead peer otherwise leaves NCCL waiting forever.
+  return (++calls_ & 4095) == 0 && PeerClosed(ctrl.get());
+}
+
+void PodlinkComm::PublishDone(uint64_t seq, int index, uint64_t size) {
+  DoneSlot& d = region_->done[seq % kSlots];
   int slot = static_cast<int>(seq % kSlots);
-  if (c.done_seq[slot] != seq || c.done_mask[slot] == 0) {
-    c.done_seq[slot] = seq;
-    c.done_mask[slot] = 0;
+  if (done_seq_[slot] != seq || done_mask_[slot] == 0) {
+    done_seq_[slot] = seq;
+    done_mask_[slot] = 0;
   }
   d.sizes[index] = size;
-  c.done_mask[slot] |= 1u << index;
-  d.state.store(DoneState(seq, c.done_mask[slot]), std::memory_order_release);
+  done_mask_[slot] |= 1u << index;
+  d.state.store(DoneState(seq, done_mask_[slot]), std::memory_order_release);
 }
 
-absl::StatusOr<RemoteRegion> OpenRemote(Comm& c, uint64_t export_id) {
+absl::StatusOr<RemoteRegion> PodlinkComm::OpenRemote(uint64_t export_id) {
   State& s = S();
   RegionDescriptor d;
   d.node_id = s.node_id;
   d.export_id = export_id;
   PODLINK_ASSIGN_OR_RETURN(RemoteRegion r, s.engine->Open(d));
-  if (c.opened.insert(export_id).second) {
+  if (opened_.insert(export_id).second) {
     std::lock_guard<std::mutex> l(s.mu);
     s.remote_refs[export_id]++;
   }
   return r;
 }
 
-void CloseRemotes(Comm& c) {
+// Closes the remote exports this comm opened; the plugin's last user of one closes it.
+void PodlinkComm::CloseRemotes() {
   State& s = S();
-  for (uint64_t id : c.opened) {
+  for (uint64_t id : opened_) {
     bool last = false;
     {
       std::lock_guard<std::mutex> l(s.mu);
@@ -63,188 +211,153 @@ void CloseRemotes(Comm& c) {
       (void)s.engine->Close(r);
     }
   }
-  c.opened.clear();
+  opened_.clear();
 }
 
-Result PodlinkIsend(Comm& c, void* data, size_t size, int tag, Mr* mr, void** request) {
+// ---------------------------------------------------------------- operations
+
+Result PodlinkComm::Isend(void* data, size_t size, int tag, Mr* base_mr, void** request) {
+  auto* mr = static_cast<PodlinkMr*>(base_mr);
   const size_t asked = size;
-  if (!c.have_cts) {
-    CtsSlot& slot = c.region->cts[c.next_seq % kSlots];
-    if (slot.ready.load(std::memory_order_acquire) != c.next_seq + 1) {
-      if (PodlinkPeerGone(c)) {
-        c.failed = kRemoteError;
-        return Fail(kRemoteError, absl::StrCat("connection with ", c.peer, ": the receiver went away"));
-      }
+  if (!have_cts_) {
+    CtsSlot& slot = region_->cts[next_seq_ % kSlots];
+    if (slot.ready.load(std::memory_order_acquire) != next_seq_ + 1) {
+      if (PeerGone()) return FailComm(kRemoteError, "the receiver went away");
       return kSuccess;  // *request stays NULL: not now
     }
     // Copy once: the peer could change the entry under us.
-    c.cts_copy.n = slot.n;
-    std::memcpy(c.cts_copy.tags, slot.tags, sizeof(slot.tags));
-    std::memcpy(c.cts_copy.sizes, slot.sizes, sizeof(slot.sizes));
-    std::memcpy(c.cts_copy.region, slot.region, sizeof(slot.region));
-    std::memcpy(c.cts_copy.offset, slot.offset, sizeof(slot.offset));
-    if (c.cts_copy.n < 1 || c.cts_copy.n > kMaxRecvs) {
-      c.failed = kRemoteError;
-      return Fail(kRemoteError, absl::StrCat("connection with ", c.peer, ": malformed clear-to-send entry"));
-    }
-    c.have_cts = true;
-    c.cts_consumed = 0;
+    cts_copy_.n = slot.n;
+    std::memcpy(cts_copy_.tags, slot.tags, sizeof(slot.tags));
+    std::memcpy(cts_copy_.sizes, slot.sizes, sizeof(slot.sizes));
+    std::memcpy(cts_copy_.region, slot.region, sizeof(slot.region));
+    std::memcpy(cts_copy_.offset, slot.offset, sizeof(slot.offset));
+    if (cts_copy_.n < 1 || cts_copy_.n > kMaxRecvs) return FailComm(kRemoteError, "malformed clear-to-send entry");
+    have_cts_ = true;
+    cts_consumed_ = 0;
   }
-  const CtsSlot& cts = c.cts_copy;
+  const CtsSlot& cts = cts_copy_;
   int index = -1;
-  if (Result m = MatchTag(cts.tags, cts.n, c.cts_consumed, tag, c.peer, &index); m != kSuccess) return m;
-  Request* r = TakeRequest(c);
+  if (Result m = MatchTag(cts.tags, cts.n, cts_consumed_, tag, peer, &index); m != kSuccess) return m;
+  PodlinkRequest* r = reqs_.Take(this);
   if (r == nullptr) return kSuccess;  // all 32 in use: not now
-  uint64_t seq = c.next_seq;
-  c.cts_consumed |= 1u << index;
-  if (c.cts_consumed == (1u << cts.n) - 1) {
-    c.have_cts = false;
-    c.next_seq++;
+  uint64_t seq = next_seq_;
+  cts_consumed_ |= 1u << index;
+  if (cts_consumed_ == (1u << cts.n) - 1) {
+    have_cts_ = false;
+    next_seq_++;
   }
   r->send = true;
   r->seq = seq;
   r->index = index;
   r->size = size;
-  if (size > cts.sizes[index]) size = r->size = Truncate(c, size, cts.sizes[index]);
+  if (size > cts.sizes[index]) size = r->size = Truncate(size, cts.sizes[index]);
   if (size > 0) {
     uint64_t off = static_cast<char*>(data) - mr->base;
     if (mr->bounce()) {
-      absl::Status st = CopyFor(c, mr->type, reinterpret_cast<void*>(mr->bounce_ptr() + off), data, size);
+      absl::Status st = copies_.CopyFor(mr->type, reinterpret_cast<void*>(mr->bounce_ptr() + off), data, size);
       if (!st.ok()) {
-        DropRequest(*r);
+        Drop(*r);
         return FailStatus(kUnhandledCudaError, "staging a send", st);
       }
     }
-    auto remote = OpenRemote(c, cts.region[index]);
+    auto remote = OpenRemote(cts.region[index]);
     if (!remote.ok()) {
-      DropRequest(*r);
+      Drop(*r);
       return FailStatus(kSystemError, "opening the receiver's buffer", remote.status());
     }
     TransferOp op{&mr->region, mr->region_offset + off, &*remote, cts.offset[index], size};
     auto batch = S().engine->WriteAsync({op});
     if (!batch.ok()) {
-      DropRequest(*r);
+      Drop(*r);
       return FailStatus(kSystemError, "submitting a relay copy", batch.status());
     }
     r->batch = *batch;
   }
-  TRACE_OP("trace isend comm=%p peer=%s seq=%lu index=%d tag=%d size=%zu room=%lu type=%d", static_cast<void*>(&c),
-           c.peer.c_str(), static_cast<unsigned long>(seq), index, tag, asked,
-           static_cast<unsigned long>(cts.sizes[index]), mr != nullptr ? mr->type : -1);
+  TRACE_OP("trace isend comm=%p peer=%s seq=%lu index=%d tag=%d size=%zu room=%lu type=%d",
+           static_cast<void*>(this), peer.c_str(), static_cast<unsigned long>(seq), index, tag, asked,
+           static_cast<unsigned long>(cts.sizes[index]), mr->type);
   *request = r;
   return kSuccess;
 }
 
-Result PodlinkIrecv(Comm& c, int n, void** data, const size_t* sizes, const int* tags, Mr** mrs, void** request) {
-  Request* r = TakeRequest(c, static_cast<int>(c.next_seq % kMaxRequests));
+Result PodlinkComm::Irecv(int n, void** data, const size_t* sizes, const int* tags, Mr** mrs, void** request) {
+  PodlinkRequest* r = reqs_.Take(this, static_cast<int>(next_seq_ % kMaxRequests));
   if (r == nullptr) return kSuccess;
-  CtsSlot& slot = c.region->cts[c.next_seq % kSlots];
+  CtsSlot& slot = region_->cts[next_seq_ % kSlots];
   slot.n = static_cast<uint32_t>(n);
   for (int i = 0; i < n; ++i) {
-    uint64_t off = static_cast<char*>(data[i]) - mrs[i]->base;
+    auto* mr = static_cast<PodlinkMr*>(mrs[i]);
+    uint64_t off = static_cast<char*>(data[i]) - mr->base;
     slot.tags[i] = tags[i];
     slot.sizes[i] = sizes[i];
-    slot.region[i] = mrs[i]->region.export_id;
-    slot.offset[i] = mrs[i]->region_offset + off;
+    slot.region[i] = mr->region.export_id;
+    slot.offset[i] = mr->region_offset + off;
   }
-  r->seq = c.next_seq;
-  r->n = n;
-  TRACE_OP("trace irecv comm=%p peer=%s seq=%lu n=%d tag0=%d size0=%zu type0=%d", static_cast<void*>(&c),
-           c.peer.c_str(), static_cast<unsigned long>(c.next_seq), n, tags[0], sizes[0], mrs[0]->type);
-  slot.ready.store(c.next_seq + 1, std::memory_order_release);
-  c.next_seq++;
+  r->seq = next_seq_;
+  r->Post(n, data, sizes, mrs);
+  TRACE_OP("trace irecv comm=%p peer=%s seq=%lu n=%d tag0=%d size0=%zu type0=%d", static_cast<void*>(this),
+           peer.c_str(), static_cast<unsigned long>(next_seq_), n, tags[0], sizes[0], mrs[0]->type);
+  slot.ready.store(next_seq_ + 1, std::memory_order_release);
+  next_seq_++;
   *request = r;
   return kSuccess;
 }
 
-Result PodlinkTest(Request& r, int* done, int* sizes) {
-  Comm& c = *r.comm;
-  if (r.send) {
-    if (r.batch != 0) {
-      auto polled = S().engine->Poll(r.batch);
-      if (polled.ok() && !*polled) return kSuccess;
-      absl::Status st = polled.ok() ? S().engine->Wait(r.batch) : polled.status();
-      r.batch = 0;
-      if (!st.ok()) {
-        PublishDone(c, r.seq, r.index, kSizeError);
-        DropRequest(r);
-        return FailStatus(kSystemError, "relay copy", st);
-      }
+Result PodlinkComm::Test(Request& base, int* done, int* sizes) {
+  auto& r = static_cast<PodlinkRequest&>(base);
+  return r.send ? SendDone(r, done, sizes) : ReceiveDone(r, done, sizes);
+}
+
+Result PodlinkComm::SendDone(PodlinkRequest& r, int* done, int* sizes) {
+  if (r.batch != 0) {
+    auto polled = S().engine->Poll(r.batch);
+    if (polled.ok() && !*polled) return kSuccess;
+    absl::Status st = polled.ok() ? S().engine->Wait(r.batch) : polled.status();
+    r.batch = 0;
+    if (!st.ok()) {
+      PublishDone(r.seq, r.index, kSizeError);
+      Drop(r);
+      return FailStatus(kSystemError, "relay copy", st);
     }
-    PublishDone(c, r.seq, r.index, r.size);
-    if (sizes != nullptr) sizes[0] = static_cast<int>(r.size);
-    *done = 1;
-    DropRequest(r);
-    return kSuccess;
   }
-  DoneSlot& d = c.region->done[r.seq % kSlots];
+  PublishDone(r.seq, r.index, r.size);
+  if (sizes != nullptr) sizes[0] = static_cast<int>(r.size);
+  *done = 1;
+  Drop(r);
+  return kSuccess;
+}
+
+Result PodlinkComm::ReceiveDone(PodlinkRequest& r, int* done, int* sizes) {
+  DoneSlot& d = region_->done[r.seq % kSlots];
   uint32_t full = (1u << r.n) - 1;
   if (d.state.load(std::memory_order_acquire) != DoneState(r.seq, full)) {
-    if (PodlinkPeerGone(c)) {
-      c.failed = kRemoteError;
-      return Fail(kRemoteError, absl::StrCat("connection with ", c.peer, ": the sender went away"));
-    }
+    if (PeerGone()) return FailComm(kRemoteError, "the sender went away");
     return kSuccess;
   }
   Result result = kSuccess;
   for (int i = 0; i < r.n; ++i) {
     uint64_t got = d.sizes[i];
     if (got == kSizeError) {
-      result = Fail(kInvalidUsage, absl::StrCat("receive from ", c.peer, ": the matching send failed (see the "
+      result = Fail(kInvalidUsage, absl::StrCat("receive from ", peer, ": the matching send failed (see the "
                                                 "sender's log; a send larger than the receive is an error)"));
       continue;
     }
     if (got > r.posted[i]) {
-      result = Fail(kRemoteError, absl::StrCat("receive from ", c.peer, ": peer reports ", got, " bytes for a ",
+      result = Fail(kRemoteError, absl::StrCat("receive from ", peer, ": peer reports ", got, " bytes for a ",
                                                r.posted[i], "-byte buffer"));
       continue;
     }
-    Mr* mr = r.mr[i];
+    auto* mr = static_cast<PodlinkMr*>(r.mr[i]);
     if (mr->bounce() && got > 0) {
       uint64_t off = static_cast<char*>(r.data[i]) - mr->base;
-      absl::Status st = CopyFor(c, mr->type, r.data[i], reinterpret_cast<void*>(mr->bounce_ptr() + off), got);
+      absl::Status st = copies_.CopyFor(mr->type, r.data[i], reinterpret_cast<void*>(mr->bounce_ptr() + off), got);
       if (!st.ok()) result = FailStatus(kUnhandledCudaError, "copying a receive out of its bounce buffer", st);
     }
     if (sizes != nullptr) sizes[i] = static_cast<int>(got);
   }
   *done = 1;
-  DropRequest(r);
+  Drop(r);
   return result;
-}
-
-Result SetupPodlinkReceiver(Comm& c, Welcome& w) {
-  State& s = S();
-  auto buf = s.client->AllocateHost(sizeof(CtrlRegion));
-  if (!buf.ok()) return FailStatus(kSystemError, "allocating the control region", buf.status());
-  auto id = s.client->Export(**buf);
-  if (!id.ok()) return FailStatus(kSystemError, "exporting the control region", id.status());
-  c.region_buf = *std::move(buf);
-  c.region_export = *id;
-  c.region = static_cast<CtrlRegion*>(c.region_buf->data());  // zero-filled memfd
-  c.region->magic = kRegionMagic;
-  c.region->version = kWireVersion;
-  w.ctrl_export = *id;
-  w.ctrl_size = sizeof(CtrlRegion);
-  return kSuccess;
-}
-
-Result SetupPodlinkSender(Comm& c, const Welcome& w) {
-  State& s = S();
-  auto imp = s.client->Import(w.ctrl_export);
-  if (!imp.ok()) return FailStatus(kSystemError, "importing the receiver's control region", imp.status());
-  if (imp->info().handle_type != HandleType::kHostMemfd || imp->info().size < sizeof(CtrlRegion)) {
-    return Fail(kRemoteError, "the receiver's control region is not a host region of the expected size");
-  }
-  auto map = s.client->Map(*imp);
-  if (!map.ok()) return FailStatus(kSystemError, "mapping the receiver's control region", map.status());
-  c.region_map = *std::move(map);
-  c.region = static_cast<CtrlRegion*>(c.region_map->host_ptr());
-  if (c.region->magic != kRegionMagic || c.region->version != kWireVersion) {
-    return Fail(kRemoteError, "the receiver's control region has an unknown format");
-  }
-  // The import record can go; the mapping keeps the memory.
-  (void)s.client->Release(w.ctrl_export);
-  return kSuccess;
 }
 
 }  // namespace podlink::ncclnet

@@ -3,87 +3,131 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <array>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "client-lib/nccl/net_socket.h"
 #include "client-lib/nccl/plugin.h"
 
 namespace podlink::ncclnet {
+namespace {
 
-using nccl_abi::kInternalError;
-using nccl_abi::kInvalidArgument;
 using nccl_abi::kInvalidUsage;
 using nccl_abi::kRemoteError;
 using nccl_abi::kSuccess;
-using nccl_abi::kSystemError;
 using nccl_abi::kUnhandledCudaError;
 
-// Splits `size` bytes over the comm's data sockets on 128-byte boundaries.
-// Both sides call it in the same message order, so they agree.
+constexpr size_t kMinPiece = 64 << 10;  // smallest share of one data socket
+
+// Ends a TCP connection without a reset. Linux answers a close() with
+// unread bytes in the receive queue by RST, and a reset makes the peer drop
+// what it has received but not yet read: the tail of the last message.
+// Unconsumed input (clear-to-send frames for receives we will never match)
+// is read and dropped, then FIN follows everything we sent.
+void ShutdownQuietly(int fd) {
+  char buf[16384];
+  for (int i = 0; i < 4096 && ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT) > 0; ++i) {
+  }
+  ::shutdown(fd, SHUT_WR);
+}
+
+}  // namespace
+
+TcpComm::TcpComm(bool send, int dev, std::string peer, UniqueFd ctrl, std::vector<UniqueFd> data)
+    : Comm(send, dev, std::move(peer), std::move(ctrl)), data_(std::move(data)), pieces_(data_.size()) {}
+
+TcpComm::~TcpComm() {
+  if (ctrl) ShutdownQuietly(ctrl.get());
+  for (UniqueFd& fd : data_) {
+    if (fd) ShutdownQuietly(fd.get());
+  }
+  copies_.Synchronize();  // copies in flight end before their buffers go
+  reqs_.ForEachInUse([&](TcpRequest& r) { Drop(r); });
+}
+
+std::string TcpComm::Describe() const { return absl::StrCat("TCP, ", data_.size(), " data sockets"); }
+
+Result TcpComm::RegMr(void* data, size_t size, int type, Mr** mr) {
+  auto m = std::make_unique<Mr>();
+  m->comm = this;
+  m->base = static_cast<char*>(data);
+  m->size = size;
+  m->type = type;
+  *mr = m.release();
+  return kSuccess;
+}
+
 template <typename F>
-void ForEachPiece(Comm& c, size_t size, F&& f) {
-  size_t ns = c.data.size();
+void TcpComm::ForEachPiece(size_t size, F&& f) {
+  size_t ns = data_.size();
   size_t share = (size + ns - 1) / ns;
-  share = std::max(kMinPiece, (share + 127) & ~size_t{127});
+  share = std::max(kMinPiece, (share + 127) & ~size_t{127});  // 128-byte boundaries
   for (size_t off = 0; off < size; off += share) {
-    f(c.rr % ns, off, std::min(share, size - off));
-    c.rr++;
+    f(rr_ % ns, off, std::min(share, size - off));
+    rr_++;
   }
 }
 
-Result TcpProgress(Comm& c) {
-  if (c.failed != kSuccess) return c.failed;
-  auto fail = [&](Result r, const std::string& why) {
-    c.failed = r;
-    return Fail(r, absl::StrCat("connection with ", c.peer, ": ", why));
-  };
+// Returns the request's staging buffers and event to the pools.
+void TcpComm::Drop(TcpRequest& r) {
+  for (HostStage& st : r.staging) {
+    staging_.Give(st);
+    st = HostStage();
+  }
+  staging_.GiveEvent(r.copied);
+  r.copied = nullptr;
+  r.in_use = false;
+}
+
+Result TcpComm::Progress() {
+  if (failed != kSuccess) return failed;
+  auto fail = [&](Result r, const std::string& why) { return FailComm(r, why); };
   // Sends whose staging copy has finished go to the sockets, in frame order.
-  while (!c.unqueued.empty()) {
-    Request& r = *c.unqueued.front();
-    auto copied = CopiesDone(c, r);
+  while (!unqueued_.empty()) {
+    TcpRequest& r = *unqueued_.front();
+    auto copied = staging_.Done(r.copied);
     if (!copied.ok()) return fail(kUnhandledCudaError, absl::StrCat("staging a send: ", copied.status().ToString()));
     if (!*copied) break;
-    c.unqueued.pop_front();
-    ForEachPiece(c, r.size, [&](size_t sock, size_t off, size_t len) {
-      c.pieces[sock].push_back(Piece{&r, r.src + off, len});
+    unqueued_.pop_front();
+    ForEachPiece(r.size, [&](size_t sock, size_t off, size_t len) {
+      pieces_[sock].push_back(Piece{&r, r.src + off, len});
       r.pieces_left++;
     });
     r.queued = true;
   }
-  while (!c.out.empty()) {
-    auto n = SendSome(c.ctrl.get(), c.out.data(), c.out.size());
+  while (!out_.empty()) {
+    auto n = SendSome(ctrl.get(), out_.data(), out_.size());
     if (!n.ok()) return fail(kRemoteError, n.status().ToString());
     if (*n == 0) break;
-    c.out.erase(0, *n);
+    out_.erase(0, *n);
   }
   // Control frames in.
-  while (c.peer_closed.empty()) {
-    auto n = RecvSome(c.ctrl.get(), reinterpret_cast<char*>(&c.in) + c.in_got, sizeof(Frame) - c.in_got);
+  while (peer_closed_.empty()) {
+    auto n = RecvSome(ctrl.get(), reinterpret_cast<char*>(&in_) + in_got_, sizeof(Frame) - in_got_);
     if (!n.ok()) {
-      if (c.send) {
-        bool busy = false;
-        for (const Request& r : c.reqs) busy |= r.in_use;
-        if (busy) return fail(kRemoteError, n.status().ToString());
+      if (send) {
+        if (reqs_.AnyInUse()) return fail(kRemoteError, n.status().ToString());
         break;  // an idle sender notices a closed peer on its next send
       }
       // What the peer sent before closing still counts: a receive whose data
       // frames all arrived completes from the data sockets; one still
       // waiting for frames fails when tested (Test), as does a new receive.
-      c.peer_closed = n.status().ToString();
+      peer_closed_ = n.status().ToString();
       break;
     }
     if (*n == 0) break;
-    c.in_got += *n;
-    if (c.in_got < sizeof(Frame)) continue;
-    c.in_got = 0;
-    Frame f = c.in;
-    if (c.send) {
+    in_got_ += *n;
+    if (in_got_ < sizeof(Frame)) continue;
+    in_got_ = 0;
+    Frame f = in_;
+    if (send) {
       if (f.type != kFrameCts || f.n < 1 || f.n > kMaxRecvs) return fail(kRemoteError, "malformed clear-to-send");
-      c.cts_queue.push_back(f);
+      cts_queue_.push_back(f);
       continue;
     }
     if (f.type != kFrameData) return fail(kRemoteError, "unexpected frame type");
-    Request& r = c.reqs[f.seq % kMaxRequests];
+    TcpRequest& r = reqs_.at(f.seq % kMaxRequests);
     if (!r.in_use || r.seq != f.seq || f.index >= static_cast<uint32_t>(r.n) || r.frames_left <= 0) {
       return fail(kRemoteError, absl::StrCat("data for unknown receive ", f.seq, "/", f.index));
     }
@@ -98,25 +142,22 @@ Result TcpProgress(Comm& c) {
     r.got[f.index] = size;
     char* dst = static_cast<char*>(r.data[f.index]);
     if (r.mr[f.index]->type != nccl_abi::kPtrHost && size > 0) {
-      auto st = TakeStage(c, size);
-      if (!st.ok()) {
-        c.failed = kUnhandledCudaError;
-        return FailStatus(kUnhandledCudaError, "staging a receive", st.status());
-      }
+      auto st = staging_.Take(size);
+      if (!st.ok()) return fail(kUnhandledCudaError, absl::StrCat("staging a receive: ", st.status().ToString()));
       r.staging[f.index] = *st;
       dst = st->p;
     }
-    ForEachPiece(c, size, [&](size_t sock, size_t off, size_t len) {
-      c.pieces[sock].push_back(Piece{&r, dst + off, len});
+    ForEachPiece(size, [&](size_t sock, size_t off, size_t len) {
+      pieces_[sock].push_back(Piece{&r, dst + off, len});
       r.pieces_left++;
     });
   }
   // Payload.
-  for (size_t s = 0; s < c.data.size(); ++s) {
-    auto& q = c.pieces[s];
+  for (size_t s = 0; s < data_.size(); ++s) {
+    auto& q = pieces_[s];
     while (!q.empty()) {
       Piece& p = q.front();
-      auto n = c.send ? SendSome(c.data[s].get(), p.p, p.left) : RecvSome(c.data[s].get(), p.p, p.left);
+      auto n = send ? SendSome(data_[s].get(), p.p, p.left) : RecvSome(data_[s].get(), p.p, p.left);
       if (!n.ok()) return fail(kRemoteError, n.status().ToString());
       if (*n == 0) break;
       p.p += *n;
@@ -130,18 +171,140 @@ Result TcpProgress(Comm& c) {
   return kSuccess;
 }
 
-void TcpQueueFrame(Comm& c, const Frame& f) { c.out.append(reinterpret_cast<const char*>(&f), sizeof(f)); }
 
-// Ends a TCP connection without a reset. Linux answers a close() with
-// unread bytes in the receive queue by RST, and a reset makes the peer drop
-// what it has received but not yet read: the tail of the last message.
-// Unconsumed input (clear-to-send frames for receives we will never match)
-// is read and dropped, then FIN follows everything we sent.
-void ShutdownQuietly(int fd) {
-  char buf[16384];
-  for (int i = 0; i < 4096 && ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT) > 0; ++i) {
+Result TcpComm::Isend(void* data, size_t size, int tag, Mr* mr, void** request) {
+  Result pr = Progress();
+  if (pr != kSuccess) return pr;
+  if (cts_queue_.empty()) return kSuccess;
+  const Frame cts = cts_queue_.front();  // by value: consuming it may pop it
+  int index = -1;
+  if (Result m = MatchTag(cts.tags, cts.n, cts_consumed_, tag, peer, &index); m != kSuccess) return m;
+  TcpRequest* r = reqs_.Take(this);
+  if (r == nullptr) return kSuccess;
+  r->send = true;
+  r->seq = cts.seq;
+  r->index = index;
+  r->size = size;
+  Frame f{};
+  f.type = kFrameData;
+  f.seq = cts.seq;
+  f.index = static_cast<uint32_t>(index);
+  if (size > cts.sizes[index]) size = r->size = Truncate(size, cts.sizes[index]);
+  f.sizes[0] = size;
+  cts_consumed_ |= 1u << index;
+  if (cts_consumed_ == (1u << cts.n) - 1) {
+    cts_queue_.pop_front();
+    cts_consumed_ = 0;
   }
-  ::shutdown(fd, SHUT_WR);
+  QueueFrame(f);
+  char* p = static_cast<char*>(data);
+  TRACE_OP("trace tcp isend comm=%p peer=%s seq=%lu index=%d tag=%d size=%zu type=%d", static_cast<void*>(this),
+           peer.c_str(), static_cast<unsigned long>(cts.seq), index, tag, size, mr->type);
+  r->src = p;
+  if (mr->type != nccl_abi::kPtrHost && size > 0) {
+    auto st = staging_.Take(size);
+    absl::Status cs = st.ok() ? absl::OkStatus() : st.status();
+    if (cs.ok()) {
+      r->staging[0] = *st;
+      r->src = st->p;
+      cs = staging_.StartCopies({{reinterpret_cast<uint64_t>(st->p), reinterpret_cast<uint64_t>(p), size}},
+                                &r->copied);
+    }
+    if (!cs.ok()) {
+      failed = kUnhandledCudaError;
+      Drop(*r);
+      return FailStatus(kUnhandledCudaError, "isend: staging GPU memory", cs);
+    }
+  }
+  unqueued_.push_back(r);
+  *request = r;
+  return Progress();
+}
+
+Result TcpComm::Irecv(int n, void** data, const size_t* sizes, const int* tags, Mr** mrs, void** request) {
+  Result pr = Progress();
+  if (pr != kSuccess) return pr;
+  if (!peer_closed_.empty()) {
+    failed = kRemoteError;
+    return Fail(kRemoteError, absl::StrCat("irecv: connection with ", peer, ": ", peer_closed_));
+  }
+  TcpRequest* r = reqs_.Take(this, static_cast<int>(next_seq_ % kMaxRequests));
+  if (r == nullptr) return kSuccess;
+  r->seq = next_seq_++;
+  r->Post(n, data, sizes, mrs);
+  r->frames_left = n;
+  Frame f{};
+  f.type = kFrameCts;
+  f.seq = r->seq;
+  f.n = static_cast<uint32_t>(n);
+  for (int i = 0; i < n; ++i) {
+    f.tags[i] = tags[i];
+    f.sizes[i] = sizes[i];
+  }
+  QueueFrame(f);
+  TRACE_OP("trace tcp irecv comm=%p peer=%s seq=%lu n=%d tag0=%d size0=%zu type0=%d", static_cast<void*>(this),
+           peer.c_str(), static_cast<unsigned long>(r->seq), n, tags[0], sizes[0], mrs[0]->type);
+  *request = r;
+  return Progress();
+}
+
+Result TcpComm::Test(Request& base, int* done, int* sizes) {
+  auto& r = static_cast<TcpRequest&>(base);
+  Result pr = Progress();
+  if (pr != kSuccess) return pr;
+  if (r.send) {
+    if (!r.queued || r.pieces_left > 0) return kSuccess;
+    TRACE_OP("trace tcp send done comm=%p seq=%lu", static_cast<void*>(this), static_cast<unsigned long>(r.seq));
+    if (sizes != nullptr) sizes[0] = static_cast<int>(r.size);
+    *done = 1;
+    Drop(r);
+    return kSuccess;
+  }
+  return ReceiveDone(r, done, sizes);
+}
+
+Result TcpComm::ReceiveDone(TcpRequest& r, int* done, int* sizes) {
+  if (r.frames_left > 0 && !peer_closed_.empty()) {
+    failed = kRemoteError;
+    return Fail(kRemoteError, absl::StrCat("connection with ", peer, ": ", peer_closed_,
+                                           " before sending what a receive was due"));
+  }
+  if (r.frames_left > 0 || r.pieces_left > 0) return kSuccess;
+  Result result = r.error;
+  if (!r.copying && result == kSuccess) {
+    // Page-locked staging -> GPU, asynchronously; done once they have landed.
+    std::vector<std::array<uint64_t, 3>> copies;
+    for (int i = 0; i < r.n; ++i) {
+      if (r.mr[i]->type != nccl_abi::kPtrHost && r.got[i] > 0) {
+        copies.push_back(
+            {reinterpret_cast<uint64_t>(r.data[i]), reinterpret_cast<uint64_t>(r.staging[i].p), r.got[i]});
+      }
+    }
+    TRACE_OP("trace tcp recv arrived comm=%p seq=%lu copies=%zu", static_cast<void*>(this),
+             static_cast<unsigned long>(r.seq), copies.size());
+    r.copying = true;
+    if (!copies.empty()) {
+      absl::Status st = staging_.StartCopies(copies, &r.copied);
+      if (!st.ok()) result = FailStatus(kUnhandledCudaError, "irecv: copying into GPU memory", st);
+    }
+  }
+  if (result == kSuccess) {
+    auto copied = staging_.Done(r.copied);
+    if (!copied.ok()) {
+      result = FailStatus(kUnhandledCudaError, "irecv: copying into GPU memory", copied.status());
+    } else if (!*copied) {
+      return kSuccess;
+    }
+  } else if (r.error != kSuccess) {
+    WARN("receive from %s: the matching send was larger than the receive", peer.c_str());
+  }
+  if (result != kSuccess && result != r.error) failed = result;
+  for (int i = 0; i < r.n; ++i) {
+    if (sizes != nullptr) sizes[i] = static_cast<int>(r.got[i]);
+  }
+  *done = 1;
+  Drop(r);
+  return result;
 }
 
 }  // namespace podlink::ncclnet

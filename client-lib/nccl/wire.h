@@ -13,22 +13,16 @@
 
 namespace podlink::ncclnet {
 
-
 constexpr uint32_t kHandleMagic = 0x4b4e4c50;  // "PLNK"
 constexpr uint32_t kHelloMagic = 0x4f4c4548;   // "HELO"
-constexpr uint32_t kCommMagic = 0x4d4d4f43;    // "COMM"
-constexpr uint32_t kListenMagic = 0x4e54534c;  // "LSTN"
-constexpr uint32_t kMrMagic = 0x5247454d;      // "MEGR"
 constexpr uint32_t kRegionMagic = 0x4c525443;  // "CTRL"
 constexpr uint16_t kWireVersion = 1;
 constexpr int kSlots = 64;  // control-region ring slots (> NCCL's 32 requests in flight)
-constexpr int kMaxRequests = nccl_abi::kMaxRequests;
 constexpr uint64_t kSizeError = ~0ull;  // a completion size meaning "this send failed"
-constexpr size_t kMinPiece = 64 << 10;  // smallest share of one TCP data socket
 
-enum class Transport : uint8_t { kTcp = 1, kPodlink = 2 };
-inline const char* TransportName(Transport t) { return t == Transport::kPodlink ? "podlink" : "TCP"; }
-// ---------------------------------------------------------------- wire formats
+// Which transport a connection uses, as the hello carries it. The transports
+// themselves are classes (transports.h selects and makes them).
+enum class TransportId : uint8_t { kTcp = 1, kPodlink = 2 };
 
 // The listen handle NCCL carries to the peer (<= 128 bytes). The last 16
 // bytes are the connecting side's own bookkeeping and never trusted as a
