@@ -57,17 +57,8 @@ RelayEngine::RelayEngine(Resolver resolve, const GpuInventory& inventory, RelayO
     ev.events = EPOLLIN;
     ev.data.u64 = kWakeKey;
     ::epoll_ctl(w->epoll.get(), EPOLL_CTL_ADD, w->wake.get(), &ev);
-    w->streams.assign(ngpu, {});
-    w->next_stream.assign(ngpu, 0);
-    w->free_events.assign(ngpu, {});
-    for (int g = 0; g < ngpu; ++g) {
-      if (contexts_[g] == nullptr) continue;
-      cuda_->CtxSetCurrent(contexts_[g]);
-      for (uint32_t k = 0; k < options_.streams_per_gpu; ++k) {
-        cu::Stream s = nullptr;
-        if (cuda_->StreamCreate(&s, cu::kStreamNonBlocking) == cu::kSuccess) w->streams[g].push_back(s);
-      }
-    }
+    w->exec = std::make_unique<CopyExecutor>(i, cuda_, contexts_, options_.streams_per_gpu,
+                                             options_.bytes_per_event, options_.host_bytes_per_round);
     workers_.push_back(std::move(w));
   }
   {
@@ -86,16 +77,9 @@ RelayEngine::~RelayEngine() {
   for (auto& w : workers_) w->thread.join();
   for (auto& w : workers_) {
     ApplyChanges(*w);  // rings added after the thread's last look are drained too
-    for (auto& [id, r] : w->rings) Drain(*w, *r);
+    for (auto& [id, r] : w->rings) w->exec->Drain(r->copies);
     w->rings.clear();
-    if (cuda_ != nullptr) {
-      for (auto& per_gpu : w->free_events) {
-        for (cu::Event e : per_gpu) cuda_->EventDestroy(e);
-      }
-      for (auto& per_gpu : w->streams) {
-        for (cu::Stream s : per_gpu) cuda_->StreamDestroy(s);
-      }
-    }
+    w->exec.reset();  // its streams and events, before the contexts go
   }
   if (cuda_ != nullptr) {
     for (size_t g = 0; g < contexts_.size(); ++g) {
@@ -212,7 +196,7 @@ void RelayEngine::ApplyChanges(Worker& w) {
     }
     auto it = w.rings.find(c.session);
     if (it == w.rings.end()) continue;
-    Drain(w, *it->second);
+    w.exec->Drain(it->second->copies);
     // Whatever the client still queues here is never served: say so, so its
     // engine fails those transfers now instead of waiting out its timeout.
     uint32_t unserved = 0;
@@ -237,11 +221,11 @@ void RelayEngine::Run(Worker& w) {
         if (it == w.rings.end()) it = w.rings.begin();
         Ring& r = *it->second;
         if (r.broken.load(std::memory_order_relaxed)) continue;
-        progress |= PollInflight(w, r);
-        progress |= RunHostJobs(r);
+        progress |= w.exec->PollGpu(r.copies, Completer(r));
+        progress |= w.exec->RunHost(r.copies, Completer(r));
         progress |= FlushNotifies(r);
         progress |= ServeRing(w, r);
-        inflight |= r.copies_pending != 0 || !r.notifies.empty();
+        inflight |= r.copies.pending() != 0 || !r.notifies.empty();
       }
     }
     if (progress || inflight) {
@@ -298,7 +282,7 @@ bool RelayEngine::ServeRing(Worker& w, Ring& r) {
     return false;
   }
   // Every consumed SQE will post one CQE: take only what the CQ can hold.
-  uint64_t pending = r.notifies.size() + r.copies_pending;
+  uint64_t pending = r.notifies.size() + r.copies.pending();
   uint64_t room = r.layout.cq_entries - cq_used;
   room = room > pending ? room - pending : 0;
   uint64_t cap = options_.inflight_per_ring > pending ? options_.inflight_per_ring - pending : 0;
@@ -319,11 +303,11 @@ bool RelayEngine::ServeRing(Worker& w, Ring& r) {
     e.reserved = src.reserved;
     Process(w, r, e);
     if (r.broken.load(std::memory_order_relaxed)) {
-      SealRound(w, r);  // copies already issued still get their event
+      w.exec->SealRound(r.copies, Completer(r));  // copies already issued still get their event
       return true;
     }
   }
-  SealRound(w, r);
+  w.exec->SealRound(r.copies, Completer(r));
   r.sq_head += n;
   r.hdr->sq_head.value.store(r.sq_head, std::memory_order_release);
   return n > 0;
@@ -336,17 +320,13 @@ void RelayEngine::Process(Worker& w, Ring& r, const RelaySqe& e) {
   switch (static_cast<RelayOp>(e.opcode)) {
     case RelayOp::kWrite:
     case RelayOp::kRead: {
-      bool async = false;
-      absl::Status st = Copy(w, r, e, &async);
-      if (!async) {
-        if (st.ok()) latency_.Observe((NowNs() - w.round_start_ns) * 1e-9);
-        Complete(r, e.user_data, st);
-      }
+      absl::Status st = Copy(w, r, e);
+      if (!st.ok()) Complete(r, e.user_data, st);  // refused or not started: completed now
       return;
     }
     case RelayOp::kNotify: {
       PendingNotify p;
-      p.after_seq = r.next_seq - 1;
+      p.after_seq = CopyExecutor::LastSeq(r.copies);
       p.sqe = e;
       r.notifies.push_back(p);
       return;
@@ -355,7 +335,7 @@ void RelayEngine::Process(Worker& w, Ring& r, const RelaySqe& e) {
   Complete(r, e.user_data, absl::InvalidArgumentError(absl::StrCat("unknown relay opcode ", e.opcode)));
 }
 
-absl::Status RelayEngine::Copy(Worker& w, Ring& r, const RelaySqe& e, bool* async) {
+absl::Status RelayEngine::Copy(Worker& w, Ring& r, const RelaySqe& e) {
   PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<const ExportRecord> local, resolve_(r.session, e.local_export));
   PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<const ExportRecord> remote, resolve_(r.session, e.remote_export));
   auto in_bounds = [&](const ExportRecord& x, uint64_t off, const char* which) -> absl::Status {
@@ -378,165 +358,27 @@ absl::Status RelayEngine::Copy(Worker& w, Ring& r, const RelaySqe& e, bool* asyn
   if (src_addr < dst_addr + e.length && dst_addr < src_addr + e.length && src.address == dst.address) {
     return absl::InvalidArgumentError("source and destination ranges overlap");
   }
-  if (!src.on_gpu && !dst.on_gpu) {
-    HostJob j;
-    j.seq = r.next_seq++;
-    j.user_data = e.user_data;
-    j.start_ns = w.round_start_ns;
-    j.src_off = write ? e.local_offset : e.remote_offset;
-    j.dst_off = write ? e.remote_offset : e.local_offset;
-    j.src_base = reinterpret_cast<const char*>(src.address);
-    j.dst_base = reinterpret_cast<char*>(dst.address);
-    j.left = e.length;
-    j.src = write ? std::move(local) : std::move(remote);
-    j.dst = write ? std::move(remote) : std::move(local);
-    r.host_jobs.push_back(std::move(j));
-    ++r.copies_pending;
-    *async = true;
-    ops_.fetch_add(1, std::memory_order_relaxed);
-    bytes_.fetch_add(e.length, std::memory_order_relaxed);
-    return absl::OkStatus();
-  }
-  if (cuda_ == nullptr) return absl::FailedPreconditionError("GPU relay needs CUDA in podlinkd");
-  // The copy engine of the GPU that holds the source (or the destination
-  // when the source is host memory) does the work.
-  int gpu = src.on_gpu ? src.gpu : dst.gpu;
-  if (gpu < 0 || gpu >= static_cast<int>(w.streams.size()) || w.streams[gpu].empty()) {
-    return absl::InternalError(absl::StrCat("no relay stream on GPU ", gpu));
-  }
-  uint32_t si = w.next_stream[gpu]++ % w.streams[gpu].size();
-  cuda_->CtxSetCurrent(contexts_[gpu]);
-  PODLINK_RETURN_IF_ERROR(
-      cu::CuStatus(cuda_->MemcpyAsync(dst_addr, src_addr, e.length, w.streams[gpu][si]), "cuMemcpyAsync"));
-  StreamQueue& q = r.streams[{gpu, si}];
-  Group& g = q.building;
-  uint64_t seq = r.next_seq++;
-  if (g.user_data.empty()) {
-    g.first_seq = seq;
-    g.start_ns = w.round_start_ns;
-  }
-  g.user_data.push_back(e.user_data);
-  g.bytes += e.length;
-  g.keep.push_back(std::move(local));
-  g.keep.push_back(std::move(remote));
-  ++r.copies_pending;
-  *async = true;
+  CopyRequest c;
+  c.tag = e.user_data;
+  c.start_ns = w.round_start_ns;
+  c.src_view = src;
+  c.dst_view = dst;
+  c.src_off = write ? e.local_offset : e.remote_offset;
+  c.dst_off = write ? e.remote_offset : e.local_offset;
+  c.length = e.length;
+  c.src = write ? std::move(local) : std::move(remote);
+  c.dst = write ? std::move(remote) : std::move(local);
+  PODLINK_RETURN_IF_ERROR(w.exec->Submit(r.copies, std::move(c), Completer(r)));
   ops_.fetch_add(1, std::memory_order_relaxed);
   bytes_.fetch_add(e.length, std::memory_order_relaxed);
-  if (g.bytes >= options_.bytes_per_event) Seal(w, r, gpu, si, q);
   return absl::OkStatus();
-}
-
-cu::Event RelayEngine::TakeEvent(Worker& w, int gpu) {
-  std::vector<cu::Event>& pool = w.free_events[gpu];
-  if (!pool.empty()) {
-    cu::Event e = pool.back();
-    pool.pop_back();
-    return e;
-  }
-  // Created in the current context, which Copy set to the GPU's.
-  cu::Event e = nullptr;
-  if (cuda_->EventCreate(&e, cu::kEventDisableTiming) != cu::kSuccess) return nullptr;
-  return e;
-}
-
-void RelayEngine::Seal(Worker& w, Ring& r, int gpu, uint32_t si, StreamQueue& q) {
-  Group g = std::move(q.building);
-  q.building = Group();
-  if (g.user_data.empty()) return;
-  cu::Stream stream = w.streams[gpu][si];
-  // One round may copy on several GPUs: events are made and recorded in the
-  // context of the GPU whose stream they follow.
-  cuda_->CtxSetCurrent(contexts_[gpu]);
-  g.event = TakeEvent(w, gpu);
-  cu::Result rec = g.event == nullptr ? cu::kErrorNotReady : cuda_->EventRecord(g.event, stream);
-  if (rec != cu::kSuccess) {
-    // No event to poll: finish synchronously (slow: this thread waits).
-    if (!w.warned_sync) {
-      w.warned_sync = true;
-      Log()->warn("event=relay_sync_fallback worker={} gpu={} error={}", w.index, gpu,
-                  LogQuoted(g.event == nullptr ? std::string("cuEventCreate failed")
-                                     : std::string(cu::CuStatus(rec, "cuEventRecord").message())));
-    }
-    absl::Status st = cu::CuStatus(cuda_->StreamSynchronize(stream), "relay copy");
-    double secs = (NowNs() - g.start_ns) * 1e-9;
-    for (uint64_t u : g.user_data) {
-      if (st.ok()) latency_.Observe(secs);
-      Complete(r, u, st);
-    }
-    r.copies_pending -= g.user_data.size();
-    // An event that failed to record is not trusted again.
-    if (g.event != nullptr) cuda_->EventDestroy(g.event);
-    return;
-  }
-  q.sealed.push_back(std::move(g));
-}
-
-void RelayEngine::SealRound(Worker& w, Ring& r) {
-  for (auto& [key, q] : r.streams) {
-    if (!q.building.user_data.empty()) Seal(w, r, key.first, key.second, q);
-  }
-}
-
-bool RelayEngine::PollInflight(Worker& w, Ring& r) {
-  bool progress = false;
-  for (auto& [key, q] : r.streams) {
-    while (!q.sealed.empty()) {
-      Group& g = q.sealed.front();
-      cu::Result res = cuda_->EventQuery(g.event);
-      if (res == cu::kErrorNotReady) break;
-      progress = true;
-      absl::Status st = cu::CuStatus(res, "relay copy");
-      double secs = (NowNs() - g.start_ns) * 1e-9;
-      for (uint64_t u : g.user_data) {
-        if (st.ok()) latency_.Observe(secs);
-        Complete(r, u, st);
-      }
-      r.copies_pending -= g.user_data.size();
-      w.free_events[key.first].push_back(g.event);
-      q.sealed.pop_front();
-    }
-  }
-  return progress;
-}
-
-bool RelayEngine::RunHostJobs(Ring& r) {
-  uint64_t budget = options_.host_bytes_per_round;
-  bool progress = false;
-  while (!r.host_jobs.empty() && budget > 0) {
-    HostJob& j = r.host_jobs.front();
-    uint64_t n = std::min(j.left, budget);
-    // Checked slice by slice: a page the client punched out since the last
-    // slice would be allocated on podlinkd's account by the copy.
-    absl::Status st = j.src->memory->CheckPopulated(j.src_off, n);
-    if (st.ok()) st = j.dst->memory->CheckPopulated(j.dst_off, n);
-    if (st.ok()) {
-      std::memcpy(j.dst_base + j.dst_off, j.src_base + j.src_off, n);
-      j.src_off += n;
-      j.dst_off += n;
-      j.left -= n;
-      budget -= n;
-    }
-    progress = true;
-    if (st.ok() && j.left > 0) break;  // budget spent; the rest next round
-    if (st.ok()) latency_.Observe((NowNs() - j.start_ns) * 1e-9);
-    Complete(r, j.user_data, st);
-    --r.copies_pending;
-    r.host_jobs.pop_front();
-  }
-  return progress;
 }
 
 bool RelayEngine::FlushNotifies(Ring& r) {
   bool progress = false;
   while (!r.notifies.empty()) {
     const PendingNotify& p = r.notifies.front();
-    bool earlier_pending = false;  // any copy issued before the notify still running?
-    for (const auto& [key, q] : r.streams) {
-      earlier_pending |= !q.sealed.empty() && q.sealed.front().first_seq <= p.after_seq;
-    }
-    earlier_pending |= !r.host_jobs.empty() && r.host_jobs.front().seq <= p.after_seq;
-    if (earlier_pending) break;
+    if (r.copies.HasRunningUpTo(p.after_seq)) break;  // a copy issued before the notify still runs
     absl::Status st = DeliverNotify(r, p.sqe);
     Complete(r, p.sqe.user_data, st);
     r.notifies.pop_front();
@@ -592,19 +434,6 @@ void RelayEngine::Break(Ring& r, const std::string& why) {
   broken_.fetch_add(1, std::memory_order_relaxed);
   r.hdr->daemon_status.value.store(static_cast<uint32_t>(absl::StatusCode::kDataLoss), std::memory_order_release);
   Log()->warn("event=relay_ring_broken session={} reason={}", r.session, LogQuoted(why));
-}
-
-void RelayEngine::Drain(Worker& w, Ring& r) {
-  for (auto& [key, q] : r.streams) {
-    for (Group& g : q.sealed) {
-      cuda_->EventSynchronize(g.event);
-      w.free_events[key.first].push_back(g.event);
-    }
-    q.sealed.clear();
-  }
-  r.streams.clear();
-  r.host_jobs.clear();  // the ring is going away: nobody reads its completions
-  r.copies_pending = 0;
 }
 
 }  // namespace podlink

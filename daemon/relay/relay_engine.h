@@ -1,13 +1,11 @@
 // The relay: podlinkd moves bytes between exports of pods that cannot map
-// each other. Worker threads (by default one per GPU) serve the sessions'
-// rings; each ring belongs to one worker, which consumes its requests in
-// round-robin batches (no session can starve another on that worker),
-// validates each one against the registry, copies with the GPUs' copy engines
-// (cuMemcpyAsync on the worker's own non-blocking streams, several per GPU;
-// never a kernel) or with memcpy for host memory, and posts completions as
-// soon as the copy engine reports them: copies on a stream share a
-// completion event only until they add up to bytes_per_event, so large
-// copies complete one by one and small ones in bulk.
+// each other. This is the ring server: worker threads (by default one per
+// GPU) serve the sessions' rings; each ring belongs to one worker, which
+// consumes its requests in round-robin batches (no session can starve
+// another on that worker), copies each request out of shared memory once,
+// validates it against the registry and hands the resolved copy to the
+// worker's CopyExecutor (copy_executor.h: streams, events, host copies),
+// then posts completions and delivers notifications in order.
 #pragma once
 
 #include <atomic>
@@ -27,6 +25,7 @@
 #include "common/unique_fd.h"
 #include "daemon/gpu/gpu_inventory.h"
 #include "daemon/metrics/metrics.h"
+#include "daemon/relay/copy_executor.h"
 #include "daemon/registry/registry.h"
 
 namespace podlink {
@@ -75,32 +74,6 @@ class RelayEngine {
   const LatencyHistogram& latency() const { return latency_; }
 
  private:
-  // Copies on one stream of one ring, completed by one event.
-  struct Group {
-    uint64_t first_seq = 0;
-    uint64_t start_ns = 0;
-    uint64_t bytes = 0;
-    cu::Event event = nullptr;
-    std::vector<uint64_t> user_data;
-    std::vector<std::shared_ptr<const ExportRecord>> keep;  // memory stays alive while copying
-  };
-  // A ring's copies on one stream: sealed groups complete in order (a stream
-  // is FIFO), so only the oldest event is ever queried.
-  struct StreamQueue {
-    std::deque<Group> sealed;
-    Group building;  // copies of the current round not yet under an event
-  };
-  // A host-to-host copy in progress, done a slice per round.
-  struct HostJob {
-    uint64_t seq = 0;
-    uint64_t user_data = 0;
-    uint64_t start_ns = 0;
-    std::shared_ptr<const ExportRecord> src, dst;  // memory stays alive while copying
-    uint64_t src_off = 0, dst_off = 0;             // next byte, within the exports
-    const char* src_base = nullptr;                // the daemon's mappings
-    char* dst_base = nullptr;
-    uint64_t left = 0;
-  };
   struct PendingNotify {
     uint64_t after_seq = 0;  // every op with seq <= after_seq must be complete
     RelaySqe sqe{};
@@ -119,11 +92,8 @@ class RelayEngine {
     // Owned by the ring's worker; daemon positions are never read back from
     // shared memory.
     uint32_t sq_head = 0, cq_tail = 0;
-    uint64_t next_seq = 1;
-    uint64_t copies_pending = 0;  // taken off the SQ, completion not yet posted
-    std::map<std::pair<int, uint32_t>, StreamQueue> streams;  // (gpu, stream index)
+    CopyQueue copies;  // taken off the SQ, completion not yet posted
     std::deque<PendingNotify> notifies;
-    std::deque<HostJob> host_jobs;  // in submission order
     // Notifications come from any worker.
     absl::Mutex nq_mu;
     uint32_t nq_tail ABSL_GUARDED_BY(nq_mu) = 0;
@@ -132,10 +102,7 @@ class RelayEngine {
     size_t index = 0;
     UniqueFd epoll, wake;
     std::thread thread;
-    std::vector<std::vector<cu::Stream>> streams;  // [gpu][i], created for this worker
-    std::vector<uint32_t> next_stream;
-    std::vector<std::vector<cu::Event>> free_events;  // [gpu]: an event works only in its GPU's context
-    bool warned_sync = false;
+    std::unique_ptr<CopyExecutor> exec;  // this worker's streams and events
     absl::Mutex mu;  // protects the change lists
     // Rings to start serving (ring set) or to stop serving (session id
     // only), applied by the worker in the order they were asked for.
@@ -153,18 +120,20 @@ class RelayEngine {
   void Run(Worker& w);
   void ApplyChanges(Worker& w);
   bool ServeRing(Worker& w, Ring& r);
-  bool PollInflight(Worker& w, Ring& r);
-  void Seal(Worker& w, Ring& r, int gpu, uint32_t stream, StreamQueue& q);
-  void SealRound(Worker& w, Ring& r);  // puts every copy of this round under an event
-  bool RunHostJobs(Ring& r);           // one round's slice of r's host copies
   bool FlushNotifies(Ring& r);
   void Process(Worker& w, Ring& r, const RelaySqe& e);
-  absl::Status Copy(Worker& w, Ring& r, const RelaySqe& e, bool* async);
+  // Validates a write or read and hands it to the worker's executor.
+  absl::Status Copy(Worker& w, Ring& r, const RelaySqe& e);
   absl::Status DeliverNotify(Ring& from, const RelaySqe& e) ABSL_LOCKS_EXCLUDED(mu_);
   void Complete(Ring& r, uint64_t user_data, const absl::Status& st);
+  // The executor's completion callback for ring r.
+  auto Completer(Ring& r) {
+    return [this, &r](uint64_t tag, const absl::Status& st, double seconds) {
+      if (st.ok()) latency_.Observe(seconds);
+      Complete(r, tag, st);
+    };
+  }
   void Break(Ring& r, const std::string& why);
-  void Drain(Worker& w, Ring& r);  // waits for r's copies
-  cu::Event TakeEvent(Worker& w, int gpu);
   void Sleep(Worker& w);
   static void Wake(Worker& w);
 

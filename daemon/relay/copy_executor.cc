@@ -1,0 +1,214 @@
+#include "daemon/relay/copy_executor.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status_util.h"
+
+namespace podlink {
+namespace {
+
+const ComponentLog Log("relay");
+
+uint64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+bool CopyQueue::HasRunningUpTo(uint64_t seq) const {
+  for (const auto& [key, q] : streams_) {
+    if (!q.sealed.empty() && q.sealed.front().first_seq <= seq) return true;
+  }
+  return !host_jobs_.empty() && host_jobs_.front().seq <= seq;
+}
+
+CopyExecutor::CopyExecutor(size_t index, const cu::Driver* cuda, std::vector<cu::Context> contexts,
+                           uint32_t streams_per_gpu, uint64_t bytes_per_event, uint64_t host_bytes_per_round)
+    : index_(index),
+      cuda_(cuda),
+      contexts_(std::move(contexts)),
+      bytes_per_event_(bytes_per_event),
+      host_bytes_per_round_(host_bytes_per_round) {
+  size_t ngpu = cuda_ != nullptr ? contexts_.size() : 0;
+  streams_.assign(ngpu, {});
+  next_stream_.assign(ngpu, 0);
+  free_events_.assign(ngpu, {});
+  for (size_t g = 0; g < ngpu; ++g) {
+    if (contexts_[g] == nullptr) continue;
+    cuda_->CtxSetCurrent(contexts_[g]);
+    for (uint32_t k = 0; k < streams_per_gpu; ++k) {
+      cu::Stream s = nullptr;
+      if (cuda_->StreamCreate(&s, cu::kStreamNonBlocking) == cu::kSuccess) streams_[g].push_back(s);
+    }
+  }
+}
+
+CopyExecutor::~CopyExecutor() {
+  if (cuda_ == nullptr) return;
+  for (auto& per_gpu : free_events_) {
+    for (cu::Event e : per_gpu) cuda_->EventDestroy(e);
+  }
+  for (auto& per_gpu : streams_) {
+    for (cu::Stream s : per_gpu) cuda_->StreamDestroy(s);
+  }
+}
+
+absl::Status CopyExecutor::Submit(CopyQueue& q, CopyRequest c, OnDone done) {
+  const uint64_t src_addr = c.src_view.address + c.src_off;
+  const uint64_t dst_addr = c.dst_view.address + c.dst_off;
+  if (!c.src_view.on_gpu && !c.dst_view.on_gpu) {
+    CopyQueue::HostJob j;
+    j.seq = q.next_seq_++;
+    j.tag = c.tag;
+    j.start_ns = c.start_ns;
+    j.src_off = c.src_off;
+    j.dst_off = c.dst_off;
+    j.src_base = reinterpret_cast<const char*>(c.src_view.address);
+    j.dst_base = reinterpret_cast<char*>(c.dst_view.address);
+    j.left = c.length;
+    j.src = std::move(c.src);
+    j.dst = std::move(c.dst);
+    q.host_jobs_.push_back(std::move(j));
+    ++q.pending_;
+    return absl::OkStatus();
+  }
+  if (cuda_ == nullptr) return absl::FailedPreconditionError("GPU relay needs CUDA in podlinkd");
+  // The copy engine of the GPU that holds the source (or the destination
+  // when the source is host memory) does the work.
+  int gpu = c.src_view.on_gpu ? c.src_view.gpu : c.dst_view.gpu;
+  if (gpu < 0 || gpu >= static_cast<int>(streams_.size()) || streams_[gpu].empty()) {
+    return absl::InternalError(absl::StrCat("no relay stream on GPU ", gpu));
+  }
+  uint32_t si = next_stream_[gpu]++ % streams_[gpu].size();
+  cuda_->CtxSetCurrent(contexts_[gpu]);
+  PODLINK_RETURN_IF_ERROR(
+      cu::CuStatus(cuda_->MemcpyAsync(dst_addr, src_addr, c.length, streams_[gpu][si]), "cuMemcpyAsync"));
+  CopyQueue::StreamQueue& sq = q.streams_[{gpu, si}];
+  CopyQueue::Group& g = sq.building;
+  uint64_t seq = q.next_seq_++;
+  if (g.tags.empty()) {
+    g.first_seq = seq;
+    g.start_ns = c.start_ns;
+  }
+  g.tags.push_back(c.tag);
+  g.bytes += c.length;
+  g.keep.push_back(std::move(c.src));
+  g.keep.push_back(std::move(c.dst));
+  ++q.pending_;
+  if (g.bytes >= bytes_per_event_) Seal(q, gpu, si, sq, done);
+  return absl::OkStatus();
+}
+
+cu::Event CopyExecutor::TakeEvent(int gpu) {
+  std::vector<cu::Event>& pool = free_events_[gpu];
+  if (!pool.empty()) {
+    cu::Event e = pool.back();
+    pool.pop_back();
+    return e;
+  }
+  // Created in the current context, which the caller set to the GPU's.
+  cu::Event e = nullptr;
+  if (cuda_->EventCreate(&e, cu::kEventDisableTiming) != cu::kSuccess) return nullptr;
+  return e;
+}
+
+void CopyExecutor::Seal(CopyQueue& q, int gpu, uint32_t si, CopyQueue::StreamQueue& sq, OnDone done) {
+  CopyQueue::Group g = std::move(sq.building);
+  sq.building = CopyQueue::Group();
+  if (g.tags.empty()) return;
+  cu::Stream stream = streams_[gpu][si];
+  // One round may copy on several GPUs: events are made and recorded in the
+  // context of the GPU whose stream they follow.
+  cuda_->CtxSetCurrent(contexts_[gpu]);
+  g.event = TakeEvent(gpu);
+  cu::Result rec = g.event == nullptr ? cu::kErrorNotReady : cuda_->EventRecord(g.event, stream);
+  if (rec != cu::kSuccess) {
+    // No event to poll: finish synchronously (slow: this thread waits).
+    if (!warned_sync_) {
+      warned_sync_ = true;
+      Log()->warn("event=relay_sync_fallback worker={} gpu={} error={}", index_, gpu,
+                  LogQuoted(g.event == nullptr ? std::string("cuEventCreate failed")
+                                               : std::string(cu::CuStatus(rec, "cuEventRecord").message())));
+    }
+    absl::Status st = cu::CuStatus(cuda_->StreamSynchronize(stream), "relay copy");
+    double secs = (NowNs() - g.start_ns) * 1e-9;
+    for (uint64_t t : g.tags) done(t, st, secs);
+    q.pending_ -= g.tags.size();
+    // An event that failed to record is not trusted again.
+    if (g.event != nullptr) cuda_->EventDestroy(g.event);
+    return;
+  }
+  sq.sealed.push_back(std::move(g));
+}
+
+void CopyExecutor::SealRound(CopyQueue& q, OnDone done) {
+  for (auto& [key, sq] : q.streams_) {
+    if (!sq.building.tags.empty()) Seal(q, key.first, key.second, sq, done);
+  }
+}
+
+bool CopyExecutor::PollGpu(CopyQueue& q, OnDone done) {
+  bool progress = false;
+  for (auto& [key, sq] : q.streams_) {
+    while (!sq.sealed.empty()) {
+      CopyQueue::Group& g = sq.sealed.front();
+      cu::Result res = cuda_->EventQuery(g.event);
+      if (res == cu::kErrorNotReady) break;
+      progress = true;
+      absl::Status st = cu::CuStatus(res, "relay copy");
+      double secs = (NowNs() - g.start_ns) * 1e-9;
+      for (uint64_t t : g.tags) done(t, st, secs);
+      q.pending_ -= g.tags.size();
+      free_events_[key.first].push_back(g.event);
+      sq.sealed.pop_front();
+    }
+  }
+  return progress;
+}
+
+bool CopyExecutor::RunHost(CopyQueue& q, OnDone done) {
+  uint64_t budget = host_bytes_per_round_;
+  bool progress = false;
+  while (!q.host_jobs_.empty() && budget > 0) {
+    CopyQueue::HostJob& j = q.host_jobs_.front();
+    uint64_t n = std::min(j.left, budget);
+    // Checked slice by slice: a page the client punched out since the last
+    // slice would be allocated on podlinkd's account by the copy.
+    absl::Status st = j.src->memory->CheckPopulated(j.src_off, n);
+    if (st.ok()) st = j.dst->memory->CheckPopulated(j.dst_off, n);
+    if (st.ok()) {
+      std::memcpy(j.dst_base + j.dst_off, j.src_base + j.src_off, n);
+      j.src_off += n;
+      j.dst_off += n;
+      j.left -= n;
+      budget -= n;
+    }
+    progress = true;
+    if (st.ok() && j.left > 0) break;  // budget spent; the rest next round
+    done(j.tag, st, (NowNs() - j.start_ns) * 1e-9);
+    --q.pending_;
+    q.host_jobs_.pop_front();
+  }
+  return progress;
+}
+
+void CopyExecutor::Drain(CopyQueue& q) {
+  for (auto& [key, sq] : q.streams_) {
+    for (CopyQueue::Group& g : sq.sealed) {
+      cuda_->EventSynchronize(g.event);
+      free_events_[key.first].push_back(g.event);
+    }
+    sq.sealed.clear();
+  }
+  q.streams_.clear();
+  q.host_jobs_.clear();
+  q.pending_ = 0;
+}
+
+}  // namespace podlink
