@@ -8,6 +8,8 @@
 //                         session's exports (RelayNqe)
 //
 // Indices are free-running uint32 counters; slot = index & (entries - 1).
+// (The NCCL plugin's control region uses sequence-addressed slots instead of
+// these queues; client-lib/nccl/wire.h says why.)
 // The daemon treats the whole region as hostile: it copies each SQE out once
 // before validating it, checks every index it reads against the queue size,
 // and stops serving a ring whose indices make no sense.

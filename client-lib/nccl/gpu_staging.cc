@@ -16,10 +16,9 @@ namespace {
 // thread that launches a kernel for the first time loads its module and
 // synchronizes the context while holding it; that waits for NCCL's running
 // kernel, which waits for the proxy thread, whose copy issued in the same
-// context waits for the loader: a deadlock, seen on the H200 pair with the
-// TCP transport (docs/nccl.md). A second context on the device does not take
-// part in that synchronization. Created once per device, destroyed at the
-// last finalize.
+// context waits for the loader: a deadlock (docs/nccl.md has the case). A
+// second context on the device does not take part in that synchronization.
+// Created once per device, destroyed at the last finalize.
 absl::StatusOr<cu::Context> CopyContext(State& s, int dev) {
   std::lock_guard<std::mutex> l(s.mu);
   auto it = s.copy_ctx.find(dev);

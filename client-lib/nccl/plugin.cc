@@ -122,7 +122,7 @@ void ConnectPodlinkd(State& s) {
 //    every size measured.
 //  - NCCL_MIN_NCHANNELS=16, NCCL_BUFFSIZE=16 MiB: NCCL sizes channels from
 //    the topology, where the plugin's NIC sits behind the GPU's PCIe link,
-//    and opens 4; the relay needs more requests in flight (80 -> 255 GB/s).
+//    and opens 4; the relay needs more requests in flight.
 void SetRelayDefaults(State& s) {
   auto set_default = [&](const char* name, const char* value, const char* keep) {
     if (std::getenv(name) != nullptr || EnvIs(keep, "1")) return;

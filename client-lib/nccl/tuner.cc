@@ -38,7 +38,7 @@ int TunerChannels(size_t n_ranks, size_t n_nodes, int coll_type, size_t bytes) {
   if (n_ranks < 2 || n_nodes < 2 || EnvIs("PODLINK_NCCL_TUNER", "0")) return 0;
   if (coll_type < nccl_abi::kFuncBroadcast || coll_type > nccl_abi::kFuncAllReduce) return 0;
   size_t want = bytes / kTunerBytesPerChannel;
-  if (want >= kTunerMaxChannels) return 0;  // large: NCCL's own choice (it measured better at 64 MiB)
+  if (want >= kTunerMaxChannels) return 0;  // large: NCCL's own choice (docs/nccl.md, the tuner)
   return static_cast<int>(std::max<size_t>(want, kTunerMinChannels));
 }
 

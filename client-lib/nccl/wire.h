@@ -80,6 +80,18 @@ struct Frame {  // TCP control messages
 static_assert(sizeof(Frame) == 120);
 
 // The podlink transport's shared control region (receiver creates it).
+//
+// Why this is not the relay ring's queue (common/relay_ring.h): the ring's
+// SQ/CQ/NQ are head/tail queues of independent entries, each consumed once
+// in order, with back-pressure through the consumer's head. These slots are
+// addressed by NCCL's request sequence number instead: NCCL already bounds
+// the requests in flight (32 < kSlots), so no head is needed; a clear-to-send
+// slot is published once (`ready` = seq + 1), but a done slot is rewritten
+// as the buffers of a grouped receive complete one by one (a mask in
+// `state`), which a queue entry cannot express. Both keep the same rules:
+// the writer fills an entry, then publishes it with a release store; the
+// reader acquires, copies the entry once and checks it (the peer is not
+// trusted).
 struct alignas(64) CtsSlot {
   std::atomic<uint64_t> ready;  // seq + 1 once the entry is complete
   uint32_t n;

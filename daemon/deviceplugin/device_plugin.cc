@@ -259,10 +259,11 @@ absl::StatusOr<v1beta1::AllocateResponse> DevicePlugin::Allocate(const v1beta1::
     // applications that link libpodlink.
     env["NCCL_NET_PLUGIN"] = config_.container_lib_dir + "/libnccl-net-podlink.so";
     env["PODLINK_LIBRARY_DIR"] = config_.container_lib_dir;
-    // NCCL settings the plugin needs (measured on 2x H200, docs/performance.md):
-    // GPU-direct buffers although the plugin's NIC sits at the GPU's parent
-    // bridge, the Simple protocol (the LL/LL128 mix stalls through the plugin,
-    // an open bug), and enough channels and buffer for the relay to pipeline.
+    // NCCL settings the plugin needs (why and what they bring: docs/nccl.md,
+    // Settings): GPU-direct buffers although the plugin's NIC sits at the
+    // GPU's parent bridge, the Simple protocol (the LL/LL128 mix is no faster
+    // through the relay), and enough channels and buffer for the relay to
+    // pipeline.
     env["NCCL_NET_GDR_LEVEL"] = "SYS";
     env["NCCL_NET_GDR_READ"] = "1";
     env["NCCL_PROTO"] = "Simple";
