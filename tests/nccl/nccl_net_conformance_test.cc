@@ -9,6 +9,9 @@
 //   the send, zero bytes, truncation errors, closing with requests in flight,
 //   a receive read only after its sender closed, corrupted handles, and
 //   finalize + dlclose leaving no thread behind.
+// The GpuModes run the same on GPU memory (cuMem allocations on GPU 0, one
+// exportable and one that needs the plugin's bounce buffer, and TCP's
+// staging); they skip without a GPU (tests/gpu/run_one_gpu.sh runs them).
 #include <dlfcn.h>
 #include <sched.h>
 #include <unistd.h>
@@ -21,6 +24,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client-lib/nccl/nccl_net_abi.h"
+#include "common/cuda_driver.h"
 #include "gtest/gtest.h"
 #include "podlink/client.h"
 #include "tests/integration/harness.h"
@@ -36,6 +40,22 @@ std::string NetNs(pid_t pid) {
   return n > 0 ? std::string(buf, n) : "";
 }
 
+// Binaries as built, unless the environment points elsewhere (the GPU
+// machine runs a carried bundle), and `ip` (the GPU machine runs a bundled one).
+std::string Env(const char* name, const char* dflt) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : dflt;
+}
+std::string PluginPath() { return Env("PODLINK_NCCL_PLUGIN_PATH", PLUGIN_PATH); }
+std::string PeerPath() { return Env("PODLINK_NCCL_PEER_PATH", NCCL_NET_PEER_PATH); }
+std::string Ip() { return Env("PODLINK_TEST_IP", "ip"); }
+
+bool HaveGpu() {
+  auto d = cu::LoadDriver();
+  int n = 0;
+  return d.ok() && (*d)->DeviceGetCount(&n) == cu::kSuccess && n > 0;
+}
+
 int Sh(const std::string& cmd) {
   int rc = std::system(cmd.c_str());
   EXPECT_EQ(rc, 0) << cmd;
@@ -48,6 +68,7 @@ struct Mode {
   const char* transport;
   bool v8 = false;
   bool relay = false;
+  bool gpu = false;  // buffers in GPU memory (env PODLINK_TEST_MEM), podlinkd with CUDA
 };
 void PrintTo(const Mode& m, std::ostream* os) { *os << m.name; }
 
@@ -56,7 +77,8 @@ class NcclNet : public ::testing::TestWithParam<Mode> {
   NcclNet()
       : recv_cg_(RandomPodUid(), "burstable"),
         send_cg_(RandomPodUid(), "burstable"),
-        daemon_(absl::StrCat(R"({"pods": [)", Rule(recv_cg_, "decode-0"), ",", Rule(send_cg_, "prefill-0"), "]}")) {}
+        daemon_(absl::StrCat(R"({"pods": [)", Rule(recv_cg_, "decode-0"), ",", Rule(send_cg_, "prefill-0"), "]}"),
+                {}, GetParam().gpu) {}
 
   static std::string Rule(const PodCgroup& cg, const std::string& name) {
     return absl::StrCat(R"({"match": {"pod_uid": ")", cg.pod_uid(), R"("}, "namespace": "ml", "name": ")", name,
@@ -64,11 +86,12 @@ class NcclNet : public ::testing::TestWithParam<Mode> {
   }
 
   void SetUp() override {
+    if (GetParam().gpu && !HaveGpu()) GTEST_SKIP() << "no GPU";
     std::vector<std::string> args = GetParam().env;
     if (GetParam().v8) args.insert(args.begin(), "v8");
-    args.insert(args.begin(), PLUGIN_PATH);
-    recv_ = std::make_unique<Pod>(daemon_, &recv_cg_, args, NCCL_NET_PEER_PATH);
-    send_ = std::make_unique<Pod>(daemon_, &send_cg_, args, NCCL_NET_PEER_PATH);
+    args.insert(args.begin(), PluginPath());
+    recv_ = std::make_unique<Pod>(daemon_, &recv_cg_, args, PeerPath());
+    send_ = std::make_unique<Pod>(daemon_, &send_cg_, args, PeerPath());
     // Wait until both have their own network namespace, then join them with a veth pair.
     std::string mine = NetNs(getpid());
     for (int i = 0; i < 500 && (NetNs(recv_->pid()) == mine || NetNs(send_->pid()) == mine); ++i) {
@@ -77,17 +100,19 @@ class NcclNet : public ::testing::TestWithParam<Mode> {
     ASSERT_NE(NetNs(recv_->pid()), mine);
     ASSERT_NE(NetNs(send_->pid()), mine);
     std::string a = absl::StrCat("pln", getpid() % 100000, "a"), b = absl::StrCat("pln", getpid() % 100000, "b");
-    Sh(absl::StrCat("ip link add ", a, " type veth peer name ", b));
-    Sh(absl::StrCat("ip link set ", a, " netns ", recv_->pid()));
-    Sh(absl::StrCat("ip link set ", b, " netns ", send_->pid()));
-    Sh(absl::StrCat("nsenter -t ", recv_->pid(), " -n sh -c 'ip link set lo up && ip addr add 10.77.0.1/24 dev ", a,
-                    " && ip link set ", a, " up'"));
-    Sh(absl::StrCat("nsenter -t ", send_->pid(), " -n sh -c 'ip link set lo up && ip addr add 10.77.0.2/24 dev ", b,
-                    " && ip link set ", b, " up'"));
+    const std::string ip = Ip();
+    Sh(absl::StrCat(ip, " link add ", a, " type veth peer name ", b));
+    Sh(absl::StrCat(ip, " link set ", a, " netns ", recv_->pid()));
+    Sh(absl::StrCat(ip, " link set ", b, " netns ", send_->pid()));
+    Sh(absl::StrCat("nsenter -t ", recv_->pid(), " -n sh -c '", ip, " link set lo up && ", ip,
+                    " addr add 10.77.0.1/24 dev ", a, " && ", ip, " link set ", a, " up'"));
+    Sh(absl::StrCat("nsenter -t ", send_->pid(), " -n sh -c '", ip, " link set lo up && ", ip,
+                    " addr add 10.77.0.2/24 dev ", b, " && ", ip, " link set ", b, " up'"));
     for (Pod* p : {recv_.get(), send_.get()}) {
       p->Send(R"({"cmd": "init"})");
       json r = p->Expect("ready");
       ASSERT_EQ(r["result"], 0) << r.dump();
+      ASSERT_EQ(r["gpu"], GetParam().gpu) << r.dump();
       ASSERT_GE(r["ndev"], 1);
       // With podlinkd the plugin defaults NCCL_PROTO, NCCL_MIN_NCHANNELS and
       // NCCL_BUFFSIZE for the relay, keeps a user's choice, and leaves them
@@ -271,11 +296,22 @@ INSTANTIATE_TEST_SUITE_P(
                       Mode{"podlink_v8_table", {"NCCL_PROTO=LL,Simple", "NCCL_MIN_NCHANNELS=4"}, "podlink", true}),
     [](const ::testing::TestParamInfo<Mode>& i) { return std::string(i.param.name); });
 
+// GPU memory: NCCL's own buffers exported as they are (relay between GPU
+// exports), buffers the plugin cannot export (its GPU bounce buffers), and
+// the TCP transport's page-locked staging.
+INSTANTIATE_TEST_SUITE_P(
+    GpuModes, NcclNet,
+    ::testing::Values(Mode{"podlink_gpu", {"PODLINK_TEST_MEM=cuda"}, "podlink", false, true, true},
+                      Mode{"podlink_gpu_bounce", {"PODLINK_TEST_MEM=cuda-noexport"}, "podlink", false, true, true},
+                      Mode{"tcp_gpu", {"PODLINK_TEST_MEM=cuda", "PODLINK_NCCL_TRANSPORT=tcp"}, "TCP", false, false,
+                           true}),
+    [](const ::testing::TestParamInfo<Mode>& i) { return std::string(i.param.name); });
+
 // In one process, without a daemon, the way NCCL probes GPUDirect support:
 // connect and accept interleaved in one thread on one handle.
 TEST(NcclNetAbi, TablesAndSelfConnectWithoutDaemon) {
   setenv("PODLINK_SOCKET_DIR", "/nonexistent-podlink-dir", 1);
-  void* lib = dlopen(PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
+  void* lib = dlopen(PluginPath().c_str(), RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(lib, nullptr) << dlerror();
   for (const char* sym : {"ncclNetPlugin_v8", "ncclNetPlugin_v9", "ncclNetPlugin_v10", "ncclNetPlugin_v11"}) {
     auto* name = static_cast<const char* const*>(dlsym(lib, sym));

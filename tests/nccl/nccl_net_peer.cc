@@ -5,10 +5,17 @@
 // Commands arrive as JSON lines on stdin, results leave as JSON lines.
 //
 //   nccl_net_peer <plugin.so> [v8|v11] [KEY=VALUE ...]   (environment for the plugin)
+//
+// PODLINK_TEST_MEM picks the memory the buffers live in: host (default),
+// cuda (cuMemCreate with a POSIX-FD handle type on GPU 0: the plugin exports
+// it as is) or cuda-noexport (cuMemCreate without a shareable handle type:
+// the podlink transport needs a bounce buffer for it). Patterns are written
+// and checked on the host and copied to and from the GPU around each call.
 #include <dirent.h>
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
@@ -22,9 +29,10 @@
 #include <vector>
 
 #include "client-lib/nccl/nccl_net_abi.h"
+#include "common/cuda_driver.h"
 #include "nlohmann/json.hpp"
 
-namespace abi = podlink::nccl_abi;
+namespace nabi = podlink::nccl_abi;
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
@@ -58,16 +66,16 @@ int Threads() {
 struct Api {
   void* lib = nullptr;
   bool v8 = false;
-  abi::NetV8* t8 = nullptr;
-  abi::NetV11* t11 = nullptr;
+  nabi::NetV8* t8 = nullptr;
+  nabi::NetV11* t11 = nullptr;
   void* ctx = nullptr;
 
   bool Open(const std::string& path, bool use_v8) {
     v8 = use_v8;
     lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (lib == nullptr) return false;
-    t8 = static_cast<abi::NetV8*>(dlsym(lib, "ncclNetPlugin_v8"));
-    t11 = static_cast<abi::NetV11*>(dlsym(lib, "ncclNetPlugin_v11"));
+    t8 = static_cast<nabi::NetV8*>(dlsym(lib, "ncclNetPlugin_v8"));
+    t11 = static_cast<nabi::NetV11*>(dlsym(lib, "ncclNetPlugin_v11"));
     return t8 != nullptr && t11 != nullptr;
   }
   int Init() { return v8 ? t8->init(Logger) : t11->init(&ctx, 42, nullptr, Logger, nullptr); }
@@ -76,8 +84,8 @@ struct Api {
   int Listen(void* h, void** l) { return v8 ? t8->listen(0, h, l) : t11->listen(ctx, 0, h, l); }
   int Connect(void* h, void** s) { return v8 ? t8->connect(0, h, s, nullptr) : t11->connect(ctx, 0, h, s, nullptr); }
   int Accept(void* l, void** r) { return v8 ? t8->accept(l, r, nullptr) : t11->accept(l, r, nullptr); }
-  int RegMr(void* c, void* p, size_t n, void** mh) {
-    return v8 ? t8->regMr(c, p, n, abi::kPtrHost, mh) : t11->regMr(c, p, n, abi::kPtrHost, mh);
+  int RegMr(void* c, void* p, size_t n, int type, void** mh) {
+    return v8 ? t8->regMr(c, p, n, type, mh) : t11->regMr(c, p, n, type, mh);
   }
   int DeregMr(void* c, void* mh) { return v8 ? t8->deregMr(c, mh) : t11->deregMr(c, mh); }
   int Isend(void* c, void* p, size_t n, int tag, void* mh, void** req) {
@@ -99,19 +107,93 @@ Api g;
 void* g_listen = nullptr;
 void* g_send = nullptr;
 void* g_recv = nullptr;
-char g_handle[abi::kHandleMaxSize];
+char g_handle[nabi::kHandleMaxSize];
 
 uint8_t Pattern(int msg, size_t i) { return static_cast<uint8_t>(msg * 131 + i * 7 + (i >> 12)); }
 
+// GPU memory for the buffers (PODLINK_TEST_MEM=cuda|cuda-noexport), on GPU 0.
+struct Gpu {
+  const podlink::cu::Driver* d = nullptr;
+  podlink::cu::Context ctx = nullptr;
+  bool exportable = true;
+  std::string error;
+};
+Gpu g_gpu;
+
+bool UseGpu() { return g_gpu.d != nullptr; }
+
+// Sets up GPU memory when PODLINK_TEST_MEM asks for it; false with g_gpu.error.
+bool InitGpu() {
+  const char* mem = std::getenv("PODLINK_TEST_MEM");
+  std::string m = mem != nullptr ? mem : "host";
+  if (m == "host") return true;
+  if (m != "cuda" && m != "cuda-noexport") {
+    g_gpu.error = "PODLINK_TEST_MEM must be host, cuda or cuda-noexport";
+    return false;
+  }
+  auto d = podlink::cu::LoadDriver();
+  if (!d.ok()) {
+    g_gpu.error = std::string(d.status().message());
+    return false;
+  }
+  if ((*d)->DevicePrimaryCtxRetain(&g_gpu.ctx, 0) != podlink::cu::kSuccess ||
+      (*d)->CtxSetCurrent(g_gpu.ctx) != podlink::cu::kSuccess) {
+    g_gpu.error = "no context on GPU 0";
+    return false;
+  }
+  g_gpu.d = *d;
+  g_gpu.exportable = m == "cuda";
+  return true;
+}
+
 struct Buf {
-  std::vector<uint8_t> mem;
+  std::vector<uint8_t> mem;  // the host view: patterns are written and checked here
   void* mh = nullptr;
   void* comm = nullptr;
+  // GPU memory (UseGpu()): its own cuMem allocation, mapped on GPU 0.
+  podlink::cu::DevicePtr dptr = 0;
+  size_t dsize = 0;
+  podlink::cu::MemHandle handle = 0;
+  bool ok = true;
+
   Buf(void* c, size_t n, uint8_t fill) : mem(n, fill), comm(c) {
-    if (g.RegMr(c, mem.data(), n, &mh) != 0) mh = nullptr;
+    if (UseGpu()) ok = AllocGpu(n) && Upload();
+    if (ok && g.RegMr(c, p(), n, UseGpu() ? nabi::kPtrCuda : nabi::kPtrHost, &mh) != 0) mh = nullptr;
   }
   ~Buf() {
     if (mh) g.DeregMr(comm, mh);
+    if (dptr != 0) {
+      g_gpu.d->MemUnmap(dptr, dsize);
+      g_gpu.d->MemAddressFree(dptr, dsize);
+    }
+    if (handle != 0) g_gpu.d->MemRelease(handle);
+  }
+  // The buffer the plugin sees.
+  void* p() { return UseGpu() ? reinterpret_cast<void*>(dptr) : mem.data(); }
+  // Host view -> GPU (after writing a pattern), GPU -> host view (before checking one).
+  bool Upload() { return !UseGpu() || mem.empty() || g_gpu.d->MemcpyHtoD(dptr, mem.data(), mem.size()) == 0; }
+  bool Download() { return !UseGpu() || mem.empty() || g_gpu.d->MemcpyDtoH(mem.data(), dptr, mem.size()) == 0; }
+
+ private:
+  bool AllocGpu(size_t n) {
+    namespace cu = podlink::cu;
+    const cu::Driver& d = *g_gpu.d;
+    cu::MemAllocationProp prop{};
+    prop.type = cu::kAllocationTypePinned;
+    prop.location = {cu::kLocationTypeDevice, 0};
+    prop.requestedHandleTypes = g_gpu.exportable ? cu::kHandleTypePosixFd : 0;
+    size_t gran = 0;
+    if (d.MemGetAllocationGranularity(&gran, &prop, cu::kGranularityRecommended) != 0 || gran == 0) return false;
+    dsize = std::max<size_t>(gran, (n + gran - 1) / gran * gran);
+    if (d.MemCreate(&handle, dsize, &prop, 0) != 0) return false;
+    if (d.MemAddressReserve(&dptr, dsize, 0, 0, 0) != 0) return false;
+    if (d.MemMap(dptr, dsize, 0, handle, 0) != 0) {
+      d.MemAddressFree(dptr, dsize);
+      dptr = 0;
+      return false;
+    }
+    cu::MemAccessDesc access{{cu::kLocationTypeDevice, 0}, cu::kAccessProtReadWrite};
+    return d.MemSetAccess(dptr, dsize, &access, 1) == 0;
   }
 };
 
@@ -155,7 +237,8 @@ json RunSend(const std::string& sc) {
       size_t n = sc == "ordering" ? OrderSize(i) : (i == 0 ? (48u << 20) : (3u << 20) + 5);
       bufs.push_back(std::make_unique<Buf>(c, n, 0));
       for (size_t k = 0; k < n; ++k) bufs.back()->mem[k] = Pattern(i, k);
-      int r = PostUntil([&](void** q) { return g.Isend(c, bufs[i]->mem.data(), n, 7, bufs[i]->mh, q); }, &reqs[i]);
+      if (!bufs.back()->ok || !bufs.back()->Upload()) return out.update({{"error", "gpu buffer"}}), out;
+      int r = PostUntil([&](void** q) { return g.Isend(c, bufs[i]->p(), n, 7, bufs[i]->mh, q); }, &reqs[i]);
       if (r != 0) return out.update({{"error", "isend"}, {"result", r}, {"msg", i}}), out;
     }
     for (int i = 0; i < count; ++i) {
@@ -171,7 +254,7 @@ json RunSend(const std::string& sc) {
     void* reqs[4];
     for (int i = 0; i < 4; ++i) {
       bufs.push_back(std::make_unique<Buf>(c, 4096, static_cast<uint8_t>(tags[i])));
-      int r = PostUntil([&](void** q) { return g.Isend(c, bufs[i]->mem.data(), sizes[i], tags[i], bufs[i]->mh, q); },
+      int r = PostUntil([&](void** q) { return g.Isend(c, bufs[i]->p(), sizes[i], tags[i], bufs[i]->mh, q); },
                         &reqs[i]);
       if (r != 0) return out.update({{"error", "isend"}, {"result", r}}), out;
     }
@@ -182,11 +265,11 @@ json RunSend(const std::string& sc) {
   } else if (sc == "smaller") {
     Buf b(c, 100, 0x5a);
     void* q;
-    if (PostUntil([&](void** r) { return g.Isend(c, b.mem.data(), 100, 7, b.mh, r); }, &q) != 0 ||
+    if (PostUntil([&](void** r) { return g.Isend(c, b.p(), 100, 7, b.mh, r); }, &q) != 0 ||
         WaitReq(q, nullptr) != 0) {
       return out.update({{"error", "send 100"}}), out;
     }
-    if (PostUntil([&](void** r) { return g.Isend(c, b.mem.data(), 0, 7, b.mh, r); }, &q) != 0 ||
+    if (PostUntil([&](void** r) { return g.Isend(c, b.p(), 0, 7, b.mh, r); }, &q) != 0 ||
         WaitReq(q, nullptr) != 0) {
       return out.update({{"error", "send 0"}}), out;
     }
@@ -194,7 +277,7 @@ json RunSend(const std::string& sc) {
   } else if (sc == "truncate") {
     Buf b(c, 4096, 1);
     void* q = nullptr;
-    int r = PostUntil([&](void** x) { return g.Isend(c, b.mem.data(), 4096, 7, b.mh, x); }, &q);
+    int r = PostUntil([&](void** x) { return g.Isend(c, b.p(), 4096, 7, b.mh, x); }, &q);
     int size = -1;
     if (r == 0 && q != nullptr) r = WaitReq(q, &size);
     out["result"] = r;
@@ -205,8 +288,9 @@ json RunSend(const std::string& sc) {
     // the receiver reads the message only afterwards.
     Buf b(c, kCloseAfterSendSize, 0);
     for (size_t k = 0; k < b.mem.size(); ++k) b.mem[k] = Pattern(5, k);
+    if (!b.ok || !b.Upload()) return out.update({{"error", "gpu buffer"}}), out;
     void* q = nullptr;
-    int r = PostUntil([&](void** x) { return g.Isend(c, b.mem.data(), b.mem.size(), 7, b.mh, x); }, &q);
+    int r = PostUntil([&](void** x) { return g.Isend(c, b.p(), b.mem.size(), 7, b.mh, x); }, &q);
     if (r == 0) r = WaitReq(q, nullptr);
     out["result"] = r;
     out["ok"] = r == 0 && g.CloseSend(c) == 0;
@@ -216,7 +300,7 @@ json RunSend(const std::string& sc) {
     for (int i = 0; i < 4; ++i) {
       bufs.push_back(std::make_unique<Buf>(c, 1 << 20, 9));
       void* q;
-      int r = PostUntil([&](void** x) { return g.Isend(c, bufs[i]->mem.data(), 1 << 20, 7, bufs[i]->mh, x); }, &q);
+      int r = PostUntil([&](void** x) { return g.Isend(c, bufs[i]->p(), 1 << 20, 7, bufs[i]->mh, x); }, &q);
       if (r != 0) return out.update({{"error", "isend"}, {"result", r}}), out;
     }
     out["ok"] = g.CloseSend(c) == 0;  // four sends never tested
@@ -238,16 +322,16 @@ json RunRecv(const std::string& sc) {
     std::vector<void*> reqs(count);
     for (int i = 0; i < count; ++i) {
       bufs.push_back(std::make_unique<Buf>(c, cap, 0xEE));
-      void* p = bufs[i]->mem.data();
+      void* p = bufs[i]->p();
       int r = PostUntil([&](void** q) { return g.Irecv(c, 1, &p, &cap, &tag7, &bufs[i]->mh, q); }, &reqs[i]);
       if (r != 0) return out.update({{"error", "irecv"}, {"result", r}}), out;
     }
     if (count == 32) {
       // A 33rd receive while 32 are in flight: "not now", nothing consumed.
       Buf extra(c, 64, 0);
-      void* p = extra.mem.data();
+      void* p = extra.p();
       size_t n = 64;
-      void* q = reinterpret_cast<void*>(abi::kOptionalRecvCompletion);
+      void* q = reinterpret_cast<void*>(nabi::kOptionalRecvCompletion);
       int r = g.Irecv(c, 1, &p, &n, &tag7, &extra.mh, &q);
       out["33rd_result"] = r;
       out["33rd_null"] = q == nullptr;
@@ -256,6 +340,7 @@ json RunRecv(const std::string& sc) {
       int size = -1;
       int r = WaitReq(reqs[i], &size);
       if (r != 0) return out.update({{"error", "test"}, {"result", r}, {"msg", i}}), out;
+      if (!bufs[i]->Download()) return out.update({{"error", "gpu download"}}), out;
       size_t want = sc == "ordering" ? OrderSize(i) : (i == 0 ? (48u << 20) : (3u << 20) + 5);
       if (static_cast<size_t>(size) != want) {
         return out.update({{"error", "size"}, {"msg", i}, {"got", size}, {"want", want}}), out;
@@ -274,7 +359,7 @@ json RunRecv(const std::string& sc) {
     int tags[4] = {100, 101, 102, 103};
     for (int i = 0; i < 4; ++i) {
       bufs.push_back(std::make_unique<Buf>(c, 4096, 0));
-      ptrs[i] = bufs[i]->mem.data();
+      ptrs[i] = bufs[i]->p();
       mhs[i] = bufs[i]->mh;
     }
     void* q;
@@ -283,6 +368,7 @@ json RunRecv(const std::string& sc) {
     }
     int sizes[4] = {-1, -1, -1, -1};
     if (WaitReq(q, sizes) != 0) return out.update({{"error", "test"}}), out;
+    for (auto& b : bufs) b->Download();
     out["sizes"] = {sizes[0], sizes[1], sizes[2], sizes[3]};
     bool ok = sizes[0] == 3000 && sizes[1] == 2000 && sizes[2] == 0 && sizes[3] == 1000;
     for (int i = 0; i < 4 && ok; ++i) {
@@ -291,7 +377,7 @@ json RunRecv(const std::string& sc) {
     out["ok"] = ok;
   } else if (sc == "smaller") {
     Buf b(c, 1 << 20, 0);
-    void* p = b.mem.data();
+    void* p = b.p();
     size_t cap = 1 << 20;
     void* q;
     int s1 = -1, s2 = -1;
@@ -299,6 +385,7 @@ json RunRecv(const std::string& sc) {
         WaitReq(q, &s1) != 0) {
       return out.update({{"error", "recv 1"}}), out;
     }
+    b.Download();
     bool content = b.mem[0] == 0x5a && b.mem[99] == 0x5a && b.mem[100] == 0;
     if (PostUntil([&](void** x) { return g.Irecv(c, 1, &p, &cap, &tag7, &b.mh, x); }, &q) != 0 ||
         WaitReq(q, &s2) != 0) {
@@ -308,12 +395,13 @@ json RunRecv(const std::string& sc) {
     out["ok"] = s1 == 100 && s2 == 0 && content;
   } else if (sc == "truncate") {
     Buf b(c, 1024, 0);
-    void* p = b.mem.data();
+    void* p = b.p();
     size_t cap = 1024;
     void* q;
     int r = PostUntil([&](void** x) { return g.Irecv(c, 1, &p, &cap, &tag7, &b.mh, x); }, &q);
     int size = -1;
     if (r == 0) r = WaitReq(q, &size);
+    b.Download();
     out["result"] = r;
     out["size"] = size;
     out["ok"] = r == 0 && size == 1024 && b.mem[0] == 1 && b.mem[1023] == 1;
@@ -323,8 +411,8 @@ json RunRecv(const std::string& sc) {
     // must complete with every byte, the sender's close notwithstanding. The
     // second stays unmatched and is closed in flight.
     Buf first(c, kCloseAfterSendSize, 0), second(c, 4096, 0);
-    void* p1 = first.mem.data();
-    void* p2 = second.mem.data();
+    void* p1 = first.p();
+    void* p2 = second.p();
     size_t cap1 = first.mem.size(), cap2 = second.mem.size();
     void *q1 = nullptr, *q2 = nullptr;
     if (PostUntil([&](void** x) { return g.Irecv(c, 1, &p1, &cap1, &tag7, &first.mh, x); }, &q1) != 0 ||
@@ -336,6 +424,7 @@ json RunRecv(const std::string& sc) {
     if (!std::getline(std::cin, go)) return out.update({{"error", "no go"}}), out;
     int size = -1;
     int r = WaitReq(q1, &size);
+    first.Download();
     out["result"] = r;
     out["size"] = size;
     bool content = r == 0 && size == static_cast<int>(kCloseAfterSendSize);
@@ -346,7 +435,7 @@ json RunRecv(const std::string& sc) {
     std::vector<std::unique_ptr<Buf>> bufs;
     for (int i = 0; i < 4; ++i) {
       bufs.push_back(std::make_unique<Buf>(c, 1 << 20, 0));
-      void* p = bufs[i]->mem.data();
+      void* p = bufs[i]->p();
       size_t cap = 1 << 20;
       void* q;
       if (PostUntil([&](void** x) { return g.Irecv(c, 1, &p, &cap, &tag7, &bufs[i]->mh, x); }, &q) != 0) {
@@ -382,6 +471,10 @@ int main(int argc, char** argv) {
     if (cmd.is_discarded()) continue;
     std::string what = cmd.value("cmd", "");
     if (what == "init") {
+      if (!InitGpu()) {
+        Emit({{"event", "error"}, {"error", g_gpu.error}});
+        continue;
+      }
       if (!g.Open(argv[1], use_v8)) {
         Emit({{"event", "error"}, {"error", dlerror() ? dlerror() : "dlsym"}});
         continue;
@@ -394,7 +487,8 @@ int main(int argc, char** argv) {
         return std::string(v != nullptr ? v : "");
       };
       Emit({{"event", "ready"}, {"result", r}, {"ndev", n}, {"nccl_proto", env("NCCL_PROTO")},
-            {"nccl_min_nchannels", env("NCCL_MIN_NCHANNELS")}, {"nccl_buffsize", env("NCCL_BUFFSIZE")}});
+            {"nccl_min_nchannels", env("NCCL_MIN_NCHANNELS")}, {"nccl_buffsize", env("NCCL_BUFFSIZE")},
+            {"gpu", UseGpu()}});
     } else if (what == "listen") {
       int r = g.Listen(g_handle, &g_listen);
       std::string hex;
@@ -413,7 +507,7 @@ int main(int argc, char** argv) {
       Emit({{"event", "accepted"}, {"result", r}, {"tries", tries}, {"ok", g_recv != nullptr}});
     } else if (what == "connect") {
       std::string hex = cmd["hex"];
-      char h[abi::kHandleMaxSize] = {};
+      char h[nabi::kHandleMaxSize] = {};
       for (size_t i = 0; i < sizeof(h) && 2 * i + 1 < hex.size(); ++i) {
         h[i] = static_cast<char>(std::stoi(hex.substr(2 * i, 2), nullptr, 16));
       }
@@ -463,7 +557,7 @@ int main(int argc, char** argv) {
     } else if (what == "tune") {
       // The tuner the way NCCL 2.28 drives it: init per communicator, then
       // getCollInfo per collective with NCCL's cost table, then destroy.
-      auto* tuner = static_cast<abi::TunerV4*>(dlsym(g.lib, "ncclTunerPlugin_v4"));
+      auto* tuner = static_cast<nabi::TunerV4*>(dlsym(g.lib, "ncclTunerPlugin_v4"));
       if (tuner == nullptr) {
         Emit({{"event", "tuned"}, {"error", "no ncclTunerPlugin_v4"}});
         continue;
