@@ -475,6 +475,9 @@ int main(int argc, char** argv) {
         Emit({{"event", "error"}, {"error", g_gpu.error}});
         continue;
       }
+      // The baseline for finalize's thread check: CUDA's own threads (started
+      // by the application's cuInit above) are not the plugin's.
+      threads_before = Threads();
       if (!g.Open(argv[1], use_v8)) {
         Emit({{"event", "error"}, {"error", dlerror() ? dlerror() : "dlsym"}});
         continue;
