@@ -32,4 +32,6 @@ if [ ! -d "${IPROUTE_CACHE:=/var/tmp/podlink-iproute}/bin" ]; then
 fi
 mkdir -p "$OUT/iproute" && cp -r "$IPROUTE_CACHE/bin" "$IPROUTE_CACHE/lib" "$OUT/iproute/"
 strip --strip-debug "$OUT"/bin/* "$OUT"/lib/* 2>/dev/null || true
+# Which code the bundle holds (a trailing + when the tree had changes).
+{ git rev-parse --short HEAD; git diff --quiet HEAD -- . ':!docs' || echo +; } 2>/dev/null | tr -d '\n' > "$OUT/COMMIT"
 du -sh "$OUT"

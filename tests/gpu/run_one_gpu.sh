@@ -27,7 +27,7 @@ export NCCL_NVLS_ENABLE=0
 declare -a ROWS
 FAILED=0
 
-echo "== machine"; nvidia-smi -L; uname -r; git -C "$ROOT" log --oneline -1 2>/dev/null || true
+echo "== machine"; nvidia-smi -L; uname -r; echo "bundle of commit $(cat "$ROOT/.devcarry/COMMIT" 2>/dev/null)"
 $PODLINK_TEST_IP -V || { echo "iproute2 bundle missing in $IPR"; exit 1; }
 
 step() {  # step NAME LOG COMMAND...

@@ -301,7 +301,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Mode{"podlink_gpu", {"PODLINK_TEST_MEM=cuda"}, "podlink", false, true, true},
                       Mode{"podlink_gpu_bounce", {"PODLINK_TEST_MEM=cuda-noexport"}, "podlink", false, true, true},
                       Mode{"tcp_gpu", {"PODLINK_TEST_MEM=cuda", "PODLINK_NCCL_TRANSPORT=tcp"}, "TCP", false, false,
-                           true}),
+                           true},
+                      Mode{"tcp_gpu_noexport", {"PODLINK_TEST_MEM=cuda-noexport", "PODLINK_NCCL_TRANSPORT=tcp"}, "TCP",
+                           false, false, true}),
     [](const ::testing::TestParamInfo<Mode>& i) { return std::string(i.param.name); });
 
 // In one process, without a daemon, the way NCCL probes GPUDirect support:
