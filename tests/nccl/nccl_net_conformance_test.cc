@@ -266,8 +266,9 @@ TEST_P(NcclNet, FinalizeReleasesEverything) {
   Connect();
   send_->Send(json{{"cmd", "send"}, {"scenario", "grouped"}}.dump());
   recv_->Send(json{{"cmd", "recv"}, {"scenario", "grouped"}}.dump());
-  EXPECT_TRUE(send_->Expect("done")["ok"]);
-  EXPECT_TRUE(recv_->Expect("done")["ok"]);
+  json sd = send_->Expect("done"), rd = recv_->Expect("done");
+  EXPECT_TRUE(sd["ok"]) << sd.dump();
+  EXPECT_TRUE(rd["ok"]) << rd.dump();
   for (Pod* p : {send_.get(), recv_.get()}) {
     p->Send(R"({"cmd": "close", "listen": true})");
     EXPECT_EQ(p->Expect("closed")["result"], 0);

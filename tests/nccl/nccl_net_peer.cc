@@ -171,8 +171,17 @@ struct Buf {
   // The buffer the plugin sees.
   void* p() { return UseGpu() ? reinterpret_cast<void*>(dptr) : mem.data(); }
   // Host view -> GPU (after writing a pattern), GPU -> host view (before checking one).
-  bool Upload() { return !UseGpu() || mem.empty() || g_gpu.d->MemcpyHtoD(dptr, mem.data(), mem.size()) == 0; }
-  bool Download() { return !UseGpu() || mem.empty() || g_gpu.d->MemcpyDtoH(mem.data(), dptr, mem.size()) == 0; }
+  bool Upload() { return !UseGpu() || mem.empty() || Check(g_gpu.d->MemcpyHtoD(dptr, mem.data(), mem.size()), "HtoD"); }
+  bool Download() {
+    return !UseGpu() || mem.empty() || Check(g_gpu.d->MemcpyDtoH(mem.data(), dptr, mem.size()), "DtoH");
+  }
+  // Keeps the first CUDA error for the scenario's result line.
+  static bool Check(podlink::cu::Result r, const char* what) {
+    if (r != podlink::cu::kSuccess && g_gpu.error.empty()) {
+      g_gpu.error = std::string(what) + ": " + podlink::cu::CuStatus(r, "").ToString();
+    }
+    return r == podlink::cu::kSuccess;
+  }
 
  private:
   bool AllocGpu(size_t n) {
@@ -368,7 +377,9 @@ json RunRecv(const std::string& sc) {
     }
     int sizes[4] = {-1, -1, -1, -1};
     if (WaitReq(q, sizes) != 0) return out.update({{"error", "test"}}), out;
-    for (auto& b : bufs) b->Download();
+    for (auto& b : bufs) {
+      if (!b->Download()) return out.update({{"error", "gpu download"}}), out;
+    }
     out["sizes"] = {sizes[0], sizes[1], sizes[2], sizes[3]};
     bool ok = sizes[0] == 3000 && sizes[1] == 2000 && sizes[2] == 0 && sizes[3] == 1000;
     for (int i = 0; i < 4 && ok; ++i) {
@@ -535,10 +546,10 @@ int main(int argc, char** argv) {
       }
       Emit({{"event", "connected"}, {"result", r}, {"tries", tries}, {"ok", g_send != nullptr},
             {"transport", transport}});
-    } else if (what == "send") {
-      Emit(RunSend(cmd["scenario"]));
-    } else if (what == "recv") {
-      Emit(RunRecv(cmd["scenario"]));
+    } else if (what == "send" || what == "recv") {
+      json o = what == "send" ? RunSend(cmd["scenario"]) : RunRecv(cmd["scenario"]);
+      if (!g_gpu.error.empty()) o["cuda_error"] = g_gpu.error;
+      Emit(o);
     } else if (what == "close") {
       int r = 0;
       if (g_send) r |= g.CloseSend(g_send);
