@@ -171,7 +171,14 @@ struct Buf {
   // The buffer the plugin sees.
   void* p() { return UseGpu() ? reinterpret_cast<void*>(dptr) : mem.data(); }
   // Host view -> GPU (after writing a pattern), GPU -> host view (before checking one).
-  bool Upload() { return !UseGpu() || mem.empty() || Check(g_gpu.d->MemcpyHtoD(dptr, mem.data(), mem.size()), "HtoD"); }
+  // cuMemcpyHtoD from pageable memory may return before the DMA lands, and
+  // the plugin reads the buffer from its own context and stream: wait, as
+  // NCCL's kernel has finished writing a buffer before the proxy sends it.
+  bool Upload() {
+    return !UseGpu() || mem.empty() ||
+           (Check(g_gpu.d->MemcpyHtoD(dptr, mem.data(), mem.size()), "HtoD") &&
+            Check(g_gpu.d->CtxSynchronize(), "cuCtxSynchronize"));
+  }
   bool Download() {
     return !UseGpu() || mem.empty() || Check(g_gpu.d->MemcpyDtoH(mem.data(), dptr, mem.size()), "DtoH");
   }
