@@ -18,14 +18,6 @@
 
 namespace podlink::ncclnet {
 
-using nccl_abi::kInternalError;
-using nccl_abi::kInvalidArgument;
-using nccl_abi::kInvalidUsage;
-using nccl_abi::kRemoteError;
-using nccl_abi::kSuccess;
-using nccl_abi::kSystemError;
-using nccl_abi::kUnhandledCudaError;
-
 Result Init(nccl_abi::Logger logger) {
   State& s = S();
   std::lock_guard<std::mutex> l(s.mu);

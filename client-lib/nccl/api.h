@@ -26,6 +26,14 @@
 namespace podlink::ncclnet {
 
 using nccl_abi::Result;
+// The ncclResult_t values every part of the plugin returns.
+using nccl_abi::kInternalError;
+using nccl_abi::kInvalidArgument;
+using nccl_abi::kInvalidUsage;
+using nccl_abi::kRemoteError;
+using nccl_abi::kSuccess;
+using nccl_abi::kSystemError;
+using nccl_abi::kUnhandledCudaError;
 
 struct DeviceProps {
   const char* name = nullptr;

@@ -15,14 +15,6 @@
 
 namespace podlink::ncclnet {
 
-using nccl_abi::kInternalError;
-using nccl_abi::kInvalidArgument;
-using nccl_abi::kInvalidUsage;
-using nccl_abi::kRemoteError;
-using nccl_abi::kSuccess;
-using nccl_abi::kSystemError;
-using nccl_abi::kUnhandledCudaError;
-
 bool WriteAll(int fd, const void* p, size_t n) {
   const char* q = static_cast<const char*>(p);
   for (int spins = 0; n > 0 && spins < 100000; ++spins) {

@@ -13,14 +13,6 @@
 
 namespace podlink::ncclnet {
 
-using nccl_abi::kInternalError;
-using nccl_abi::kInvalidArgument;
-using nccl_abi::kInvalidUsage;
-using nccl_abi::kRemoteError;
-using nccl_abi::kSuccess;
-using nccl_abi::kSystemError;
-using nccl_abi::kUnhandledCudaError;
-
 State& S() {
   // Never destroyed (NCCL may call in while the process exits), and not on
   // the heap either: NCCL 2.28 dlcloses the plugin after finalize, and a heap

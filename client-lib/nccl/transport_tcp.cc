@@ -13,11 +13,6 @@
 namespace podlink::ncclnet {
 namespace {
 
-using nccl_abi::kInvalidUsage;
-using nccl_abi::kRemoteError;
-using nccl_abi::kSuccess;
-using nccl_abi::kUnhandledCudaError;
-
 constexpr size_t kMinPiece = 64 << 10;  // smallest share of one data socket
 
 // Ends a TCP connection without a reset. Linux answers a close() with

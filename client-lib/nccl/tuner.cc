@@ -7,14 +7,6 @@
 
 namespace podlink::ncclnet {
 
-using nccl_abi::kInternalError;
-using nccl_abi::kInvalidArgument;
-using nccl_abi::kInvalidUsage;
-using nccl_abi::kRemoteError;
-using nccl_abi::kSuccess;
-using nccl_abi::kSystemError;
-using nccl_abi::kUnhandledCudaError;
-
 namespace {
 
 struct TunerContext {
