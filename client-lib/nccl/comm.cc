@@ -23,14 +23,17 @@ void Request::Post(int count, void** buffers, const size_t* sizes, Mr** mrs) {
 }
 
 Comm::Comm(bool send, int dev, std::string peer, UniqueFd ctrl)
-    : send(send), dev(dev), peer(std::move(peer)), ctrl(std::move(ctrl)), copies_(dev) {
+    : send(send), dev(dev), peer(std::move(peer)), ctrl(std::move(ctrl)), copies_(dev) {}
+
+Comm::~Comm() { magic = 0; }
+
+Comm::LiveCount::LiveCount() {
   State& s = S();
   std::lock_guard<std::mutex> l(s.mu);
   s.live_comms++;
 }
 
-Comm::~Comm() {
-  magic = 0;
+Comm::LiveCount::~LiveCount() {
   State& s = S();
   std::lock_guard<std::mutex> l(s.mu);
   s.live_comms--;

@@ -93,6 +93,16 @@ class Comm {
   // Marks the comm failed with `r` and logs why.
   Result FailComm(Result r, const std::string& why);
 
+ private:
+  // Counts the comm in State::live_comms from before its copy stream exists
+  // until after it is gone: the last finalize destroys the copy contexts
+  // once the count is zero. Declared before copies_, so destroyed after it.
+  struct LiveCount {
+    LiveCount();
+    ~LiveCount();
+  } live_;
+
+ protected:
   CopyStream copies_;  // bounce and staging copies, in the plugin's copy context
 
  private:
