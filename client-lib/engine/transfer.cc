@@ -71,7 +71,11 @@ struct Batch {
 class TransferEngine::Impl {
  public:
   Impl(Client& client, Options opt)
-      : client_(client), opt_(opt), host_(Transport::kHostMemcpy, opt.device), direct_(Transport::kDirect, opt.device) {}
+      : client_(client),
+        opt_(opt),
+        in_process_(opt.device),
+        host_(Transport::kHostMemcpy, in_process_),
+        direct_(Transport::kDirect, in_process_) {}
   Client& client() { return client_; }
 
   ~Impl() {
@@ -87,10 +91,12 @@ class TransferEngine::Impl {
   }
 
   absl::Status Init() {
-    PODLINK_ASSIGN_OR_RETURN(relay_, RelayBackend::Create(client_, opt_.ring_entries, opt_.timeout));
+    // Node first: a session's ring cannot be opened twice, so nothing may
+    // fail after it is handed to podlinkd.
     auto node = client_.GetNodeInfo();
     if (!node.ok()) return node.status();
     node_id_ = node->node_id;
+    PODLINK_ASSIGN_OR_RETURN(relay_, RelayBackend::Create(client_, opt_.ring_entries, opt_.timeout));
     return absl::OkStatus();
   }
 
@@ -315,6 +321,7 @@ class TransferEngine::Impl {
 
   absl::Mutex mu_;  // the engine's state below, and every backend (they are called with it held)
   std::unique_ptr<RelayBackend> relay_ ABSL_GUARDED_BY(mu_);
+  InProcessStream in_process_ ABSL_GUARDED_BY(mu_);  // shared by host_ and direct_ (declared first: outlives them)
   MappedBackend host_ ABSL_GUARDED_BY(mu_);
   MappedBackend direct_ ABSL_GUARDED_BY(mu_);
   uint64_t next_batch_ ABSL_GUARDED_BY(mu_) = 1;

@@ -6,19 +6,26 @@
 
 namespace podlink {
 
-MappedBackend::~MappedBackend() {
-  if (cuda_ == nullptr) return;
-  for (auto& [batch, e] : events_) cuda_->EventDestroy(e);
+InProcessStream::~InProcessStream() {
   if (stream_ != nullptr) cuda_->StreamDestroy(stream_);
+  if (ctx_ != nullptr) cuda_->DevicePrimaryCtxRelease(device_);
 }
 
-absl::Status MappedBackend::EnsureStream() {
+absl::Status InProcessStream::Ensure() {
   if (stream_ != nullptr) return absl::OkStatus();
-  PODLINK_ASSIGN_OR_RETURN(cuda_, cu::LoadDriver());
-  cu::Context ctx = nullptr;
-  PODLINK_RETURN_IF_ERROR(cu::CuStatus(cuda_->DevicePrimaryCtxRetain(&ctx, device_), "cuDevicePrimaryCtxRetain"));
-  PODLINK_RETURN_IF_ERROR(cu::CuStatus(cuda_->CtxSetCurrent(ctx), "cuCtxSetCurrent"));
+  if (cuda_ == nullptr) {
+    PODLINK_ASSIGN_OR_RETURN(cuda_, cu::LoadDriver());
+  }
+  if (ctx_ == nullptr) {
+    PODLINK_RETURN_IF_ERROR(
+        cu::CuStatus(cuda_->DevicePrimaryCtxRetain(&ctx_, device_), "cuDevicePrimaryCtxRetain"));
+  }
+  PODLINK_RETURN_IF_ERROR(cu::CuStatus(cuda_->CtxSetCurrent(ctx_), "cuCtxSetCurrent"));
   return cu::CuStatus(cuda_->StreamCreate(&stream_, cu::kStreamNonBlocking), "cuStreamCreate");
+}
+
+MappedBackend::~MappedBackend() {
+  for (auto& [batch, e] : events_) stream_.cuda()->EventDestroy(e);
 }
 
 absl::Status MappedBackend::Submit(uint64_t batch, const Copy& c) {
@@ -29,19 +36,23 @@ absl::Status MappedBackend::Submit(uint64_t batch, const Copy& c) {
     std::memcpy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), c.op->length);
     return absl::OkStatus();
   }
-  PODLINK_RETURN_IF_ERROR(EnsureStream());
-  PODLINK_RETURN_IF_ERROR(cu::CuStatus(cuda_->MemcpyAsync(dst, src, c.op->length, stream_), "cuMemcpyAsync"));
+  PODLINK_RETURN_IF_ERROR(stream_.Ensure());
+  PODLINK_RETURN_IF_ERROR(
+      cu::CuStatus(stream_.cuda()->MemcpyAsync(dst, src, c.op->length, stream_.stream()), "cuMemcpyAsync"));
   queued_[batch] = true;
   return absl::OkStatus();
 }
 
 void MappedBackend::Flush(uint64_t batch) {
   if (queued_.erase(batch) == 0) return;
+  const cu::Driver* cuda = stream_.cuda();
   cu::Event e = nullptr;
-  if (cuda_->EventCreate(&e, cu::kEventDisableTiming) != cu::kSuccess || cuda_->EventRecord(e, stream_) != cu::kSuccess) {
-    // No event: wait for the copies now; the batch is then complete.
-    cu::Result r = cuda_->StreamSynchronize(stream_);
-    if (e != nullptr) cuda_->EventDestroy(e);
+  if (cuda->EventCreate(&e, cu::kEventDisableTiming) != cu::kSuccess ||
+      cuda->EventRecord(e, stream_.stream()) != cu::kSuccess) {
+    // No event: wait for the copies now; the batch is then complete (and
+    // fails if they did).
+    cu::Result r = cuda->StreamSynchronize(stream_.stream());
+    if (e != nullptr) cuda->EventDestroy(e);
     if (r != cu::kSuccess) failed_[batch] = cu::CuStatus(r, "in-process copy");
     return;
   }
@@ -56,17 +67,17 @@ absl::StatusOr<bool> MappedBackend::Poll(uint64_t batch, absl::Status* result) {
   }
   auto it = events_.find(batch);
   if (it == events_.end()) return true;
-  cu::Result q = cuda_->EventQuery(it->second);
+  cu::Result q = stream_.cuda()->EventQuery(it->second);
   if (q == cu::kErrorNotReady) return false;
   if (q != cu::kSuccess) *result = cu::CuStatus(q, "in-process copy");
-  cuda_->EventDestroy(it->second);
+  stream_.cuda()->EventDestroy(it->second);
   events_.erase(it);
   return true;
 }
 
 absl::Status MappedBackend::Fence() {
   for (auto& [batch, e] : events_) {
-    PODLINK_RETURN_IF_ERROR(cu::CuStatus(cuda_->EventSynchronize(e), "cuEventSynchronize"));
+    PODLINK_RETURN_IF_ERROR(cu::CuStatus(stream_.cuda()->EventSynchronize(e), "cuEventSynchronize"));
   }
   return absl::OkStatus();
 }
@@ -76,7 +87,7 @@ void MappedBackend::Abandon(uint64_t batch) {
   failed_.erase(batch);
   auto it = events_.find(batch);
   if (it == events_.end()) return;
-  cuda_->EventDestroy(it->second);
+  stream_.cuda()->EventDestroy(it->second);
   events_.erase(it);
 }
 

@@ -13,10 +13,29 @@
 
 namespace podlink {
 
+// The one stream of this process's in-process GPU copies (both mapped
+// transports), created on first use in the primary context of `device`.
+class InProcessStream {
+ public:
+  explicit InProcessStream(int device) : device_(device) {}
+  ~InProcessStream();
+  InProcessStream(const InProcessStream&) = delete;
+  InProcessStream& operator=(const InProcessStream&) = delete;
+  absl::Status Ensure();
+  const cu::Driver* cuda() const { return cuda_; }
+  cu::Stream stream() const { return stream_; }
+
+ private:
+  const int device_;
+  const cu::Driver* cuda_ = nullptr;
+  cu::Context ctx_ = nullptr;  // retained primary context
+  cu::Stream stream_ = nullptr;
+};
+
 class MappedBackend final : public TransportBackend {
  public:
-  // `device`: this process's CUDA ordinal for the stream.
-  MappedBackend(Transport id, int device) : id_(id), device_(device) {}
+  // `stream` must outlive the backend.
+  MappedBackend(Transport id, InProcessStream& stream) : id_(id), stream_(stream) {}
   ~MappedBackend() override;
 
   Transport id() const override { return id_; }
@@ -27,12 +46,8 @@ class MappedBackend final : public TransportBackend {
   void Abandon(uint64_t batch) override;
 
  private:
-  absl::Status EnsureStream();
-
   const Transport id_;
-  const int device_;
-  const cu::Driver* cuda_ = nullptr;
-  cu::Stream stream_ = nullptr;
+  InProcessStream& stream_;
   std::map<uint64_t, bool> queued_;         // batches with GPU copies not yet covered by an event
   std::map<uint64_t, cu::Event> events_;    // batch -> event after its GPU copies
   std::map<uint64_t, absl::Status> failed_;  // batches whose event could not be recorded (waited for instead)
