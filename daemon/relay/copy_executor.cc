@@ -59,7 +59,7 @@ CopyExecutor::~CopyExecutor() {
   }
 }
 
-absl::Status CopyExecutor::Submit(CopyQueue& q, CopyRequest c, OnDone done) {
+absl::Status CopyExecutor::Submit(CopyQueue& q, CopyRequest c) {
   const uint64_t src_addr = c.src_view.address + c.src_off;
   const uint64_t dst_addr = c.dst_view.address + c.dst_off;
   if (!c.src_view.on_gpu && !c.dst_view.on_gpu) {
@@ -101,8 +101,13 @@ absl::Status CopyExecutor::Submit(CopyQueue& q, CopyRequest c, OnDone done) {
   g.keep.push_back(std::move(c.src));
   g.keep.push_back(std::move(c.dst));
   ++q.pending_;
-  if (g.bytes >= bytes_per_event_) Seal(q, gpu, si, sq, done);
   return absl::OkStatus();
+}
+
+void CopyExecutor::SealFull(CopyQueue& q, OnDone done) {
+  for (auto& [key, sq] : q.streams_) {
+    if (sq.building.bytes >= bytes_per_event_) Seal(q, key.first, key.second, sq, done);
+  }
 }
 
 cu::Event CopyExecutor::TakeEvent(int gpu) {

@@ -91,10 +91,12 @@ class CopyExecutor {
   CopyExecutor(const CopyExecutor&) = delete;
   CopyExecutor& operator=(const CopyExecutor&) = delete;
 
-  // Starts a copy; an error means it was not started. `done` may be called
-  // for copies of q already started (a full group whose event could not be
-  // recorded is waited for at once).
-  absl::Status Submit(CopyQueue& q, CopyRequest c, OnDone done);
+  // Starts a copy; an error means it was not started.
+  absl::Status Submit(CopyQueue& q, CopyRequest c);
+  // Puts groups that reached bytes_per_event under their event (call after
+  // each Submit; `done` runs for copies finished at once when an event
+  // cannot be recorded).
+  void SealFull(CopyQueue& q, OnDone done);
   // The sequence number of q's latest copy (0: none yet); a fence waits
   // until HasRunningUpTo(that number) is false.
   static uint64_t LastSeq(const CopyQueue& q) { return q.next_seq_ - 1; }

@@ -368,9 +368,10 @@ absl::Status RelayEngine::Copy(Worker& w, Ring& r, const RelaySqe& e) {
   c.length = e.length;
   c.src = write ? std::move(local) : std::move(remote);
   c.dst = write ? std::move(remote) : std::move(local);
-  PODLINK_RETURN_IF_ERROR(w.exec->Submit(r.copies, std::move(c), Completer(r)));
-  ops_.fetch_add(1, std::memory_order_relaxed);
+  PODLINK_RETURN_IF_ERROR(w.exec->Submit(r.copies, std::move(c)));
+  ops_.fetch_add(1, std::memory_order_relaxed);  // counted before any completion is posted
   bytes_.fetch_add(e.length, std::memory_order_relaxed);
+  w.exec->SealFull(r.copies, Completer(r));
   return absl::OkStatus();
 }
 
