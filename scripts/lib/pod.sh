@@ -22,7 +22,8 @@
 #   pod_cleanup_cgroups ROOT               removes ROOT's cgroups (once the pods' processes are gone)
 #
 # OPTIONS, set up inside the pod's namespaces before CMD starts (a failure exits 99):
-#   --private-tmp     a tmpfs of its own on /dev/shm and on /tmp
+#   --private-tmp     a tmpfs of its own on /dev/shm and on /tmp; CMD starts in / (the caller's directory may
+#                     lie under the hidden /tmp)
 #   --hide PATHS      /dev/null bind-mounted over each of PATHS (space-separated device nodes; may be empty)
 #   --hostname NAME   the pod's hostname (UTS namespace)
 #   --wait-for FILE   start CMD once FILE exists, 120 s at most (outside /tmp with --private-tmp)
@@ -70,7 +71,7 @@ pod_make_cgroup() {
 # shellcheck disable=SC2016  # expanded by that sh
 POD_SETUP='shm=$1 hide=$2 host=$3 wait=$4
 shift 4
-if [ -n "$shm" ]; then mount -t tmpfs tmpfs /dev/shm && mount -t tmpfs tmpfs /tmp || exit 99; fi
+if [ -n "$shm" ]; then mount -t tmpfs tmpfs /dev/shm && mount -t tmpfs tmpfs /tmp && cd / || exit 99; fi
 for n in $hide; do mount --bind /dev/null "$n" || exit 99; done
 if [ -n "$host" ]; then hostname "$host" || exit 99; fi
 if [ -n "$wait" ]; then
