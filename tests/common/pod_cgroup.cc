@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -132,6 +133,35 @@ void RemoveSharedPodCgroups(int max_wait_ms) {
 
 std::vector<std::string> PodUnshareCommand() {
   return {"unshare", "--pid", "--fork", "--kill-child", "--mount-proc", "--uts", "--ipc", "--net", "--mount", "--"};
+}
+
+absl::Status PodVeth(int pid_a, int pid_b, const std::string& if_a, const std::string& if_b,
+                     const std::string& addr_a, const std::string& addr_b, const std::string& ip) {
+  auto netns = [](long pid) {
+    char buf[64] = {};
+    ssize_t n = ::readlink(absl::StrCat("/proc/", pid, "/ns/net").c_str(), buf, sizeof(buf) - 1);
+    return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+  };
+  const std::string host = netns(::getpid());
+  for (int i = 0; i < 1000 && (netns(pid_a) == host || netns(pid_b) == host); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (netns(pid_a) == host || netns(pid_b) == host) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("pods ", pid_a, " and ", pid_b, " have no network namespace of their own after 10 s"));
+  }
+  auto inside = [&](int pid, const std::string& dev, const std::string& addr) {
+    return absl::StrCat("nsenter -t ", pid, " -n sh -c '", ip, " link set lo up && ", ip, " addr add ", addr,
+                        " dev ", dev, " && ", ip, " link set ", dev, " up'");
+  };
+  for (const std::string& cmd : {absl::StrCat(ip, " link add ", if_a, " type veth peer name ", if_b),
+                                 absl::StrCat(ip, " link set ", if_a, " netns ", pid_a),
+                                 absl::StrCat(ip, " link set ", if_b, " netns ", pid_b), inside(pid_a, if_a, addr_a),
+                                 inside(pid_b, if_b, addr_b)}) {
+    int rc = std::system(cmd.c_str());
+    if (rc != 0) return absl::InternalError(absl::StrCat("'", cmd, "' exited with ", rc));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace podlink::testing

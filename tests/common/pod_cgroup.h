@@ -69,4 +69,13 @@ void RemoveSharedPodCgroups(int max_wait_ms);
 // The command line before a pod's program: "unshare", the flags above, "--".
 std::vector<std::string> PodUnshareCommand();
 
+// Joins the network namespaces of two pods (the pids of their unshare
+// processes) by a veth pair: `if_a` with `addr_a` (CIDR) in a's namespace,
+// `if_b` with `addr_b` in b's, both up, loopbacks up; what scripts/lib/pod.sh's
+// pod_veth does. Waits up to 10 s for both namespaces to exist. `ip` is the
+// command that runs iproute2 ($PODLINK_TEST_IP where the machine has no `ip`
+// of its own). An error names the command that failed.
+absl::Status PodVeth(int pid_a, int pid_b, const std::string& if_a, const std::string& if_b,
+                     const std::string& addr_a, const std::string& addr_b, const std::string& ip = "ip");
+
 }  // namespace podlink::testing

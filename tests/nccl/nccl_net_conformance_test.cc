@@ -17,9 +17,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <optional>
-#include <cstdlib>
 #include <string>
 #include <thread>
 
@@ -28,18 +28,13 @@
 #include "common/cuda_driver.h"
 #include "gtest/gtest.h"
 #include "podlink/client.h"
+#include "tests/common/pod_cgroup.h"
 #include "tests/integration/harness.h"
 
 namespace podlink::testing {
 namespace {
 
 using json = nlohmann::json;
-
-std::string NetNs(pid_t pid) {
-  char buf[64] = {};
-  ssize_t n = ::readlink(absl::StrCat("/proc/", pid, "/ns/net").c_str(), buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, n) : "";
-}
 
 // Binaries as built, unless the environment points elsewhere (the GPU
 // machine runs a carried bundle), and `ip` (the GPU machine runs a bundled one).
@@ -55,12 +50,6 @@ bool HaveGpu() {
   auto d = cu::LoadDriver();
   int n = 0;
   return d.ok() && (*d)->DeviceGetCount(&n) == cu::kSuccess && n > 0;
-}
-
-int Sh(const std::string& cmd) {
-  int rc = std::system(cmd.c_str());
-  EXPECT_EQ(rc, 0) << cmd;
-  return rc;
 }
 
 struct Mode {
@@ -93,22 +82,10 @@ class NcclNet : public ::testing::TestWithParam<Mode> {
     args.insert(args.begin(), PluginPath());
     recv_ = std::make_unique<Pod>(daemon_, &recv_cg_, args, PeerPath());
     send_ = std::make_unique<Pod>(daemon_, &send_cg_, args, PeerPath());
-    // Wait until both have their own network namespace, then join them with a veth pair.
-    std::string mine = NetNs(getpid());
-    for (int i = 0; i < 500 && (NetNs(recv_->pid()) == mine || NetNs(send_->pid()) == mine); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    ASSERT_NE(NetNs(recv_->pid()), mine);
-    ASSERT_NE(NetNs(send_->pid()), mine);
-    std::string a = absl::StrCat("pln", getpid() % 100000, "a"), b = absl::StrCat("pln", getpid() % 100000, "b");
-    const std::string ip = Ip();
-    Sh(absl::StrCat(ip, " link add ", a, " type veth peer name ", b));
-    Sh(absl::StrCat(ip, " link set ", a, " netns ", recv_->pid()));
-    Sh(absl::StrCat(ip, " link set ", b, " netns ", send_->pid()));
-    Sh(absl::StrCat("nsenter -t ", recv_->pid(), " -n sh -c '", ip, " link set lo up && ", ip,
-                    " addr add 10.77.0.1/24 dev ", a, " && ", ip, " link set ", a, " up'"));
-    Sh(absl::StrCat("nsenter -t ", send_->pid(), " -n sh -c '", ip, " link set lo up && ", ip,
-                    " addr add 10.77.0.2/24 dev ", b, " && ", ip, " link set ", b, " up'"));
+    // Joined by a veth pair (tests/common/pod_cgroup.h), as the shell scripts' pod_veth does.
+    absl::Status veth = PodVeth(recv_->pid(), send_->pid(), absl::StrCat("pln", getpid() % 100000, "a"),
+                                absl::StrCat("pln", getpid() % 100000, "b"), "10.77.0.1/24", "10.77.0.2/24", Ip());
+    ASSERT_TRUE(veth.ok()) << veth;
     for (Pod* p : {recv_.get(), send_.get()}) {
       p->Send(R"({"cmd": "init"})");
       json r = p->Expect("ready");
