@@ -12,8 +12,6 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "client-lib/transports/backend.h"
-#include "client-lib/transports/mapped_backend.h"
-#include "client-lib/transports/relay_backend.h"
 #include "client-lib/transports/select.h"
 #include "common/status_util.h"
 
@@ -67,15 +65,11 @@ struct Batch {
 }  // namespace
 
 // Regions, batches and notifications; the bytes move in the transport
-// backends (client-lib/transports/).
+// backends (client-lib/transports/), which select.h makes and picks.
 class TransferEngine::Impl {
  public:
   Impl(Client& client, Options opt)
-      : client_(client),
-        opt_(opt),
-        in_process_(opt.device),
-        host_(Transport::kHostMemcpy, in_process_),
-        direct_(Transport::kDirect, in_process_) {}
+      : client_(client), opt_(opt) {}
   Client& client() { return client_; }
 
   ~Impl() {
@@ -96,7 +90,7 @@ class TransferEngine::Impl {
     auto node = client_.GetNodeInfo();
     if (!node.ok()) return node.status();
     node_id_ = node->node_id;
-    PODLINK_ASSIGN_OR_RETURN(relay_, RelayBackend::Create(client_, opt_.ring_entries, opt_.timeout));
+    PODLINK_ASSIGN_OR_RETURN(transports_, Transports::Create(client_, opt_));
     return absl::OkStatus();
   }
 
@@ -160,7 +154,7 @@ class TransferEngine::Impl {
       if (it != opened_.end()) return it->second->region;
     }
     PODLINK_ASSIGN_OR_RETURN(Imported imp, client_.Import(d.export_id));
-    PODLINK_ASSIGN_OR_RETURN(TransportChoice choice, ChooseTransport(client_, imp, opt_));
+    PODLINK_ASSIGN_OR_RETURN(TransportChoice choice, transports_->Choose(client_, imp));
     auto o = std::make_unique<Opened>(Opened{std::move(imp), std::move(choice.mapping), {}});
     o->region.export_id = d.export_id;
     o->region.size = o->imported.info().size;
@@ -186,7 +180,7 @@ class TransferEngine::Impl {
       absl::Status st = Validate(op);
       if (st.ok()) {
         const Opened& o = *opened_.find(op.remote->export_id)->second;
-        TransportBackend* t = BackendFor(o.region.transport);
+        TransportBackend* t = transports_->For(o.region.transport);
         Copy c;
         c.write = write;
         c.op = &op;
@@ -208,7 +202,7 @@ class TransferEngine::Impl {
       }
     }
     for (TransportBackend* t : b.parts) t->Flush(id);
-    relay_->RingDoorbell();
+    transports_->relay().RingDoorbell();
     return id;
   }
 
@@ -227,13 +221,13 @@ class TransferEngine::Impl {
     if (!opened_.contains(export_id)) {
       return absl::FailedPreconditionError(absl::StrCat("region ", export_id, " was not opened by this engine"));
     }
-    // In-process copies must be visible before the notification leaves; the
-    // relay orders it after its own copies.
-    PODLINK_RETURN_IF_ERROR(host_.Fence());
-    PODLINK_RETURN_IF_ERROR(direct_.Fence());
+    // Every copy must be visible before the notification leaves (the relay
+    // orders it after its own copies; in-process copies are waited for).
+    for (TransportBackend* t : transports_->All()) PODLINK_RETURN_IF_ERROR(t->Fence());
+    RelayBackend& relay = transports_->relay();
     uint64_t id = next_batch_++;
-    batches_[id].parts.push_back(relay_.get());
-    absl::Status pushed = relay_->Notify(id, export_id, value);
+    batches_[id].parts.push_back(&relay);
+    absl::Status pushed = relay.Notify(id, export_id, value);
     if (!pushed.ok()) {
       batches_.erase(id);
       return pushed;
@@ -243,22 +237,10 @@ class TransferEngine::Impl {
 
   std::vector<Notification> PollNotifications() {
     absl::MutexLock l(&mu_);
-    return relay_->PollNotifications();
+    return transports_->relay().PollNotifications();
   }
 
  private:
-  TransportBackend* BackendFor(Transport t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    switch (t) {
-      case Transport::kHostMemcpy:
-        return &host_;
-      case Transport::kDirect:
-        return &direct_;
-      case Transport::kRelay:
-        break;
-    }
-    return relay_.get();
-  }
-
   absl::Status Validate(const TransferOp& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (op.local == nullptr || op.remote == nullptr) return absl::InvalidArgumentError("op without regions");
     if (op.length == 0) return absl::InvalidArgumentError("length must be > 0");
@@ -307,7 +289,7 @@ class TransferEngine::Impl {
       }
       if ((spins & 1023) == 1023) {
         if (absl::Now() > deadline) return absl::DeadlineExceededError("relay transfer did not complete in time");
-        relay_->RingDoorbell();
+        transports_->relay().RingDoorbell();
         mu_.Unlock();
         sched_yield();
         mu_.Lock();
@@ -320,10 +302,9 @@ class TransferEngine::Impl {
   std::string node_id_;
 
   absl::Mutex mu_;  // the engine's state below, and every backend (they are called with it held)
-  std::unique_ptr<RelayBackend> relay_ ABSL_GUARDED_BY(mu_);
-  InProcessStream in_process_ ABSL_GUARDED_BY(mu_);  // shared by host_ and direct_ (declared first: outlives them)
-  MappedBackend host_ ABSL_GUARDED_BY(mu_);
-  MappedBackend direct_ ABSL_GUARDED_BY(mu_);
+  // Set once in Init. Its backends are called with mu_ held; Choose (in
+  // Open, without mu_) reads only the options.
+  std::unique_ptr<Transports> transports_;
   uint64_t next_batch_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Batch> batches_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::unique_ptr<Opened>> opened_ ABSL_GUARDED_BY(mu_);

@@ -7,10 +7,11 @@
 //   direct        mapped_backend.*  the peer's GPU memory mapped, copied by this process's GPU
 //   relay         relay_backend.*   podlinkd's copy engines, through the session's relay ring
 //
-// select.* is the one place that picks a transport for an opened region.
-// Adding one (the inter-node mesh is next): a backend here, a
-// podlink::Transport value, a case in select.cc. Backends are called with
-// the engine's lock held and never block longer than their own timeout.
+// select.* (Transports) is the one place that makes the backends, picks the
+// transport of an opened region and maps a transport to its backend. Adding
+// one (the inter-node mesh is next): a backend here, a podlink::Transport
+// value, and Transports. Backends are called with the engine's lock held and
+// never block longer than their own timeout.
 #pragma once
 
 #include <cstdint>

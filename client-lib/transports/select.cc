@@ -2,12 +2,25 @@
 
 #include <utility>
 
+#include "common/status_util.h"
+
 namespace podlink {
 
-absl::StatusOr<TransportChoice> ChooseTransport(Client& client, const Imported& imported,
-                                                const TransferEngine::Options& opt) {
+Transports::Transports(const TransferEngine::Options& opt)
+    : opt_(opt),
+      in_process_(opt.device),
+      host_(Transport::kHostMemcpy, in_process_),
+      direct_(Transport::kDirect, in_process_) {}
+
+absl::StatusOr<std::unique_ptr<Transports>> Transports::Create(Client& client, const TransferEngine::Options& opt) {
+  std::unique_ptr<Transports> t(new Transports(opt));
+  PODLINK_ASSIGN_OR_RETURN(t->relay_, RelayBackend::Create(client, opt.ring_entries, opt.timeout));
+  return t;
+}
+
+absl::StatusOr<TransportChoice> Transports::Choose(Client& client, const Imported& imported) const {
   TransportChoice c;
-  if (opt.force_relay) return c;
+  if (opt_.force_relay) return c;
   if (imported.info().handle_type == HandleType::kHostMemfd) {
     auto m = client.Map(imported);
     if (!m.ok()) return m.status();
@@ -15,8 +28,8 @@ absl::StatusOr<TransportChoice> ChooseTransport(Client& client, const Imported& 
     c.transport = Transport::kHostMemcpy;
     return c;
   }
-  if (opt.allow_direct) {
-    auto m = client.Map(imported, opt.device);
+  if (opt_.allow_direct) {
+    auto m = client.Map(imported, opt_.device);
     if (m.ok()) {
       c.mapping = *std::move(m);
       c.transport = Transport::kDirect;
@@ -25,6 +38,18 @@ absl::StatusOr<TransportChoice> ChooseTransport(Client& client, const Imported& 
     // container) the relay moves the bytes.
   }
   return c;
+}
+
+TransportBackend* Transports::For(Transport t) {
+  switch (t) {
+    case Transport::kHostMemcpy:
+      return &host_;
+    case Transport::kDirect:
+      return &direct_;
+    case Transport::kRelay:
+      break;
+  }
+  return relay_.get();
 }
 
 }  // namespace podlink

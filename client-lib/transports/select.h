@@ -1,9 +1,16 @@
-// The one place that picks the transport for a region TransferEngine opens.
+// The one place that knows every transport of TransferEngine: it makes their
+// backends, picks the transport of each region the engine opens, and says
+// which backend serves a transport. Adding a transport: its backend, a
+// podlink::Transport value, and this file.
 #pragma once
 
+#include <array>
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "client-lib/transports/backend.h"
+#include "client-lib/transports/mapped_backend.h"
+#include "client-lib/transports/relay_backend.h"
 #include "podlink/client.h"
 #include "podlink/transfer.h"
 
@@ -14,11 +21,32 @@ struct TransportChoice {
   std::unique_ptr<Mapping> mapping;  // for transports that copy through a mapping
 };
 
-// force_relay: always the relay. A host (memfd) export: host memcpy through
-// a mapping (a failed mapping is an error). GPU memory: direct when
-// allow_direct and this process can map the peer's GPU memory on `device`
-// (it needs the peer GPU's device node), otherwise the relay.
-absl::StatusOr<TransportChoice> ChooseTransport(Client& client, const Imported& imported,
-                                                const TransferEngine::Options& opt);
+class Transports {
+ public:
+  // Opens the session's relay ring (a session has one).
+  static absl::StatusOr<std::unique_ptr<Transports>> Create(Client& client, const TransferEngine::Options& opt);
+
+  // The transport of a region being opened. force_relay: always the relay.
+  // A host (memfd) export: host memcpy through a mapping (a failed mapping is
+  // an error). GPU memory: direct when allow_direct and this process can map
+  // the peer's memory on opt.device (it needs the peer GPU's device node),
+  // otherwise the relay.
+  absl::StatusOr<TransportChoice> Choose(Client& client, const Imported& imported) const;
+
+  // The backend that serves `t`.
+  TransportBackend* For(Transport t);
+  // Every backend, for fences.
+  std::array<TransportBackend*, 3> All() { return {&host_, &direct_, relay_.get()}; }
+  RelayBackend& relay() { return *relay_; }
+
+ private:
+  explicit Transports(const TransferEngine::Options& opt);
+
+  const TransferEngine::Options opt_;
+  std::unique_ptr<RelayBackend> relay_;
+  InProcessStream in_process_;  // shared by host_ and direct_ (declared first: outlives them)
+  MappedBackend host_;
+  MappedBackend direct_;
+};
 
 }  // namespace podlink
