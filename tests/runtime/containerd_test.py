@@ -136,7 +136,7 @@ state = "{work}/state"
 
 
 class Cri:
-    """RuntimeService over the runtime's socket, from tests/runtime/cri_api.proto."""
+    """RuntimeService over the runtime's socket, from proto/cri/runtime/v1/api.proto (the one CRI subset)."""
 
     def __init__(self, sock, pb):
         self.pb = pb
@@ -295,10 +295,10 @@ def main():
                       os.path.join(REPO, "CMakeLists.txt")).strip()
         gen = os.path.join(work, "gen")
         os.makedirs(gen)
-        run("protoc", "-I", os.path.join(REPO, "tests/runtime"), "--python_out", gen,
-            os.path.join(REPO, "tests/runtime/cri_api.proto"))
+        run("protoc", "-I", os.path.join(REPO, "proto/cri/runtime/v1"), "--python_out", gen,
+            os.path.join(REPO, "proto/cri/runtime/v1/api.proto"))
         sys.path.insert(0, gen)
-        import cri_api_pb2 as pb
+        import api_pb2 as pb
 
         ctd = Containerd(work, version)
         ctd.start()
