@@ -2,11 +2,18 @@
 # Builds podlink with a sanitizer into build-<name> and runs the tests there.
 #
 #   scripts/sanitize.sh asan   AddressSanitizer + UndefinedBehaviorSanitizer, every test that needs no GPU
+#   scripts/sanitize.sh tsan   ThreadSanitizer: podlinkd and the broker/relay integration tests
 #
-# ThreadSanitizer is not offered: Debian's Abseil is built without it, so
-# absl::Mutex is invisible to TSan and every access it protects is reported
-# as a race (tried 2026-11-23: RelayEngine's change lists under Worker::mu).
-# Any report fails the run (halt_on_error / -fno-sanitize-recover).
+# TSan needs the synchronization it cannot see instrumented: Debian's Abseil is
+# built without it (absl::Mutex would be invisible and every access it guards
+# reported as a race), so tsan mode first builds Abseil from Debian's own source
+# package (apt-get source, the installed version) with -fsanitize=thread into
+# build-tsan/absl-lib and runs everything with that copy (same SONAMEs, same
+# options.h, so Debian's gRPC loads it too). gRPC and protobuf stay
+# uninstrumented; tests/sanitizers/tsan.supp says what that costs.
+# Any report fails the run (halt_on_error / -fno-sanitize-recover; TSan reports
+# of every process, the daemons the tests start included, land in
+# build-tsan/tsan-reports and any file there fails the run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
@@ -22,8 +29,20 @@ case "$mode" in
     targets=(all)
     ctest_args=(-LE gpu)
     ;;
+  tsan)
+    build=${PODLINK_TSAN_BUILD_DIR:-build-tsan}
+    flags="thread"
+    targets=(podlinkd podlink-demo broker_namespaces_test hostile_clients_test relay_test client_lifetime_test c_api_test)
+    ctest_args=(-R '(^|/)(BrokerNamespaces|Attacks|HostileClients|Relay|RelayLifetime|ClientLifetime|CApi)\.')
+    mkdir -p "$build"
+    bash scripts/lib/tsan_abseil.sh "$PWD/$build/absl"
+    export LD_LIBRARY_PATH="$PWD/$build/absl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    reports=$PWD/$build/tsan-reports
+    rm -rf "$reports" && mkdir -p "$reports"
+    export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:log_path=$reports/tsan:suppressions=$PWD/tests/sanitizers/tsan.supp"
+    ;;
   *)
-    echo "usage: $0 asan" >&2
+    echo "usage: $0 asan|tsan" >&2
     exit 2
     ;;
 esac
@@ -35,5 +54,12 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWI
 for t in "${targets[@]}"; do cmake --build "$build" -j "$jobs" --target "$t"; done
 echo "== $mode: built in $(($(date +%s) - start)) s; running tests"
 cd "$build"
-ctest --output-on-failure -j 2 --timeout 900 "${ctest_args[@]}"
+rc=0
+ctest --output-on-failure -j 2 --timeout 900 "${ctest_args[@]}" || rc=$?
+if [ "$mode" = tsan ] && [ -n "$(ls -A "$reports")" ]; then
+  echo "== tsan: reports (every process the tests ran):"
+  for f in "$reports"/*; do echo "---- $f"; cat "$f"; done
+  rc=1
+fi
+[ $rc = 0 ] || { echo "== $mode: FAILED"; exit $rc; }
 echo "== $mode: done in $(($(date +%s) - start)) s"

@@ -7,10 +7,12 @@ cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 bash scripts/build.sh
 (cd "${PODLINK_BUILD_DIR:-build}" && ctest --output-on-failure -j 2 -LE gpu)
-# The same tests under AddressSanitizer + UndefinedBehaviorSanitizer, then
-# every libFuzzer target for a minute (tests/fuzz/README.md). PODLINK_QUICK=1
-# skips these for a fast local loop.
+# The same tests under AddressSanitizer + UndefinedBehaviorSanitizer, the
+# broker and relay integration tests under ThreadSanitizer, then every
+# libFuzzer target for a minute (tests/fuzz/README.md). PODLINK_QUICK=1 skips
+# these for a fast local loop.
 if [ "${PODLINK_QUICK:-0}" != 1 ]; then
   bash scripts/sanitize.sh asan
+  bash scripts/sanitize.sh tsan
   bash tests/fuzz/run.sh "${PODLINK_FUZZ_SECONDS:-60}"
 fi
