@@ -5,7 +5,8 @@
 #   tests/fuzz/run.sh [SECONDS_PER_TARGET]      (default 60)
 #
 # Environment: PODLINK_FUZZ_BUILD_DIR (default build-fuzz), PODLINK_FUZZ_JOBS
-# (build parallelism, default nproc).
+# (build parallelism, default nproc), PODLINK_FUZZ_PARALLEL (targets fuzzed at
+# once, one core each; default nproc).
 #
 # Per target: first every saved crash in tests/fuzz/regressions/<target>/ is
 # replayed (each must now pass), then the target fuzzes for the given time,
@@ -20,6 +21,7 @@ FUZZ_DIR=$ROOT/tests/fuzz
 SECONDS_PER_TARGET=${1:-60}
 BUILD=${PODLINK_FUZZ_BUILD_DIR:-$ROOT/build-fuzz}
 JOBS=${PODLINK_FUZZ_JOBS:-$(nproc)}
+PARALLEL=${PODLINK_FUZZ_PARALLEL:-$(nproc)}
 TARGETS=(fd_channel_fuzz cgroup_parser_fuzz config_fuzz ring_layout_fuzz relay_fuzz broker_fuzz)
 LIBFUZZER_FLAGS=(-rss_limit_mb=2048 -timeout=10)
 
@@ -40,9 +42,6 @@ echo "built in $(($(date +%s) - start)) s"
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/podlink-fuzz.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
-passed=0
-failed=0
-SUMMARY=()
 
 # Prints the input that failed and why, from a libFuzzer log: the file it
 # was replaying, or where it wrote the input it generated.
@@ -57,7 +56,11 @@ report_failure() {
   echo "  log: $log"
 }
 
-for t in "${TARGETS[@]}"; do
+# One target: replay, then fuzz; leaves its summary line in $WORK/$t.summary
+# and "ok" or why not in $WORK/$t.result.
+fuzz_target() {
+  local t=$1 bin logs artifacts result runs secs start rc f
+  local -a regressions
   bin=$BUILD/tests/fuzz/$t
   logs=$BUILD/fuzz/logs
   artifacts=$BUILD/fuzz/artifacts/$t
@@ -99,8 +102,24 @@ for t in "${TARGETS[@]}"; do
     fi
   fi
 
-  if [ "$result" = ok ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
-  SUMMARY+=("$(printf '%-20s runs=%-10s seconds=%-5s result=%s' "$t" "${runs:-0}" "$secs" "$result")")
+  printf '%-20s runs=%-10s seconds=%-5s result=%s\n' "$t" "${runs:-0}" "$secs" "$result" > "$WORK/$t.summary"
+  echo "$result" > "$WORK/$t.result"
+}
+
+# PARALLEL targets at a time (libFuzzer uses one core per process).
+running=0
+for t in "${TARGETS[@]}"; do
+  if [ "$running" -ge "$PARALLEL" ]; then wait -n; running=$((running - 1)); fi
+  fuzz_target "$t" &
+  running=$((running + 1))
+done
+wait
+passed=0
+failed=0
+SUMMARY=()
+for t in "${TARGETS[@]}"; do
+  if [ "$(cat "$WORK/$t.result" 2>/dev/null)" = ok ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+  SUMMARY+=("$(cat "$WORK/$t.summary" 2>/dev/null || echo "$t result=did-not-finish")")
 done
 
 echo "== summary"
