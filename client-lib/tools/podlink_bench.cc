@@ -9,8 +9,10 @@
 // A 1 GiB (or --total) destination is written whole in operations of each
 // size; the mean of --passes passes is reported. Latency is the mean wall
 // time of one synchronous 4 KiB-size operation repeated --lat-iters times.
-// Writes a table to stdout and CSV / JSON when asked. Measures only; it
-// asserts nothing.
+// Writes a table to stdout and CSV / JSON when asked. Bandwidth is measured,
+// never asserted; the bytes are: every source holds a seeded pattern, each
+// destination is cleared before a size is timed and compared with its source
+// after (outside the timed loop), and any mismatch makes the exit status 1.
 //
 // Both directions at once (what a two-rank collective asks of the relay), in
 // operations of --bidir-sizes, --window operations in flight per direction,
@@ -30,6 +32,7 @@
 #include <barrier>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -62,6 +65,9 @@ ABSL_FLAG(std::vector<std::string>, bidir_sizes,
 ABSL_FLAG(int, window, 16, "relay-bidir: operations in flight per direction");
 ABSL_FLAG(std::string, csv, "", "also write every row to this CSV file");
 ABSL_FLAG(std::string, json, "", "also write every row and the latencies to this JSON file");
+ABSL_FLAG(bool, corrupt_for_test, false,
+          "test of the verification: flip one byte of each destination after timing, before it is compared; the run "
+          "must then report the mismatches and exit 1");
 
 namespace {
 
@@ -71,7 +77,9 @@ constexpr char kUsage[] = R"(usage: podlink-bench [options]
 
 GPU-to-GPU copy bandwidth and 4 KiB latency through podlinkd ($PODLINK_SOCKET_DIR, else
 /run/podlink), against one process's own cuMemcpyAsync (baseline), for operation sizes
-4 KiB .. --total. Prints tables on stdout, progress on stderr; measures, asserts nothing.
+4 KiB .. --total. Prints tables on stdout, progress on stderr. Every size of every mode
+is checked byte for byte after it is timed (outside the timed loop); exits 1 on any
+mismatch, after printing the tables.
 )";
 
 constexpr const char* kModes[] = {"baseline", "direct", "relay", "baseline-bidir", "relay-bidir"};
@@ -85,6 +93,7 @@ struct Args {
   std::vector<uint64_t> bidir_sizes;
   int window = 0;
   std::string csv, json;
+  bool corrupt_for_test = false;
 };
 
 // Every option, checked once: the command line's meaning, or what is wrong with it.
@@ -100,6 +109,7 @@ absl::StatusOr<Args> ArgsFromFlags(const std::vector<std::string>& positional) {
   a.window = absl::GetFlag(FLAGS_window);
   a.csv = absl::GetFlag(FLAGS_csv);
   a.json = absl::GetFlag(FLAGS_json);
+  a.corrupt_for_test = absl::GetFlag(FLAGS_corrupt_for_test);
   auto positive = [](const char* flag, int64_t v) {
     return absl::InvalidArgumentError(absl::StrFormat("--%s must be a positive integer (got '%d')", flag, v));
   };
@@ -135,6 +145,8 @@ struct Row {
   double gbps = 0;
   double op_us = 0;  // mean time per operation within the bandwidth run
   double both_gbps = 0;  // bidirectional modes: both directions together
+  uint64_t checked = 0;     // destination bytes compared with the source after the timed passes
+  uint64_t mismatches = 0;  // of those, bytes that differed
 };
 
 [[noreturn]] void Fail(const std::string& what, const absl::Status& s) {
@@ -167,6 +179,100 @@ double TimePasses(int passes, F pass) {
   }
   return sum / passes;
 }
+
+// Verification, kept out of every timed loop: a source is filled with the
+// pattern of a seed; before a size is timed its destination is cleared, and
+// after it the destination is read back and compared with the pattern.
+class Checker {
+ public:
+  Checker(const podlink::cu::Driver* d, uint64_t total) : d_(d), total_(total) {}
+  ~Checker() {
+    if (pinned_) d_->MemFreeHost(readback_);
+    for (auto& [gpu, ctx] : ctx_) d_->DevicePrimaryCtxRelease(gpu);
+  }
+  Checker(const Checker&) = delete;
+  Checker& operator=(const Checker&) = delete;
+
+  void Fill(const podlink::GpuBuffer& buf, int gpu, uint64_t seed) {
+    Use(gpu);
+    Check(d_->MemcpyHtoD(buf.device_ptr(), Pattern(seed).data(), std::min<uint64_t>(buf.size(), total_)),
+          "cuMemcpyHtoD");
+  }
+  void Clear(const podlink::GpuBuffer& buf, int gpu) {
+    Use(gpu);
+    Check(d_->MemsetD8(buf.device_ptr(), 0, buf.size()), "cuMemsetD8");
+  }
+  // Flips the first byte of `buf` (for --corrupt-for-test).
+  void Corrupt(const podlink::GpuBuffer& buf, int gpu) {
+    uint8_t b = 0;
+    Use(gpu);
+    Check(d_->MemcpyDtoH(&b, buf.device_ptr(), 1), "cuMemcpyDtoH");
+    b = static_cast<uint8_t>(~b);
+    Check(d_->MemcpyHtoD(buf.device_ptr(), &b, 1), "cuMemcpyHtoD");
+  }
+  // Bytes among the first `bytes` of `buf` that differ from the pattern of `seed`.
+  uint64_t Mismatches(const podlink::GpuBuffer& buf, int gpu, uint64_t seed, uint64_t bytes) {
+    Use(gpu);
+    bytes = std::min(bytes, total_);
+    const auto* want = reinterpret_cast<const uint8_t*>(Pattern(seed).data());
+    uint8_t* got = Readback();
+    Check(d_->MemcpyDtoH(got, buf.device_ptr(), bytes), "cuMemcpyDtoH");
+    if (std::memcmp(got, want, bytes) == 0) return 0;
+    uint64_t bad = 0;
+    for (uint64_t i = 0; i < bytes; ++i) bad += got[i] != want[i];
+    return bad;
+  }
+
+ private:
+  // The pattern of `seed` (splitmix64 words), made once per seed.
+  const std::vector<uint64_t>& Pattern(uint64_t seed) {
+    std::vector<uint64_t>& p = patterns_[seed];
+    if (p.empty()) {
+      p.resize((total_ + 7) / 8);
+      for (size_t i = 0; i < p.size(); ++i) {
+        uint64_t z = seed * 0x9e3779b97f4a7c15ull + i + 1;
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        p[i] = z ^ (z >> 31);
+      }
+    }
+    return p;
+  }
+  // Page-locked when the driver grants it (read back at copy-engine speed),
+  // else ordinary memory.
+  uint8_t* Readback() {
+    if (readback_ != nullptr) return static_cast<uint8_t*>(readback_);
+    constexpr unsigned kPortable = 1;  // CU_MEMHOSTALLOC_PORTABLE: usable from every context
+    if (d_->MemHostAlloc(&readback_, total_, kPortable) == 0) {
+      pinned_ = true;
+    } else {
+      readback_ = nullptr;
+      fallback_.resize(total_);
+      readback_ = fallback_.data();
+    }
+    return static_cast<uint8_t*>(readback_);
+  }
+  void Use(int gpu) {
+    auto it = ctx_.find(gpu);
+    if (it == ctx_.end()) {
+      podlink::cu::Context c = nullptr;
+      Check(d_->DevicePrimaryCtxRetain(&c, gpu), "cuDevicePrimaryCtxRetain");
+      it = ctx_.emplace(gpu, c).first;
+    }
+    Check(d_->CtxSetCurrent(it->second), "cuCtxSetCurrent");
+  }
+  static void Check(podlink::cu::Result r, const char* what) {
+    if (r != 0) Fail("verify", podlink::cu::CuStatus(r, what));
+  }
+
+  const podlink::cu::Driver* d_;
+  const uint64_t total_;
+  std::map<uint64_t, std::vector<uint64_t>> patterns_;
+  void* readback_ = nullptr;
+  bool pinned_ = false;
+  std::vector<uint8_t> fallback_;
+  std::map<int, podlink::cu::Context> ctx_;
+};
 
 }  // namespace
 
@@ -245,6 +351,7 @@ struct Direction {
   podlink::RegionDescriptor dst_desc;
   std::unique_ptr<CopyTarget> target;  // baseline-bidir
   Writer writer;                       // relay-bidir
+  uint64_t seed = 0;                   // pattern of `src`
 };
 
 // Runs `pass(direction)` on one thread per direction, `passes` times after a
@@ -307,6 +414,22 @@ int main(int argc, char** argv) {
 
   std::fprintf(stderr, "podlink-bench: GPU%d -> GPU%d, %s destination, %d passes\n", a.src_gpu, a.dst_gpu,
                HumanSize(a.total).c_str(), a.passes);
+  Checker checker(d, a.total);
+  constexpr uint64_t kSeed = 1;
+  checker.Fill(**src, a.src_gpu, kSeed);
+  // Clears `buf` before a size is timed, and after it counts what differs
+  // from the source's pattern; progress lines say so when something does.
+  auto verify = [&](Row& row, const podlink::GpuBuffer& buf, int gpu, uint64_t seed, uint64_t bytes) {
+    row.checked += bytes;
+    if (a.corrupt_for_test) checker.Corrupt(buf, gpu);
+    uint64_t bad = checker.Mismatches(buf, gpu, seed, bytes);
+    row.mismatches += bad;
+    if (bad != 0) {
+      std::fprintf(stderr, "  %s %s: %llu of %llu bytes differ from the source\n", row.mode.c_str(),
+                   HumanSize(row.size).c_str(), static_cast<unsigned long long>(bad),
+                   static_cast<unsigned long long>(bytes));
+    }
+  };
   std::vector<Row> rows;
   std::map<std::string, double> latency_us;
 
@@ -332,6 +455,8 @@ int main(int argc, char** argv) {
       auto sb = dir.client->AllocateGpu(a.total, s_gpu);
       if (!sb.ok()) Fail("allocate bidirectional source", sb.status());
       dir.src = *std::move(sb);
+      dir.seed = 2 + dirs.size();
+      checker.Fill(*dir.src, s_gpu, dir.seed);
       dirs.push_back(std::move(dir));
     }
   };
@@ -349,6 +474,7 @@ int main(int argc, char** argv) {
       for (uint64_t size : a.bidir_sizes) {
         if (size > a.total) continue;
         const uint64_t n = a.total / size;
+        for (Direction& dir : dirs) checker.Clear(*dir.dst, dir.dst_gpu);
         std::vector<double> secs;
         if (relay) {
           secs = TimeBothDirections(dirs, a.passes, [&](Direction& dir) {
@@ -392,6 +518,7 @@ int main(int argc, char** argv) {
           slowest = std::max(slowest, x);
         }
         Row row{mode, size, per_dir, slowest / n * 1e6, 2.0 * n * size / slowest / 1e9};
+        for (Direction& dir : dirs) verify(row, *dir.dst, dir.dst_gpu, dir.seed, n * size);
         rows.push_back(row);
         std::fprintf(stderr, "  %-14s %8s %8.1f GB/s per direction, %8.1f both\n", mode.c_str(),
                      HumanSize(size).c_str(), row.gbps, row.both_gbps);
@@ -409,6 +536,7 @@ int main(int argc, char** argv) {
       };
       for (uint64_t size : Sizes(a.total)) {
         uint64_t n = a.total / size;
+        checker.Clear(**dst, a.dst_gpu);
         double secs = TimePasses(a.passes, [&] {
           for (uint64_t i = 0; i < n; ++i) {
             check(d->MemcpyAsync(dst_va + i * size, (*src)->device_ptr() + i * size, size, s), "cuMemcpyAsync");
@@ -416,6 +544,7 @@ int main(int argc, char** argv) {
           check(d->StreamSynchronize(s), "cuStreamSynchronize");
         });
         rows.push_back({mode, size, n * size / secs / 1e9, secs / n * 1e6});
+        verify(rows.back(), **dst, a.dst_gpu, kSeed, n * size);
         std::fprintf(stderr, "  %-8s %8s %8.1f GB/s\n", mode.c_str(), HumanSize(size).c_str(), rows.back().gbps);
       }
       auto t0 = Clock::now();
@@ -431,6 +560,7 @@ int main(int argc, char** argv) {
     if (!c.ok()) Fail("connect", c.status());
     auto buf = (*c)->AllocateGpu(a.total, a.src_gpu);
     if (!buf.ok()) Fail("allocate", buf.status());
+    checker.Fill(**buf, a.src_gpu, kSeed);
     Writer w = OpenWriter(**c, **buf, *desc, a.src_gpu, mode == "relay");
     podlink::TransferEngine* eng = w.engine.get();
     const podlink::LocalRegion* local = &w.local;
@@ -444,11 +574,13 @@ int main(int argc, char** argv) {
       std::vector<podlink::TransferOp> ops;
       ops.reserve(n);
       for (uint64_t i = 0; i < n; ++i) ops.push_back({local, i * size, remote, i * size, size});
+      checker.Clear(**dst, a.dst_gpu);
       double secs = TimePasses(a.passes, [&] {
         absl::Status st = eng->Writev(ops);
         if (!st.ok()) Fail(mode, st);
       });
       rows.push_back({mode, size, n * size / secs / 1e9, secs / n * 1e6});
+      verify(rows.back(), **dst, a.dst_gpu, kSeed, n * size);
       std::fprintf(stderr, "  %-8s %8s %8.1f GB/s\n", mode.c_str(), HumanSize(size).c_str(), rows.back().gbps);
     }
     auto t0 = Clock::now();
@@ -493,11 +625,22 @@ int main(int argc, char** argv) {
     std::printf("| %s | %s | %s | %s |\n", HumanSize(size).c_str(), cell(b).c_str(), cell(r).c_str(),
                 b > 0 && r > 0 ? absl::StrFormat("%.3f", r / b).c_str() : "-");
   }
+  uint64_t checked = 0, mismatches = 0, bad_rows = 0;
+  for (const Row& r : rows) {
+    checked += r.checked;
+    mismatches += r.mismatches;
+    bad_rows += r.mismatches != 0;
+  }
+  std::printf("\nverified after timing, every size of every mode: %llu bytes compared, %llu differed (%llu of %zu "
+              "rows)\n",
+              static_cast<unsigned long long>(checked), static_cast<unsigned long long>(mismatches),
+              static_cast<unsigned long long>(bad_rows), rows.size());
   if (!a.csv.empty()) {
     std::ofstream f(a.csv);
-    f << "mode,size_bytes,gbps,op_us,both_directions_gbps\n";
+    f << "mode,size_bytes,gbps,op_us,both_directions_gbps,checked_bytes,mismatched_bytes\n";
     for (const Row& r : rows) {
-      f << r.mode << "," << r.size << "," << r.gbps << "," << r.op_us << "," << r.both_gbps << "\n";
+      f << r.mode << "," << r.size << "," << r.gbps << "," << r.op_us << "," << r.both_gbps << "," << r.checked << ","
+        << r.mismatches << "\n";
     }
   }
   if (!a.json.empty()) {
@@ -508,11 +651,21 @@ int main(int argc, char** argv) {
     j["passes"] = a.passes;
     j["window"] = a.window;
     for (const Row& r : rows) {
-      j["rows"].push_back(
-          {{"mode", r.mode}, {"size", r.size}, {"gbps", r.gbps}, {"op_us", r.op_us}, {"both_gbps", r.both_gbps}});
+      j["rows"].push_back({{"mode", r.mode},
+                           {"size", r.size},
+                           {"gbps", r.gbps},
+                           {"op_us", r.op_us},
+                           {"both_gbps", r.both_gbps},
+                           {"checked_bytes", r.checked},
+                           {"mismatched_bytes", r.mismatches}});
     }
     for (auto& [mode, us] : latency_us) j["latency_4k_us"][mode] = us;
     std::ofstream(a.json) << j.dump(2) << "\n";
+  }
+  if (mismatches != 0) {
+    std::fprintf(stderr, "podlink-bench: FAILED: %llu bytes differed from their source\n",
+                 static_cast<unsigned long long>(mismatches));
+    return 1;
   }
   return 0;
 }

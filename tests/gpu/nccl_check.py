@@ -1,13 +1,17 @@
 """One rank of the NCCL test between two pods: checks all_reduce, all_gather
 and send/recv results, then measures all_reduce bus bandwidth over a range of
-sizes. Prints JSON lines. Environment: RANK, WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT (torch.distributed's env:// rendezvous), LABEL.
+sizes, checking one all_reduce of every timed size (outside the timing).
+Prints JSON lines; exits 1 when any check fails on any rank. Environment: RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torch.distributed's env:// rendezvous),
+LABEL. With WORLD_SIZE=1 (a smoke test of this script on one GPU) send/recv is
+skipped.
 
     python3 nccl_check.py [--sizes-mib 1,4,...] [--check-only]
 """
 import argparse
 import json
 import os
+import sys
 import time
 
 import torch
@@ -26,6 +30,23 @@ def expected_sum(shape, world, dtype):
     return total
 
 
+def agree(ok):
+    """True when `ok` holds on every rank."""
+    flag = torch.tensor([1.0 if ok else 0.0], device="cuda")
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item() == 1.0)
+
+
+def checked_all_reduce(numel, rank, world):
+    """One all_reduce of rank-seeded integers, compared with their sum."""
+    g = torch.Generator(device="cuda").manual_seed(1000 + rank)
+    x = torch.randint(-1000, 1000, (numel,), generator=g, device="cuda").float()
+    dist.all_reduce(x)
+    ok = bool(torch.equal(x, expected_sum((numel,), world, torch.float32)))
+    del x
+    return agree(ok)
+
+
 def checks(rank, world):
     results = {}
     for numel in (1 << 10, 1 << 24):  # 4 KiB and 64 MiB of float32
@@ -39,6 +60,8 @@ def checks(rank, world):
         dist.all_gather(out, mine)
         results[f"all_gather_{numel * 4}B"] = all(bool(torch.all(out[r] == r + 1)) for r in range(world))
 
+        if world < 2:
+            continue
         ref = torch.arange(numel, device="cuda", dtype=torch.float32) * 3 + 7
         if rank == 0:
             dist.send(ref, dst=1)
@@ -53,12 +76,10 @@ def checks(rank, world):
         results[f"send_recv_{numel * 4}B"] = ok
     torch.cuda.synchronize()
     # Every rank must agree that every check passed.
-    flags = torch.tensor([1.0 if all(results.values()) else 0.0], device="cuda")
-    dist.all_reduce(flags, op=dist.ReduceOp.MIN)
-    return results, bool(flags.item() == 1.0)
+    return results, agree(all(results.values()))
 
 
-def bench(world, sizes_mib):
+def bench(rank, world, sizes_mib):
     rows = []
     for mib in sizes_mib:
         n = (mib << 20) // 4
@@ -87,8 +108,10 @@ def bench(world, sizes_mib):
         sec = start.elapsed_time(end) / 1000 / iters
         algbw = (mib << 20) / sec / 1e9
         busbw = algbw * 2 * (world - 1) / world
+        del x
+        ok = checked_all_reduce(n, rank, world)
         rows.append({"mib": mib, "us": round(sec * 1e6, 1), "algbw": round(algbw, 2), "busbw": round(busbw, 2),
-                     "iters": iters})
+                     "iters": iters, "ok": ok})
         emit(event="bw", label=os.environ.get("LABEL", ""), **rows[-1])
     return rows
 
@@ -106,9 +129,11 @@ def main():
     results, all_ok = checks(rank, world)
     emit(event="checks", rank=rank, ok=all_ok, **results)
     if not a.check_only:
-        bench(world, [int(s) for s in a.sizes_mib.split(",")])
+        rows = bench(rank, world, [int(s) for s in a.sizes_mib.split(",")])
+        all_ok = all_ok and all(r["ok"] for r in rows)
     dist.destroy_process_group()
-    emit(event="end", rank=rank)
+    emit(event="end", rank=rank, ok=all_ok)
+    sys.exit(0 if all_ok else 1)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@
 #            plugin_tcp forces the plugin's other-node TCP transport)
 #   socket   the same pods, no plugin (NCCL's NET/Socket over the veth)
 #   native   the same two ranks in the host namespaces (NCCL's P2P over NVLink)
+# Every timed size is also checked (one all_reduce of known values). Exits 1
+# when any rank of any setup fails or any check fails; the table is last.
 set -uo pipefail
 # shellcheck source=scripts/lib/pod.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/pod.sh"
@@ -51,6 +53,7 @@ done
 rule() { echo "{\"match\": {\"pod_uid\": \"${POD_UID[$1]}\"}, \"namespace\": \"ml\", \"name\": \"$2\", \"annotations\": {\"podlink.io/peer-group\": \"nccl-job\"}}"; }
 echo "{\"identity\": {\"kubelet_cgroup_roots\": [\"/podlink-nccl-$$\"]}, \"pods\": [$(rule a rank0-gpu0), $(rule b rank1-gpu1)]}" > "$WORK/config.json"
 DPID=""
+FAILED_SETUPS=()
 # start_daemon ARGS...: (re)starts podlinkd; each plugin setup gets a fresh
 # one, so its metrics cover that setup only.
 start_daemon() {
@@ -84,6 +87,7 @@ run_pods() {
   local rc=0
   for p in "${pids[@]}"; do wait "$p" || rc=$?; done
   echo "$label: exit $rc"
+  [ "$rc" = 0 ] || FAILED_SETUPS+=("$label (a rank exited $rc)")
 }
 
 run_native() {
@@ -99,6 +103,7 @@ run_native() {
   local rc=0
   for p in "${pids[@]}"; do wait "$p" || rc=$?; done
   echo "$label: exit $rc"
+  [ "$rc" = 0 ] || FAILED_SETUPS+=("$label (a rank exited $rc)")
 }
 
 SETUPS=${NCCL_TEST_SETUPS:-plugin plugin_tuned plugin_tcp socket native}
@@ -147,14 +152,18 @@ python3 - "$OUT" $SETUPS <<'EOF' | tee "$OUT/nccl-summary.md"
 import json, sys, os, datetime
 out, setups = sys.argv[1], sys.argv[2:]
 def load(label):
+    """Rank 0's bus bandwidth per size, and whether every check passed on
+    every rank (the ranks agree on each check; None: no result)."""
     bw, ok = {}, None
     p = os.path.join(out, f"{label}-rank0.jsonl")
     if not os.path.exists(p): return bw, ok
     for line in open(p):
         try: j = json.loads(line)
         except ValueError: continue
-        if j.get("event") == "bw": bw[j["mib"]] = j["busbw"]
-        if j.get("event") == "checks": ok = j["ok"]
+        if j.get("event") == "bw":
+            bw[j["mib"]] = j["busbw"]
+            if not j.get("ok", False): ok = False
+        if j.get("event") == "checks": ok = j["ok"] if ok is None else ok and j["ok"]
     return bw, ok
 data = {l: load(l) for l in setups}
 print(f"NCCL all_reduce bus bandwidth, 2 ranks (GB/s) — {datetime.datetime.utcnow():%Y-%m-%dT%H:%MZ}")
@@ -170,7 +179,16 @@ for s in sorted(set().union(*[d[0].keys() for d in data.values()])):
     n = vals.get("native")
     ratio = f"{best / n:.2f}" if best and n else "-"
     print(f"| {s} MiB | " + " | ".join("-" if vals[l] is None else str(vals[l]) for l in setups) + f" | {ratio} |")
+failed = [l for l, d in data.items() if d[1] is not True]
+print(f"\nresults checked at every timed size: {'all pass' if not failed else 'FAILED: ' + ', '.join(failed)}")
+sys.exit(1 if failed else 0)
 EOF
+[ "${PIPESTATUS[0]}" = 0 ] || FAILED_SETUPS+=("result checks")
 rm -rf "$WORK"
 # Few files travel back from the device tool: pack the logs.
 (cd "$OUT" && tar czf nccl-logs.tgz ./*.log ./*.jsonl && rm -f ./*-rank*.log ./*-rank*.jsonl)
+if [ ${#FAILED_SETUPS[@]} -gt 0 ]; then
+  echo "FAILED: ${FAILED_SETUPS[*]}"
+  exit 1
+fi
+echo "all setups ran and every check passed"
