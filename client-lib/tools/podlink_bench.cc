@@ -201,6 +201,9 @@ class Checker {
   void Clear(const podlink::GpuBuffer& buf, int gpu) {
     Use(gpu);
     Check(d_->MemsetD8(buf.device_ptr(), 0, buf.size()), "cuMemsetD8");
+    // The memset may still run when the timed copies start on other streams
+    // (or in podlinkd): finish it first.
+    Check(d_->CtxSynchronize(), "cuCtxSynchronize");
   }
   // Flips the first byte of `buf` (for --corrupt-for-test).
   void Corrupt(const podlink::GpuBuffer& buf, int gpu) {

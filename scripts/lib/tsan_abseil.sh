@@ -27,8 +27,14 @@ apt_opts=(-o "Dir::Etc::SourceList=$dest/apt/sources.list" -o "Dir::Etc::SourceP
           -o "Dir::State::Lists=$dest/apt/lists" -o "Dir::Cache::pkgcache=" -o "Dir::Cache::srcpkgcache=")
 echo "tsan abseil: fetching the source of abseil $version (apt-get source)"
 apt-get "${apt_opts[@]}" -qq update
-(cd "$dest/src" && apt-get "${apt_opts[@]}" -qq source "abseil=$version" >/dev/null 2>&1 ||
-   { echo "apt-get source abseil=$version failed"; exit 1; })
+# The installed version if the archive still has it; otherwise the archive's
+# current one (a point or security release of the same upstream and ABI: the
+# options.h check below refuses a copy whose ABI options differ).
+if ! (cd "$dest/src" && apt-get "${apt_opts[@]}" -qq source "abseil=$version" > "$dest/apt/source.log" 2>&1); then
+  echo "tsan abseil: abseil=$version is no longer in the archive; taking its current abseil source"
+  (cd "$dest/src" && apt-get "${apt_opts[@]}" -qq source abseil >> "$dest/apt/source.log" 2>&1) ||
+    { echo "tsan abseil: apt-get source abseil failed:"; cat "$dest/apt/source.log"; exit 1; }
+fi
 src=$(find "$dest/src" -mindepth 1 -maxdepth 1 -type d -name 'abseil-*' | head -1)
 [ -n "$src" ] || { echo "tsan abseil: no source tree in $dest/src"; exit 1; }
 # The instrumented copy must match the installed headers' ABI options.
@@ -38,7 +44,8 @@ echo "tsan abseil: building $(basename "$src") with -fsanitize=thread"
 cmake -S "$src" -B "$dest/build" -DCMAKE_CXX_STANDARD=17 -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCMAKE_CXX_FLAGS="-fsanitize=thread" \
   -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=thread" >/dev/null
-cmake --build "$dest/build" -j "$(nproc)" >/dev/null
+cmake --build "$dest/build" -j "$(nproc)" > "$dest/build.log" 2>&1 ||
+  { tail -n 40 "$dest/build.log"; echo "tsan abseil: build failed (log: $dest/build.log)"; exit 1; }
 mkdir -p "$dest/lib"
 find "$dest/build" -name 'libabsl_*.so.*' -exec cp -P {} "$dest/lib/" \;
 n=$(find "$dest/lib" -name 'libabsl_*.so.*' | wc -l)

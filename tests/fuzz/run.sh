@@ -42,6 +42,7 @@ echo "built in $(($(date +%s) - start)) s"
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/podlink-fuzz.XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null; exit 130' INT TERM
 
 # Prints the input that failed and why, from a libFuzzer log: the file it
 # was replaying, or where it wrote the input it generated.

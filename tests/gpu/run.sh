@@ -29,7 +29,7 @@ declare -a ROWS
 FAILED=0
 
 echo "== machine"; nvidia-smi -L; nvidia-smi topo -m | head -4; uname -r
-NGPU=$(nvidia-smi -L | wc -l)
+NGPU=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)  # GPUs, not MIG instances
 [ "$NGPU" -ge 1 ] || { echo "no GPU"; exit 1; }
 # The second GPU's device node (hidden from pods on GPU 0); none on one GPU.
 OTHER=/dev/nvidia1; [ "$NGPU" -ge 2 ] || OTHER=""

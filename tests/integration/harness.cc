@@ -164,6 +164,19 @@ Pod::Pod(const Daemon& d, const std::string& cgroup_path, std::vector<std::strin
     dup2(in[0], 0);
     dup2(out[1], 1);
     setenv("PODLINK_SOCKET_DIR", d.dir().c_str(), 1);
+    // Under ThreadSanitizer (scripts/sanitize.sh tsan) every pod's process is
+    // pid 1 of its own PID namespace, so reports written to <log_path>.<pid>
+    // would overwrite each other: each pod's go to a file named after its
+    // host pid.
+    if (const char* t = getenv("TSAN_OPTIONS"); t != nullptr) {
+      std::string opts = t;
+      if (size_t at = opts.find("log_path="); at != std::string::npos) {
+        size_t end = opts.find(':', at);
+        std::string path = opts.substr(at + 9, end == std::string::npos ? std::string::npos : end - at - 9);
+        opts += ":log_path=" + path + "-pod" + std::to_string(getpid());
+        setenv("TSAN_OPTIONS", opts.c_str(), 1);
+      }
+    }
     std::vector<std::string> full = PodUnshareCommand();
     full.push_back(binary.empty() ? DemoPath() : binary);
     for (auto& a : args) full.push_back(a);
