@@ -53,7 +53,7 @@ echo "== $mode: configure and build $build (-fsanitize=$flags)"
 # -O1 -g1 (line tables): reports keep file:line, and the build takes far less of CI's time than -O2 -g.
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
   -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" -DPODLINK_SANITIZE="$flags" >/dev/null
-for t in "${targets[@]}"; do cmake --build "$build" -j "$jobs" --target "$t"; done
+cmake --build "$build" -j "$jobs" --target "${targets[@]}"
 echo "== $mode: built in $(($(date +%s) - start)) s; running tests"
 cd "$build"
 rc=0
