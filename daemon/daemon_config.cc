@@ -4,9 +4,70 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_util.h"
 #include "nlohmann/json.hpp"
 
 namespace podlink {
+
+namespace {
+
+absl::Status ParseMeshConfig(const nlohmann::json& m, mesh::MeshOptions* o) {
+  if (!m.is_object()) return absl::InvalidArgumentError("config: \"mesh\" must be an object");
+  auto bad = [](const std::string& key, const char* want) {
+    return absl::InvalidArgumentError(absl::StrCat("config: mesh.", key, " must be ", want));
+  };
+  auto strings = [&](const nlohmann::json& v, const std::string& key,
+                     std::vector<std::string>* out) -> absl::Status {
+    if (!v.is_array() || v.size() > 64) return bad(key, "an array of at most 64 strings");
+    for (const auto& x : v) {
+      if (!x.is_string() || x.get<std::string>().empty()) return bad(key, "an array of non-empty strings");
+      out->push_back(x.get<std::string>());
+    }
+    return absl::OkStatus();
+  };
+  auto number = [&](const nlohmann::json& v, const std::string& key, uint64_t lo, uint64_t hi,
+                    uint64_t* out) -> absl::Status {
+    if (!v.is_number_unsigned() || v.get<uint64_t>() < lo || v.get<uint64_t>() > hi) {
+      return bad(key, absl::StrCat("an integer from ", lo, " to ", hi).c_str());
+    }
+    *out = v.get<uint64_t>();
+    return absl::OkStatus();
+  };
+  for (auto it = m.begin(); it != m.end(); ++it) {
+    const std::string& k = it.key();
+    const nlohmann::json& v = it.value();
+    uint64_t n = 0;
+    if (k == "enabled" || k == "fallback") {
+      if (!v.is_boolean()) return bad(k, "true or false");
+      (k == "enabled" ? o->enabled : o->fallback) = v.get<bool>();
+    } else if (k == "listen" || k == "cert_dir") {
+      if (!v.is_string() || v.get<std::string>().empty()) return bad(k, "a non-empty string");
+      (k == "listen" ? o->listen : o->cert_dir) = v.get<std::string>();
+    } else if (k == "interfaces" || k == "addresses") {
+      PODLINK_RETURN_IF_ERROR(strings(v, k, k == "interfaces" ? &o->interfaces : &o->addresses));
+    } else if (k == "data_port") {
+      PODLINK_RETURN_IF_ERROR(number(v, k, 0, 65535, &n));
+      o->data_port = static_cast<uint32_t>(n);
+    } else if (k == "connections_per_path") {
+      PODLINK_RETURN_IF_ERROR(number(v, k, 1, 16, &n));
+      o->connections_per_path = static_cast<uint32_t>(n);
+    } else if (k == "slice_kib") {
+      PODLINK_RETURN_IF_ERROR(number(v, k, 4, 16384, &n));
+      o->slice_bytes = n << 10;
+    } else if (k == "slices_in_flight") {
+      PODLINK_RETURN_IF_ERROR(number(v, k, 1, 64, &n));
+      o->slices_in_flight = static_cast<uint32_t>(n);
+    } else if (k == "io_timeout_seconds") {
+      PODLINK_RETURN_IF_ERROR(number(v, k, 1, 600, &n));
+      o->io_timeout = absl::Seconds(static_cast<int64_t>(n));
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("config: unknown key mesh.", k));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<DaemonConfig> ParseDaemonConfig(const std::string& json_text) {
   DaemonConfig cfg;
@@ -15,7 +76,8 @@ absl::StatusOr<DaemonConfig> ParseDaemonConfig(const std::string& json_text) {
     return absl::InvalidArgumentError("config is not a JSON object");
   }
   for (auto it = doc.begin(); it != doc.end(); ++it) {
-    if (it.key() != "limits" && it.key() != "pods" && it.key() != "identity") {
+    if (it.key() != "limits" && it.key() != "pods" && it.key() != "identity" && it.key() != "mesh" &&
+        it.key() != "node") {
       return absl::InvalidArgumentError(absl::StrCat("config: unknown key \"", it.key(), "\""));
     }
   }
@@ -73,6 +135,24 @@ absl::StatusOr<DaemonConfig> ParseDaemonConfig(const std::string& json_text) {
         cfg.broker.cgroup_layout.kubelet_roots.push_back(r.get<std::string>());
       }
     }
+  }
+  if (doc.contains("node")) {
+    // {"node": {"name": "node-a", "id": "node-a"}}: who this daemon is, for
+    // emulated nodes sharing one kernel (both default from the host).
+    const auto& n = doc["node"];
+    if (!n.is_object()) return absl::InvalidArgumentError("config: \"node\" must be an object");
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      if ((it.key() != "name" && it.key() != "id") || !it.value().is_string() ||
+          it.value().get<std::string>().empty() || it.value().get<std::string>().size() > 253) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("config: node.", it.key(), " is not \"name\" or \"id\" with a non-empty string"));
+      }
+    }
+    if (n.contains("name")) cfg.node_name = n["name"].get<std::string>();
+    if (n.contains("id")) cfg.broker.node_id = n["id"].get<std::string>();
+  }
+  if (doc.contains("mesh")) {
+    PODLINK_RETURN_IF_ERROR(ParseMeshConfig(doc["mesh"], &cfg.broker.mesh));
   }
   auto rules = StandalonePodSource::ParseRules(json_text);
   if (!rules.ok()) return rules.status();

@@ -3,7 +3,10 @@
 //
 //   {"limits": {"max_sessions": 1024, "max_exports_per_session": 4096,
 //               "max_exports_total": 65536, "max_pending_offers": 64},
-//    "pods": [ ...standalone pod rules... ]}
+//    "pods": [ ...standalone pod rules... ],
+//    "node": {"name": "node-a", "id": "node-a"},
+//    "mesh": {"enabled": true, "listen": "0.0.0.0:7446", "data_port": 7447,
+//             "cert_dir": "/etc/podlink/mesh", "interfaces": ["ens1f0"], ...}}
 #pragma once
 
 #include <string>
@@ -20,6 +23,7 @@ struct DaemonConfig {
   BrokerOptions broker;
   GrpcListenerOptions grpc;  // its cgroup_layout is the broker's
   std::vector<StandalonePodRule> pods;
+  std::string node_name;  // config's node.name; empty: $NODE_NAME, else the host name
 };
 
 absl::StatusOr<DaemonConfig> ParseDaemonConfig(const std::string& json_text);

@@ -196,7 +196,7 @@ int main(int argc, char** argv) {
     return st.ok() ? 0 : 1;
   }
   auto sink = std::make_shared<spdlog::sinks::stderr_color_sink_mt>();
-  for (const char* name : {"podlinkd", "broker", "fdchan", "grpc", "gpu", "relay", "deviceplugin", "identity"}) {
+  for (const char* name : {"podlinkd", "broker", "fdchan", "grpc", "gpu", "relay", "mesh", "deviceplugin", "identity"}) {
     spdlog::register_logger(std::make_shared<spdlog::logger>(name, sink));
   }
   spdlog::set_level(spdlog::level::from_str(args.log_level));
@@ -296,8 +296,12 @@ int main(int argc, char** argv) {
   }
   cfg.broker.relay.workers = args.relay_workers;
   cfg.broker.relay.streams_per_gpu = args.relay_streams;
-  cfg.broker.node_name = NodeName();
+  cfg.broker.node_name = cfg.node_name.empty() ? NodeName() : cfg.node_name;
   podlink::Broker broker(cfg.broker, std::move(pods), inv, std::move(backends));
+  if (absl::Status st = broker.StartMesh(); !st.ok()) {
+    log->critical("event=mesh_start_failed error={}", podlink::LogQuoted(st.message()));
+    return 1;
+  }
 
   auto fds = podlink::FdServer::Start(&broker, fd_path);
   if (!fds.ok()) {

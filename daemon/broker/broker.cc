@@ -118,9 +118,22 @@ Broker::Broker(BrokerOptions options, std::unique_ptr<PodSource> pods, GpuInvent
       relay_(std::make_unique<RelayEngine>(
           [this](uint64_t session, uint64_t id) { return registry_.GetUsable(id, session); }, inventory_,
           options.relay)),
-      node_id_(ReadBootId()) {}
+      node_id_(options.node_id.empty() ? ReadBootId() : options.node_id) {}
 
-Broker::~Broker() { CloseAllSessions("daemon stopping"); }
+Broker::~Broker() {
+  CloseAllSessions("daemon stopping");
+  if (mesh_ != nullptr) {
+    relay_->set_mesh(nullptr);
+    mesh_.reset();  // its threads finish before the relay they complete into goes away
+  }
+}
+
+absl::Status Broker::StartMesh() {
+  if (!options_.mesh.enabled) return absl::OkStatus();
+  PODLINK_ASSIGN_OR_RETURN(mesh_, mesh::MeshEngine::Start(options_.mesh, options_.node_name, this));
+  relay_->set_mesh(mesh_.get());
+  return absl::OkStatus();
+}
 
 MemoryBackend* Broker::BackendFor(HandleKind kind) const {
   for (const auto& b : backends_) {
@@ -289,6 +302,7 @@ void Broker::CloseSession(uint64_t session_id, const std::string& reason) {
   }
   ::shutdown(s->sock.get(), SHUT_RDWR);
   relay_->RemoveRing(session_id);
+  if (mesh_ != nullptr) mesh_->DropSession(session_id);
   std::vector<RemovedExport> removed = registry_.RemoveSession(session_id);
   for (const RemovedExport& r : removed) {
     NotifyGone(r, absl::StrCat("owner ", s->pod.Ref(), " session closed: ", reason));
@@ -340,6 +354,10 @@ v1::NodeInfo Broker::GetNodeInfo() const {
   n.set_cuda_available(inventory_.cuda_available);
   n.set_cuda_status(inventory_.cuda_status);
   n.set_cuda_driver_version(inventory_.driver_version);
+  if (mesh_ != nullptr) {
+    for (const std::string& a : mesh_->AdvertisedAddresses()) n.add_mesh_addresses(a);
+    n.set_mesh_port(mesh_->control_port());
+  }
   bool any_posix = false, any_fabric = false;
   for (const GpuDevice& g : inventory_.gpus) {
     v1::Gpu* out = n.add_gpus();
@@ -496,40 +514,48 @@ v1::ExportInfo Broker::Describe(const ExportRecord& rec, size_t import_count, ui
   return e;
 }
 
-absl::StatusOr<v1::ImportResponse> Broker::Import(Session& s, const v1::ImportRequest& req) {
+absl::StatusOr<std::shared_ptr<const ExportRecord>> Broker::FindAuthorized(const PodInfo& importer, bool by_id,
+                                                                           uint64_t id, const std::string& name,
+                                                                           const std::string& who) {
   absl::StatusOr<std::shared_ptr<const ExportRecord>> found;
-  switch (req.target_case()) {
-    case v1::ImportRequest::kExportId:
-      found = registry_.Get(req.export_id());
-      if (!found.ok()) return NoSuchExport(req.export_id());
-      break;
-    case v1::ImportRequest::kName: {
-      const std::string& n = req.name();
-      size_t slash = n.find('/');
-      found = slash == std::string::npos ? registry_.FindByName(s.pod.namespace_, n)
-                                         : registry_.FindByName(n.substr(0, slash), n.substr(slash + 1));
-      if (!found.ok()) return NoSuchName(n, s.pod.namespace_);
-      break;
-    }
-    default:
-      return absl::InvalidArgumentError("import needs export_id or name");
+  if (by_id) {
+    found = registry_.Get(id);
+    if (!found.ok()) return NoSuchExport(id);
+  } else {
+    size_t slash = name.find('/');
+    found = slash == std::string::npos ? registry_.FindByName(importer.namespace_, name)
+                                       : registry_.FindByName(name.substr(0, slash), name.substr(slash + 1));
+    if (!found.ok()) return NoSuchName(name, importer.namespace_);
   }
   const ExportRecord& rec = **found;
   ExportPolicyView view{rec.id, rec.name, &rec.owner, &rec.allowed_importers};
   const char* reason = "unknown";
-  if (absl::Status allowed = CheckImport(view, s.pod, &reason); !allowed.ok()) {
+  if (absl::Status allowed = CheckImport(view, importer, &reason); !allowed.ok()) {
     denials_total_.fetch_add(1, std::memory_order_relaxed);
     denials_.Inc(reason);
-    Log()->warn("event=deny session={} pod={} export={} reason={}", s.id, s.pod.Ref(), rec.id,
-                LogQuoted(allowed.message()));
-    if (rec.owner.namespace_ != s.pod.namespace_) {
+    Log()->warn("event=deny {} pod={} export={} reason={}", who, importer.Ref(), rec.id, LogQuoted(allowed.message()));
+    if (rec.owner.namespace_ != importer.namespace_) {
       // A pod of another namespace learns nothing, not even that the export
       // exists: the answer is the one for an id or name that was never used.
-      return req.target_case() == v1::ImportRequest::kExportId ? NoSuchExport(req.export_id())
-                                                               : NoSuchName(req.name(), s.pod.namespace_);
+      return by_id ? NoSuchExport(id) : NoSuchName(name, importer.namespace_);
     }
     return allowed;
   }
+  return found;
+}
+
+absl::StatusOr<v1::ImportResponse> Broker::Import(Session& s, const v1::ImportRequest& req) {
+  if (req.target_case() != v1::ImportRequest::kExportId && req.target_case() != v1::ImportRequest::kName) {
+    return absl::InvalidArgumentError("import needs export_id or name");
+  }
+  if (req.target_case() == v1::ImportRequest::kExportId && IsRemoteHandle(req.export_id())) {
+    return NoSuchExport(req.export_id());
+  }
+  PODLINK_ASSIGN_OR_RETURN(
+      std::shared_ptr<const ExportRecord> found,
+      FindAuthorized(s.pod, req.target_case() == v1::ImportRequest::kExportId, req.export_id(), req.name(),
+                     absl::StrCat("session=", s.id)));
+  const ExportRecord& rec = *found;
   v1::ImportResponse resp;
   *resp.mutable_export_() = Describe(rec, 0, 0, s.id);
   if (const GpuDevice* g = inventory_.FindByUuid(rec.gpu_uuid)) {
@@ -580,6 +606,13 @@ absl::StatusOr<v1::ImportResponse> Broker::Import(Session& s, const v1::ImportRe
 
 absl::StatusOr<v1::ReleaseResponse> Broker::Release(Session& s, const v1::ReleaseRequest& req) {
   v1::ReleaseResponse::Kind kind = req.kind();
+  if (IsRemoteHandle(req.export_id()) && kind != v1::ReleaseResponse::KIND_EXPORT) {
+    if (mesh_ == nullptr) return absl::NotFoundError(absl::StrCat("no remote region ", req.export_id()));
+    PODLINK_RETURN_IF_ERROR(mesh_->DropHandle(s.id, req.export_id()));
+    v1::ReleaseResponse resp;
+    resp.set_kind(v1::ReleaseResponse::KIND_IMPORT);
+    return resp;
+  }
   if (kind == v1::ReleaseResponse::KIND_UNSPECIFIED) {
     // Older clients: the owner withdraws, anyone else drops an import.
     absl::StatusOr<std::shared_ptr<const ExportRecord>> rec = registry_.Get(req.export_id());
@@ -720,7 +753,68 @@ std::string Broker::RenderMetrics() const {
                   "# TYPE podlink_relay_op_latency_seconds histogram\n");
   relay_->latency().Render("podlink_relay_op_latency_seconds", &out);
   absl::StrAppend(&out, pods_->RenderMetrics());
+  if (mesh_ != nullptr) absl::StrAppend(&out, mesh_->RenderMetrics());
   return out;
+}
+
+void Broker::OpenRemote(Session& s, const v1::OpenRemoteRequest& req,
+                        std::function<void(absl::StatusOr<v1::OpenRemoteResponse>)> done) {
+  if (mesh_ == nullptr) {
+    return done(absl::FailedPreconditionError(
+        "this podlinkd runs without the mesh (mesh.enabled in its config): regions of other nodes cannot be opened"));
+  }
+  if (req.target_case() != v1::OpenRemoteRequest::kExportId && req.target_case() != v1::OpenRemoteRequest::kName) {
+    return done(absl::InvalidArgumentError("OpenRemote needs export_id or name"));
+  }
+  if (req.addresses_size() == 0 || req.addresses_size() > 64) {
+    return done(absl::InvalidArgumentError("OpenRemote needs the owner's mesh addresses (1 to 64)"));
+  }
+  mesh::RemoteTarget t;
+  t.node_name = req.node_name();
+  t.addresses.assign(req.addresses().begin(), req.addresses().end());
+  t.port = req.mesh_port();
+  t.export_id = req.export_id();
+  t.name = req.name();
+  uint64_t session = s.id;
+  mesh_->OpenRemote(session, s.pod, std::move(t),
+                    [this, session, node = req.node_name(), done = std::move(done)](
+                        absl::StatusOr<mesh::RemoteRegionInfo> info) {
+                      if (!info.ok()) return done(info.status());
+                      v1::OpenRemoteResponse resp;
+                      resp.set_handle(info->handle);
+                      v1::ExportInfo* e = resp.mutable_export_();
+                      e->set_export_id(info->export_id);
+                      e->set_size(info->size);
+                      e->set_handle_type(static_cast<v1::HandleType>(info->handle_type));
+                      e->mutable_owner()->set_namespace_(info->owner_namespace);
+                      e->mutable_owner()->set_name(info->owner_name);
+                      Log()->info("event=open_remote session={} node={} export={} handle={}", session, node,
+                                  info->export_id, info->handle);
+                      // A session that closed meanwhile must not keep the handle.
+                      if (FindSession(session) == nullptr) (void)mesh_->DropHandle(session, info->handle);
+                      done(std::move(resp));
+                    });
+}
+
+absl::StatusOr<std::shared_ptr<const ExportRecord>> Broker::AuthorizeRemote(
+    const PodInfo& importer, const podlink::mesh::v1::OpenRegionRequest& req) {
+  bool by_id = req.target_case() == podlink::mesh::v1::OpenRegionRequest::kExportId;
+  if (!by_id && req.target_case() != podlink::mesh::v1::OpenRegionRequest::kName) {
+    return absl::InvalidArgumentError("OpenRegion needs export_id or name");
+  }
+  PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<const ExportRecord> rec,
+                           FindAuthorized(importer, by_id, req.export_id(), req.name(), "remote=" + importer.source));
+  imports_total_.fetch_add(1, std::memory_order_relaxed);
+  return rec;
+}
+
+bool Broker::ExportLive(const ExportRecord& rec) const {
+  absl::StatusOr<std::shared_ptr<const ExportRecord>> now = registry_.Get(rec.id);
+  return now.ok() && now->get() == &rec;
+}
+
+absl::Status Broker::NotifyOwner(const ExportRecord& rec, uint64_t value) {
+  return relay_->PostNotification(rec.owner_session, rec.id, value, 0);
 }
 
 BrokerStats Broker::Stats() const {

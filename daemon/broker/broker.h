@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -18,6 +19,8 @@
 #include "daemon/gpu/gpu_inventory.h"
 #include "daemon/gpu/memory_object.h"
 #include "daemon/identity/pod_source.h"
+#include "daemon/mesh/mesh_engine.h"
+#include "daemon/mesh/mesh_host.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/registry/registry.h"
 #include "daemon/relay/relay_engine.h"
@@ -39,6 +42,8 @@ struct BrokerOptions {
   RegistryLimits registry;
   RelayOptions relay;
   std::string node_name;  // reported by GetNodeInfo: the Kubernetes node's name, else the host name
+  std::string node_id;    // empty: the boot id (set for emulated nodes sharing one kernel)
+  mesh::MeshOptions mesh;
 };
 
 struct BrokerStats {
@@ -48,11 +53,14 @@ struct BrokerStats {
   uint64_t denials_total = 0;
 };
 
-class Broker {
+class Broker final : public mesh::MeshHost {
  public:
   Broker(BrokerOptions options, std::unique_ptr<PodSource> pods, GpuInventory inventory,
          std::vector<std::unique_ptr<MemoryBackend>> backends);
-  ~Broker();
+  ~Broker() override;
+
+  // Starts the inter-node mesh when options.mesh.enabled (no-op otherwise).
+  absl::Status StartMesh();
 
   // --- descriptor channel side -------------------------------------------
   // Identifies the peer of a freshly accepted descriptor channel, resolves
@@ -95,6 +103,16 @@ class Broker {
   absl::Status AddWatcher(Session& s, std::shared_ptr<EventSink> sink);
   absl::StatusOr<v1::OpenRelayResponse> OpenRelay(Session& s, const v1::OpenRelayRequest& req);
   RelayCounters RelayStats() const { return relay_->Counters(); }
+  // Opens another node's region through the mesh; `done` runs on a mesh
+  // thread (never the caller's).
+  void OpenRemote(Session& s, const v1::OpenRemoteRequest& req,
+                  std::function<void(absl::StatusOr<v1::OpenRemoteResponse>)> done);
+
+  // mesh::MeshHost (the exporting side of the mesh).
+  absl::StatusOr<std::shared_ptr<const ExportRecord>> AuthorizeRemote(
+      const PodInfo& importer, const podlink::mesh::v1::OpenRegionRequest& req) override;
+  bool ExportLive(const ExportRecord& rec) const override;
+  absl::Status NotifyOwner(const ExportRecord& rec, uint64_t value) override;
 
   BrokerStats Stats() const;
   // Prometheus text: sessions, exports, imports, denials by reason, relay.
@@ -110,6 +128,10 @@ class Broker {
   v1::ExportInfo Describe(const ExportRecord& rec, size_t import_count, uint64_t imports_total,
                           uint64_t caller) const;
   MemoryBackend* BackendFor(HandleKind kind) const;
+  // The export named by id or name if `importer` may import it (denials
+  // counted and logged with `who`; another namespace gets NOT_FOUND).
+  absl::StatusOr<std::shared_ptr<const ExportRecord>> FindAuthorized(const PodInfo& importer, bool by_id, uint64_t id,
+                                                                     const std::string& name, const std::string& who);
   // Removes the descriptor offered in `slot` from the session.
   absl::StatusOr<UniqueFd> TakeOffer(Session& s, uint64_t slot, const char* what);
 
@@ -119,6 +141,7 @@ class Broker {
   std::vector<std::unique_ptr<MemoryBackend>> backends_;
   Registry registry_;
   std::unique_ptr<RelayEngine> relay_;  // after registry_: destroyed first, it resolves through it
+  std::unique_ptr<mesh::MeshEngine> mesh_;  // after relay_: stopped first, its completions go to the relay
   std::string node_id_;
 
   mutable absl::Mutex mu_;  // protects sessions_, next_session_ and sessions_per_pod_

@@ -87,6 +87,21 @@ grpc::ServerUnaryReactor* BrokerService::OpenRelay(grpc::CallbackServerContext* 
   return Unary(broker_, ctx, [&](Session& s) { return Assign(broker_->OpenRelay(s, *req), resp); });
 }
 
+grpc::ServerUnaryReactor* BrokerService::OpenRemote(grpc::CallbackServerContext* ctx,
+                                                    const v1::OpenRemoteRequest* req, v1::OpenRemoteResponse* resp) {
+  // Finished later, from the mesh thread that reached the other node.
+  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  absl::StatusOr<std::shared_ptr<Session>> s = SessionOf(broker_, ctx);
+  if (!s.ok()) {
+    r->Finish(ToGrpcStatus(s.status()));
+    return r;
+  }
+  broker_->OpenRemote(**s, *req, [r, resp](absl::StatusOr<v1::OpenRemoteResponse> out) {
+    r->Finish(ToGrpcStatus(Assign(std::move(out), resp)));
+  });
+  return r;
+}
+
 grpc::ServerWriteReactor<v1::Event>* BrokerService::Watch(grpc::CallbackServerContext* ctx,
                                                           const v1::WatchRequest*) {
   auto reactor = std::make_shared<WatchReactor>();

@@ -101,6 +101,7 @@ absl::Status RelayEngine::AddRing(uint64_t session, std::shared_ptr<MemoryObject
         absl::StrCat("ring memfd holds ", view.size, " bytes, the layout needs ", layout.total));
   }
   auto r = std::make_shared<Ring>();
+  r->self = r;
   r->session = session;
   r->memory = std::move(memory);
   r->layout = layout;
@@ -223,9 +224,12 @@ void RelayEngine::Run(Worker& w) {
         if (r.broken.load(std::memory_order_relaxed)) continue;
         progress |= w.exec->PollGpu(r.copies, Completer(r));
         progress |= w.exec->RunHost(r.copies, Completer(r));
+        progress |= DrainMesh(r);
         progress |= FlushNotifies(r);
         progress |= ServeRing(w, r);
-        inflight |= r.copies.pending() != 0 || !r.notifies.empty();
+        // Mesh ops wake the worker when they complete: waiting for them is
+        // not a reason to spin.
+        inflight |= r.copies.pending() != 0 || (!r.notifies.empty() && r.mesh_running.empty());
       }
     }
     if (progress || inflight) {
@@ -255,6 +259,10 @@ void RelayEngine::Sleep(Worker& w) {
     uint32_t cq_used = r->cq_tail - r->hdr->cq_head.value.load(std::memory_order_seq_cst);
     if (cq_used < r->layout.cq_entries) work = true;
   }
+  for (auto& [id, r] : w.rings) {
+    absl::MutexLock l(&r->mesh_mu);
+    if (!r->mesh_done.empty()) work = true;
+  }
   if (!work) {
     epoll_event events[32];
     int n = ::epoll_wait(w.epoll.get(), events, 32, 1000);
@@ -282,7 +290,7 @@ bool RelayEngine::ServeRing(Worker& w, Ring& r) {
     return false;
   }
   // Every consumed SQE will post one CQE: take only what the CQ can hold.
-  uint64_t pending = r.notifies.size() + r.copies.pending();
+  uint64_t pending = r.notifies.size() + r.copies.pending() + r.mesh_running.size();
   uint64_t room = r.layout.cq_entries - cq_used;
   room = room > pending ? room - pending : 0;
   uint64_t cap = options_.inflight_per_ring > pending ? options_.inflight_per_ring - pending : 0;
@@ -320,13 +328,14 @@ void RelayEngine::Process(Worker& w, Ring& r, const RelaySqe& e) {
   switch (static_cast<RelayOp>(e.opcode)) {
     case RelayOp::kWrite:
     case RelayOp::kRead: {
-      absl::Status st = Copy(w, r, e);
+      absl::Status st = IsRemoteHandle(e.remote_export) ? MeshCopy(w, r, e) : Copy(w, r, e);
       if (!st.ok()) Complete(r, e.user_data, st);  // refused or not started: completed now
       return;
     }
     case RelayOp::kNotify: {
       PendingNotify p;
       p.after_seq = CopyExecutor::LastSeq(r.copies);
+      p.after_mesh = r.mesh_seq;
       p.sqe = e;
       r.notifies.push_back(p);
       return;
@@ -380,6 +389,26 @@ bool RelayEngine::FlushNotifies(Ring& r) {
   while (!r.notifies.empty()) {
     const PendingNotify& p = r.notifies.front();
     if (r.copies.HasRunningUpTo(p.after_seq)) break;  // a copy issued before the notify still runs
+    if (!r.mesh_running.empty() && *r.mesh_running.begin() <= p.after_mesh) break;  // so does a mesh op
+    if (IsRemoteHandle(p.sqe.remote_export)) {
+      // Sent once every earlier op is acknowledged by its destination, so
+      // the owner on the other node sees the bytes before the value.
+      MeshPort* mesh = mesh_.load(std::memory_order_acquire);
+      uint64_t seq = ++r.mesh_seq;
+      absl::Status st = mesh == nullptr
+                            ? absl::UnavailableError("this podlinkd has no mesh")
+                            : mesh->Notify(r.session, p.sqe.remote_export, p.sqe.length,
+                                           MeshCompleter(r, seq, p.sqe.user_data));
+      if (st.ok()) {
+        r.mesh_running.insert(seq);
+        notifies_.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        Complete(r, p.sqe.user_data, st);
+      }
+      r.notifies.pop_front();
+      progress = true;
+      continue;
+    }
     absl::Status st = DeliverNotify(r, p.sqe);
     Complete(r, p.sqe.user_data, st);
     r.notifies.pop_front();
@@ -390,14 +419,19 @@ bool RelayEngine::FlushNotifies(Ring& r) {
 
 absl::Status RelayEngine::DeliverNotify(Ring& from, const RelaySqe& e) {
   PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<const ExportRecord> target, resolve_(from.session, e.remote_export));
+  return PostNotification(target->owner_session, target->id, e.length, from.session);
+}
+
+absl::Status RelayEngine::PostNotification(uint64_t owner_session, uint64_t export_id, uint64_t value,
+                                           uint64_t from_session) {
   std::shared_ptr<Ring> to;
   {
     absl::MutexLock l(&mu_);
-    if (auto it = sessions_.find(target->owner_session); it != sessions_.end()) to = it->second;
+    if (auto it = sessions_.find(owner_session); it != sessions_.end()) to = it->second;
   }
   if (to == nullptr || to->broken.load(std::memory_order_relaxed)) {
     return absl::FailedPreconditionError(
-        absl::StrCat("the owner of export ", target->id, " has no relay ring open to receive notifications"));
+        absl::StrCat("the owner of export ", export_id, " has no relay ring open to receive notifications"));
   }
   absl::MutexLock l(&to->nq_mu);  // the target ring may belong to another worker
   uint32_t head = to->hdr->nq_head.value.load(std::memory_order_acquire);
@@ -406,14 +440,76 @@ absl::Status RelayEngine::DeliverNotify(Ring& from, const RelaySqe& e) {
     return absl::ResourceExhaustedError("the peer's notification queue is full (it is not polling notifications)");
   }
   RelayNqe& n = to->nq[to->nq_tail & (to->layout.nq_entries - 1)];
-  n.export_id = target->id;
-  n.value = e.length;
-  n.from_session = from.session;
+  n.export_id = export_id;
+  n.value = value;
+  n.from_session = from_session;
   n.reserved = 0;
   ++to->nq_tail;
   to->hdr->nq_tail.value.store(to->nq_tail, std::memory_order_release);
   notifies_.fetch_add(1, std::memory_order_relaxed);
   return absl::OkStatus();
+}
+
+absl::Status RelayEngine::MeshCopy(Worker& w, Ring& r, const RelaySqe& e) {
+  MeshPort* mesh = mesh_.load(std::memory_order_acquire);
+  if (mesh == nullptr) {
+    return absl::UnavailableError("region lives on another node and this podlinkd runs without the mesh");
+  }
+  if (IsRemoteHandle(e.local_export)) return absl::InvalidArgumentError("the local side must be a local export");
+  PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<const ExportRecord> local, resolve_(r.session, e.local_export));
+  if (e.length == 0) return absl::InvalidArgumentError("length must be > 0");
+  if (e.local_offset > local->size || e.length > local->size - e.local_offset) {
+    return absl::OutOfRangeError(absl::StrCat("local range [", e.local_offset, ", +", e.length, ") exceeds export ",
+                                              local->id, " of ", local->size, " bytes"));
+  }
+  PODLINK_ASSIGN_OR_RETURN(RelayView lv, local->memory->MapForRelay());
+  if (lv.on_gpu) {
+    return absl::FailedPreconditionError(
+        "transfers between GPU memory and other nodes are not supported yet: use a host-memory region");
+  }
+  MeshTransfer t;
+  t.write = static_cast<RelayOp>(e.opcode) == RelayOp::kWrite;
+  t.session = r.session;
+  t.handle = e.remote_export;
+  t.remote_offset = e.remote_offset;
+  t.length = e.length;
+  t.local = reinterpret_cast<char*>(lv.address) + e.local_offset;
+  t.keep = std::move(local);
+  uint64_t seq = r.mesh_seq + 1;
+  PODLINK_RETURN_IF_ERROR(mesh->Start(std::move(t), MeshCompleter(r, seq, e.user_data)));
+  r.mesh_seq = seq;
+  r.mesh_running.insert(seq);
+  ops_.fetch_add(1, std::memory_order_relaxed);
+  bytes_.fetch_add(e.length, std::memory_order_relaxed);
+  (void)w;
+  return absl::OkStatus();
+}
+
+MeshPort::Done RelayEngine::MeshCompleter(Ring& r, uint64_t seq, uint64_t tag) {
+  std::shared_ptr<Ring> ring = r.self.lock();
+  Worker* w = workers_[r.worker].get();
+  uint64_t start = NowNs();
+  return [this, ring, w, seq, tag, start](const absl::Status& st) {
+    if (st.ok()) latency_.Observe(static_cast<double>(NowNs() - start) * 1e-9);
+    {
+      absl::MutexLock l(&ring->mesh_mu);
+      ring->mesh_done.push_back({seq, tag, st});
+    }
+    Wake(*w);
+  };
+}
+
+bool RelayEngine::DrainMesh(Ring& r) {
+  std::vector<Ring::MeshDone> done;
+  {
+    absl::MutexLock l(&r.mesh_mu);
+    done.swap(r.mesh_done);
+  }
+  for (const Ring::MeshDone& d : done) {
+    r.mesh_running.erase(d.seq);
+    Complete(r, d.tag, d.status);
+  }
+  return !done.empty();
 }
 
 void RelayEngine::Complete(Ring& r, uint64_t user_data, const absl::Status& st) {

@@ -13,6 +13,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -26,6 +27,7 @@
 #include "daemon/gpu/gpu_inventory.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/relay/copy_executor.h"
+#include "daemon/relay/mesh_port.h"
 #include "daemon/registry/registry.h"
 
 namespace podlink {
@@ -69,13 +71,24 @@ class RelayEngine {
   // Stops serving the session's ring (idempotent). Copies in flight finish first.
   void RemoveRing(uint64_t session) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Requests naming a remote handle (mesh_port.h) go to `mesh`; without one
+  // they fail UNAVAILABLE. Set once, before rings are served; `mesh` must
+  // outlive the engine's use of it (the broker stops it first).
+  void set_mesh(MeshPort* mesh) { mesh_.store(mesh, std::memory_order_release); }
+  // Queues a notification for `owner_session`'s ring (from another node:
+  // from_session 0). FAILED_PRECONDITION without a ring, RESOURCE_EXHAUSTED
+  // when its queue is full.
+  absl::Status PostNotification(uint64_t owner_session, uint64_t export_id, uint64_t value, uint64_t from_session)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   RelayCounters Counters() const;
   // Time from a request being taken off its ring to its completion.
   const LatencyHistogram& latency() const { return latency_; }
 
  private:
   struct PendingNotify {
-    uint64_t after_seq = 0;  // every op with seq <= after_seq must be complete
+    uint64_t after_seq = 0;   // every op with seq <= after_seq must be complete
+    uint64_t after_mesh = 0;  // and every mesh op with mesh seq <= after_mesh
     RelaySqe sqe{};
   };
   struct Ring {
@@ -94,6 +107,16 @@ class RelayEngine {
     uint32_t sq_head = 0, cq_tail = 0;
     CopyQueue copies;  // taken off the SQ, completion not yet posted
     std::deque<PendingNotify> notifies;
+    uint64_t mesh_seq = 0;             // mesh ops started (their sequence numbers)
+    std::set<uint64_t> mesh_running;   // started, completion not yet posted
+    // Mesh completions arrive on the mesh's threads; the worker posts them.
+    struct MeshDone {
+      uint64_t seq = 0, tag = 0;
+      absl::Status status;
+    };
+    absl::Mutex mesh_mu;
+    std::vector<MeshDone> mesh_done ABSL_GUARDED_BY(mesh_mu);
+    std::weak_ptr<Ring> self;
     // Notifications come from any worker.
     absl::Mutex nq_mu;
     uint32_t nq_tail ABSL_GUARDED_BY(nq_mu) = 0;
@@ -125,6 +148,11 @@ class RelayEngine {
   // Validates a write or read and hands it to the worker's executor.
   absl::Status Copy(Worker& w, Ring& r, const RelaySqe& e);
   absl::Status DeliverNotify(Ring& from, const RelaySqe& e) ABSL_LOCKS_EXCLUDED(mu_);
+  // A write or read whose remote side is another node's region.
+  absl::Status MeshCopy(Worker& w, Ring& r, const RelaySqe& e);
+  // The completion callback of a mesh op of ring r.
+  MeshPort::Done MeshCompleter(Ring& r, uint64_t seq, uint64_t tag);
+  bool DrainMesh(Ring& r);
   void Complete(Ring& r, uint64_t user_data, const absl::Status& st);
   // The executor's completion callback for ring r.
   auto Completer(Ring& r) {
@@ -144,6 +172,7 @@ class RelayEngine {
   std::vector<cu::Context> contexts_;  // per daemon ordinal, retained
   std::vector<std::unique_ptr<Worker>> workers_;
   std::atomic<bool> stop_{false};
+  std::atomic<MeshPort*> mesh_{nullptr};
 
   absl::Mutex mu_;  // protects the session index
   std::map<uint64_t, std::shared_ptr<Ring>> sessions_ ABSL_GUARDED_BY(mu_);  // rings being served

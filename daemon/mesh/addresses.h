@@ -1,0 +1,55 @@
+// Addresses of the mesh: which of this node's addresses podlinkd advertises,
+// and which local address reaches which address of a peer node.
+//
+// A peer's region descriptor carries every address its daemon advertises
+// ("10.0.1.2/30"). A pair (local, remote) is a direct path when both sit on
+// the same subnet: a cable of its own, as in a direct-cabled mesh, or a
+// shared rail switch. Every direct path becomes a link, so two cables give
+// two links. Only when no subnet matches, and only when configured
+// (mesh.fallback), does podlinkd let the kernel route to the peer's first
+// address, never silently over a management network.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace podlink::mesh {
+
+struct IpPrefix {
+  int family = 0;  // AF_INET or AF_INET6
+  std::array<uint8_t, 16> addr{};
+  int prefix = 0;
+  std::string netdev;  // local addresses only
+
+  // "10.0.1.2/30", "fd00::1/64"; without "/n" the whole address (32 or 128).
+  static absl::StatusOr<IpPrefix> Parse(absl::string_view text);
+  std::string ToString() const;    // "10.0.1.2/30"
+  std::string AddressText() const;  // "10.0.1.2"
+  // Whether `other` lies in this address's network (same family, first
+  // `prefix` bits equal).
+  bool SameNetwork(const IpPrefix& other) const;
+  bool operator==(const IpPrefix& o) const { return family == o.family && addr == o.addr && prefix == o.prefix; }
+};
+
+// The node's addresses, from getifaddrs: up interfaces, no loopback, no IPv6
+// link-local. `interfaces` non-empty: only those netdevs.
+std::vector<IpPrefix> LocalAddresses(const std::vector<std::string>& interfaces);
+
+struct Path {
+  IpPrefix local;   // bind here
+  IpPrefix remote;  // connect here
+  bool fallback = false;
+};
+
+// Direct paths: every (local, remote) pair on one subnet with equal prefix
+// lengths, in the order of `remote`. With none and `allow_fallback`, one
+// path to the peer's first address from no particular local address.
+std::vector<Path> ChoosePaths(const std::vector<IpPrefix>& local, const std::vector<IpPrefix>& remote,
+                              bool allow_fallback);
+
+}  // namespace podlink::mesh

@@ -1,0 +1,885 @@
+#include "daemon/mesh/mesh_engine.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/security/server_credentials.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/log.h"
+#include "common/status_util.h"
+#include "daemon/metrics/metrics.h"
+#include "podlink/mesh/v1/mesh.grpc.pb.h"
+
+namespace podlink::mesh {
+namespace {
+
+const ComponentLog Log("mesh");
+namespace pb = podlink::mesh::v1;
+
+absl::StatusOr<std::string> ReadPem(const std::string& dir, const char* name) {
+  std::string path = dir + "/" + name;
+  std::ifstream in(path);
+  if (!in) {
+    return absl::FailedPreconditionError(absl::StrCat("mesh certificate file ", path, " cannot be read: ",
+                                                      std::strerror(errno), " (mesh.cert_dir needs ca.crt, tls.crt, tls.key)"));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (ss.str().find("-----BEGIN") == std::string::npos) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not PEM"));
+  }
+  return ss.str();
+}
+
+absl::Status FromGrpc(const grpc::Status& s, const std::string& node) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat("node ", node, ": ", s.error_message()));
+}
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  return s.ok() ? grpc::Status::OK : grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+uint64_t RandomU64() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+std::string RandomCookie() {
+  std::random_device rd;
+  std::string c(kCookieBytes, '\0');
+  for (size_t i = 0; i < kCookieBytes; i += 4) {
+    uint32_t v = rd();
+    std::memcpy(c.data() + i, &v, 4);
+  }
+  return c;
+}
+
+void TuneDataSocket(int fd, absl::Duration io_timeout) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  unsigned timeout_ms = static_cast<unsigned>(absl::ToInt64Milliseconds(io_timeout));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout_ms, sizeof(timeout_ms));
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  int idle = std::max(1, static_cast<int>(absl::ToInt64Seconds(io_timeout)) / 2), intvl = 1, cnt = 3;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+}
+
+void SetRecvTimeout(int fd, absl::Duration d) {
+  timeval tv = absl::ToTimeval(d);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+}
+
+socklen_t ToSockaddr(const IpPrefix& a, uint16_t port, sockaddr_storage* ss) {
+  std::memset(ss, 0, sizeof(*ss));
+  if (a.family == AF_INET) {
+    auto* s4 = reinterpret_cast<sockaddr_in*>(ss);
+    s4->sin_family = AF_INET;
+    s4->sin_port = htons(port);
+    std::memcpy(&s4->sin_addr, a.addr.data(), 4);
+    return sizeof(*s4);
+  }
+  auto* s6 = reinterpret_cast<sockaddr_in6*>(ss);
+  s6->sin6_family = AF_INET6;
+  s6->sin6_port = htons(port);
+  std::memcpy(&s6->sin6_addr, a.addr.data(), 16);
+  return sizeof(*s6);
+}
+
+std::string HostPort(const IpPrefix& a, uint32_t port) {
+  return a.family == AF_INET6 ? absl::StrCat("[", a.AddressText(), "]:", port) : absl::StrCat(a.AddressText(), ":", port);
+}
+
+// Connects `path` to `port` within `timeout`; the socket is blocking after.
+absl::StatusOr<UniqueFd> Dial(const Path& path, uint16_t port, absl::Duration timeout) {
+  UniqueFd fd(::socket(path.remote.family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) return ErrnoStatus(errno, "socket");
+  if (!path.fallback) {
+    sockaddr_storage local;
+    socklen_t len = ToSockaddr(path.local, 0, &local);
+    if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&local), len) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("bind ", path.local.AddressText()));
+    }
+  }
+  sockaddr_storage remote;
+  socklen_t len = ToSockaddr(path.remote, port, &remote);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&remote), len) != 0 && errno != EINPROGRESS) {
+    return ErrnoStatus(errno, absl::StrCat("connect ", HostPort(path.remote, port)));
+  }
+  pollfd p{fd.get(), POLLOUT, 0};
+  int n = ::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout)));
+  if (n <= 0) {
+    return absl::UnavailableError(absl::StrCat("connect ", HostPort(path.remote, port), ": no answer within ",
+                                               absl::FormatDuration(timeout)));
+  }
+  int err = 0;
+  socklen_t elen = sizeof(err);
+  ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &elen);
+  if (err != 0) {
+    return absl::UnavailableError(absl::StrCat("connect ", HostPort(path.remote, port), ": ", std::strerror(err)));
+  }
+  ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
+absl::Status SendAck(int fd, uint64_t tag, const absl::Status& st) {
+  std::string text(st.message().substr(0, 4096));
+  FrameHeader h{};
+  h.magic = kFrameMagic;
+  h.type = static_cast<uint16_t>(FrameType::kAck);
+  h.length = static_cast<uint32_t>(text.size());
+  h.status = static_cast<int32_t>(st.code());
+  h.tag = tag;
+  return WriteFrame(fd, h, text.data(), text.size());
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// The control service: authenticates by the TLS peer and calls the engine.
+
+class MeshEngine::Service final : public pb::Mesh::CallbackService {
+ public:
+  explicit Service(MeshEngine* e) : e_(e) {}
+
+  grpc::ServerUnaryReactor* Hello(grpc::CallbackServerContext* ctx, const pb::HelloRequest*,
+                                  pb::HelloResponse* resp) override {
+    return Run(ctx, [&](const std::string&) {
+      resp->set_node_name(e_->node_name_);
+      resp->set_version(PODLINK_VERSION);
+      resp->set_instance(e_->instance_);
+      resp->set_data_port(e_->data_port_);
+      return absl::OkStatus();
+    });
+  }
+  grpc::ServerUnaryReactor* OpenLink(grpc::CallbackServerContext* ctx, const pb::OpenLinkRequest* req,
+                                     pb::OpenLinkResponse* resp) override {
+    return Run(ctx, [&](const std::string& node) -> absl::Status {
+      PODLINK_ASSIGN_OR_RETURN(std::vector<std::string> cookies, e_->IssueCookies(node, req->connections()));
+      for (auto& c : cookies) resp->add_cookies(std::move(c));
+      resp->set_data_port(e_->data_port_);
+      resp->set_instance(e_->instance_);
+      return absl::OkStatus();
+    });
+  }
+  grpc::ServerUnaryReactor* OpenRegion(grpc::CallbackServerContext* ctx, const pb::OpenRegionRequest* req,
+                                       pb::OpenRegionResponse* resp) override {
+    return Run(ctx, [&](const std::string& node) -> absl::Status {
+      PODLINK_ASSIGN_OR_RETURN(*resp, e_->OpenRegion(node, *req));
+      return absl::OkStatus();
+    });
+  }
+  grpc::ServerUnaryReactor* CloseRegion(grpc::CallbackServerContext* ctx, const pb::CloseRegionRequest* req,
+                                        pb::CloseRegionResponse*) override {
+    return Run(ctx, [&](const std::string& node) {
+      e_->CloseRegion(node, req->grant());
+      return absl::OkStatus();
+    });
+  }
+
+ private:
+  // The peer's node name: the identity of its verified certificate.
+  template <typename F>
+  grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx, F&& f) {
+    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
+    std::vector<grpc::string_ref> ids;
+    if (auth != nullptr && auth->IsPeerAuthenticated()) ids = auth->GetPeerIdentity();
+    if (ids.empty()) {
+      r->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "mesh peers must present a node certificate"));
+      return r;
+    }
+    // A certificate names exactly one node (its first SAN, else its CN).
+    std::string node(ids.front().data(), ids.front().size());
+    r->Finish(ToGrpc(f(node)));
+    return r;
+  }
+  MeshEngine* const e_;
+};
+
+// ---------------------------------------------------------------------------
+// A peer daemon as the importing side sees it. Its worker thread does every
+// blocking exchange with the peer (dial, TLS, OpenLink, OpenRegion), one at a
+// time, so no caller's thread ever waits on a handshake.
+
+class MeshEngine::Peer {
+ public:
+  explicit Peer(std::string node) : node_(std::move(node)), worker_([this] { Run(); }) {}
+  ~Peer() {
+    {
+      absl::MutexLock l(&mu_);
+      stop_ = true;
+    }
+    worker_.join();
+    absl::MutexLock l(&mu_);
+    links_.reset();
+  }
+  const std::string& node() const { return node_; }
+  void Post(std::function<void()> task) {
+    absl::MutexLock l(&mu_);
+    tasks_.push_back(std::move(task));
+  }
+  std::shared_ptr<PeerLinks> links() const {
+    absl::MutexLock l(&mu_);
+    return links_;
+  }
+  void set_links(std::shared_ptr<PeerLinks> links) {
+    absl::MutexLock l(&mu_);
+    links_ = std::move(links);
+  }
+  // Worker-thread state.
+  std::unique_ptr<pb::Mesh::Stub> stub;
+  uint64_t instance = 0;
+
+ private:
+  void Run() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        absl::MutexLock l(&mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !tasks_.empty(); };
+        mu_.Await(absl::Condition(&ready));
+        if (tasks_.empty()) return;  // stopping with nothing left
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+  }
+  const std::string node_;
+  mutable absl::Mutex mu_;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<PeerLinks> links_ ABSL_GUARDED_BY(mu_);
+  std::thread worker_;
+};
+
+// ---------------------------------------------------------------------------
+
+MeshEngine::MeshEngine(MeshOptions options, std::string node_name, MeshHost* host)
+    : options_(std::move(options)), node_name_(std::move(node_name)), host_(host), instance_(RandomU64()) {}
+
+absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions options, std::string node_name,
+                                                              MeshHost* host) {
+  if (node_name.empty()) return absl::InvalidArgumentError("the mesh needs this node's name (--node-name or $NODE_NAME)");
+  if (options.connections_per_path == 0 || options.connections_per_path > 16) {
+    return absl::InvalidArgumentError("mesh.connections_per_path must be 1 to 16");
+  }
+  std::unique_ptr<MeshEngine> e(new MeshEngine(std::move(options), std::move(node_name), host));
+  const MeshOptions& o = e->options_;
+  PODLINK_ASSIGN_OR_RETURN(e->ca_pem_, ReadPem(o.cert_dir, "ca.crt"));
+  PODLINK_ASSIGN_OR_RETURN(e->cert_pem_, ReadPem(o.cert_dir, "tls.crt"));
+  PODLINK_ASSIGN_OR_RETURN(e->key_pem_, ReadPem(o.cert_dir, "tls.key"));
+  if (!o.addresses.empty()) {
+    for (const std::string& a : o.addresses) {
+      PODLINK_ASSIGN_OR_RETURN(IpPrefix p, IpPrefix::Parse(a));
+      e->advertised_.push_back(p);
+    }
+  } else {
+    e->advertised_ = LocalAddresses(o.interfaces);
+  }
+  if (e->advertised_.empty()) {
+    return absl::FailedPreconditionError("the mesh has no address to advertise (no interface is up, or "
+                                         "mesh.interfaces names none that has an address)");
+  }
+
+  // Data port: plain TCP, every connection authenticated by its first frame.
+  e->listen_fd_ = UniqueFd(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!e->listen_fd_.valid()) return ErrnoStatus(errno, "mesh data socket");
+  int one = 1, zero = 0;
+  ::setsockopt(e->listen_fd_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  ::setsockopt(e->listen_fd_.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+  sockaddr_in6 sa{};
+  sa.sin6_family = AF_INET6;
+  sa.sin6_port = htons(static_cast<uint16_t>(o.data_port));
+  sa.sin6_addr = in6addr_any;
+  if (::bind(e->listen_fd_.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    return ErrnoStatus(errno, absl::StrCat("bind mesh data port ", o.data_port));
+  }
+  if (::listen(e->listen_fd_.get(), 128) != 0) return ErrnoStatus(errno, "listen on the mesh data port");
+  socklen_t slen = sizeof(sa);
+  ::getsockname(e->listen_fd_.get(), reinterpret_cast<sockaddr*>(&sa), &slen);
+  e->data_port_ = ntohs(sa.sin6_port);
+
+  // Control plane: gRPC over mutual TLS.
+  grpc::SslServerCredentialsOptions tls(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  tls.pem_root_certs = e->ca_pem_;
+  tls.pem_key_cert_pairs.push_back({e->key_pem_, e->cert_pem_});
+  e->service_ = std::make_unique<Service>(e.get());
+  grpc::ServerBuilder b;
+  int port = 0;
+  b.AddListeningPort(o.listen, grpc::SslServerCredentials(tls), &port);
+  b.RegisterService(e->service_.get());
+  b.AddChannelArgument(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 1 << 20);
+  b.AddChannelArgument("grpc.server_handshake_timeout_ms", 5000);
+  e->server_ = b.BuildAndStart();
+  if (e->server_ == nullptr || port == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot serve the mesh control plane on ", o.listen,
+                                                      " (address in use, or the certificates do not load)"));
+  }
+  e->control_port_ = static_cast<uint32_t>(port);
+  e->accept_thread_ = std::thread([p = e.get()] { p->AcceptLoop(); });
+  std::vector<std::string> adv;
+  for (const IpPrefix& a : e->advertised_) adv.push_back(a.ToString());
+  Log()->info("event=mesh_ready node={} control={} data_port={} addresses={}", e->node_name_, o.listen,
+              e->data_port_, absl::StrJoin(adv, ","));
+  return e;
+}
+
+MeshEngine::~MeshEngine() {
+  stopping_.store(true, std::memory_order_release);
+  if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  ::shutdown(listen_fd_.get(), SHUT_RDWR);
+  if (accept_thread_.joinable()) accept_thread_.join();
+  std::map<std::string, std::shared_ptr<Peer>> peers;
+  {
+    absl::MutexLock l(&mu_);
+    for (int fd : serving_fds_) ::shutdown(fd, SHUT_RDWR);
+    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return serving_ == 0; };
+    mu_.Await(absl::Condition(&done));
+    peers.swap(peers_);
+    handles_.clear();
+  }
+  peers.clear();  // joins each peer's worker; their links fail what is in flight
+}
+
+std::vector<std::string> MeshEngine::AdvertisedAddresses() const {
+  std::vector<std::string> out;
+  for (const IpPrefix& a : advertised_) out.push_back(a.ToString());
+  return out;
+}
+
+// --- exporting side ----------------------------------------------------------
+
+absl::StatusOr<std::vector<std::string>> MeshEngine::IssueCookies(const std::string& node, uint32_t n) {
+  if (n == 0 || n > 64) return absl::InvalidArgumentError("OpenLink: 1 to 64 connections");
+  absl::Time now = absl::Now();
+  absl::MutexLock l(&mu_);
+  size_t mine = 0;
+  for (auto it = cookies_.begin(); it != cookies_.end();) {
+    if (it->second.expires < now) {
+      it = cookies_.erase(it);
+      continue;
+    }
+    mine += it->second.node == node;
+    ++it;
+  }
+  if (mine + n > 256) {
+    return absl::ResourceExhaustedError(absl::StrCat("node ", node, " holds ", mine, " unused link cookies"));
+  }
+  std::vector<std::string> out;
+  for (uint32_t i = 0; i < n; ++i) {
+    std::string c = RandomCookie();
+    cookies_[c] = Cookie{node, now + absl::Seconds(10)};
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string& node,
+                                                              const pb::OpenRegionRequest& req) {
+  const pb::ForwardedIdentity& who = req.importer();
+  if (node == node_name_) {
+    return absl::PermissionDeniedError(absl::StrCat("a peer presented this node's own name '", node, "'"));
+  }
+  if (who.node() != node) {
+    Log()->warn("event=mesh_deny peer={} claimed_node={} reason=\"a daemon speaks only for its own node's pods\"",
+                node, LogQuoted(who.node()));
+    absl::MutexLock l(&mu_);
+    ++remote_denials_;
+    return absl::PermissionDeniedError(absl::StrCat("the daemon of node ", node,
+                                                    " cannot open regions for pods of node '", who.node(), "'"));
+  }
+  if (who.key().empty() || who.namespace_().empty() || who.pod_name().empty()) {
+    return absl::InvalidArgumentError("the forwarded identity needs key, namespace and pod name");
+  }
+  PodInfo pod;
+  pod.key = absl::StrCat("mesh/", node, "/", who.key());  // never the same pod as a local one
+  pod.uid = who.pod_uid();
+  pod.namespace_ = who.namespace_();
+  pod.name = who.pod_name();
+  pod.annotations.insert(who.annotations().begin(), who.annotations().end());
+  pod.source = "mesh:" + node;
+  absl::StatusOr<std::shared_ptr<const ExportRecord>> rec = host_->AuthorizeRemote(pod, req);
+  if (!rec.ok()) {
+    absl::MutexLock l(&mu_);
+    ++remote_denials_;
+    return rec.status();
+  }
+  if ((*rec)->kind != HandleKind::kHostMemfd) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "export ", (*rec)->id, " is GPU memory: only host-memory exports can be reached from other nodes yet"));
+  }
+  pb::OpenRegionResponse resp;
+  {
+    absl::MutexLock l(&mu_);
+    uint32_t& count = grants_per_node_[node];
+    if (count >= options_.max_grants_per_peer) {
+      return absl::ResourceExhaustedError(absl::StrCat("node ", node, " holds ", count, " grants (the limit)"));
+    }
+    ++count;
+    uint64_t g = next_grant_++;
+    grants_[g] = Grant{node, *rec};
+    resp.set_grant(g);
+  }
+  resp.set_export_id((*rec)->id);
+  resp.set_size((*rec)->size);
+  resp.set_handle_type(3);  // podlink.v1.HANDLE_TYPE_HOST_MEMFD
+  resp.set_owner_namespace((*rec)->owner.namespace_);
+  resp.set_owner_name((*rec)->owner.name);
+  resp.set_instance(instance_);
+  Log()->info("event=mesh_grant peer={} pod={}/{} export={} grant={}", node, pod.namespace_, pod.name, (*rec)->id,
+              resp.grant());
+  return resp;
+}
+
+void MeshEngine::CloseRegion(const std::string& node, uint64_t grant) {
+  absl::MutexLock l(&mu_);
+  auto it = grants_.find(grant);
+  if (it == grants_.end() || it->second.node != node) return;
+  --grants_per_node_[node];
+  grants_.erase(it);
+}
+
+absl::StatusOr<std::shared_ptr<const ExportRecord>> MeshEngine::GrantedExport(const std::string& node,
+                                                                              uint64_t grant) {
+  std::shared_ptr<const ExportRecord> rec;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = grants_.find(grant);
+    if (it == grants_.end() || it->second.node != node) {
+      return absl::NotFoundError(absl::StrCat("no grant ", grant, " for node ", node));
+    }
+    rec = it->second.record.lock();
+  }
+  if (rec == nullptr || !host_->ExportLive(*rec)) {
+    CloseRegion(node, grant);
+    return absl::NotFoundError(absl::StrCat("the export behind grant ", grant, " was withdrawn"));
+  }
+  return rec;
+}
+
+void MeshEngine::AcceptLoop() {
+  for (;;) {
+    int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (stopping_.load(std::memory_order_acquire)) return;
+      if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE) {
+        if (errno == EMFILE || errno == ENFILE) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        continue;
+      }
+      Log()->error("event=mesh_accept_failed error={}", LogQuoted(std::strerror(errno)));
+      return;
+    }
+    UniqueFd conn(fd);
+    absl::MutexLock l(&mu_);
+    if (stopping_.load(std::memory_order_acquire) || serving_ >= options_.max_data_connections) {
+      ++refused_connections_;
+      continue;  // closed: over the bound
+    }
+    ++serving_;
+    serving_fds_.insert(fd);
+    std::thread([this, c = std::move(conn)]() mutable {
+      int raw = c.get();
+      ServeConnection(std::move(c));
+      absl::MutexLock l(&mu_);
+      serving_fds_.erase(raw);
+      --serving_;
+    }).detach();
+  }
+}
+
+void MeshEngine::ServeConnection(UniqueFd conn) {
+  const int fd = conn.get();
+  // Nothing but AUTH within 2 s; a stranger gets no answer at all.
+  SetRecvTimeout(fd, absl::Seconds(2));
+  FrameHeader h;
+  std::string cookie(kCookieBytes, '\0');
+  if (!ReadFull(fd, &h, sizeof(h)).ok() || h.magic != kFrameMagic ||
+      h.type != static_cast<uint16_t>(FrameType::kAuth) || h.length != kCookieBytes ||
+      !ReadFull(fd, cookie.data(), cookie.size()).ok()) {
+    absl::MutexLock l(&mu_);
+    ++refused_connections_;
+    return;
+  }
+  std::string node;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = cookies_.find(cookie);
+    if (it == cookies_.end() || it->second.expires < absl::Now()) {
+      ++refused_connections_;
+      Log()->warn("event=mesh_data_refused reason=\"unknown or expired cookie\"");
+      return;
+    }
+    node = it->second.node;
+    cookies_.erase(it);
+  }
+  SetRecvTimeout(fd, absl::ZeroDuration());
+  TuneDataSocket(fd, options_.io_timeout);
+  Log()->info("event=mesh_data_connection peer={}", node);
+  auto refuse = [&](const char* why) {
+    absl::MutexLock l(&mu_);
+    ++refused_frames_;
+    Log()->warn("event=mesh_protocol_error peer={} reason=\"{}\" type={}", node, why, h.type);
+  };
+  for (;;) {
+    if (!ReadFull(fd, &h, sizeof(h)).ok()) return;
+    if (h.magic != kFrameMagic || h.flags != 0) return refuse("bad magic or flags");
+    auto type = static_cast<FrameType>(h.type);
+    if ((type == FrameType::kWrite || type == FrameType::kRead) && h.length > kMaxFramePayload) {
+      return refuse("length over the frame cap");
+    }
+    if (type == FrameType::kNotify && h.length != 0) return refuse("notify with payload");
+    if (type != FrameType::kWrite && type != FrameType::kRead && type != FrameType::kNotify) {
+      return refuse("unexpected frame type");
+    }
+    absl::StatusOr<std::shared_ptr<const ExportRecord>> rec = GrantedExport(node, h.grant);
+    absl::StatusOr<RelayView> view = rec.ok() ? (*rec)->memory->MapForRelay() : rec.status();
+    absl::Status st = view.status();
+    if (st.ok() && type != FrameType::kNotify) {
+      if (h.length == 0) {
+        st = absl::InvalidArgumentError("length must be > 0");
+      } else if (h.offset > (*rec)->size || h.length > (*rec)->size - h.offset) {
+        st = absl::OutOfRangeError(absl::StrCat("range [", h.offset, ", +", h.length, ") exceeds export ",
+                                                (*rec)->id, " of ", (*rec)->size, " bytes"));
+      } else if (view->on_gpu) {
+        st = absl::FailedPreconditionError("GPU exports cannot be reached from other nodes yet");
+      }
+    }
+    absl::Status io;
+    switch (type) {
+      case FrameType::kWrite:
+        if (!st.ok()) {
+          io = Discard(fd, h.length);
+          if (io.ok()) io = SendAck(fd, h.tag, st);
+          break;
+        }
+        io = ReadFull(fd, reinterpret_cast<char*>(view->address) + h.offset, h.length);
+        if (io.ok()) io = SendAck(fd, h.tag, absl::OkStatus());
+        if (io.ok()) {
+          absl::MutexLock l(&mu_);
+          bytes_written_in_ += h.length;
+          ++frames_served_;
+        }
+        break;
+      case FrameType::kRead: {
+        if (!st.ok()) {
+          io = SendAck(fd, h.tag, st);
+          break;
+        }
+        FrameHeader d{};
+        d.magic = kFrameMagic;
+        d.type = static_cast<uint16_t>(FrameType::kData);
+        d.length = h.length;
+        d.tag = h.tag;
+        io = WriteFrame(fd, d, reinterpret_cast<const char*>(view->address) + h.offset, h.length);
+        if (io.ok()) {
+          absl::MutexLock l(&mu_);
+          bytes_read_out_ += h.length;
+          ++frames_served_;
+        }
+        break;
+      }
+      default:  // kNotify
+        if (st.ok()) st = host_->NotifyOwner(**rec, h.offset);
+        io = SendAck(fd, h.tag, st);
+        break;
+    }
+    if (!io.ok()) return;
+  }
+}
+
+// --- importing side ----------------------------------------------------------
+
+std::shared_ptr<MeshEngine::Peer> MeshEngine::PeerFor(const RemoteTarget& target) {
+  absl::MutexLock l(&mu_);
+  std::shared_ptr<Peer>& p = peers_[target.node_name];
+  if (p == nullptr) p = std::make_shared<Peer>(target.node_name);
+  return p;
+}
+
+absl::Status MeshEngine::Connect(Peer& p, const RemoteTarget& target) {
+  if (auto links = p.links(); links != nullptr && links->live() > 0 && p.stub != nullptr) return absl::OkStatus();
+  std::vector<IpPrefix> remote;
+  for (const std::string& a : target.addresses) {
+    absl::StatusOr<IpPrefix> ip = IpPrefix::Parse(a);
+    if (ip.ok()) remote.push_back(*ip);
+  }
+  std::vector<IpPrefix> local = options_.addresses.empty() ? LocalAddresses(options_.interfaces) : advertised_;
+  std::vector<Path> paths = ChoosePaths(local, remote, options_.fallback);
+  if (paths.empty()) {
+    std::vector<std::string> mine;
+    for (const IpPrefix& a : local) mine.push_back(a.ToString());
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no direct link reaches node ", target.node_name, ": it advertises [", absl::StrJoin(target.addresses, ", "),
+        "], this node has [", absl::StrJoin(mine, ", "), "] (set mesh.fallback to let the kernel route)"));
+  }
+  grpc::SslCredentialsOptions tls;
+  tls.pem_root_certs = ca_pem_;
+  tls.pem_private_key = key_pem_;
+  tls.pem_cert_chain = cert_pem_;
+  grpc::ChannelArguments args;
+  args.SetSslTargetNameOverride(target.node_name);  // the certificate must name the node we mean
+  std::string endpoint = HostPort(paths.front().remote, target.port);
+  auto stub = pb::Mesh::NewStub(grpc::CreateCustomChannel(endpoint, grpc::SslCredentials(tls), args));
+  auto deadline = [this] { return absl::ToChronoTime(absl::Now() + options_.connect_timeout); };
+  pb::HelloResponse hello;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline());
+    pb::HelloRequest req;
+    req.set_version(PODLINK_VERSION);
+    PODLINK_RETURN_IF_ERROR(FromGrpc(stub->Hello(&ctx, req, &hello), target.node_name));
+  }
+  if (hello.node_name() != target.node_name) {
+    return absl::PermissionDeniedError(absl::StrCat("the daemon at ", endpoint, " is node '", hello.node_name(),
+                                                    "', not '", target.node_name, "'"));
+  }
+  uint32_t per_path = options_.connections_per_path;
+  pb::OpenLinkResponse link;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline());
+    pb::OpenLinkRequest req;
+    req.set_connections(static_cast<uint32_t>(std::min<size_t>(64, paths.size() * per_path)));
+    PODLINK_RETURN_IF_ERROR(FromGrpc(stub->OpenLink(&ctx, req, &link), target.node_name));
+  }
+  auto links = std::make_shared<PeerLinks>(target.node_name, options_.slice_bytes, options_.slices_in_flight);
+  int cookie = 0;
+  absl::Status last;
+  for (const Path& path : paths) {
+    for (uint32_t i = 0; i < per_path && cookie < link.cookies_size(); ++i) {
+      const std::string& c = link.cookies(cookie++);
+      absl::StatusOr<UniqueFd> fd = Dial(path, static_cast<uint16_t>(link.data_port()), options_.connect_timeout);
+      if (fd.ok()) {
+        FrameHeader h{};
+        h.magic = kFrameMagic;
+        h.type = static_cast<uint16_t>(FrameType::kAuth);
+        h.length = kCookieBytes;
+        last = WriteFrame(fd->get(), h, c.data(), c.size());
+        if (last.ok()) {
+          TuneDataSocket(fd->get(), options_.io_timeout);
+          links->AddConnection(*std::move(fd),
+                               absl::StrCat(path.fallback ? "routed" : path.local.AddressText(), "->",
+                                            path.remote.AddressText()));
+        }
+      } else {
+        last = fd.status();
+      }
+    }
+  }
+  if (links->live() == 0) {
+    return absl::UnavailableError(absl::StrCat("no data connection to node ", target.node_name, ": ", last.message()));
+  }
+  Log()->info("event=mesh_peer_connected node={} control={} paths={} connections={}", target.node_name, endpoint,
+              paths.size(), links->live());
+  p.stub = std::move(stub);
+  p.instance = hello.instance();
+  p.set_links(std::move(links));
+  return absl::OkStatus();
+}
+
+void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget target, OpenDone done) {
+  if (target.node_name.empty() || target.node_name == node_name_) {
+    return done(absl::InvalidArgumentError("a remote region names another node"));
+  }
+  if (target.port == 0 || target.port > 65535) return done(absl::InvalidArgumentError("bad mesh port"));
+  std::shared_ptr<Peer> peer = PeerFor(target);
+  pb::OpenRegionRequest req;
+  pb::ForwardedIdentity* who = req.mutable_importer();
+  who->set_node(node_name_);
+  who->set_key(pod.key);
+  who->set_pod_uid(pod.uid);
+  who->set_namespace_(pod.namespace_);
+  who->set_pod_name(pod.name);
+  who->mutable_annotations()->insert(pod.annotations.begin(), pod.annotations.end());
+  who->set_source(pod.source);
+  if (!target.name.empty()) {
+    req.set_name(target.name);
+  } else {
+    req.set_export_id(target.export_id);
+  }
+  peer->Post([this, peer, session, target = std::move(target), req = std::move(req), done = std::move(done)] {
+    if (absl::Status st = Connect(*peer, target); !st.ok()) return done(st);
+    pb::OpenRegionResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    if (absl::Status st = FromGrpc(peer->stub->OpenRegion(&ctx, req, &resp), target.node_name); !st.ok()) {
+      return done(st);
+    }
+    RemoteRegionInfo info;
+    bool over = false;
+    {
+      absl::MutexLock l(&mu_);
+      uint32_t& mine = handles_per_session_[session];
+      if (mine >= options_.max_handles_per_session) {
+        over = true;
+      } else {
+        ++mine;
+        info.handle = kRemoteHandleBit | next_handle_++;
+        handles_[info.handle] = Handle{session, peer, resp.grant(), resp.size()};
+      }
+    }
+    if (over) {
+      grpc::ClientContext c2;
+      c2.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+      pb::CloseRegionRequest close;
+      close.set_grant(resp.grant());
+      pb::CloseRegionResponse ignored;
+      (void)peer->stub->CloseRegion(&c2, close, &ignored);
+      return done(absl::ResourceExhaustedError(
+          absl::StrCat("this session holds ", options_.max_handles_per_session, " remote regions (the limit)")));
+    }
+    info.export_id = resp.export_id();
+    info.size = resp.size();
+    info.handle_type = resp.handle_type();
+    info.owner_namespace = resp.owner_namespace();
+    info.owner_name = resp.owner_name();
+    done(info);
+  });
+}
+
+absl::Status MeshEngine::DropHandle(uint64_t session, uint64_t handle) {
+  Handle h;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = handles_.find(handle);
+    if (it == handles_.end() || it->second.session != session) {
+      return absl::NotFoundError(absl::StrCat("no remote region ", handle, " in this session"));
+    }
+    h = std::move(it->second);
+    handles_.erase(it);
+    if (--handles_per_session_[session] == 0) handles_per_session_.erase(session);
+  }
+  std::shared_ptr<Peer> peer = h.peer;
+  peer->Post([peer, grant = h.grant] {
+    if (peer->stub == nullptr) return;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::CloseRegionRequest req;
+    req.set_grant(grant);
+    pb::CloseRegionResponse ignored;
+    (void)peer->stub->CloseRegion(&ctx, req, &ignored);
+  });
+  return absl::OkStatus();
+}
+
+void MeshEngine::DropSession(uint64_t session) {
+  std::vector<uint64_t> mine;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [id, h] : handles_) {
+      if (h.session == session) mine.push_back(id);
+    }
+  }
+  for (uint64_t id : mine) (void)DropHandle(session, id);
+}
+
+absl::StatusOr<MeshEngine::Handle> MeshEngine::FindHandle(uint64_t session, uint64_t handle) const {
+  absl::MutexLock l(&mu_);
+  auto it = handles_.find(handle);
+  if (it == handles_.end() || it->second.session != session) {
+    return absl::NotFoundError(absl::StrCat("remote region ", handle, " was not opened by this session"));
+  }
+  return it->second;
+}
+
+absl::Status MeshEngine::Start(MeshTransfer t, Done done) {
+  PODLINK_ASSIGN_OR_RETURN(Handle h, FindHandle(t.session, t.handle));
+  if (t.length == 0) return absl::InvalidArgumentError("length must be > 0");
+  if (t.remote_offset > h.size || t.length > h.size - t.remote_offset) {
+    return absl::OutOfRangeError(absl::StrCat("remote range [", t.remote_offset, ", +", t.length,
+                                              ") exceeds the remote region of ", h.size, " bytes"));
+  }
+  std::shared_ptr<PeerLinks> links = h.peer->links();
+  if (links == nullptr || links->live() == 0) {
+    return absl::UnavailableError(absl::StrCat("no link to node ", h.peer->node(),
+                                               " is up (open the region again to reconnect)"));
+  }
+  LinkOp op;
+  op.type = t.write ? FrameType::kWrite : FrameType::kRead;
+  op.grant = h.grant;
+  op.offset = t.remote_offset;
+  op.length = t.length;
+  op.local = t.local;
+  op.keep = t.keep;
+  op.done = std::move(done);
+  return links->Submit(std::move(op));
+}
+
+absl::Status MeshEngine::Notify(uint64_t session, uint64_t handle, uint64_t value, Done done) {
+  PODLINK_ASSIGN_OR_RETURN(Handle h, FindHandle(session, handle));
+  std::shared_ptr<PeerLinks> links = h.peer->links();
+  if (links == nullptr) return absl::UnavailableError(absl::StrCat("no link to node ", h.peer->node(), " is up"));
+  LinkOp op;
+  op.type = FrameType::kNotify;
+  op.grant = h.grant;
+  op.offset = value;
+  op.done = std::move(done);
+  return links->Submit(std::move(op));
+}
+
+std::string MeshEngine::RenderMetrics() const {
+  std::string out;
+  std::map<std::string, double> up, sent, received, failures;
+  std::vector<std::shared_ptr<Peer>> peers;
+  double grants = 0, handles = 0;
+  uint64_t in = 0, out_bytes = 0, refused_frames = 0, refused_conns = 0, denials = 0;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [n, p] : peers_) peers.push_back(p);
+    grants = static_cast<double>(grants_.size());
+    handles = static_cast<double>(handles_.size());
+    in = bytes_written_in_;
+    out_bytes = bytes_read_out_;
+    refused_frames = refused_frames_;
+    refused_conns = refused_connections_;
+    denials = remote_denials_;
+  }
+  for (const auto& p : peers) {
+    std::shared_ptr<PeerLinks> l = p->links();
+    LinkStats s = l != nullptr ? l->Stats() : LinkStats{};
+    up[p->node()] = static_cast<double>(s.connections_up);
+    sent[p->node()] = static_cast<double>(s.bytes_sent);
+    received[p->node()] = static_cast<double>(s.bytes_received);
+    failures[p->node()] = static_cast<double>(s.connection_failures);
+  }
+  RenderFamily(&out, "podlink_mesh_connections_up", "gauge", "data connections up, per peer node", up, "peer");
+  RenderFamily(&out, "podlink_mesh_sent_bytes_total", "counter", "bytes written to peer nodes", sent, "peer");
+  RenderFamily(&out, "podlink_mesh_received_bytes_total", "counter", "bytes read from peer nodes", received, "peer");
+  RenderFamily(&out, "podlink_mesh_connection_failures_total", "counter", "data connections that failed", failures,
+               "peer");
+  auto one = [&](const char* name, const char* type, const char* help, double v) {
+    RenderFamily(&out, name, type, help, {{"", v}});
+  };
+  one("podlink_mesh_grants", "gauge", "grants this node gave peer daemons", grants);
+  one("podlink_mesh_remote_handles", "gauge", "remote regions this node's pods hold", handles);
+  one("podlink_mesh_served_write_bytes_total", "counter", "bytes peers wrote into this node's exports",
+      static_cast<double>(in));
+  one("podlink_mesh_served_read_bytes_total", "counter", "bytes peers read from this node's exports",
+      static_cast<double>(out_bytes));
+  one("podlink_mesh_refused_frames_total", "counter", "data connections closed for a malformed frame",
+      static_cast<double>(refused_frames));
+  one("podlink_mesh_refused_connections_total", "counter",
+      "data connections refused (no valid cookie, or over the bound)", static_cast<double>(refused_conns));
+  one("podlink_mesh_denials_total", "counter", "remote opens refused", static_cast<double>(denials));
+  return out;
+}
+
+}  // namespace podlink::mesh

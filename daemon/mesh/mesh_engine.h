@@ -1,0 +1,177 @@
+// The inter-node mesh: podlinkd talking to the podlinkd of other nodes.
+//
+// Control plane: the Mesh gRPC service (proto/podlink/mesh/v1/mesh.proto)
+// over mutual TLS; the peer's node name is its certificate's identity.
+// Data plane: plain TCP connections to the data port, each authenticated by
+// a one-use cookie from OpenLink (wire.h), one or more per direct path
+// (addresses.h), striped by PeerLinks (tcp_link.h).
+//
+// Importing side: a pod asks its own daemon to open a region of another node
+// (Broker::OpenRemote). The daemon dials that node on the peer's own worker
+// thread (never on a gRPC or relay thread), forwards the pod's kernel-derived
+// identity, and gets a grant; the pod gets a remote handle (bit 63) that its
+// relay ring uses like an export id. Exporting side: the same policy as a
+// local import decides (MeshHost, implemented by the broker); grants are
+// bound to the requesting node and die with the export.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/unique_fd.h"
+#include "daemon/identity/pod_source.h"
+#include "daemon/mesh/addresses.h"
+#include "daemon/mesh/mesh_host.h"
+#include "daemon/mesh/tcp_link.h"
+#include "daemon/relay/mesh_port.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace podlink::mesh {
+
+struct MeshOptions {
+  bool enabled = false;
+  std::string listen = "0.0.0.0:7446";  // control plane (gRPC, mutual TLS)
+  uint32_t data_port = 7447;             // data connections
+  // ca.crt, tls.crt, tls.key (a cert-manager Certificate secret's names).
+  std::string cert_dir = "/etc/podlink/mesh";
+  std::vector<std::string> interfaces;   // netdevs to advertise; empty: all but loopback
+  std::vector<std::string> addresses;    // explicit "addr/prefix" list (overrides interfaces)
+  bool fallback = false;                 // no direct subnet: let the kernel route to the first address
+  uint32_t connections_per_path = 4;
+  uint64_t slice_bytes = 512 << 10;
+  uint32_t slices_in_flight = 4;         // per connection
+  uint32_t max_grants_per_peer = 4096;
+  uint32_t max_handles_per_session = 1024;
+  uint32_t max_data_connections = 256;   // accepted, all peers together
+  absl::Duration connect_timeout = absl::Seconds(5);
+  absl::Duration io_timeout = absl::Seconds(5);  // TCP_USER_TIMEOUT and keepalive on data connections
+};
+
+struct RemoteTarget {
+  std::string node_name;
+  std::vector<std::string> addresses;  // the owner daemon's "addr/prefix" list
+  uint32_t port = 0;                   // its control port
+  uint64_t export_id = 0;
+  std::string name;                    // instead of export_id
+};
+
+struct RemoteRegionInfo {
+  uint64_t handle = 0;  // has kRemoteHandleBit
+  uint64_t export_id = 0;
+  uint64_t size = 0;
+  uint32_t handle_type = 0;
+  std::string owner_namespace, owner_name;
+};
+
+class MeshEngine final : public MeshPort {
+ public:
+  using OpenDone = std::function<void(absl::StatusOr<RemoteRegionInfo>)>;
+
+  // Loads the certificates, binds the control and data ports and starts
+  // serving. `node_name` must be this daemon's certificate identity.
+  static absl::StatusOr<std::unique_ptr<MeshEngine>> Start(MeshOptions options, std::string node_name,
+                                                           MeshHost* host);
+  ~MeshEngine() override;
+
+  // --- importing side --------------------------------------------------
+  // Opens `target` for `pod` (session `session`) in the background; `done`
+  // runs on a mesh thread.
+  void OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget target, OpenDone done);
+  // Drops a handle the session holds (NOT_FOUND: none such).
+  absl::Status DropHandle(uint64_t session, uint64_t handle) ABSL_LOCKS_EXCLUDED(mu_);
+  void DropSession(uint64_t session) ABSL_LOCKS_EXCLUDED(mu_);
+  // MeshPort: transfers and notifications through the relay ring.
+  absl::Status Start(MeshTransfer t, Done done) override;
+  absl::Status Notify(uint64_t session, uint64_t handle, uint64_t value, Done done) override;
+
+  // --- what this node advertises ----------------------------------------
+  std::vector<std::string> AdvertisedAddresses() const;
+  uint32_t control_port() const { return control_port_; }
+  uint32_t data_port() const { return data_port_; }
+  std::string RenderMetrics() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  class Service;
+  class Peer;
+
+ private:
+  MeshEngine(MeshOptions options, std::string node_name, MeshHost* host);
+
+  // Exporting side (the Service and the data server call these).
+  struct Grant {
+    std::string node;
+    std::weak_ptr<const ExportRecord> record;
+  };
+  absl::StatusOr<std::vector<std::string>> IssueCookies(const std::string& node, uint32_t n) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<podlink::mesh::v1::OpenRegionResponse> OpenRegion(const std::string& node,
+                                                                   const podlink::mesh::v1::OpenRegionRequest& req)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void CloseRegion(const std::string& node, uint64_t grant) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::shared_ptr<const ExportRecord>> GrantedExport(const std::string& node, uint64_t grant)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void AcceptLoop();
+  void ServeConnection(UniqueFd fd);
+
+  // Importing side.
+  std::shared_ptr<Peer> PeerFor(const RemoteTarget& target) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Connect(Peer& p, const RemoteTarget& target);
+  struct Handle {
+    uint64_t session = 0;
+    std::shared_ptr<Peer> peer;
+    uint64_t grant = 0;
+    uint64_t size = 0;
+  };
+  absl::StatusOr<Handle> FindHandle(uint64_t session, uint64_t handle) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  const MeshOptions options_;
+  const std::string node_name_;
+  MeshHost* const host_;
+  const uint64_t instance_;
+  std::vector<IpPrefix> advertised_;
+  std::string ca_pem_, cert_pem_, key_pem_;
+  uint32_t control_port_ = 0, data_port_ = 0;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  UniqueFd listen_fd_;
+  std::thread accept_thread_;
+  std::atomic<bool> stopping_{false};
+
+  mutable absl::Mutex mu_;  // protects everything below
+  absl::CondVar conns_cv_;
+  struct Cookie {
+    std::string node;
+    absl::Time expires;
+  };
+  std::map<std::string, Cookie> cookies_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Grant> grants_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint32_t> grants_per_node_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_grant_ ABSL_GUARDED_BY(mu_) = 1;
+  std::set<int> serving_fds_ ABSL_GUARDED_BY(mu_);  // data connections being served
+  size_t serving_ ABSL_GUARDED_BY(mu_) = 0;         // their threads still running
+  std::map<std::string, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Handle> handles_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, uint32_t> handles_per_session_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t frames_served_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t bytes_written_in_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t bytes_read_out_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t refused_frames_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t refused_connections_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t remote_denials_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace podlink::mesh

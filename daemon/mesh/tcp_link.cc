@@ -1,0 +1,222 @@
+#include "daemon/mesh/tcp_link.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+
+namespace podlink::mesh {
+namespace {
+
+constexpr uint32_t kMaxErrorText = 4096;
+const ComponentLog Log("mesh");
+
+}  // namespace
+
+PeerLinks::PeerLinks(std::string node, uint64_t slice_bytes, uint32_t slices_in_flight)
+    : node_(std::move(node)),
+      slice_bytes_(std::clamp<uint64_t>(slice_bytes, 4096, kMaxFramePayload)),
+      slices_in_flight_(std::max<uint32_t>(slices_in_flight, 1)) {}
+
+PeerLinks::~PeerLinks() {
+  std::vector<Conn*> all;
+  {
+    absl::MutexLock l(&mu_);
+    stop_ = true;
+    for (auto& c : conns_) {
+      ::shutdown(c->fd.get(), SHUT_RDWR);
+      all.push_back(c.get());
+    }
+  }
+  cv_.SignalAll();
+  for (Conn* c : all) {
+    if (c->tx.joinable()) c->tx.join();
+    if (c->rx.joinable()) c->rx.join();
+  }
+  std::vector<Slice> left;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto& c : conns_) {
+      for (auto& [tag, s] : c->unacked) left.push_back(std::move(s));
+      c->unacked.clear();
+    }
+    left.insert(left.end(), queue_.begin(), queue_.end());
+    queue_.clear();
+  }
+  for (const Slice& s : left) Finish(s, absl::UnavailableError("mesh link to node " + node_ + " closed"));
+}
+
+void PeerLinks::AddConnection(UniqueFd fd, std::string path) {
+  absl::MutexLock l(&mu_);
+  auto c = std::make_unique<Conn>();
+  c->fd = std::move(fd);
+  c->path = std::move(path);
+  Conn* raw = c.get();
+  conns_.push_back(std::move(c));
+  ++stats_.connections_up;
+  raw->tx = std::thread([this, raw] { Send(*raw); });
+  raw->rx = std::thread([this, raw] { Receive(*raw); });
+}
+
+size_t PeerLinks::live() const {
+  absl::MutexLock l(&mu_);
+  return stats_.connections_up;
+}
+
+LinkStats PeerLinks::Stats() const {
+  absl::MutexLock l(&mu_);
+  return stats_;
+}
+
+std::vector<std::tuple<std::string, bool, uint64_t>> PeerLinks::Connections() const {
+  absl::MutexLock l(&mu_);
+  std::vector<std::tuple<std::string, bool, uint64_t>> out;
+  for (const auto& c : conns_) out.emplace_back(c->path, !c->dead, c->bytes_sent);
+  return out;
+}
+
+absl::Status PeerLinks::Submit(LinkOp op) {
+  auto st = std::make_shared<OpState>();
+  uint64_t n = op.length == 0 ? 1 : (op.length + slice_bytes_ - 1) / slice_bytes_;
+  st->remaining.store(n, std::memory_order_relaxed);
+  st->op = std::move(op);
+  {
+    absl::MutexLock l(&mu_);
+    if (stop_ || stats_.connections_up == 0) {
+      return absl::UnavailableError(absl::StrCat("no data connection to node ", node_, " is up"));
+    }
+    for (uint64_t i = 0; i < n; ++i) {
+      Slice s;
+      s.op = st;
+      s.offset = i * slice_bytes_;
+      s.length = std::min(slice_bytes_, st->op.length - std::min(st->op.length, s.offset));
+      queue_.push_back(std::move(s));
+    }
+  }
+  cv_.SignalAll();
+  return absl::OkStatus();
+}
+
+void PeerLinks::Finish(const Slice& s, const absl::Status& st) {
+  if (!st.ok()) {
+    absl::MutexLock l(&s.op->mu);
+    if (s.op->first_error.ok()) s.op->first_error = st;
+  }
+  if (s.op->remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  absl::Status result;
+  {
+    absl::MutexLock l(&s.op->mu);
+    result = s.op->first_error;
+  }
+  s.op->op.done(result);
+}
+
+void PeerLinks::Send(Conn& c) {
+  for (;;) {
+    Slice s;
+    FrameHeader h{};
+    {
+      absl::MutexLock l(&mu_);
+      while (!stop_ && !c.dead && (queue_.empty() || c.unacked.size() >= slices_in_flight_)) cv_.Wait(&mu_);
+      if (stop_ || c.dead) return;
+      s = std::move(queue_.front());
+      queue_.pop_front();
+      const LinkOp& op = s.op->op;
+      h.magic = kFrameMagic;
+      h.type = static_cast<uint16_t>(op.type);
+      h.tag = next_tag_++;
+      h.grant = op.grant;
+      h.offset = op.type == FrameType::kNotify ? op.offset : op.offset + s.offset;
+      h.length = static_cast<uint32_t>(s.length);
+      c.unacked[h.tag] = s;
+    }
+    const LinkOp& op = s.op->op;
+    const char* payload = op.type == FrameType::kWrite ? op.local + s.offset : nullptr;
+    absl::Status st = WriteFrame(c.fd.get(), h, payload, payload != nullptr ? s.length : 0);
+    if (!st.ok()) return Kill(c, st);
+    absl::MutexLock l(&mu_);
+    if (payload != nullptr) {
+      c.bytes_sent += s.length;
+      stats_.bytes_sent += s.length;
+    }
+    ++stats_.slices;
+  }
+}
+
+void PeerLinks::Receive(Conn& c) {
+  for (;;) {
+    FrameHeader h;
+    if (absl::Status st = ReadFull(c.fd.get(), &h, sizeof(h)); !st.ok()) return Kill(c, st);
+    auto type = static_cast<FrameType>(h.type);
+    if (h.magic != kFrameMagic || h.flags != 0 || (type != FrameType::kAck && type != FrameType::kData)) {
+      return Kill(c, absl::DataLossError(absl::StrCat("node ", node_, " sent a malformed frame (type ", h.type, ")")));
+    }
+    Slice s;
+    bool known = false;
+    {
+      absl::MutexLock l(&mu_);
+      auto it = c.unacked.find(h.tag);
+      if (it != c.unacked.end()) {
+        s = it->second;
+        known = true;
+      }
+    }
+    if (!known) return Kill(c, absl::DataLossError(absl::StrCat("node ", node_, " answered unknown request ", h.tag)));
+    absl::Status result;
+    if (type == FrameType::kData) {
+      if (s.op->op.type != FrameType::kRead || h.length != s.length) {
+        return Kill(c, absl::DataLossError(absl::StrCat("node ", node_, " sent ", h.length, " bytes for a read of ",
+                                                        s.length)));
+      }
+      if (absl::Status st = ReadFull(c.fd.get(), s.op->op.local + s.offset, s.length); !st.ok()) return Kill(c, st);
+    } else {
+      if (h.length > kMaxErrorText) {
+        return Kill(c, absl::DataLossError(absl::StrCat("node ", node_, " sent an oversized answer")));
+      }
+      std::string text(h.length, '\0');
+      if (absl::Status st = ReadFull(c.fd.get(), text.data(), text.size()); !st.ok()) return Kill(c, st);
+      if (h.status != 0) {
+        auto code = static_cast<absl::StatusCode>(h.status);
+        if (h.status < 0 || h.status > 16) code = absl::StatusCode::kUnknown;
+        result = absl::Status(code, absl::StrCat("node ", node_, ": ", text));
+      }
+    }
+    {
+      absl::MutexLock l(&mu_);
+      c.unacked.erase(h.tag);
+      if (type == FrameType::kData) stats_.bytes_received += s.length;
+    }
+    cv_.SignalAll();
+    Finish(s, result);
+  }
+}
+
+void PeerLinks::Kill(Conn& c, const absl::Status& why) {
+  std::vector<Slice> failed;
+  {
+    absl::MutexLock l(&mu_);
+    if (c.dead) return;
+    c.dead = true;
+    ::shutdown(c.fd.get(), SHUT_RDWR);
+    for (auto& [tag, s] : c.unacked) failed.push_back(std::move(s));
+    c.unacked.clear();
+    --stats_.connections_up;
+    if (!stop_) ++stats_.connection_failures;
+    if (stats_.connections_up == 0) {
+      failed.insert(failed.end(), queue_.begin(), queue_.end());
+      queue_.clear();
+    }
+    if (!stop_) {
+      Log()->warn("event=mesh_connection_down node={} path={} in_flight={} error={}", node_, c.path, failed.size(),
+                  LogQuoted(why.message()));
+    }
+  }
+  cv_.SignalAll();
+  absl::Status st = absl::UnavailableError(absl::StrCat("mesh connection to node ", node_, " (", c.path,
+                                                        ") failed: ", why.message()));
+  for (const Slice& s : failed) Finish(s, st);
+}
+
+}  // namespace podlink::mesh

@@ -1,0 +1,103 @@
+// The importing daemon's data connections to one peer daemon (the TCP
+// backend of a mesh link). Every direct path to the peer carries
+// `connections_per_path` authenticated TCP connections; a transfer is cut
+// into slices that the connections *pull* from one queue while they have
+// fewer than `slices_in_flight` unanswered, so a faster cable takes more
+// slices and unequal links balance themselves (multi-rail striping).
+// A transfer completes when every slice is answered, with the first error.
+//
+// A connection that fails (reset, TCP_USER_TIMEOUT, protocol error) fails
+// the slices it carried with UNAVAILABLE; when no connection is left, queued
+// slices fail too and the peer must be dialed again. Slices are not yet
+// resent over the remaining connections (docs/design/mesh.md §9).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/unique_fd.h"
+#include "daemon/mesh/wire.h"
+
+namespace podlink::mesh {
+
+struct LinkOp {
+  FrameType type = FrameType::kWrite;  // kWrite, kRead or kNotify
+  uint64_t grant = 0;
+  uint64_t offset = 0;                 // remote offset (kNotify: the value)
+  uint64_t length = 0;
+  char* local = nullptr;               // source (kWrite) or destination (kRead)
+  std::shared_ptr<const void> keep;    // keeps `local` mapped until done
+  std::function<void(const absl::Status&)> done;
+};
+
+struct LinkStats {
+  uint64_t connections_up = 0, bytes_sent = 0, bytes_received = 0, slices = 0, connection_failures = 0;
+};
+
+class PeerLinks {
+ public:
+  PeerLinks(std::string node, uint64_t slice_bytes, uint32_t slices_in_flight);
+  ~PeerLinks();  // fails whatever is queued or in flight with UNAVAILABLE, joins the threads
+  PeerLinks(const PeerLinks&) = delete;
+  PeerLinks& operator=(const PeerLinks&) = delete;
+
+  // Takes an authenticated data connection (AUTH sent) over `path`.
+  void AddConnection(UniqueFd fd, std::string path) ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues `op`; UNAVAILABLE (and `done` never called) when no connection is up.
+  absl::Status Submit(LinkOp op) ABSL_LOCKS_EXCLUDED(mu_);
+  size_t live() const ABSL_LOCKS_EXCLUDED(mu_);
+  LinkStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Per connection: path, up, bytes sent.
+  std::vector<std::tuple<std::string, bool, uint64_t>> Connections() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct OpState {
+    LinkOp op;
+    std::atomic<uint64_t> remaining{0};
+    absl::Mutex mu;
+    absl::Status first_error ABSL_GUARDED_BY(mu);
+  };
+  struct Slice {
+    std::shared_ptr<OpState> op;
+    uint64_t offset = 0;  // within the op
+    uint64_t length = 0;
+  };
+  struct Conn {
+    UniqueFd fd;
+    std::string path;
+    bool dead = false;                  // guarded by PeerLinks::mu_
+    std::map<uint64_t, Slice> unacked;  // guarded by PeerLinks::mu_
+    uint64_t bytes_sent = 0;            // guarded by PeerLinks::mu_
+    std::thread tx, rx;
+  };
+
+  void Send(Conn& c);
+  void Receive(Conn& c);
+  void Kill(Conn& c, const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
+  static void Finish(const Slice& s, const absl::Status& st);
+
+  const std::string node_;
+  const uint64_t slice_bytes_;
+  const uint32_t slices_in_flight_;
+
+  mutable absl::Mutex mu_;  // protects everything below and the Conn fields marked so
+  absl::CondVar cv_;        // queue, room or state changed
+  std::deque<Slice> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_tag_ ABSL_GUARDED_BY(mu_) = 1;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  LinkStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace podlink::mesh
