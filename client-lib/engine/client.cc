@@ -252,7 +252,8 @@ void ReleaseCuMemory(unsigned long long va, size_t reserved, unsigned long long 
 GpuBuffer::~GpuBuffer() { ReleaseCuMemory(va_, size_, handle_, ctx_device_); }
 
 Imported::Imported(Imported&& o) noexcept
-    : info_(std::move(o.info_)),
+    : remote_handle_(o.remote_handle_),
+      info_(std::move(o.info_)),
       fd_(std::exchange(o.fd_, -1)),
       fabric_handle_(std::move(o.fabric_handle_)),
       gpu_pci_bus_id_(std::move(o.gpu_pci_bus_id_)),
@@ -371,6 +372,8 @@ absl::StatusOr<NodeInfo> Client::GetNodeInfo() {
     out.gpus.push_back(std::move(gi));
   }
   for (int t : n.handle_types()) out.handle_types.push_back(static_cast<HandleType>(t));
+  out.mesh_addresses.assign(n.mesh_addresses().begin(), n.mesh_addresses().end());
+  out.mesh_port = n.mesh_port();
   return out;
 }
 
@@ -618,6 +621,21 @@ absl::Status Client::Release(uint64_t export_id) {
   v1::ReleaseRequest req;
   req.set_export_id(export_id);
   return impl_->Call<v1::ReleaseRequest, v1::ReleaseResponse>(&v1::Broker::Stub::Release, req).status();
+}
+
+absl::StatusOr<Imported> Client::OpenRemote(const std::string& node_name, const std::vector<std::string>& addresses,
+                                            uint32_t mesh_port, uint64_t export_id) {
+  v1::OpenRemoteRequest req;
+  req.set_node_name(node_name);
+  for (const std::string& a : addresses) req.add_addresses(a);
+  req.set_mesh_port(mesh_port);
+  req.set_export_id(export_id);
+  PODLINK_ASSIGN_OR_RETURN(v1::OpenRemoteResponse r, (impl_->Call<v1::OpenRemoteRequest, v1::OpenRemoteResponse>(
+                                                         &v1::Broker::Stub::OpenRemote, req)));
+  Imported imp;
+  imp.info_ = FromProto(r.export_());
+  imp.remote_handle_ = r.handle();
+  return imp;
 }
 
 absl::Status Client::DropImport(uint64_t export_id) {

@@ -9,6 +9,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "client-lib/transports/backend.h"
@@ -25,27 +26,39 @@ const char* TransportName(Transport t) {
       return "podlink/direct";
     case Transport::kRelay:
       return "podlink/relay";
+    case Transport::kMesh:
+      return "podlink/mesh";
   }
   return "podlink/unknown";
 }
 
 std::string RegionDescriptor::Serialize() const {
-  return absl::StrCat("podlink1;", node_id, ";", export_id, ";", size, ";", static_cast<int>(handle_type), ";",
-                      gpu_uuid);
+  std::string base = absl::StrCat(";", node_id, ";", export_id, ";", size, ";", static_cast<int>(handle_type), ";",
+                                  gpu_uuid);
+  if (mesh_addresses.empty()) return "podlink1" + base;
+  return absl::StrCat("podlink2", base, ";", node_name, ";", mesh_port, ";", absl::StrJoin(mesh_addresses, ","));
 }
 
 absl::StatusOr<RegionDescriptor> RegionDescriptor::Parse(absl::string_view text) {
   std::vector<std::string> f = absl::StrSplit(text, ';');
   RegionDescriptor d;
   int type = 0;
-  if (f.size() != 6 || f[0] != "podlink1" || f[1].empty() || !absl::SimpleAtoi(f[2], &d.export_id) ||
-      !absl::SimpleAtoi(f[3], &d.size) || !absl::SimpleAtoi(f[4], &type) || type < 1 || type > 3) {
+  bool v2 = f.size() == 9 && f[0] == "podlink2";
+  if (!(v2 || (f.size() == 6 && f[0] == "podlink1")) || f[1].empty() || !absl::SimpleAtoi(f[2], &d.export_id) ||
+      !absl::SimpleAtoi(f[3], &d.size) || !absl::SimpleAtoi(f[4], &type) || type < 1 || type > 3 ||
+      (v2 && (f[6].empty() || !absl::SimpleAtoi(f[7], &d.mesh_port) || d.mesh_port == 0 || d.mesh_port > 65535 ||
+              f[8].empty()))) {
     return absl::InvalidArgumentError(
         absl::StrCat("not a podlink region descriptor: '", text.substr(0, 200), "'"));
   }
   d.node_id = f[1];
   d.handle_type = static_cast<HandleType>(type);
   d.gpu_uuid = f[5];
+  if (v2) {
+    d.node_name = f[6];
+    d.mesh_addresses = absl::StrSplit(f[8], ',', absl::SkipEmpty());
+    if (d.mesh_addresses.size() > 64) return absl::InvalidArgumentError("descriptor names over 64 mesh addresses");
+  }
   return d;
 }
 
@@ -90,6 +103,9 @@ class TransferEngine::Impl {
     auto node = client_.GetNodeInfo();
     if (!node.ok()) return node.status();
     node_id_ = node->node_id;
+    node_name_ = node->node_name;
+    mesh_port_ = node->mesh_port;
+    mesh_addresses_ = node->mesh_addresses;
     PODLINK_ASSIGN_OR_RETURN(transports_, Transports::Create(client_, opt_));
     return absl::OkStatus();
   }
@@ -98,7 +114,8 @@ class TransferEngine::Impl {
                                        const std::string& gpu_uuid) {
     LocalRegion r{export_id, size, host, dev};
     absl::MutexLock l(&mu_);
-    local_[export_id] = RegionDescriptor{node_id_, export_id, size, type, gpu_uuid};
+    local_[export_id] = RegionDescriptor{node_id_, export_id, size, type, gpu_uuid, node_name_, mesh_port_,
+                                         mesh_addresses_};
     return r;
   }
 
@@ -122,6 +139,12 @@ class TransferEngine::Impl {
       }
       o = std::move(it->second);
       opened_.erase(it);
+      for (auto k = remote_keys_.begin(); k != remote_keys_.end(); ++k) {
+        if (k->second == export_id) {
+          remote_keys_.erase(k);
+          break;
+        }
+      }
     }
     o.reset();  // unmaps and closes the descriptor
     // Only the import record: a region this engine's own session exported
@@ -140,12 +163,42 @@ class TransferEngine::Impl {
     return it->second;
   }
 
-  absl::StatusOr<RemoteRegion> Open(const RegionDescriptor& d) {
-    if (d.node_id != node_id_) {
-      return absl::UnimplementedError(absl::StrCat(
+  absl::StatusOr<RemoteRegion> OpenOtherNode(const RegionDescriptor& d) {
+    if (d.mesh_addresses.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
           "region ", d.export_id, " lives on node ", d.node_id, ", this is node ", node_id_,
-          ": transfers between nodes need the mesh transport, which podlink does not have yet"));
+          ": its descriptor names no mesh addresses (the owner's podlinkd runs without mesh.enabled)"));
     }
+    std::string key = absl::StrCat(d.node_id, "/", d.export_id);
+    {
+      absl::MutexLock l(&mu_);
+      if (auto it = remote_keys_.find(key); it != remote_keys_.end()) return opened_[it->second]->region;
+    }
+    PODLINK_ASSIGN_OR_RETURN(Imported imp,
+                             client_.OpenRemote(d.node_name, d.mesh_addresses, d.mesh_port, d.export_id));
+    auto o = std::make_unique<Opened>(Opened{std::move(imp), nullptr, {}});
+    o->region.export_id = o->imported.remote_handle();
+    o->region.size = o->imported.info().size;
+    o->region.transport = Transport::kMesh;
+    RemoteRegion out = o->region;
+    absl::MutexLock l(&mu_);
+    if (auto it = remote_keys_.find(key); it != remote_keys_.end()) {  // raced: keep the first
+      (void)client_.DropImport(out.export_id);
+      return opened_[it->second]->region;
+    }
+    if (opt_.log_transport && !logged_[static_cast<int>(out.transport)]) {
+      logged_[static_cast<int>(out.transport)] = true;
+      std::fprintf(stderr, "podlink: region %llu of %s/%s on node %s via %s\n",
+                   static_cast<unsigned long long>(d.export_id), o->imported.info().owner.namespace_.c_str(),
+                   o->imported.info().owner.name.c_str(), d.node_name.c_str(), TransportName(out.transport));
+    }
+    remote_keys_[key] = out.export_id;
+    opened_[out.export_id] = std::move(o);
+    return out;
+  }
+
+  absl::StatusOr<RemoteRegion> Open(const RegionDescriptor& d) {
+    if (d.node_id != node_id_) return OpenOtherNode(d);
     {
       // Opening a region twice returns the first opening: its mapping may be
       // in use by copies in flight.
@@ -300,6 +353,9 @@ class TransferEngine::Impl {
   Client& client_;
   const Options opt_;
   std::string node_id_;
+  std::string node_name_;
+  uint32_t mesh_port_ = 0;
+  std::vector<std::string> mesh_addresses_;
 
   absl::Mutex mu_;  // the engine's state below, and every backend (they are called with it held)
   // Set once in Init. Its backends are called with mu_ held; Choose (in
@@ -308,8 +364,9 @@ class TransferEngine::Impl {
   uint64_t next_batch_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Batch> batches_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::unique_ptr<Opened>> opened_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> remote_keys_ ABSL_GUARDED_BY(mu_);  // "node id/export id" -> remote handle
   std::map<uint64_t, RegionDescriptor> local_ ABSL_GUARDED_BY(mu_);  // registered regions
-  bool logged_[4] ABSL_GUARDED_BY(mu_) = {false, false, false, false};
+  bool logged_[5] ABSL_GUARDED_BY(mu_) = {false, false, false, false, false};
 };
 
 TransferEngine::TransferEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -48,6 +48,7 @@ ABSL_FLAG(bool, hold, false, "import: keep the import mapped until stdin says ex
 ABSL_FLAG(bool, watch, false, "import: print the daemon's watch events as they come");
 ABSL_FLAG(bool, relay, false, "kv-put: force podlinkd's relay instead of mapping the peer's memory");
 ABSL_FLAG(std::string, desc, "", "kv-put: the peer region's descriptor, as kv-serve printed it (required)");
+ABSL_FLAG(bool, read_back, false, "kv-put: read the peer region back after writing it and check every byte");
 ABSL_FLAG(uint64_t, count, 100, "cycle: export/import/close rounds");
 
 namespace {
@@ -82,7 +83,7 @@ struct Opts {
   uint64_t id = 0;
   std::vector<podlink::PodRef> allow;
   int seed = -1, writeback = -1, verify = -1, expect_writeback = -1;
-  bool await_import = false, commands = false, hold = false, watch = false, relay = false;
+  bool await_import = false, commands = false, hold = false, watch = false, relay = false, read_back = false;
   std::string desc;
   uint64_t count = 100;
 };
@@ -194,6 +195,7 @@ absl::StatusOr<Opts> OptsFromFlags(const std::vector<std::string>& args) {
   o.hold = absl::GetFlag(FLAGS_hold);
   o.watch = absl::GetFlag(FLAGS_watch);
   o.relay = absl::GetFlag(FLAGS_relay);
+  o.read_back = absl::GetFlag(FLAGS_read_back);
   o.desc = absl::GetFlag(FLAGS_desc);
   o.count = absl::GetFlag(FLAGS_count);
   if (o.size == 0) return absl::InvalidArgumentError("--size must be a positive integer (got '0')");
@@ -462,11 +464,35 @@ int KvPut(podlink::Client& c, const Opts& o) {
   absl::Status st = k.engine->Writev(ops);
   auto t1 = std::chrono::steady_clock::now();
   if (!st.ok()) Die("write", st);
-  st = k.engine->Notify(*remote, 1);
-  if (!st.ok()) Die("notify", st);
   double secs = std::chrono::duration<double>(t1 - t0).count();
   Emit({{"event", "put"}, {"transport", podlink::TransportName(remote->transport)}, {"bytes", desc->size},
         {"seconds", secs}, {"gbps", desc->size / secs / 1e9}});
+  if (o.read_back) {
+    // One-sided read of the whole peer region into a second local region
+    // (zeroed first), then every byte compared with what was written; before
+    // the notification, which lets the owner go.
+    auto back = c.AllocateHost(desc->size);
+    if (!back.ok()) Die("allocate", back.status());
+    auto reg = k.engine->Register(**back);
+    if (!reg.ok()) Die("register", reg.status());
+    std::vector<podlink::TransferOp> rops;
+    for (uint64_t off = 0; off < desc->size; off += kChunk) {
+      rops.push_back({&*reg, off, &*remote, off, std::min(kChunk, desc->size - off)});
+    }
+    auto r0 = std::chrono::steady_clock::now();
+    st = k.engine->Readv(rops);
+    auto r1 = std::chrono::steady_clock::now();
+    if (!st.ok()) Die("read", st);
+    Region got{(*back)->data(), 0, (*back)->size(), -1};
+    auto [bad, first] = Check(got, 0, desc->size, o.seed);
+    double rs = std::chrono::duration<double>(r1 - r0).count();
+    Emit({{"event", "read_back"}, {"bytes", desc->size}, {"mismatches", bad}, {"first_bad", first},
+          {"seconds", rs}, {"gbps", desc->size / rs / 1e9}});
+    if (bad != 0) return 3;
+  }
+  // Last: the owner checks its region and may exit once told.
+  st = k.engine->Notify(*remote, 1);
+  if (!st.ok()) Die("notify", st);
   return 0;
 }
 

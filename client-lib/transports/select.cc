@@ -47,6 +47,7 @@ TransportBackend* Transports::For(Transport t) {
     case Transport::kDirect:
       return &direct_;
     case Transport::kRelay:
+    case Transport::kMesh:  // through the ring too: podlinkd hands these to its mesh links
       break;
   }
   return relay_.get();

@@ -197,7 +197,8 @@ TEST_P(Relay, BadRequestsFailThatOpOnly) {
     EXPECT_EQ(RegionDescriptor::Parse(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
   RegionDescriptor other{"another-node", a.region.export_id, kSize, HandleType::kHostMemfd, ""};
-  EXPECT_EQ(b.engine->Open(other).status().code(), absl::StatusCode::kUnimplemented);
+  // Another node, and a descriptor without the owner's mesh addresses.
+  EXPECT_EQ(b.engine->Open(other).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 // A client that writes the ring by hand.

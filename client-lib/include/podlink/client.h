@@ -66,6 +66,9 @@ struct NodeInfo {
   int cuda_driver_version = 0;
   std::vector<GpuInfo> gpus;
   std::vector<HandleType> handle_types;
+  // The daemons' mesh (other nodes), when this node's daemon runs it.
+  std::vector<std::string> mesh_addresses;  // "addr/prefix"
+  uint32_t mesh_port = 0;
 };
 
 struct Identity {
@@ -149,10 +152,14 @@ class PODLINK_API Imported {
   int fd() const { return fd_; }  // -1 for fabric handles
   const std::string& gpu_pci_bus_id() const { return gpu_pci_bus_id_; }
   const std::string& gpu_device_node() const { return gpu_device_node_; }
+  // Regions of other nodes (Client::OpenRemote): the handle relay requests
+  // name instead of an export id; 0 for regions of this node.
+  uint64_t remote_handle() const { return remote_handle_; }
 
  private:
   friend class Client;
   Imported() = default;
+  uint64_t remote_handle_ = 0;
   ExportInfo info_;
   int fd_ = -1;
   std::string fabric_handle_;
@@ -231,6 +238,12 @@ class PODLINK_API Client {
 
   absl::StatusOr<Imported> Import(uint64_t export_id);
   absl::StatusOr<Imported> Import(const std::string& name);  // "name" or "namespace/name"
+  // A region of a pod on another node, through this node's daemon and the
+  // daemons' mesh (the owner's node decides by its own policy). `addresses`
+  // and `mesh_port` are the owner daemon's (its NodeInfo, or a descriptor).
+  // Moved through the relay ring only; DropImport(remote_handle()) drops it.
+  absl::StatusOr<Imported> OpenRemote(const std::string& node_name, const std::vector<std::string>& addresses,
+                                      uint32_t mesh_port, uint64_t export_id);
 
   // Maps an import. GPU memory is mapped with read-write access from
   // `access_device` (this process's ordinal; -1: the GPU holding the memory).

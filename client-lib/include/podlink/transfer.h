@@ -13,7 +13,8 @@
 // The transport is chosen per remote region and logged once: host memcpy for
 // host-memory exports, direct (mapped in this process, copied by this
 // process's GPU) where the peer's GPU is accessible, otherwise the relay
-// (podlinkd copies with the GPUs' copy engines).
+// (podlinkd copies with the GPUs' copy engines); regions of other nodes go
+// through podlinkd and its mesh links to the owner's podlinkd.
 #pragma once
 
 #include <cstdint>
@@ -36,13 +37,21 @@ struct PODLINK_API RegionDescriptor {
   uint64_t size = 0;
   HandleType handle_type = HandleType::kHostMemfd;
   std::string gpu_uuid;
+  // How other nodes reach the owner (its daemon's mesh); empty without one.
+  std::string node_name;
+  uint32_t mesh_port = 0;
+  std::vector<std::string> mesh_addresses;  // "addr/prefix"
 
-  // "podlink1;<node>;<id>;<size>;<type>;<uuid>": text, at most ~150 bytes.
+  // "podlink1;<node>;<id>;<size>;<type>;<uuid>" without a mesh;
+  // "podlink2;<node>;<id>;<size>;<type>;<uuid>;<node name>;<mesh port>;<addr>,<addr>..."
+  // with one. Text; Parse takes both.
   std::string Serialize() const;
   static absl::StatusOr<RegionDescriptor> Parse(absl::string_view text);
 };
 
-enum class Transport { kHostMemcpy = 1, kDirect = 2, kRelay = 3 };
+// kMesh: a region of another node, moved by the daemons' mesh links (the
+// request goes through this process's relay ring to its own podlinkd).
+enum class Transport { kHostMemcpy = 1, kDirect = 2, kRelay = 3, kMesh = 4 };
 PODLINK_API const char* TransportName(Transport t);
 
 // Memory of this process registered with the engine (exported to podlinkd).
