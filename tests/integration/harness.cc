@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -39,7 +40,8 @@ const char* BinPath(const char* env, const char* built) {
 
 }  // namespace
 
-Daemon::Daemon(const std::string& config_json, std::vector<std::string> extra_args, bool gpu) {
+Daemon::Daemon(const std::string& config_json, std::vector<std::string> extra_args, bool gpu,
+               const std::string& netns) {
   char tmpl[] = "/tmp/podlink-it-XXXXXX";
   dir_ = ::mkdtemp(tmpl);
   std::string cfg = dir_ + "/config.json";
@@ -55,6 +57,10 @@ Daemon::Daemon(const std::string& config_json, std::vector<std::string> extra_ar
   if (pid_ == 0) {
     int log = ::open((dir_ + "/podlinkd.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(log, 2);
+    if (!netns.empty()) {
+      int ns = ::open(("/run/netns/" + netns).c_str(), O_RDONLY | O_CLOEXEC);
+      if (ns < 0 || ::setns(ns, CLONE_NEWNET) != 0) _exit(126);
+    }
     std::vector<std::string> args = {BinPath("PODLINKD_PATH", PODLINKD_PATH), "--socket-dir", dir_, "--config", cfg,
                                      "--metrics-addr", "127.0.0.1:0"};
     if (!gpu) args.push_back("--no-gpu");

@@ -22,7 +22,8 @@ class Daemon {
  public:
   // Starts podlinkd with `config_json` (and --no-gpu unless `gpu`); waits
   // until it serves.
-  explicit Daemon(const std::string& config_json, std::vector<std::string> extra_args = {}, bool gpu = false);
+  explicit Daemon(const std::string& config_json, std::vector<std::string> extra_args = {}, bool gpu = false,
+                  const std::string& netns = "");  // netns: run inside /run/netns/<netns> (an emulated node)
   ~Daemon();
   const std::string& dir() const { return dir_; }
   pid_t pid() const { return pid_; }

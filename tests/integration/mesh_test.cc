@@ -1,0 +1,510 @@
+// The daemons' mesh between emulated nodes: one podlinkd per network
+// namespace, veth pairs as cables (each cable its own /30), node
+// certificates from a CA made for the run (openssl). Pods on one node write
+// and read regions of pods on another through both daemons; hostile peers
+// (no certificate, another CA, a daemon speaking for another node's pods,
+// forged data connections) are refused; a cable cut or a killed peer daemon
+// fails transfers within a bound instead of hanging.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+#include "podlink/mesh/v1/mesh.grpc.pb.h"
+#include "tests/integration/harness.h"
+
+namespace podlink::testing {
+namespace {
+
+namespace pb = podlink::mesh::v1;
+using nlohmann::json;
+
+int Sh(const std::string& cmd) {
+  int rc = std::system((cmd + " >/dev/null 2>&1").c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A CA and node certificates (SAN DNS:<node>), made with the openssl CLI.
+class TestCa {
+ public:
+  explicit TestCa(const std::string& dir) : dir_(dir) {
+    Sh("mkdir -p " + dir_);
+    EXPECT_EQ(Sh(absl::StrCat("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 ",
+                              "-subj /CN=podlink-test-mesh-ca -keyout ", dir_, "/ca.key -out ", dir_, "/ca.crt")),
+              0)
+        << "openssl is needed for the mesh tests";
+  }
+  // Writes ca.crt, tls.crt and tls.key for `node` into `out` (what a
+  // daemon's mesh.cert_dir holds); `trust` is the CA bundle the node trusts.
+  void Issue(const std::string& node, const std::string& out, const std::string& trust = "") const {
+    Sh("mkdir -p " + out);
+    std::string ext = out + "/ext.cnf";
+    std::ofstream(ext) << "subjectAltName=DNS:" << node << "\nextendedKeyUsage=serverAuth,clientAuth\n";
+    EXPECT_EQ(Sh(absl::StrCat("openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=", node,
+                              " -keyout ", out, "/tls.key -out ", out, "/tls.csr")),
+              0);
+    EXPECT_EQ(Sh(absl::StrCat("openssl x509 -req -in ", out, "/tls.csr -CA ", dir_, "/ca.crt -CAkey ", dir_,
+                              "/ca.key -CAcreateserial -days 2 -extfile ", ext, " -out ", out, "/tls.crt")),
+              0);
+    Sh(absl::StrCat("cp ", trust.empty() ? dir_ + "/ca.crt" : trust, " ", out, "/ca.crt"));
+  }
+  std::string ca() const { return dir_ + "/ca.crt"; }
+
+ private:
+  std::string dir_;
+};
+
+// Network namespaces joined by veth cables; removed at the end.
+class Topology {
+ public:
+  Topology() {
+    std::random_device rd;
+    tag_ = absl::StrCat("plm", rd() % 100000);
+  }
+  ~Topology() {
+    for (const std::string& ns : namespaces_) Sh("ip netns del " + ns);
+    for (const std::string& dev : host_devs_) Sh("ip link del " + dev);
+  }
+  std::string Node(const std::string& name) {
+    std::string ns = tag_ + name;
+    EXPECT_EQ(Sh("ip netns add " + ns), 0) << "ip netns add " << ns;
+    Sh("ip netns exec " + ns + " ip link set lo up");
+    namespaces_.push_back(ns);
+    return ns;
+  }
+  // A cable between two nodes on 10.<net>.<sub>.0/30: a gets .1, b .2.
+  // Returns the device names (a side, b side).
+  std::pair<std::string, std::string> Cable(const std::string& a, const std::string& b, int sub) {
+    std::string da = absl::StrCat(tag_, "c", sub, "a"), db = absl::StrCat(tag_, "c", sub, "b");
+    EXPECT_EQ(Sh(absl::StrCat("ip link add ", da, " netns ", a, " type veth peer name ", db, " netns ", b)), 0);
+    Sh(absl::StrCat("ip -n ", a, " addr add 10.77.", sub, ".1/30 dev ", da));
+    Sh(absl::StrCat("ip -n ", b, " addr add 10.77.", sub, ".2/30 dev ", db));
+    Sh(absl::StrCat("ip -n ", a, " link set ", da, " up"));
+    Sh(absl::StrCat("ip -n ", b, " link set ", db, " up"));
+    return {da, db};
+  }
+  // A cable from this test's own namespace to `node` (the test's hostile
+  // clients come through it): host side .1, node side .2.
+  std::string HostCable(const std::string& node, int sub) {
+    std::string dh = absl::StrCat(tag_, "h", sub), dn = absl::StrCat(tag_, "h", sub, "n");
+    EXPECT_EQ(Sh(absl::StrCat("ip link add ", dh, " type veth peer name ", dn, " netns ", node)), 0);
+    Sh(absl::StrCat("ip addr add 10.77.", sub, ".1/30 dev ", dh));
+    Sh(absl::StrCat("ip -n ", node, " addr add 10.77.", sub, ".2/30 dev ", dn));
+    Sh(absl::StrCat("ip link set ", dh, " up"));
+    Sh(absl::StrCat("ip -n ", node, " link set ", dn, " up"));
+    host_devs_.push_back(dh);
+    return absl::StrCat("10.77.", sub, ".2");
+  }
+  const std::string& tag() const { return tag_; }
+
+ private:
+  std::string tag_;
+  std::vector<std::string> namespaces_, host_devs_;
+};
+
+bool CanRunMesh() {
+  return ::geteuid() == 0 && Sh("ip netns list") == 0 && Sh("openssl version") == 0;
+}
+
+class Mesh : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!CanRunMesh()) GTEST_SKIP() << "needs root, ip netns and openssl";
+    dir_ = absl::StrCat("/tmp/podlink-mesh-", topo_.tag());
+    ca_ = std::make_unique<TestCa>(dir_ + "/ca");
+  }
+  void TearDown() override { Sh("rm -rf " + dir_); }
+
+  // podlinkd for `node` in namespace `ns`, advertising the listed interfaces.
+  std::unique_ptr<Daemon> StartNode(const std::string& node, const std::string& ns,
+                                    const std::vector<std::string>& interfaces, const std::string& pods,
+                                    const std::string& cert_dir = "", const std::string& extra_mesh = "") {
+    std::string certs = cert_dir;
+    if (certs.empty()) {
+      certs = dir_ + "/" + node;
+      ca_->Issue(node, certs);
+    }
+    json ifs = interfaces;
+    std::string cfg = absl::StrCat(R"({"node": {"name": ")", node, R"(", "id": ")", node, R"("}, "mesh": {"enabled": true, "cert_dir": ")",
+                                   certs, R"(", "interfaces": )", ifs.dump(), R"(, "io_timeout_seconds": 2)",
+                                   extra_mesh, R"(}, "pods": [)", pods, "]}");
+    return std::make_unique<Daemon>(cfg, std::vector<std::string>{}, false, ns);
+  }
+
+  static std::string Rule(const PodCgroup& cg, const std::string& ns, const std::string& name,
+                          const std::string& group) {
+    std::string ann = group.empty() ? "{}" : absl::StrCat(R"({"podlink.io/peer-group": ")", group, R"("})");
+    return absl::StrCat(R"({"match": {"pod_uid": ")", cg.pod_uid(), R"("}, "namespace": ")", ns, R"(", "name": ")",
+                        name, R"(", "annotations": )", ann, "}");
+  }
+
+  Topology topo_;
+  std::string dir_;
+  std::unique_ptr<TestCa> ca_;
+};
+
+// A pod on `from` writes a region of a pod on `to` whole (one-sided, through
+// both daemons), notifies, reads it back; both sides check every byte.
+void KvAcrossNodes(Daemon& to, const PodCgroup& server_cg, Daemon& from, const PodCgroup& client_cg,
+                   uint64_t size, int seed) {
+  Pod server(to, &server_cg, {"kv-serve", "--size", std::to_string(size), "--verify", std::to_string(seed)});
+  json s = server.Expect("serving");
+  ASSERT_EQ(s["event"], "serving") << s.dump();
+  std::string desc = s["descriptor"];
+  ASSERT_EQ(desc.rfind("podlink2;", 0), 0u) << desc;
+  Pod client(from, &client_cg, {"kv-put", "--desc", desc, "--seed", std::to_string(seed), "--read-back"});
+  json put = client.Expect("put", 60000);
+  ASSERT_EQ(put["event"], "put") << put.dump() << "\n" << from.Log();
+  EXPECT_EQ(put["transport"], "podlink/mesh");
+  EXPECT_EQ(put["bytes"], size);
+  json back = client.Expect("read_back", 60000);
+  EXPECT_EQ(back["mismatches"], 0) << back.dump();
+  json v = server.Expect("verified", 60000);
+  EXPECT_EQ(v["mismatches"], 0) << v.dump();
+  EXPECT_EQ(v["notification"], 1);
+  EXPECT_EQ(server.Wait(), 0);
+  EXPECT_EQ(client.Wait(), 0);
+}
+
+TEST_F(Mesh, PodsOnTwoNodesWriteAndReadEachOtherByteForByte) {
+  std::string a = topo_.Node("a"), b = topo_.Node("b");
+  auto [da, db] = topo_.Cable(a, b, 1);
+  PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable");
+  std::string pods = Rule(pa, "ml", "prefill-0", "job-7") + "," + Rule(pb, "ml", "decode-0", "job-7");
+  auto na = StartNode("node-a", a, {da}, pods);
+  auto nb = StartNode("node-b", b, {db}, pods);
+  KvAcrossNodes(*nb, pb, *na, pa, 24 << 20, 41);  // a -> b
+  KvAcrossNodes(*na, pa, *nb, pb, 24 << 20, 42);  // b -> a
+  // Sizes that are not multiples of the slice, and a single small op.
+  KvAcrossNodes(*nb, pb, *na, pa, (3 << 20) + 4096, 43);
+  EXPECT_TRUE(nb->WaitForLog("event=mesh_grant peer=node-a pod=ml/prefill-0"));
+}
+
+TEST_F(Mesh, TwoCablesBothCarryATransfer) {
+  std::string a = topo_.Node("a"), b = topo_.Node("b");
+  auto [a1, b1] = topo_.Cable(a, b, 1);
+  auto [a2, b2] = topo_.Cable(a, b, 2);
+  PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable");
+  std::string pods = Rule(pa, "ml", "prefill-0", "job-7") + "," + Rule(pb, "ml", "decode-0", "job-7");
+  auto na = StartNode("node-a", a, {a1, a2}, pods);
+  auto nb = StartNode("node-b", b, {b1, b2}, pods);
+  auto tx = [&](const std::string& dev) -> uint64_t {
+    std::string cmd = absl::StrCat("ip netns exec ", a, " cat /sys/class/net/", dev, "/statistics/tx_bytes");
+    FILE* p = popen(cmd.c_str(), "r");
+    unsigned long long v = 0;
+    if (p != nullptr) {
+      if (fscanf(p, "%llu", &v) != 1) v = 0;
+      pclose(p);
+    }
+    return v;
+  };
+  uint64_t before1 = tx(a1), before2 = tx(a2);
+  const uint64_t size = 64 << 20;
+  KvAcrossNodes(*nb, pb, *na, pa, size, 51);
+  uint64_t sent1 = tx(a1) - before1, sent2 = tx(a2) - before2;
+  EXPECT_TRUE(na->WaitForLog("paths=2"));
+  // Both cables carried a real share of the write (and the control plane
+  // adds little): the slices were striped over both.
+  EXPECT_GT(sent1, size / 5) << "cable 1 carried " << sent1 << " bytes, cable 2 " << sent2;
+  EXPECT_GT(sent2, size / 5) << "cable 1 carried " << sent1 << " bytes, cable 2 " << sent2;
+  EXPECT_GE(sent1 + sent2, size);
+}
+
+TEST_F(Mesh, PolicyOfTheOwnersNodeDecides) {
+  std::string a = topo_.Node("a"), b = topo_.Node("b");
+  auto [da, db] = topo_.Cable(a, b, 1);
+  PodCgroup owner(RandomPodUid(), "burstable"), intruder(RandomPodUid(), "burstable"),
+      foreign(RandomPodUid(), "burstable");
+  std::string pods = Rule(owner, "ml", "decode-0", "job-7") + "," + Rule(intruder, "ml", "intruder", "job-8") +
+                     "," + Rule(foreign, "other", "prefill-0", "job-7");
+  auto na = StartNode("node-a", a, {da}, pods);
+  auto nb = StartNode("node-b", b, {db}, pods);
+  Pod server(*nb, &owner, {"kv-serve", "--size", "65536", "--verify", "1"});
+  json s = server.Expect("serving");
+  ASSERT_EQ(s["event"], "serving") << s.dump();
+  {
+    Pod c(*na, &intruder, {"kv-put", "--desc", s["descriptor"], "--seed", "1"});
+    json e = c.Expect("put");
+    EXPECT_EQ(e["code"], "PERMISSION_DENIED") << e.dump();
+  }
+  {
+    Pod c(*na, &foreign, {"kv-put", "--desc", s["descriptor"], "--seed", "1"});
+    json e = c.Expect("put");
+    EXPECT_EQ(e["code"], "NOT_FOUND") << e.dump();  // another namespace learns nothing
+  }
+  EXPECT_TRUE(nb->WaitForLog("event=deny remote=mesh:node-a pod=ml/intruder"));
+}
+
+// The test process is a hostile peer of node b, with a cable of its own.
+class MeshHostile : public Mesh {
+ protected:
+  void SetUp() override {
+    Mesh::SetUp();
+    if (IsSkipped()) return;
+    std::string a = topo_.Node("a"), b = topo_.Node("b");
+    auto [da, db] = topo_.Cable(a, b, 1);
+    b_addr_ = topo_.HostCable(b, 9);
+    std::string pods = Rule(owner_, "ml", "decode-0", "job-7") + "," + Rule(other_, "ml", "prefill-0", "job-7");
+    na_ = StartNode("node-a", a, {da}, pods);
+    nb_ = StartNode("node-b", b, {db}, pods);
+    server_ = std::make_unique<Pod>(*nb_, &owner_,
+                                    std::vector<std::string>{"kv-serve", "--size", "65536", "--verify", "1"});
+    json s = server_->Expect("serving");
+    ASSERT_EQ(s["event"], "serving") << s.dump();
+    // podlink2;<node id>;<export id>;...
+    std::vector<std::string> f = absl::StrSplit(s["descriptor"].get<std::string>(), ';');
+    ASSERT_GE(f.size(), 3u);
+    export_id_ = std::stoull(f[2]);
+  }
+  void TearDown() override {
+    server_.reset();
+    Mesh::TearDown();
+  }
+  std::unique_ptr<pb::Mesh::Stub> Stub(const std::string& cert_dir, const std::string& target_name = "node-b") {
+    grpc::SslCredentialsOptions tls;
+    tls.pem_root_certs = ReadFile(ca_->ca());
+    if (!cert_dir.empty()) {
+      tls.pem_private_key = ReadFile(cert_dir + "/tls.key");
+      tls.pem_cert_chain = ReadFile(cert_dir + "/tls.crt");
+    }
+    grpc::ChannelArguments args;
+    args.SetSslTargetNameOverride(target_name);
+    return pb::Mesh::NewStub(grpc::CreateCustomChannel(b_addr_ + ":7446", grpc::SslCredentials(tls), args));
+  }
+  grpc::Status Open(pb::Mesh::Stub& stub, const std::string& claimed_node, pb::OpenRegionResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::OpenRegionRequest req;
+    req.mutable_importer()->set_node(claimed_node);
+    req.mutable_importer()->set_key("pod-key");
+    req.mutable_importer()->set_namespace_("ml");
+    req.mutable_importer()->set_pod_name("prefill-0");
+    (*req.mutable_importer()->mutable_annotations())["podlink.io/peer-group"] = "job-7";
+    req.set_export_id(export_id_);
+    return stub.OpenRegion(&ctx, req, resp);
+  }
+
+  PodCgroup owner_{RandomPodUid(), "burstable"}, other_{RandomPodUid(), "burstable"};
+  std::unique_ptr<Daemon> na_, nb_;
+  std::unique_ptr<Pod> server_;
+  std::string b_addr_;
+  uint64_t export_id_ = 0;
+};
+
+TEST_F(MeshHostile, APeerWithoutAValidCertificateGetsNothing) {
+  pb::OpenRegionResponse resp;
+  // No client certificate at all.
+  grpc::Status st = Open(*Stub(""), "node-x", &resp);
+  EXPECT_FALSE(st.ok());
+  // A certificate from another CA, naming a real node.
+  TestCa evil(dir_ + "/evil-ca");
+  evil.Issue("node-a", dir_ + "/evil-a", ca_->ca());
+  st = Open(*Stub(dir_ + "/evil-a"), "node-a", &resp);
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(resp.grant(), 0u);
+  // The importer checks the exporter too: node b's certificate does not name node-c.
+  ca_->Issue("node-t", dir_ + "/node-t");
+  st = Open(*Stub(dir_ + "/node-t", "node-c"), "node-t", &resp);
+  EXPECT_FALSE(st.ok());
+  EXPECT_FALSE(nb_->Log().find("event=mesh_grant") != std::string::npos) << nb_->Log();
+}
+
+TEST_F(MeshHostile, ADaemonSpeaksOnlyForItsOwnNodesPods) {
+  ca_->Issue("node-t", dir_ + "/node-t");
+  auto stub = Stub(dir_ + "/node-t");
+  pb::OpenRegionResponse resp;
+  grpc::Status st = Open(*stub, "node-a", &resp);  // node-t claims a pod of node-a
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
+  st = Open(*stub, "node-b", &resp);  // or one of node b itself
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
+  // Its own pod, in the group: granted.
+  st = Open(*stub, "node-t", &resp);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  EXPECT_NE(resp.grant(), 0u);
+  // A certificate naming node b itself cannot open anything on node b.
+  ca_->Issue("node-b", dir_ + "/fake-b");
+  st = Open(*Stub(dir_ + "/fake-b"), "node-b", &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
+}
+
+// Raw data connections to node b's data port.
+int DialData(const std::string& addr) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(7447);
+  ::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+// 0: the daemon closed the connection without answering; 1: it answered.
+int Answer(int fd) {
+  char buf[64];
+  ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+  return n > 0 ? 1 : 0;
+}
+
+struct Frame {
+  uint32_t magic = 0x314d4c50;
+  uint16_t type = 0, flags = 0;
+  uint32_t length = 0;
+  int32_t status = 0;
+  uint64_t tag = 0, grant = 0, offset = 0;
+};
+static_assert(sizeof(Frame) == 40);
+
+TEST_F(MeshHostile, ForgedDataConnectionsAreClosedUnanswered) {
+  // A guessed cookie.
+  int fd = DialData(b_addr_);
+  ASSERT_GE(fd, 0);
+  Frame auth;
+  auth.type = 1;
+  auth.length = 32;
+  std::string cookie(32, 'x');
+  ASSERT_EQ(::send(fd, &auth, sizeof(auth), MSG_NOSIGNAL), 40);
+  ASSERT_EQ(::send(fd, cookie.data(), cookie.size(), MSG_NOSIGNAL), 32);
+  EXPECT_EQ(Answer(fd), 0);
+  ::close(fd);
+  // A WRITE without AUTH, aimed at the grant a real peer would hold.
+  fd = DialData(b_addr_);
+  ASSERT_GE(fd, 0);
+  Frame w;
+  w.type = 2;
+  w.length = 16;
+  w.grant = 1;
+  ASSERT_EQ(::send(fd, &w, sizeof(w), MSG_NOSIGNAL), 40);
+  EXPECT_EQ(Answer(fd), 0);
+  ::close(fd);
+  // Silence: closed after the AUTH deadline, not held forever.
+  fd = DialData(b_addr_);
+  ASSERT_GE(fd, 0);
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(Answer(fd), 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  ::close(fd);
+  // A real cookie for node-t, then frames with someone else's grant, then
+  // out-of-bounds and oversized ones.
+  ca_->Issue("node-t", dir_ + "/node-t");
+  auto stub = Stub(dir_ + "/node-t");
+  pb::OpenLinkResponse link;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::OpenLinkRequest req;
+    req.set_connections(2);
+    ASSERT_TRUE(stub->OpenLink(&ctx, req, &link).ok());
+  }
+  pb::OpenRegionResponse grant;
+  ASSERT_TRUE(Open(*stub, "node-t", &grant).ok());
+  fd = DialData(b_addr_);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::send(fd, &auth, sizeof(auth), MSG_NOSIGNAL), 40);
+  ASSERT_EQ(::send(fd, link.cookies(0).data(), 32, MSG_NOSIGNAL), 32);
+  auto ack = [&](const Frame& f, const std::string& payload) {
+    EXPECT_EQ(::send(fd, &f, sizeof(f), MSG_NOSIGNAL), 40);
+    if (!payload.empty()) EXPECT_EQ(::send(fd, payload.data(), payload.size(), MSG_NOSIGNAL), (ssize_t)payload.size());
+    Frame r;
+    if (::recv(fd, &r, sizeof(r), MSG_WAITALL) != 40) return -1;
+    std::string text(r.length, '\0');
+    if (r.length > 0 && ::recv(fd, text.data(), r.length, MSG_WAITALL) != (ssize_t)r.length) return -1;
+    return r.status;
+  };
+  Frame f;
+  f.type = 2;
+  f.length = 8;
+  f.tag = 1;
+  f.grant = grant.grant() + 1000;  // not ours
+  EXPECT_EQ(ack(f, std::string(8, 'z')), static_cast<int>(grpc::StatusCode::NOT_FOUND));
+  f.grant = grant.grant();
+  f.offset = 65536 - 4;  // crosses the end
+  EXPECT_EQ(ack(f, std::string(8, 'z')), static_cast<int>(grpc::StatusCode::OUT_OF_RANGE));
+  f.offset = ~uint64_t{0} - 2;  // wraps
+  EXPECT_EQ(ack(f, std::string(8, 'z')), static_cast<int>(grpc::StatusCode::OUT_OF_RANGE));
+  f.offset = 0;
+  EXPECT_EQ(ack(f, std::string(8, 'z')), 0);  // in bounds: written
+  f.type = 3;  // READ past the end
+  f.offset = 65536;
+  EXPECT_EQ(ack(f, ""), static_cast<int>(grpc::StatusCode::OUT_OF_RANGE));
+  // A cookie is single-use.
+  int again = DialData(b_addr_);
+  ASSERT_GE(again, 0);
+  ASSERT_EQ(::send(again, &auth, sizeof(auth), MSG_NOSIGNAL), 40);
+  ASSERT_EQ(::send(again, link.cookies(0).data(), 32, MSG_NOSIGNAL), 32);
+  EXPECT_EQ(Answer(again), 0);
+  ::close(again);
+  // An oversized frame closes the connection.
+  f.type = 2;
+  f.length = 64u << 20;
+  ASSERT_EQ(::send(fd, &f, sizeof(f), MSG_NOSIGNAL), 40);
+  EXPECT_EQ(Answer(fd), 0);
+  ::close(fd);
+  EXPECT_TRUE(nb_->Alive());
+}
+
+TEST_F(Mesh, ACutCableOrAKilledPeerFailsTransfersWithinTheBound) {
+  std::string a = topo_.Node("a"), b = topo_.Node("b");
+  auto [da, db] = topo_.Cable(a, b, 1);
+  // Shape the cable so a 256 MiB write takes long enough to cut it midway.
+  Sh(absl::StrCat("ip netns exec ", a, " tc qdisc add dev ", da, " root tbf rate 200mbit burst 256kb latency 50ms"));
+  PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable");
+  std::string pods = Rule(pa, "ml", "prefill-0", "job-7") + "," + Rule(pb, "ml", "decode-0", "job-7");
+  auto na = StartNode("node-a", a, {da}, pods);
+  auto nb = StartNode("node-b", b, {db}, pods);
+  for (int round = 0; round < 2; ++round) {
+    Pod server(*nb, &pb, {"kv-serve", "--size", std::to_string(256 << 20), "--verify", "5"});
+    json s = server.Expect("serving");
+    ASSERT_EQ(s["event"], "serving") << s.dump();
+    Pod client(*na, &pa, {"kv-put", "--desc", s["descriptor"], "--seed", "5"});
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    auto t0 = std::chrono::steady_clock::now();
+    if (round == 0) {
+      Sh(absl::StrCat("ip -n ", a, " link set ", da, " down"));  // the cable is cut
+    } else {
+      ::kill(nb->pid(), SIGKILL);  // the peer daemon dies
+    }
+    json e = client.Expect("put", 30000);
+    auto took = std::chrono::steady_clock::now() - t0;
+    EXPECT_EQ(e["event"], "error") << e.dump();
+    EXPECT_EQ(e["code"], "UNAVAILABLE") << e.dump();
+    EXPECT_LT(took, std::chrono::seconds(15)) << "the failure took too long to surface";
+    EXPECT_EQ(client.Wait(), 1);
+    if (round == 0) {
+      // Back up: a new open reconnects and moves bytes again.
+      Sh(absl::StrCat("ip -n ", a, " link set ", da, " up"));
+      Sh(absl::StrCat("ip -n ", a, " addr add 10.77.1.1/30 dev ", da));
+      server.Kill(SIGKILL);
+      server.Wait();
+    }
+  }
+  EXPECT_TRUE(na->Alive());
+}
+
+}  // namespace
+}  // namespace podlink::testing
