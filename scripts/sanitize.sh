@@ -32,8 +32,9 @@ case "$mode" in
   tsan)
     build=${PODLINK_TSAN_BUILD_DIR:-build-tsan}
     flags="thread"
-    targets=(podlinkd podlink-demo broker_namespaces_test hostile_clients_test relay_test client_lifetime_test c_api_test)
-    ctest_args=(-R '(^|/)(BrokerNamespaces|Attacks|HostileClients|Relay|RelayLifetime|ClientLifetime|CApi)\.')
+    targets=(podlinkd podlink-demo broker_namespaces_test hostile_clients_test relay_test client_lifetime_test c_api_test
+             mesh_test)
+    ctest_args=(-R '(^|/)(BrokerNamespaces|Attacks|HostileClients|Relay|RelayLifetime|ClientLifetime|CApi|Mesh|MeshHostile)\.')
     mkdir -p "$build"
     bash scripts/lib/tsan_abseil.sh "$PWD/$build/absl"
     export LD_LIBRARY_PATH="$PWD/$build/absl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -482,7 +482,9 @@ TEST_F(Mesh, ACutCableOrAKilledPeerFailsTransfersWithinTheBound) {
     json s = server.Expect("serving");
     ASSERT_EQ(s["event"], "serving") << s.dump();
     Pod client(*na, &pa, {"kv-put", "--desc", s["descriptor"], "--seed", "5"});
-    std::this_thread::sleep_for(std::chrono::seconds(2));
+    // Cut only once the write is under way: the owner's daemon granted it.
+    ASSERT_TRUE(nb->WaitForLog(absl::StrCat("grant=", round + 1), 30000)) << nb->Log();
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
     auto t0 = std::chrono::steady_clock::now();
     if (round == 0) {
       Sh(absl::StrCat("ip -n ", a, " link set ", da, " down"));  // the cable is cut
