@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# The mesh's TCP links against raw TCP on the same shaped cables.
+#
+#   tests/mesh/bench.sh [build dir] [output dir]
+#
+# Two emulated nodes (network namespaces) joined by two veth cables, each its
+# own /30, each shaped on the writer's side with `tc tbf` (default 200mbit,
+# so the cable and not this machine's CPU is the limit;
+# PODLINK_MESH_BENCH_RATE=none: unshaped veth, CPU-bound). Cases, each
+# repeated PODLINK_MESH_BENCH_REPS times (default 3) with
+# PODLINK_MESH_BENCH_BYTES (default 128 MiB):
+#   raw_tcp_1cable_1conn, raw_tcp_1cable_4conn   tests/tcp_blast over cable 1
+#   raw_tcp_2cables_4conn                        tcp_blast over both cables at once
+#   podlink_1cable, podlink_2cables              a process on node a writes a region of a
+#                                                process on node b through both daemons
+#                                                (podlink-demo kv-put; bytes checked by kv-serve)
+# Raw results: <output dir>/raw.jsonl (one JSON object per run) and the
+# daemons' logs; the table: tests/mesh/table.py <output dir>/raw.jsonl.
+# Needs root, iproute2 (ip, tc), openssl and python3. Reports; asserts only
+# that every transfer's bytes were right.
+set -euo pipefail
+
+build=$(cd "${1:-build}" && pwd)
+out=${2:-docs/results/mesh-$(date -u +%Y-%m-%d)-local}
+rate=${PODLINK_MESH_BENCH_RATE:-200mbit}
+bytes=${PODLINK_MESH_BENCH_BYTES:-134217728}
+reps=${PODLINK_MESH_BENCH_REPS:-3}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+: > "$out/raw.jsonl"
+
+tag=plmb$$
+a=${tag}a
+b=${tag}b
+tmp=$(mktemp -d /tmp/podlink-mesh-bench-XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  ip netns del "$a" 2>/dev/null || true
+  ip netns del "$b" 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+log() { echo "== mesh bench: $*" >&2; }
+
+ip netns add "$a"
+ip netns add "$b"
+ip -n "$a" link set lo up
+ip -n "$b" link set lo up
+for c in 1 2; do
+  ip link add "${tag}c${c}a" netns "$a" type veth peer name "${tag}c${c}b" netns "$b"
+  ip -n "$a" addr add "10.78.$c.1/30" dev "${tag}c${c}a"
+  ip -n "$b" addr add "10.78.$c.2/30" dev "${tag}c${c}b"
+  ip -n "$a" link set "${tag}c${c}a" up
+  ip -n "$b" link set "${tag}c${c}b" up
+  if [ "$rate" != none ]; then
+    ip netns exec "$a" tc qdisc add dev "${tag}c${c}a" root tbf rate "$rate" burst 256kb latency 50ms
+  fi
+done
+log "two cables of $rate between $a and $b; $bytes bytes per run, $reps runs per case"
+
+# A CA for this run and a certificate per node.
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=bench-ca \
+  -keyout "$tmp/ca.key" -out "$tmp/ca.crt" 2>/dev/null
+for n in node-a node-b; do
+  mkdir -p "$tmp/$n/certs"
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=$n" \
+    -keyout "$tmp/$n/certs/tls.key" -out "$tmp/$n/certs/tls.csr" 2>/dev/null
+  printf 'subjectAltName=DNS:%s\nextendedKeyUsage=serverAuth,clientAuth\n' "$n" > "$tmp/$n/ext.cnf"
+  openssl x509 -req -in "$tmp/$n/certs/tls.csr" -CA "$tmp/ca.crt" -CAkey "$tmp/ca.key" -CAcreateserial -days 1 \
+    -extfile "$tmp/$n/ext.cnf" -out "$tmp/$n/certs/tls.crt" 2>/dev/null
+  cp "$tmp/ca.crt" "$tmp/$n/certs/ca.crt"
+done
+
+record() {  # case rep json-from-a-tool
+  python3 -c 'import json,sys; d=json.loads(sys.argv[3]); d["case"]=sys.argv[1]; d["rep"]=int(sys.argv[2]); print(json.dumps(d))' \
+    "$1" "$2" "$3" >> "$out/raw.jsonl"
+}
+
+raw_tcp() {  # case conns addresses...
+  local name=$1 conns=$2
+  shift 2
+  for rep in $(seq 1 "$reps"); do
+    local port=9100 servers=() outs=()
+    for addr in "$@"; do
+      ip netns exec "$b" "$build/tests/tcp_blast" serve "$port" "$conns" > "$tmp/serve.$port" &
+      servers+=($!)
+      port=$((port + 1))
+    done
+    sleep 0.3
+    port=9100
+    local senders=()
+    local share=$((bytes / $#))
+    for addr in "$@"; do
+      ip netns exec "$a" "$build/tests/tcp_blast" send "$addr" "$port" "$share" "$conns" > "$tmp/send.$port" &
+      senders+=($!)
+      port=$((port + 1))
+    done
+    local t0 t1
+    t0=$(date +%s.%N)
+    wait "${senders[@]}"
+    t1=$(date +%s.%N)
+    wait "${servers[@]}"
+    local secs
+    secs=$(python3 -c "print($t1 - $t0)")
+    record "$name" "$rep" "{\"bytes\": $bytes, \"seconds\": $secs, \"gbit_per_s\": $(python3 -c "print($bytes * 8 / ($t1 - $t0) / 1e9)")}"
+    log "$name run $rep: $(tail -1 "$out/raw.jsonl")"
+  done
+}
+
+start_daemons() {  # interfaces-of-a (JSON list) interfaces-of-b
+  for n in a b; do
+    local ns=${tag}$n ifs=$1
+    [ "$n" = b ] && ifs=$2
+    mkdir -p "$tmp/node-$n/run"
+    cat > "$tmp/node-$n/config.json" <<EOF
+{"node": {"name": "node-$n", "id": "node-$n"},
+ "mesh": {"enabled": true, "cert_dir": "$tmp/node-$n/certs", "interfaces": $ifs},
+ "pods": [{"match": {"uid": 0}, "namespace": "bench", "name": "writer",
+           "annotations": {"podlink.io/peer-group": "bench"}}]}
+EOF
+    ip netns exec "$ns" "$build/daemon/podlinkd" --socket-dir "$tmp/node-$n/run" --config "$tmp/node-$n/config.json" \
+      --no-gpu --metrics-addr 127.0.0.1:0 2>> "$out/podlinkd-node-$n.log" &
+    pids+=($!)
+  done
+  for n in a b; do
+    for _ in $(seq 1 500); do [ -S "$tmp/node-$n/run/podlink.fd.sock" ] && break; sleep 0.01; done
+  done
+}
+
+stop_daemons() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait "${pids[@]}" 2>/dev/null || true
+  pids=()
+}
+
+podlink_case() {  # case
+  local name=$1
+  for rep in $(seq 1 "$reps"); do
+    PODLINK_SOCKET_DIR=$tmp/node-b/run "$build/client-lib/tools/podlink-demo" kv-serve --size "$bytes" --verify 9 \
+      > "$tmp/serve.out" 2> "$tmp/serve.err" &
+    local server=$!
+    for _ in $(seq 1 500); do grep -q '"serving"' "$tmp/serve.out" 2>/dev/null && break; sleep 0.01; done
+    local desc
+    desc=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["descriptor"])' "$tmp/serve.out")
+    PODLINK_SOCKET_DIR=$tmp/node-a/run "$build/client-lib/tools/podlink-demo" kv-put --desc "$desc" --seed 9 \
+      > "$tmp/put.out" 2> "$tmp/put.err"
+    wait "$server"
+    local put verified
+    put=$(grep '"put"' "$tmp/put.out")
+    verified=$(grep '"verified"' "$tmp/serve.out")
+    python3 - "$verified" <<'EOF'
+import json, sys
+v = json.loads(sys.argv[1])
+if v["mismatches"] != 0:
+    sys.exit("mesh bench: %d bytes differed" % v["mismatches"])
+EOF
+    record "$name" "$rep" "$(python3 -c 'import json,sys; p=json.loads(sys.argv[1]); print(json.dumps({"bytes": p["bytes"], "seconds": p["seconds"], "gbit_per_s": p["bytes"]*8/p["seconds"]/1e9, "transport": p["transport"], "checked": True}))' "$put")"
+    log "$name run $rep: $(tail -1 "$out/raw.jsonl")"
+  done
+}
+
+raw_tcp raw_tcp_1cable_1conn 1 10.78.1.2
+raw_tcp raw_tcp_1cable_4conn 4 10.78.1.2
+raw_tcp raw_tcp_2cables_4conn 4 10.78.1.2 10.78.2.2
+
+start_daemons "[\"${tag}c1a\"]" "[\"${tag}c1b\"]"
+podlink_case podlink_1cable
+stop_daemons
+start_daemons "[\"${tag}c1a\", \"${tag}c2a\"]" "[\"${tag}c1b\", \"${tag}c2b\"]"
+podlink_case podlink_2cables
+stop_daemons
+
+{
+  echo "machine: $(nproc) cores, $(uname -r); cable: veth + tc tbf $rate; $bytes bytes per run"
+  echo "date: $(date -u +%Y-%m-%dT%H:%MZ); commit: $(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+} > "$out/machine.txt"
+python3 "$(dirname "$0")/table.py" "$out/raw.jsonl" | tee "$out/table.md"
