@@ -519,6 +519,7 @@ void MeshEngine::ServeConnection(UniqueFd conn) {
     return;
   }
   std::string node;
+  const uint64_t link_instance = h.grant;
   {
     absl::MutexLock l(&mu_);
     auto it = cookies_.find(cookie);
@@ -545,9 +546,31 @@ void MeshEngine::ServeConnection(UniqueFd conn) {
     if ((type == FrameType::kWrite || type == FrameType::kRead) && h.length > kMaxFramePayload) {
       return refuse("length over the frame cap");
     }
-    if (type == FrameType::kNotify && h.length != 0) return refuse("notify with payload");
-    if (type != FrameType::kWrite && type != FrameType::kRead && type != FrameType::kNotify) {
+    if ((type == FrameType::kNotify || type == FrameType::kDone) && h.length != 0) {
+      return refuse("notify or done with payload");
+    }
+    if (type != FrameType::kWrite && type != FrameType::kRead && type != FrameType::kNotify &&
+        type != FrameType::kDone) {
       return refuse("unexpected frame type");
+    }
+    const LinkKey key{node, link_instance};
+    const uint32_t transfer = TransferOfTag(h.tag);
+    if (type == FrameType::kDone) {
+      MarkFinished(key, transfer);
+      if (!SendAck(fd, h.tag, absl::OkStatus()).ok()) return;
+      continue;
+    }
+    if (type != FrameType::kRead && Finished(key, transfer)) {
+      // A late copy (its connection failed after the slice went out again)
+      // of a finished transfer, or a notification already delivered.
+      {
+        absl::MutexLock l(&mu_);
+        ++(type == FrameType::kWrite ? late_slices_dropped_ : duplicate_notifies_);
+      }
+      absl::Status io = type == FrameType::kWrite ? Discard(fd, h.length) : absl::OkStatus();
+      if (io.ok()) io = SendAck(fd, h.tag, absl::OkStatus());
+      if (!io.ok()) return;
+      continue;
     }
     absl::StatusOr<std::shared_ptr<const ExportRecord>> rec = GrantedExport(node, h.grant);
     absl::StatusOr<RelayView> view = rec.ok() ? (*rec)->memory->MapForRelay() : rec.status();
@@ -598,11 +621,35 @@ void MeshEngine::ServeConnection(UniqueFd conn) {
       }
       default:  // kNotify
         if (st.ok()) st = host_->NotifyOwner(**rec, h.offset);
+        if (st.ok()) MarkFinished(key, transfer);
         io = SendAck(fd, h.tag, st);
         break;
     }
     if (!io.ok()) return;
   }
+}
+
+bool MeshEngine::Finished(const LinkKey& key, uint32_t transfer) const {
+  absl::MutexLock l(&mu_);
+  auto it = finished_.find(key);
+  return it != finished_.end() && it->second.contains(transfer);
+}
+
+void MeshEngine::MarkFinished(const LinkKey& key, uint32_t transfer) {
+  // Late copies can only be in flight for about the senders' io_timeout:
+  // a minute of memory is plenty, and bounded per sender and in all.
+  constexpr size_t kPerSender = 65536, kSenders = 1024;
+  const absl::Time now = absl::Now(), old = now - absl::Minutes(1);
+  absl::MutexLock l(&mu_);
+  for (auto it = finished_.begin(); it != finished_.end();) {
+    auto& m = it->second;
+    for (auto e = m.begin(); e != m.end();) e = e->second < old ? m.erase(e) : std::next(e);
+    it = m.empty() && it->first != key ? finished_.erase(it) : std::next(it);
+  }
+  if (!finished_.contains(key) && finished_.size() >= kSenders) finished_.erase(finished_.begin());
+  auto& m = finished_[key];
+  m[transfer] = now;
+  if (m.size() > kPerSender) m.erase(m.begin());
 }
 
 // --- importing side ----------------------------------------------------------
@@ -672,6 +719,7 @@ absl::Status MeshEngine::Connect(Peer& p, const RemoteTarget& target) {
         h.magic = kFrameMagic;
         h.type = static_cast<uint16_t>(FrameType::kAuth);
         h.length = kCookieBytes;
+        h.grant = links->instance();
         last = WriteFrame(fd->get(), h, c.data(), c.size());
         if (last.ok()) {
           TuneDataSocket(fd->get(), options_.io_timeout);
@@ -837,10 +885,10 @@ absl::Status MeshEngine::Notify(uint64_t session, uint64_t handle, uint64_t valu
 
 std::string MeshEngine::RenderMetrics() const {
   std::string out;
-  std::map<std::string, double> up, sent, received, failures;
+  std::map<std::string, double> up, sent, received, failures, resent;
   std::vector<std::shared_ptr<Peer>> peers;
   double grants = 0, handles = 0;
-  uint64_t in = 0, out_bytes = 0, refused_frames = 0, refused_conns = 0, denials = 0;
+  uint64_t in = 0, out_bytes = 0, refused_frames = 0, refused_conns = 0, denials = 0, late = 0, dup_notifies = 0;
   {
     absl::MutexLock l(&mu_);
     for (const auto& [n, p] : peers_) peers.push_back(p);
@@ -851,6 +899,8 @@ std::string MeshEngine::RenderMetrics() const {
     refused_frames = refused_frames_;
     refused_conns = refused_connections_;
     denials = remote_denials_;
+    late = late_slices_dropped_;
+    dup_notifies = duplicate_notifies_;
   }
   for (const auto& p : peers) {
     std::shared_ptr<PeerLinks> l = p->links();
@@ -859,12 +909,15 @@ std::string MeshEngine::RenderMetrics() const {
     sent[p->node()] = static_cast<double>(s.bytes_sent);
     received[p->node()] = static_cast<double>(s.bytes_received);
     failures[p->node()] = static_cast<double>(s.connection_failures);
+    resent[p->node()] = static_cast<double>(s.resent_slices);
   }
   RenderFamily(&out, "podlink_mesh_connections_up", "gauge", "data connections up, per peer node", up, "peer");
   RenderFamily(&out, "podlink_mesh_sent_bytes_total", "counter", "bytes written to peer nodes", sent, "peer");
   RenderFamily(&out, "podlink_mesh_received_bytes_total", "counter", "bytes read from peer nodes", received, "peer");
   RenderFamily(&out, "podlink_mesh_connection_failures_total", "counter", "data connections that failed", failures,
                "peer");
+  RenderFamily(&out, "podlink_mesh_resent_slices_total", "counter",
+               "slices sent again over another connection after theirs failed", resent, "peer");
   auto one = [&](const char* name, const char* type, const char* help, double v) {
     RenderFamily(&out, name, type, help, {{"", v}});
   };
@@ -879,6 +932,11 @@ std::string MeshEngine::RenderMetrics() const {
   one("podlink_mesh_refused_connections_total", "counter",
       "data connections refused (no valid cookie, or over the bound)", static_cast<double>(refused_conns));
   one("podlink_mesh_denials_total", "counter", "remote opens refused", static_cast<double>(denials));
+  one("podlink_mesh_late_slices_dropped_total", "counter",
+      "copies of slices that arrived after their transfer finished (resent elsewhere), dropped",
+      static_cast<double>(late));
+  one("podlink_mesh_duplicate_notifies_total", "counter", "notifications received again and not delivered twice",
+      static_cast<double>(dup_notifies));
   return out;
 }
 

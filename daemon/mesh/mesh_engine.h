@@ -125,6 +125,11 @@ class MeshEngine final : public MeshPort {
       ABSL_LOCKS_EXCLUDED(mu_);
   void AcceptLoop();
   void ServeConnection(UniqueFd fd);
+  // Transfers a sender's link instance finished (DONE) or notified: late
+  // copies of their slices are dropped, a NOTIFY is delivered once.
+  using LinkKey = std::pair<std::string, uint64_t>;  // node, link instance
+  bool Finished(const LinkKey& key, uint32_t transfer) const ABSL_LOCKS_EXCLUDED(mu_);
+  void MarkFinished(const LinkKey& key, uint32_t transfer) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Importing side.
   std::shared_ptr<Peer> PeerFor(const RemoteTarget& target) ABSL_LOCKS_EXCLUDED(mu_);
@@ -172,6 +177,9 @@ class MeshEngine final : public MeshPort {
   uint64_t refused_frames_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t refused_connections_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t remote_denials_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t late_slices_dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t duplicate_notifies_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<LinkKey, std::map<uint32_t, absl::Time>> finished_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace podlink::mesh

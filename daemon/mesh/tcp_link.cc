@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -13,10 +14,16 @@ namespace {
 constexpr uint32_t kMaxErrorText = 4096;
 const ComponentLog Log("mesh");
 
+uint64_t RandomInstance() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ 1;
+}
+
 }  // namespace
 
 PeerLinks::PeerLinks(std::string node, uint64_t slice_bytes, uint32_t slices_in_flight)
     : node_(std::move(node)),
+      instance_(RandomInstance()),
       slice_bytes_(std::clamp<uint64_t>(slice_bytes, 4096, kMaxFramePayload)),
       slices_in_flight_(std::max<uint32_t>(slices_in_flight, 1)) {}
 
@@ -82,14 +89,18 @@ absl::Status PeerLinks::Submit(LinkOp op) {
   uint64_t n = op.length == 0 ? 1 : (op.length + slice_bytes_ - 1) / slice_bytes_;
   st->remaining.store(n, std::memory_order_relaxed);
   st->op = std::move(op);
+  if (n >= kDoneSlice) return absl::InvalidArgumentError("transfer too large for one mesh operation");
   {
     absl::MutexLock l(&mu_);
     if (stop_ || stats_.connections_up == 0) {
       return absl::UnavailableError(absl::StrCat("no data connection to node ", node_, " is up"));
     }
+    st->number = next_op_++;
+    if (next_op_ == 0) next_op_ = 1;
     for (uint64_t i = 0; i < n; ++i) {
       Slice s;
       s.op = st;
+      s.index = static_cast<uint32_t>(i);
       s.offset = i * slice_bytes_;
       s.length = std::min(slice_bytes_, st->op.length - std::min(st->op.length, s.offset));
       queue_.push_back(std::move(s));
@@ -110,6 +121,28 @@ void PeerLinks::Finish(const Slice& s, const absl::Status& st) {
     absl::MutexLock l(&s.op->mu);
     result = s.op->first_error;
   }
+  if (result.ok() && s.op->resent.load(std::memory_order_acquire) && !s.op->done_sent) {
+    // A copy of some slice may still be on its way over the failed
+    // connection: tell the receiver this transfer is over before saying so.
+    s.op->done_sent = true;
+    s.op->remaining.store(1, std::memory_order_release);
+    Slice d;
+    d.op = s.op;
+    d.index = kDoneSlice;
+    bool queued = false;
+    {
+      absl::MutexLock l(&mu_);
+      if (!stop_ && stats_.connections_up > 0) {
+        queue_.push_front(std::move(d));
+        queued = true;
+      }
+    }
+    if (queued) {
+      cv_.SignalAll();
+      return;
+    }
+    result = absl::UnavailableError(absl::StrCat("no data connection to node ", node_, " is up"));
+  }
   s.op->op.done(result);
 }
 
@@ -124,16 +157,19 @@ void PeerLinks::Send(Conn& c) {
       s = std::move(queue_.front());
       queue_.pop_front();
       const LinkOp& op = s.op->op;
+      const bool done = s.index == kDoneSlice;
       h.magic = kFrameMagic;
-      h.type = static_cast<uint16_t>(op.type);
-      h.tag = next_tag_++;
+      h.type = static_cast<uint16_t>(done ? FrameType::kDone : op.type);
+      h.tag = (static_cast<uint64_t>(s.op->number) << 32) | s.index;
       h.grant = op.grant;
-      h.offset = op.type == FrameType::kNotify ? op.offset : op.offset + s.offset;
-      h.length = static_cast<uint32_t>(s.length);
+      h.offset = done ? 0 : op.type == FrameType::kNotify ? op.offset : op.offset + s.offset;
+      h.length = done ? 0 : static_cast<uint32_t>(s.length);
+      ++s.attempts;
       c.unacked[h.tag] = s;
     }
     const LinkOp& op = s.op->op;
-    const char* payload = op.type == FrameType::kWrite ? op.local + s.offset : nullptr;
+    const char* payload =
+        op.type == FrameType::kWrite && s.index != kDoneSlice ? op.local + s.offset : nullptr;
     absl::Status st = WriteFrame(c.fd.get(), h, payload, payload != nullptr ? s.length : 0);
     if (!st.ok()) return Kill(c, st);
     absl::MutexLock l(&mu_);
@@ -200,17 +236,31 @@ void PeerLinks::Kill(Conn& c, const absl::Status& why) {
     if (c.dead) return;
     c.dead = true;
     ::shutdown(c.fd.get(), SHUT_RDWR);
-    for (auto& [tag, s] : c.unacked) failed.push_back(std::move(s));
-    c.unacked.clear();
     --stats_.connections_up;
     if (!stop_) ++stats_.connection_failures;
+    // What this connection carried goes to the others, first in line, unless
+    // it was sent too often already.
+    size_t resent = 0;
+    for (auto it = c.unacked.rbegin(); it != c.unacked.rend(); ++it) {
+      Slice& s = it->second;
+      if (!stop_ && stats_.connections_up > 0 && s.attempts < kMaxAttempts) {
+        s.op->resent.store(true, std::memory_order_release);
+        ++stats_.resent_slices;
+        ++resent;
+        queue_.push_front(std::move(s));
+      } else {
+        failed.push_back(std::move(s));
+      }
+    }
+    c.unacked.clear();
     if (stats_.connections_up == 0) {
       failed.insert(failed.end(), queue_.begin(), queue_.end());
       queue_.clear();
     }
     if (!stop_) {
-      Log()->warn("event=mesh_connection_down node={} path={} in_flight={} error={}", node_, c.path, failed.size(),
-                  LogQuoted(why.message()));
+      Log()->warn("event=mesh_connection_down node={} path={} connections_left={} resent_slices={} failed_slices={} "
+                  "error={}",
+                  node_, c.path, stats_.connections_up, resent, failed.size(), LogQuoted(why.message()));
     }
   }
   cv_.SignalAll();

@@ -6,10 +6,12 @@
 // slices and unequal links balance themselves (multi-rail striping).
 // A transfer completes when every slice is answered, with the first error.
 //
-// A connection that fails (reset, TCP_USER_TIMEOUT, protocol error) fails
-// the slices it carried with UNAVAILABLE; when no connection is left, queued
-// slices fail too and the peer must be dialed again. Slices are not yet
-// resent over the remaining connections (docs/design/mesh.md §9).
+// A connection that fails (reset, TCP_USER_TIMEOUT, protocol error) hands
+// the slices it carried back to the head of the queue for the remaining
+// connections (at most kMaxAttempts sends per slice); a transfer that needed
+// that ends with DONE, so the receiver drops late copies (wire.h). When no
+// connection is left, everything queued fails with UNAVAILABLE and the peer
+// must be dialed again.
 #pragma once
 
 #include <atomic>
@@ -43,11 +45,16 @@ struct LinkOp {
 
 struct LinkStats {
   uint64_t connections_up = 0, bytes_sent = 0, bytes_received = 0, slices = 0, connection_failures = 0;
+  uint64_t resent_slices = 0;
 };
 
 class PeerLinks {
  public:
+  static constexpr uint32_t kMaxAttempts = 3;
+
   PeerLinks(std::string node, uint64_t slice_bytes, uint32_t slices_in_flight);
+  // Random per instance; sent in every connection's AUTH (wire.h).
+  uint64_t instance() const { return instance_; }
   ~PeerLinks();  // fails whatever is queued or in flight with UNAVAILABLE, joins the threads
   PeerLinks(const PeerLinks&) = delete;
   PeerLinks& operator=(const PeerLinks&) = delete;
@@ -64,12 +71,18 @@ class PeerLinks {
  private:
   struct OpState {
     LinkOp op;
+    uint32_t number = 0;                // the transfer's number in tags
     std::atomic<uint64_t> remaining{0};
+    std::atomic<bool> resent{false};    // a slice went out twice: DONE before completing
+    bool done_sent = false;             // only the thread that finished the last slice touches it
     absl::Mutex mu;
     absl::Status first_error ABSL_GUARDED_BY(mu);
   };
+  static constexpr uint32_t kDoneSlice = 0xffffffff;
   struct Slice {
     std::shared_ptr<OpState> op;
+    uint32_t index = 0;   // kDoneSlice: the DONE request
+    uint32_t attempts = 0;
     uint64_t offset = 0;  // within the op
     uint64_t length = 0;
   };
@@ -85,9 +98,10 @@ class PeerLinks {
   void Send(Conn& c);
   void Receive(Conn& c);
   void Kill(Conn& c, const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
-  static void Finish(const Slice& s, const absl::Status& st);
+  void Finish(const Slice& s, const absl::Status& st) ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string node_;
+  const uint64_t instance_;
   const uint64_t slice_bytes_;
   const uint32_t slices_in_flight_;
 
@@ -95,7 +109,7 @@ class PeerLinks {
   absl::CondVar cv_;        // queue, room or state changed
   std::deque<Slice> queue_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_tag_ ABSL_GUARDED_BY(mu_) = 1;
+  uint32_t next_op_ ABSL_GUARDED_BY(mu_) = 1;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   LinkStats stats_ ABSL_GUARDED_BY(mu_);
 };

@@ -10,8 +10,16 @@
 //   WRITE  grant, offset, payload     -> ACK(status)  after the bytes are in the export
 //   READ   grant, offset, length      -> DATA(payload) or ACK(error)
 //   NOTIFY grant, offset = value      -> ACK(status)  after the owner's queue has it
+//   DONE                              -> ACK          the transfer `tag` names is finished
 //
-// `tag` names the request in its answer. The receiver checks the magic, the
+// `tag` names the request in its answer: the transfer's number in the high 32
+// bits, the slice's in the low 32. AUTH's `grant` field carries the sender's
+// link instance (random per set of connections). A slice whose connection
+// failed is sent again on another connection of the peer; a transfer that
+// needed that sends DONE before it completes, and from then on the receiver
+// drops any late copy of its slices (one still in flight on the failed
+// connection), so a resent slice never lands after its transfer completed.
+// A NOTIFY is delivered once per transfer number, however often it is sent. The receiver checks the magic, the
 // type, the length cap, the grant (issued to this connection's node, export
 // still live) and the bounds before it touches memory; a refused WRITE's
 // payload is read into scratch memory so the stream stays in step. Frames are
@@ -35,7 +43,10 @@ enum class FrameType : uint16_t {
   kData = 4,
   kAck = 5,
   kNotify = 6,
+  kDone = 7,
 };
+
+inline uint32_t TransferOfTag(uint64_t tag) { return static_cast<uint32_t>(tag >> 32); }
 
 struct FrameHeader {
   uint32_t magic;

@@ -452,6 +452,36 @@ TEST_F(MeshHostile, ForgedDataConnectionsAreClosedUnanswered) {
   f.type = 3;  // READ past the end
   f.offset = 65536;
   EXPECT_EQ(ack(f, ""), static_cast<int>(grpc::StatusCode::OUT_OF_RANGE));
+  // A late copy of a slice of a finished transfer is dropped: transfer 7
+  // writes "AAAAAAAA", finishes (DONE), then a copy with "BBBBBBBB" arrives.
+  auto read8 = [&](uint64_t tag) {
+    Frame r;
+    r.type = 3;
+    r.length = 8;
+    r.tag = tag;
+    r.grant = grant.grant();
+    r.offset = 4096;
+    EXPECT_EQ(::send(fd, &r, sizeof(r), MSG_NOSIGNAL), 40);
+    Frame d;
+    std::string data(8, '\0');
+    if (::recv(fd, &d, sizeof(d), MSG_WAITALL) != 40 || d.type != 4 || d.length != 8) return std::string("?");
+    if (::recv(fd, data.data(), 8, MSG_WAITALL) != 8) return std::string("?");
+    return data;
+  };
+  f.type = 2;
+  f.offset = 4096;
+  f.tag = (uint64_t{7} << 32) | 0;
+  EXPECT_EQ(ack(f, "AAAAAAAA"), 0);
+  Frame done;
+  done.type = 7;
+  done.tag = uint64_t{7} << 32;
+  EXPECT_EQ(ack(done, ""), 0);
+  f.tag = (uint64_t{7} << 32) | 0;
+  EXPECT_EQ(ack(f, "BBBBBBBB"), 0);  // answered, and dropped
+  EXPECT_EQ(read8(uint64_t{8} << 32), "AAAAAAAA");
+  f.tag = (uint64_t{9} << 32) | 0;  // another transfer writes as usual
+  EXPECT_EQ(ack(f, "CCCCCCCC"), 0);
+  EXPECT_EQ(read8(uint64_t{10} << 32), "CCCCCCCC");
   // A cookie is single-use.
   int again = DialData(b_addr_);
   ASSERT_GE(again, 0);
@@ -506,6 +536,47 @@ TEST_F(Mesh, ACutCableOrAKilledPeerFailsTransfersWithinTheBound) {
     }
   }
   EXPECT_TRUE(na->Alive());
+}
+
+TEST_F(Mesh, ACutCableCostsNoDataWhenAnotherRemains) {
+  std::string a = topo_.Node("a"), b = topo_.Node("b");
+  auto [a1, b1] = topo_.Cable(a, b, 1);
+  auto [a2, b2] = topo_.Cable(a, b, 2);
+  for (const std::string& dev : {a1, a2}) {
+    Sh(absl::StrCat("ip netns exec ", a, " tc qdisc add dev ", dev, " root tbf rate 200mbit burst 256kb latency 50ms"));
+  }
+  PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable");
+  std::string pods = Rule(pa, "ml", "prefill-0", "job-7") + "," + Rule(pb, "ml", "decode-0", "job-7");
+  auto na = StartNode("node-a", a, {a1, a2}, pods);
+  auto nb = StartNode("node-b", b, {b1, b2}, pods);
+  const uint64_t size = 192 << 20;  // about 4 s over both cables
+  Pod server(*nb, &pb, {"kv-serve", "--size", std::to_string(size), "--verify", "61"});
+  json s = server.Expect("serving");
+  ASSERT_EQ(s["event"], "serving") << s.dump();
+  Pod client(*na, &pa, {"kv-put", "--desc", s["descriptor"], "--seed", "61"});
+  ASSERT_TRUE(nb->WaitForLog("grant=1", 30000)) << nb->Log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  Sh(absl::StrCat("ip -n ", a, " link set ", a1, " down"));  // cable 1 cut mid-transfer
+  json put = client.Expect("put", 60000);
+  ASSERT_EQ(put["event"], "put") << put.dump() << "\n" << na->Log();
+  json v = server.Expect("verified", 30000);
+  EXPECT_EQ(v["mismatches"], 0) << v.dump();
+  EXPECT_EQ(v["notification"], 1);
+  EXPECT_EQ(server.Wait(), 0);
+  EXPECT_EQ(client.Wait(), 0);
+  // Slices in flight on cable 1 went over cable 2.
+  std::string log = na->Log();
+  uint64_t resent = 0, failed = 0, downs = 0;
+  for (size_t at = log.find("event=mesh_connection_down"); at != std::string::npos;
+       at = log.find("event=mesh_connection_down", at + 1)) {
+    ++downs;
+    resent += std::strtoull(log.c_str() + log.find("resent_slices=", at) + 14, nullptr, 10);
+    failed += std::strtoull(log.c_str() + log.find("failed_slices=", at) + 14, nullptr, 10);
+  }
+  EXPECT_EQ(downs, 4u) << log;  // cable 1's four connections
+  EXPECT_GT(resent, 0u) << "no slice was in flight on the cut cable:\n" << log;
+  EXPECT_EQ(failed, 0u) << log;
+  std::cerr << "cut cable: " << downs << " connections down, " << resent << " slices resent\n";
 }
 
 }  // namespace
