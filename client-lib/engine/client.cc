@@ -655,6 +655,36 @@ absl::StatusOr<std::vector<ExportInfo>> Client::ListAll() {
   return out;
 }
 
+absl::StatusOr<Client::MeshStatus> Client::GetMeshStatus() {
+  PODLINK_ASSIGN_OR_RETURN(v1::MeshStatus m, (impl_->Call<v1::GetMeshStatusRequest, v1::MeshStatus>(
+                                                 &v1::Broker::Stub::GetMeshStatus, v1::GetMeshStatusRequest())));
+  MeshStatus out;
+  out.enabled = m.enabled();
+  out.node_name = m.node_name();
+  out.addresses.assign(m.addresses().begin(), m.addresses().end());
+  out.port = m.port();
+  out.data_port = m.data_port();
+  for (const auto& p : m.peers()) {
+    MeshPeer peer;
+    peer.node = p.node();
+    peer.connections_up = p.connections_up();
+    peer.remote_handles = p.remote_handles();
+    peer.bytes_sent = p.bytes_sent();
+    peer.bytes_received = p.bytes_received();
+    peer.connection_failures = p.connection_failures();
+    peer.resent_slices = p.resent_slices();
+    for (const auto& c : p.connections()) peer.connections.push_back({c.path(), c.up(), c.bytes_sent()});
+    out.peers.push_back(std::move(peer));
+  }
+  out.grants = m.grants();
+  out.served_write_bytes = m.served_write_bytes();
+  out.served_read_bytes = m.served_read_bytes();
+  out.refused_connections = m.refused_connections();
+  out.refused_frames = m.refused_frames();
+  out.denials = m.denials();
+  return out;
+}
+
 absl::StatusOr<Client::NodeStats> Client::GetStats() {
   PODLINK_ASSIGN_OR_RETURN(v1::Stats s, (impl_->Call<v1::GetStatsRequest, v1::Stats>(&v1::Broker::Stub::GetStats,
                                                                                    v1::GetStatsRequest())));

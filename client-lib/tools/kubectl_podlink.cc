@@ -4,6 +4,7 @@
 //   kubectl podlink status  [-o json|yaml]    node, GPUs, NVLink matrix, sessions, exports, relay counters
 //   kubectl podlink exports [-o json|yaml]    every export on the node
 //   kubectl podlink peers   [-o json|yaml]    the NVLink matrix
+//   kubectl podlink links   [-o json|yaml]    the mesh: per peer node its connections, paths and counters
 //   kubectl podlink doctor POD [-n NS] [--pod-json FILE] [-o json|yaml]
 //                                             what keeps POD from using podlink, and how to fix it
 //   kubectl podlink bench POD_A POD_B [-n NS] [-o json|yaml]
@@ -28,6 +29,7 @@
 #include "absl/flags/flag.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
@@ -61,12 +63,13 @@ constexpr char kUsage[] = R"(usage: kubectl podlink COMMAND [options]
   status               node, GPUs, NVLink matrix, sessions, exports, relay counters
   exports              every export on this node
   peers                the NVLink matrix between this node's GPUs
+  links                the mesh to other nodes: per peer node its connections, paths, bytes, failures
   doctor POD           what keeps POD from using podlink, in plain words, with fixes
   bench POD_A POD_B    one-sided write of --size bytes from POD_B into POD_A (through podlink-demo in
                        the pods, which the device plugin's mount provides), then the bandwidth
   version              this plugin's version and, where reachable, podlinkd's and its node
 
-status, exports and peers need root on the node, outside containers: run them on the
+status, exports, peers and links need root on the node, outside containers: run them on the
 node, or through `kubectl exec -n podlink-system <podlinkd pod> -- kubectl-podlink ...`,
 or let --for-pod / --node do that. -o json|yaml and -n NAMESPACE are kubectl's spellings
 of --output and --namespace. Without -n, pods are looked up in the namespace of the
@@ -133,9 +136,10 @@ absl::StatusOr<Args> ArgsFromFlags(const std::vector<std::string>& pos) {
     a.pod = pos[1];
     a.pod_b = pos[2];
     want = 3;
-  } else if (a.cmd != "status" && a.cmd != "exports" && a.cmd != "peers" && a.cmd != "version") {
+  } else if (a.cmd != "status" && a.cmd != "exports" && a.cmd != "peers" && a.cmd != "links" &&
+             a.cmd != "version") {
     return absl::InvalidArgumentError("unknown command '" + a.cmd +
-                                      "' (commands: status, exports, peers, doctor, bench, version)");
+                                      "' (commands: status, exports, peers, links, doctor, bench, version)");
   }
   if (pos.size() > want) return absl::InvalidArgumentError("unexpected argument '" + pos[want] + "'");
   return a;
@@ -421,6 +425,57 @@ int Peers(const Args& a) {
   return 0;
 }
 
+int Links(const Args& a) {
+  auto c = Connect(a);
+  if (!c.ok()) return Fail("connect", c.status());
+  auto m = (*c)->GetMeshStatus();
+  if (!m.ok()) return Fail("mesh status", m.status());
+  if (a.structured()) {
+    json peers = json::array();
+    for (const auto& p : m->peers) {
+      json conns = json::array();
+      for (const auto& x : p.connections) conns.push_back({{"path", x.path}, {"up", x.up}, {"bytes_sent", x.bytes_sent}});
+      peers.push_back({{"node", p.node}, {"connections_up", p.connections_up}, {"bytes_sent", p.bytes_sent},
+                       {"bytes_received", p.bytes_received}, {"connection_failures", p.connection_failures},
+                       {"resent_slices", p.resent_slices}, {"remote_handles", p.remote_handles},
+                       {"connections", conns}});
+    }
+    Print(a, {{"enabled", m->enabled}, {"node", m->node_name}, {"addresses", m->addresses}, {"port", m->port},
+              {"data_port", m->data_port}, {"peers", peers}, {"grants", m->grants},
+              {"served_write_bytes", m->served_write_bytes}, {"served_read_bytes", m->served_read_bytes},
+              {"refused_connections", m->refused_connections}, {"refused_frames", m->refused_frames},
+              {"denials", m->denials}});
+    return 0;
+  }
+  if (!m->enabled) {
+    std::cout << "node " << m->node_name << ": the mesh is off (mesh.enabled in podlinkd's config)\n";
+    return 0;
+  }
+  std::cout << "node " << m->node_name << ", mesh port " << m->port << ", data port " << m->data_port
+            << ", addresses";
+  for (const auto& x : m->addresses) std::cout << " " << x;
+  std::cout << "\n";
+  std::cout << absl::StrFormat("peers hold %d regions of this node; served %s written, %s read; refused %d "
+                               "connections, %d frames, %d opens\n\n",
+                               m->grants, Human(m->served_write_bytes), Human(m->served_read_bytes),
+                               m->refused_connections, m->refused_frames, m->denials);
+  if (m->peers.empty()) {
+    std::cout << "no peer node contacted yet\n";
+    return 0;
+  }
+  std::cout << absl::StrFormat("%-24s %-6s %-10s %-10s %-9s %-7s %s\n", "PEER", "UP", "SENT", "RECEIVED", "FAILURES",
+                               "RESENT", "REGIONS");
+  for (const auto& p : m->peers) {
+    std::cout << absl::StrFormat("%-24s %-6s %-10s %-10s %-9d %-7d %d\n", p.node,
+                                 absl::StrCat(p.connections_up, "/", p.connections.size()), Human(p.bytes_sent),
+                                 Human(p.bytes_received), p.connection_failures, p.resent_slices, p.remote_handles);
+    for (const auto& x : p.connections) {
+      std::cout << absl::StrFormat("    %-40s %-5s %s\n", x.path, x.up ? "up" : "down", Human(x.bytes_sent));
+    }
+  }
+  return 0;
+}
+
 // podlinkd's version and node: from this node's socket, or in cluster mode
 // from `kubectl-podlink version` in the podlinkd pod.
 absl::StatusOr<json> DaemonVersion(const Args& a) {
@@ -600,7 +655,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   Args a = *std::move(parsed);
-  const bool node_cmd = a.cmd == "status" || a.cmd == "exports" || a.cmd == "peers" || a.cmd == "version";
+  const bool node_cmd = a.cmd == "status" || a.cmd == "exports" || a.cmd == "peers" || a.cmd == "links" ||
+                        a.cmd == "version";
   // Commands that look pods up need their namespace: -n, else the context's.
   // Nothing else runs kubectl (status on a node needs neither kubectl nor a kubeconfig).
   const bool looks_up_pods = a.cmd == "bench" || (a.cmd == "doctor" && a.pod_json.empty()) ||
@@ -616,5 +672,6 @@ int main(int argc, char** argv) {
   if (a.cmd == "status") return Status(a);
   if (a.cmd == "exports") return Exports(a);
   if (a.cmd == "peers") return Peers(a);
+  if (a.cmd == "links") return Links(a);
   return Doctor(a);
 }

@@ -647,6 +647,16 @@ absl::Status Broker::CheckAdmin(const Session& s) {
       "through kubectl exec into the podlinkd pod)");
 }
 
+absl::StatusOr<v1::MeshStatus> Broker::GetMeshStatus(const Session& s) const {
+  PODLINK_RETURN_IF_ERROR(CheckAdmin(s));
+  if (mesh_ == nullptr) {
+    v1::MeshStatus off;
+    off.set_node_name(options_.node_name);
+    return off;
+  }
+  return mesh_->Status();
+}
+
 absl::StatusOr<v1::Stats> Broker::GetStats(const Session& s) const {
   PODLINK_RETURN_IF_ERROR(CheckAdmin(s));
   BrokerStats st = Stats();

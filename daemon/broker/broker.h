@@ -98,6 +98,7 @@ class Broker final : public mesh::MeshHost {
   absl::StatusOr<v1::ReleaseResponse> Release(Session& s, const v1::ReleaseRequest& req);
   absl::StatusOr<v1::ListResponse> List(const Session& s, const v1::ListRequest& req) const;
   absl::StatusOr<v1::Stats> GetStats(const Session& s) const;
+  absl::StatusOr<v1::MeshStatus> GetMeshStatus(const Session& s) const;
   // Root on the host, outside any container.
   static absl::Status CheckAdmin(const Session& s);
   absl::Status AddWatcher(Session& s, std::shared_ptr<EventSink> sink);

@@ -87,6 +87,11 @@ grpc::ServerUnaryReactor* BrokerService::OpenRelay(grpc::CallbackServerContext* 
   return Unary(broker_, ctx, [&](Session& s) { return Assign(broker_->OpenRelay(s, *req), resp); });
 }
 
+grpc::ServerUnaryReactor* BrokerService::GetMeshStatus(grpc::CallbackServerContext* ctx,
+                                                       const v1::GetMeshStatusRequest*, v1::MeshStatus* resp) {
+  return Unary(broker_, ctx, [&](Session& s) { return Assign(broker_->GetMeshStatus(s), resp); });
+}
+
 grpc::ServerUnaryReactor* BrokerService::OpenRemote(grpc::CallbackServerContext* ctx,
                                                     const v1::OpenRemoteRequest* req, v1::OpenRemoteResponse* resp) {
   // Finished later, from the mesh thread that reached the other node.

@@ -27,6 +27,8 @@ class BrokerService final : public v1::Broker::CallbackService {
                                      v1::Stats* resp) override;
   grpc::ServerUnaryReactor* OpenRelay(grpc::CallbackServerContext* ctx, const v1::OpenRelayRequest* req,
                                       v1::OpenRelayResponse* resp) override;
+  grpc::ServerUnaryReactor* GetMeshStatus(grpc::CallbackServerContext* ctx, const v1::GetMeshStatusRequest* req,
+                                          v1::MeshStatus* resp) override;
   grpc::ServerUnaryReactor* OpenRemote(grpc::CallbackServerContext* ctx, const v1::OpenRemoteRequest* req,
                                        v1::OpenRemoteResponse* resp) override;
   grpc::ServerWriteReactor<v1::Event>* Watch(grpc::CallbackServerContext* ctx,

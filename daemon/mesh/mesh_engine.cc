@@ -883,6 +883,48 @@ absl::Status MeshEngine::Notify(uint64_t session, uint64_t handle, uint64_t valu
   return links->Submit(std::move(op));
 }
 
+podlink::v1::MeshStatus MeshEngine::Status() const {
+  podlink::v1::MeshStatus st;
+  st.set_enabled(true);
+  st.set_node_name(node_name_);
+  for (const std::string& a : AdvertisedAddresses()) st.add_addresses(a);
+  st.set_port(control_port_);
+  st.set_data_port(data_port_);
+  std::map<std::string, std::shared_ptr<Peer>> peers;
+  std::map<std::string, uint32_t> handles;
+  {
+    absl::MutexLock l(&mu_);
+    peers = peers_;
+    for (const auto& [id, h] : handles_) ++handles[h.peer->node()];
+    st.set_grants(grants_.size());
+    st.set_served_write_bytes(bytes_written_in_);
+    st.set_served_read_bytes(bytes_read_out_);
+    st.set_refused_connections(refused_connections_);
+    st.set_refused_frames(refused_frames_);
+    st.set_denials(remote_denials_);
+  }
+  for (const auto& [node, p] : peers) {
+    podlink::v1::MeshStatus::Peer* out = st.add_peers();
+    out->set_node(node);
+    out->set_remote_handles(handles[node]);
+    std::shared_ptr<PeerLinks> links = p->links();
+    if (links == nullptr) continue;
+    LinkStats s = links->Stats();
+    out->set_connections_up(static_cast<uint32_t>(s.connections_up));
+    out->set_bytes_sent(s.bytes_sent);
+    out->set_bytes_received(s.bytes_received);
+    out->set_connection_failures(s.connection_failures);
+    out->set_resent_slices(s.resent_slices);
+    for (const auto& [path, up, sent] : links->Connections()) {
+      podlink::v1::MeshStatus::Connection* c = out->add_connections();
+      c->set_path(path);
+      c->set_up(up);
+      c->set_bytes_sent(sent);
+    }
+  }
+  return st;
+}
+
 std::string MeshEngine::RenderMetrics() const {
   std::string out;
   std::map<std::string, double> up, sent, received, failures, resent;

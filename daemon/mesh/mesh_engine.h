@@ -36,6 +36,7 @@
 #include "daemon/mesh/mesh_host.h"
 #include "daemon/mesh/tcp_link.h"
 #include "daemon/relay/mesh_port.h"
+#include "podlink/v1/podlink.pb.h"
 
 namespace grpc {
 class Server;
@@ -104,6 +105,7 @@ class MeshEngine final : public MeshPort {
   uint32_t control_port() const { return control_port_; }
   uint32_t data_port() const { return data_port_; }
   std::string RenderMetrics() const ABSL_LOCKS_EXCLUDED(mu_);
+  podlink::v1::MeshStatus Status() const ABSL_LOCKS_EXCLUDED(mu_);
 
   class Service;
   class Peer;

@@ -229,6 +229,38 @@ TEST_F(Mesh, TwoCablesBothCarryATransfer) {
   EXPECT_GT(sent1, size / 5) << "cable 1 carried " << sent1 << " bytes, cable 2 " << sent2;
   EXPECT_GT(sent2, size / 5) << "cable 1 carried " << sent1 << " bytes, cable 2 " << sent2;
   EXPECT_GE(sent1 + sent2, size);
+
+  // What an operator sees on node a: kubectl podlink links.
+  std::string cmd = absl::StrCat(KUBECTL_PODLINK_PATH, " links -o json --socket ", na->dir());
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string text;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) text.append(buf, n);
+  EXPECT_EQ(pclose(p), 0) << text;
+  json links = json::parse(text, nullptr, false);
+  ASSERT_TRUE(links.is_object()) << text;
+  EXPECT_EQ(links["node"], "node-a");
+  EXPECT_EQ(links["enabled"], true);
+  ASSERT_EQ(links["peers"].size(), 1u) << text;
+  const json& peer = links["peers"][0];
+  EXPECT_EQ(peer["node"], "node-b");
+  EXPECT_EQ(peer["connections_up"], 8) << text;  // 4 per cable
+  EXPECT_GE(peer["bytes_sent"].get<uint64_t>(), size);
+  EXPECT_GE(peer["bytes_received"].get<uint64_t>(), size);  // the read-back
+  int paths_with_bytes = 0;
+  for (const json& c : peer["connections"]) paths_with_bytes += c["bytes_sent"].get<uint64_t>() > 0;
+  EXPECT_GE(paths_with_bytes, 2) << text;
+  // The table, for people.
+  p = popen(absl::StrCat(KUBECTL_PODLINK_PATH, " links --socket ", na->dir()).c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  text.clear();
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) text.append(buf, n);
+  EXPECT_EQ(pclose(p), 0) << text;
+  EXPECT_NE(text.find("node-b"), std::string::npos) << text;
+  EXPECT_NE(text.find("8/8"), std::string::npos) << text;
+  EXPECT_NE(text.find("10.77.2.1->10.77.2.2"), std::string::npos) << text;
+  std::cerr << text;
 }
 
 TEST_F(Mesh, PolicyOfTheOwnersNodeDecides) {

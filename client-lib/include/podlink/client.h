@@ -264,6 +264,28 @@ class PODLINK_API Client {
   };
   absl::StatusOr<std::vector<ExportInfo>> ListAll();
   absl::StatusOr<NodeStats> GetStats();
+  // The daemons' mesh as this node's podlinkd sees it (enabled false: off).
+  struct MeshConnection {
+    std::string path;  // "local address->remote address"
+    bool up = false;
+    uint64_t bytes_sent = 0;
+  };
+  struct MeshPeer {
+    std::string node;
+    uint32_t connections_up = 0, remote_handles = 0;
+    uint64_t bytes_sent = 0, bytes_received = 0, connection_failures = 0, resent_slices = 0;
+    std::vector<MeshConnection> connections;
+  };
+  struct MeshStatus {
+    bool enabled = false;
+    std::string node_name;
+    std::vector<std::string> addresses;
+    uint32_t port = 0, data_port = 0;
+    std::vector<MeshPeer> peers;
+    uint64_t grants = 0, served_write_bytes = 0, served_read_bytes = 0, refused_connections = 0,
+             refused_frames = 0, denials = 0;
+  };
+  absl::StatusOr<MeshStatus> GetMeshStatus();
 
   // Hands podlinkd this session's relay ring and doorbell (see
   // common/relay_ring.h; TransferEngine does this for you).
