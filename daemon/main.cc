@@ -147,6 +147,13 @@ void PrintDefaults(const podlink::cli::Program& program) {
                  {"offer_ttl_seconds", absl::ToInt64Seconds(c.broker.offer_ttl)},
                  {"max_grpc_connections", c.grpc.max_connections},
                  {"max_grpc_connections_per_pod", c.grpc.max_connections_per_pod}};
+  const podlink::mesh::MeshOptions mesh;
+  j["mesh"] = {{"enabled", mesh.enabled},
+               {"listen", mesh.listen},
+               {"data_port", mesh.data_port},
+               {"cert_dir", mesh.cert_dir},
+               {"fallback", mesh.fallback},
+               {"connections_per_path", mesh.connections_per_path}};
   std::cout << j.dump(2) << "\n";
 }
 

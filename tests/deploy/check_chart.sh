@@ -157,6 +157,38 @@ assert "nodeSelector" not in pod and "tolerations" not in pod
 print("every node-agent value appears where it belongs")
 PY
 
+# The mesh on: host network, its two ports, the node's certificate directory, its config.
+cat > "$tmp/mesh.yaml" <<'VALUES'
+podSource: standalone
+criSocket: ""
+devicePlugin: {enabled: false}
+mesh: {enabled: true, port: 7456, dataPort: 7457, certHostPath: /var/lib/podlink-mesh, interfaces: [ens1f0],
+       connectionsPerPath: 2}
+VALUES
+"$render" -f "$tmp/mesh.yaml" charts/podlink > "$tmp/mesh-render.yaml" || fail "the chart with the mesh on does not render"
+lint "$tmp/mesh-render.yaml" "the render with the mesh on"
+python3 - "$tmp/mesh-render.yaml" <<'PY' || fail "render with the mesh on"
+import json
+exec(open(__import__("os").environ["RENDER_PY"]).read())
+assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+assert ports == {"metrics": 9477, "mesh": 7456, "mesh-data": 7457}, ports
+assert mounts["mesh-certs"] == {"name": "mesh-certs", "mountPath": "/etc/podlink-mesh", "readOnly": True}
+assert vols["mesh-certs"]["hostPath"] == {"path": "/var/lib/podlink-mesh", "type": "Directory"}
+cm = next(d for d in docs if d["kind"] == "ConfigMap")
+mesh = json.loads(cm["data"]["config.json"])["mesh"]
+assert mesh == {"enabled": True, "listen": "0.0.0.0:7456", "data_port": 7457, "cert_dir": "/etc/podlink-mesh",
+                "interfaces": ["ens1f0"], "fallback": False, "connections_per_path": 2}, mesh
+print("mesh render: host network, ports", ports, "config", mesh)
+PY
+python3 - "$tmp/default.yaml" <<'PY' || fail "the default render has parts of the mesh"
+import json
+exec(open(__import__("os").environ["RENDER_PY"]).read())
+assert "hostNetwork" not in pod and "mesh-certs" not in vols
+cm = next(d for d in docs if d["kind"] == "ConfigMap")
+assert "mesh" not in json.loads(cm["data"]["config.json"])
+PY
+
 # NOTES.txt, what `helm install` prints.
 notes() {  # notes VALUES WANT... [-- UNWANTED...]: with VALUES ("": none) each WANT is in the notes, no UNWANTED is
   local values=$1 f=()
@@ -184,7 +216,7 @@ notes "$tmp/custom.yaml" "updateStrategy is RollingUpdate" "replaces podlinkd on
   "/var/run/crio/crio.sock" -- "updateStrategy is OnDelete"
 
 # The renders' podlinkd, started with exactly their arguments and config, pass their readiness probes.
-for r in default standalone custom-render; do
+for r in default standalone custom-render mesh-render; do
   bash tests/deploy/start_rendered.sh "$tmp/$r.yaml" "$podlinkd" "chart, $r" || fail "the $r render's podlinkd"
 done
 # The default render's init container replaces the client library without breaking a process using it.
@@ -216,6 +248,11 @@ limits: {maxSessions: 0}|limits.maxSessions must be a positive integer
 updateStrategy: {type: Recreate}|updateStrategy.type must be OnDelete or RollingUpdate
 podLabels: {app.kubernetes.io/name: mine}|podLabels must not set app.kubernetes.io/name
 podLabels: {helm.sh/chart: mine}|podLabels must not set helm.sh/chart
+mesh: {enabled: true, port: 0}|mesh.port and mesh.dataPort must be in 1..65535
+mesh: {enabled: true, dataPort: 9477}|mesh.port, mesh.dataPort and metrics.port must differ
+mesh: {enabled: true, dataPort: 7446}|mesh.port, mesh.dataPort and metrics.port must differ
+mesh: {enabled: true, certHostPath: certs}|mesh.certHostPath must be an absolute path
+mesh: {enabled: true, connectionsPerPath: 17}|mesh.connectionsPerPath must be in 1..16
 EOF
 echo "chart renders its cluster defaults, values-standalone.yaml and every node-agent value, lints, and refuses" \
   "$nbad bad combinations"

@@ -78,6 +78,11 @@ def pairs(v):  # (chart key, chart value, podlinkd default)
         ("limits.maxExportsPerSession", v["limits"]["maxExportsPerSession"], d["limits"]["max_exports_per_session"]),
         ("limits.maxExportsTotal", v["limits"]["maxExportsTotal"], d["limits"]["max_exports_total"]),
         ("limits.maxPendingOffers", v["limits"]["maxPendingOffers"], d["limits"]["max_pending_offers"]),
+        ("mesh.enabled", v["mesh"]["enabled"], d["mesh"]["enabled"]),
+        ("mesh.port", v["mesh"]["port"], int(d["mesh"]["listen"].rsplit(":", 1)[1])),
+        ("mesh.dataPort", v["mesh"]["dataPort"], d["mesh"]["data_port"]),
+        ("mesh.fallback", v["mesh"]["fallback"], d["mesh"]["fallback"]),
+        ("mesh.connectionsPerPath", v["mesh"]["connectionsPerPath"], d["mesh"]["connections_per_path"]),
     ]
 bad = [f"with values-standalone.yaml, {k}: chart {a!r}, podlinkd {b!r}" for k, a, b in pairs(standalone) if a != b]
 # The cluster defaults: exactly these differ from podlinkd's, and are what a cluster needs.

@@ -45,6 +45,11 @@ for d in docs:
 open(out + "/args", "w").write(shlex.join(cmd[1:]))
 open(out + "/ready", "w").write(shlex.join(ready[1:]))
 open(out + "/config.json", "w").write(config)
+# The mesh: its certificate directory must hold a node certificate, and the
+# network namespace an interface with an address to advertise.
+mesh = json.loads(config).get("mesh", {}) if config else {}
+open(out + "/mesh_cert_dir", "w").write(mesh.get("cert_dir", "") if mesh.get("enabled") else "")
+open(out + "/mesh_if", "w").write((mesh.get("interfaces") or ["mesh-test0"])[0])
 
 # The runtime's socket: which volume of the container holds it.
 flags = dict(a[2:].split("=", 1) for a in cmd[1:] if a.startswith("--") and "=" in a)
@@ -85,6 +90,24 @@ PODLINKD=$podlinkd WORK=$work CONFIG_PATH=$config_path FAKE_CRI=$here/fake_cri.p
     mount -t overlay podlink-test -o "lowerdir=$parent,upperdir=$WORK/upper,workdir=$WORK/overlay-work" "$parent"
     mkdir -p "$(dirname "$CONFIG_PATH")"
     cp "$WORK/config.json" "$CONFIG_PATH"
+  fi
+  mesh_cert_dir=$(cat "$WORK/mesh_cert_dir")
+  if [ -n "$mesh_cert_dir" ]; then
+    # A cable with an address (the node'"'"'s NIC) and a node certificate from a CA made here.
+    mesh_if=$(cat "$WORK/mesh_if")  # named as the manifest'"'"'s mesh.interfaces say
+    ip link add "$mesh_if" type veth peer name mesh-peer0
+    ip addr add 10.99.0.1/30 dev "$mesh_if"
+    ip link set "$mesh_if" up
+    ip link set mesh-peer0 up
+    mkdir -p "$mesh_cert_dir"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=test-mesh-ca \
+      -keyout "$WORK/ca.key" -out "$mesh_cert_dir/ca.crt" 2> /dev/null
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=test-node \
+      -keyout "$mesh_cert_dir/tls.key" -out "$WORK/tls.csr" 2> /dev/null
+    printf "subjectAltName=DNS:test-node\nextendedKeyUsage=serverAuth,clientAuth\n" > "$WORK/ext.cnf"
+    openssl x509 -req -in "$WORK/tls.csr" -CA "$mesh_cert_dir/ca.crt" -CAkey "$WORK/ca.key" -CAcreateserial \
+      -days 1 -extfile "$WORK/ext.cnf" -out "$mesh_cert_dir/tls.crt" 2> /dev/null
+    export NODE_NAME=test-node
   fi
   eval "args=($(cat "$WORK/args"))"
   eval "ready=($(cat "$WORK/ready"))"
@@ -133,6 +156,11 @@ PODLINKD=$podlinkd WORK=$work CONFIG_PATH=$config_path FAKE_CRI=$here/fake_cri.p
   "$PODLINKD" "${args[@]}" 2> "$WORK/log" &
   pid=$!
   await_ready ""
+  if [ -n "$mesh_cert_dir" ]; then
+    grep -q "event=mesh_ready node=test-node" "$WORK/log" \
+      || { echo "podlinkd did not start its mesh:"; tail -20 "$WORK/log"; stop; exit 1; }
+    echo "the mesh serves: $(grep -o "event=mesh_ready.*" "$WORK/log")"
+  fi
   if [ -n "$cri_sock" ]; then
     grep -qF "event=pod_source source=cri socket=$cri_sock" "$WORK/log" \
       || { echo "podlinkd does not use the runtime socket $cri_sock:"; tail -20 "$WORK/log"; stop; exit 1; }

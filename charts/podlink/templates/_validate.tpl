@@ -35,6 +35,21 @@
 {{- fail (printf "podLabels must not set %s: the chart sets the app.kubernetes.io labels and helm.sh/chart (the DaemonSet's selector uses some)" $k) -}}
 {{- end -}}
 {{- end -}}
+{{- if .Values.mesh.enabled -}}
+{{- $mp := int .Values.mesh.port -}}{{- $dp := int .Values.mesh.dataPort -}}
+{{- if or (lt $mp 1) (gt $mp 65535) (lt $dp 1) (gt $dp 65535) -}}
+{{- fail "mesh.port and mesh.dataPort must be in 1..65535" -}}
+{{- end -}}
+{{- if or (eq $mp $dp) (eq $mp (int .Values.metrics.port)) (eq $dp (int .Values.metrics.port)) -}}
+{{- fail "mesh.port, mesh.dataPort and metrics.port must differ (the mesh puts podlinkd on the host network)" -}}
+{{- end -}}
+{{- if not (isAbs (toString .Values.mesh.certHostPath)) -}}
+{{- fail "mesh.certHostPath must be an absolute path on the node (it holds ca.crt, tls.crt, tls.key)" -}}
+{{- end -}}
+{{- if or (lt (int .Values.mesh.connectionsPerPath) 1) (gt (int .Values.mesh.connectionsPerPath) 16) -}}
+{{- fail "mesh.connectionsPerPath must be in 1..16" -}}
+{{- end -}}
+{{- end -}}
 {{- range $k, $v := .Values.limits -}}
 {{- if lt (int $v) 1 -}}
 {{- fail (printf "limits.%s must be a positive integer" $k) -}}
