@@ -138,6 +138,10 @@ absl::StatusOr<UniqueFd> Dial(const Path& path, uint16_t port, absl::Duration ti
   return fd;
 }
 
+std::string PathName(const Path& path) {
+  return absl::StrCat(path.fallback ? "routed" : path.local.AddressText(), "->", path.remote.AddressText());
+}
+
 absl::Status SendAck(int fd, uint64_t tag, const absl::Status& st) {
   std::string text(st.message().substr(0, 4096));
   FrameHeader h{};
@@ -243,9 +247,15 @@ class MeshEngine::Peer {
     absl::MutexLock l(&mu_);
     links_ = std::move(links);
   }
-  // Worker-thread state.
-  std::unique_ptr<pb::Mesh::Stub> stub;
-  uint64_t instance = 0;
+  std::shared_ptr<pb::Mesh::Stub> stub() const {
+    absl::MutexLock l(&mu_);
+    return stub_;
+  }
+  void set_stub(std::shared_ptr<pb::Mesh::Stub> s) {
+    absl::MutexLock l(&mu_);
+    stub_ = std::move(s);
+  }
+  uint64_t instance = 0;  // worker thread only
 
  private:
   void Run() {
@@ -267,6 +277,7 @@ class MeshEngine::Peer {
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<PeerLinks> links_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<pb::Mesh::Stub> stub_ ABSL_GUARDED_BY(mu_);
   std::thread worker_;
 };
 
@@ -335,6 +346,7 @@ absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions option
   }
   e->control_port_ = static_cast<uint32_t>(port);
   e->accept_thread_ = std::thread([p = e.get()] { p->AcceptLoop(); });
+  e->repair_thread_ = std::thread([p = e.get()] { p->RepairLoop(); });
   std::vector<std::string> adv;
   for (const IpPrefix& a : e->advertised_) adv.push_back(a.ToString());
   Log()->info("event=mesh_ready node={} control={} data_port={} addresses={}", e->node_name_, o.listen,
@@ -347,6 +359,10 @@ MeshEngine::~MeshEngine() {
   if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   ::shutdown(listen_fd_.get(), SHUT_RDWR);
   if (accept_thread_.joinable()) accept_thread_.join();
+  {
+    absl::MutexLock l(&mu_);  // wakes RepairLoop, which sees stopping_
+  }
+  if (repair_thread_.joinable()) repair_thread_.join();
   std::map<std::string, std::shared_ptr<Peer>> peers;
   {
     absl::MutexLock l(&mu_);
@@ -661,8 +677,9 @@ std::shared_ptr<MeshEngine::Peer> MeshEngine::PeerFor(const RemoteTarget& target
   return p;
 }
 
-absl::Status MeshEngine::Connect(Peer& p, const RemoteTarget& target) {
-  if (auto links = p.links(); links != nullptr && links->live() > 0 && p.stub != nullptr) return absl::OkStatus();
+absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const RemoteTarget& target) {
+  Peer& p = *peer;
+  if (auto links = p.links(); links != nullptr && links->live() > 0 && p.stub() != nullptr) return absl::OkStatus();
   std::vector<IpPrefix> remote;
   for (const std::string& a : target.addresses) {
     absl::StatusOr<IpPrefix> ip = IpPrefix::Parse(a);
@@ -684,7 +701,8 @@ absl::Status MeshEngine::Connect(Peer& p, const RemoteTarget& target) {
   grpc::ChannelArguments args;
   args.SetSslTargetNameOverride(target.node_name);  // the certificate must name the node we mean
   std::string endpoint = HostPort(paths.front().remote, target.port);
-  auto stub = pb::Mesh::NewStub(grpc::CreateCustomChannel(endpoint, grpc::SslCredentials(tls), args));
+  std::shared_ptr<pb::Mesh::Stub> stub =
+      pb::Mesh::NewStub(grpc::CreateCustomChannel(endpoint, grpc::SslCredentials(tls), args));
   auto deadline = [this] { return absl::ToChronoTime(absl::Now() + options_.connect_timeout); };
   pb::HelloResponse hello;
   {
@@ -723,9 +741,7 @@ absl::Status MeshEngine::Connect(Peer& p, const RemoteTarget& target) {
         last = WriteFrame(fd->get(), h, c.data(), c.size());
         if (last.ok()) {
           TuneDataSocket(fd->get(), options_.io_timeout);
-          links->AddConnection(*std::move(fd),
-                               absl::StrCat(path.fallback ? "routed" : path.local.AddressText(), "->",
-                                            path.remote.AddressText()));
+          links->AddConnection(*std::move(fd), PathName(path));
         }
       } else {
         last = fd.status();
@@ -737,7 +753,26 @@ absl::Status MeshEngine::Connect(Peer& p, const RemoteTarget& target) {
   }
   Log()->info("event=mesh_peer_connected node={} control={} paths={} connections={}", target.node_name, endpoint,
               paths.size(), links->live());
-  p.stub = std::move(stub);
+  // A connection that fails later is dialed again over its path.
+  std::map<std::string, Path> by_name;
+  for (const Path& path : paths) by_name[PathName(path)] = path;
+  std::weak_ptr<Peer> weak_peer = peer;
+  std::weak_ptr<PeerLinks> weak_links = links;
+  uint32_t data_port = link.data_port();
+  links->set_on_down([this, weak_peer, weak_links, by_name, data_port](const std::string& name) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) return;
+    Repair r;
+    r.peer = weak_peer;
+    r.links = weak_links;
+    r.path = it->second;
+    r.name = name;
+    r.data_port = data_port;
+    r.backoff = absl::Milliseconds(500);
+    r.next = absl::Now() + r.backoff;
+    ScheduleRepair(std::move(r));
+  });
+  p.set_stub(std::move(stub));
   p.instance = hello.instance();
   p.set_links(std::move(links));
   return absl::OkStatus();
@@ -764,11 +799,12 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
     req.set_export_id(target.export_id);
   }
   peer->Post([this, peer, session, target = std::move(target), req = std::move(req), done = std::move(done)] {
-    if (absl::Status st = Connect(*peer, target); !st.ok()) return done(st);
+    if (absl::Status st = Connect(peer, target); !st.ok()) return done(st);
+    std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
     pb::OpenRegionResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    if (absl::Status st = FromGrpc(peer->stub->OpenRegion(&ctx, req, &resp), target.node_name); !st.ok()) {
+    if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, req, &resp), target.node_name); !st.ok()) {
       return done(st);
     }
     RemoteRegionInfo info;
@@ -790,7 +826,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
       pb::CloseRegionRequest close;
       close.set_grant(resp.grant());
       pb::CloseRegionResponse ignored;
-      (void)peer->stub->CloseRegion(&c2, close, &ignored);
+      (void)stub->CloseRegion(&c2, close, &ignored);
       return done(absl::ResourceExhaustedError(
           absl::StrCat("this session holds ", options_.max_handles_per_session, " remote regions (the limit)")));
     }
@@ -817,13 +853,14 @@ absl::Status MeshEngine::DropHandle(uint64_t session, uint64_t handle) {
   }
   std::shared_ptr<Peer> peer = h.peer;
   peer->Post([peer, grant = h.grant] {
-    if (peer->stub == nullptr) return;
+    std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
+    if (stub == nullptr) return;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     pb::CloseRegionRequest req;
     req.set_grant(grant);
     pb::CloseRegionResponse ignored;
-    (void)peer->stub->CloseRegion(&ctx, req, &ignored);
+    (void)stub->CloseRegion(&ctx, req, &ignored);
   });
   return absl::OkStatus();
 }
@@ -837,6 +874,81 @@ void MeshEngine::DropSession(uint64_t session) {
     }
   }
   for (uint64_t id : mine) (void)DropHandle(session, id);
+}
+
+void MeshEngine::ScheduleRepair(Repair r) {
+  absl::MutexLock l(&mu_);
+  if (stopping_.load(std::memory_order_acquire) || repairs_.size() >= 256) return;
+  repairs_.push_back(std::move(r));
+}
+
+void MeshEngine::RepairLoop() {
+  for (;;) {
+    std::vector<Repair> due;
+    {
+      absl::MutexLock l(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        if (stopping_.load(std::memory_order_acquire)) return true;
+        absl::Time now = absl::Now();
+        for (const Repair& r : repairs_) {
+          if (r.next <= now) return true;
+        }
+        return false;
+      };
+      // Wakes for new work, for the next due repair, and to look at stopping_.
+      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(200));
+      if (stopping_.load(std::memory_order_acquire)) return;
+      absl::Time now = absl::Now();
+      for (auto it = repairs_.begin(); it != repairs_.end();) {
+        if (it->next <= now) {
+          due.push_back(std::move(*it));
+          it = repairs_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (Repair& r : due) {
+      std::shared_ptr<PeerLinks> links = r.links.lock();
+      // Gone, or the whole peer is down (the next open dials it again).
+      if (links == nullptr || links->live() == 0) continue;
+      absl::Status st = RepairOnce(r);
+      if (st.ok()) {
+        Log()->info("event=mesh_connection_repaired path={} connections={}", r.name, links->live());
+        absl::MutexLock l(&mu_);
+        ++repaired_connections_;
+        continue;
+      }
+      r.backoff = std::min(r.backoff * 2, absl::Seconds(5));
+      r.next = absl::Now() + r.backoff;
+      ScheduleRepair(std::move(r));
+    }
+  }
+}
+
+absl::Status MeshEngine::RepairOnce(Repair& r) {
+  std::shared_ptr<Peer> peer = r.peer.lock();
+  std::shared_ptr<PeerLinks> links = r.links.lock();
+  if (peer == nullptr || links == nullptr) return absl::OkStatus();  // nothing left to repair
+  std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
+  if (stub == nullptr) return absl::OkStatus();
+  pb::OpenLinkResponse link;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  pb::OpenLinkRequest req;
+  req.set_connections(1);
+  PODLINK_RETURN_IF_ERROR(FromGrpc(stub->OpenLink(&ctx, req, &link), peer->node()));
+  if (link.cookies_size() != 1) return absl::UnavailableError("OpenLink returned no cookie");
+  PODLINK_ASSIGN_OR_RETURN(UniqueFd fd, Dial(r.path, static_cast<uint16_t>(r.data_port), absl::Seconds(2)));
+  FrameHeader h{};
+  h.magic = kFrameMagic;
+  h.type = static_cast<uint16_t>(FrameType::kAuth);
+  h.length = kCookieBytes;
+  h.grant = links->instance();
+  PODLINK_RETURN_IF_ERROR(WriteFrame(fd.get(), h, link.cookies(0).data(), kCookieBytes));
+  TuneDataSocket(fd.get(), options_.io_timeout);
+  links->AddConnection(std::move(fd), r.name);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<MeshEngine::Handle> MeshEngine::FindHandle(uint64_t session, uint64_t handle) const {
@@ -929,7 +1041,7 @@ std::string MeshEngine::RenderMetrics() const {
   std::string out;
   std::map<std::string, double> up, sent, received, failures, resent;
   std::vector<std::shared_ptr<Peer>> peers;
-  double grants = 0, handles = 0;
+  double grants = 0, handles = 0, repaired = 0;
   uint64_t in = 0, out_bytes = 0, refused_frames = 0, refused_conns = 0, denials = 0, late = 0, dup_notifies = 0;
   {
     absl::MutexLock l(&mu_);
@@ -941,6 +1053,7 @@ std::string MeshEngine::RenderMetrics() const {
     refused_frames = refused_frames_;
     refused_conns = refused_connections_;
     denials = remote_denials_;
+    repaired = repaired_connections_;
     late = late_slices_dropped_;
     dup_notifies = duplicate_notifies_;
   }
@@ -964,6 +1077,8 @@ std::string MeshEngine::RenderMetrics() const {
     RenderFamily(&out, name, type, help, {{"", v}});
   };
   one("podlink_mesh_grants", "gauge", "grants this node gave peer daemons", grants);
+  one("podlink_mesh_repaired_connections_total", "counter",
+      "data connections dialed again over a path after theirs failed", static_cast<double>(repaired));
   one("podlink_mesh_remote_handles", "gauge", "remote regions this node's pods hold", handles);
   one("podlink_mesh_served_write_bytes_total", "counter", "bytes peers wrote into this node's exports",
       static_cast<double>(in));

@@ -135,7 +135,7 @@ class MeshEngine final : public MeshPort {
 
   // Importing side.
   std::shared_ptr<Peer> PeerFor(const RemoteTarget& target) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status Connect(Peer& p, const RemoteTarget& target);
+  absl::Status Connect(const std::shared_ptr<Peer>& p, const RemoteTarget& target);
   struct Handle {
     uint64_t session = 0;
     std::shared_ptr<Peer> peer;
@@ -143,6 +143,20 @@ class MeshEngine final : public MeshPort {
     uint64_t size = 0;
   };
   absl::StatusOr<Handle> FindHandle(uint64_t session, uint64_t handle) const ABSL_LOCKS_EXCLUDED(mu_);
+  // A failed connection's path is dialed again in the background, with
+  // backoff, while the peer's other connections carry on.
+  struct Repair {
+    std::weak_ptr<Peer> peer;
+    std::weak_ptr<PeerLinks> links;
+    Path path;
+    std::string name;  // the path as PeerLinks names it
+    uint32_t data_port = 0;
+    absl::Time next;
+    absl::Duration backoff;
+  };
+  void ScheduleRepair(Repair r) ABSL_LOCKS_EXCLUDED(mu_);
+  void RepairLoop();
+  absl::Status RepairOnce(Repair& r);
 
   const MeshOptions options_;
   const std::string node_name_;
@@ -155,6 +169,7 @@ class MeshEngine final : public MeshPort {
   std::unique_ptr<grpc::Server> server_;
   UniqueFd listen_fd_;
   std::thread accept_thread_;
+  std::thread repair_thread_;
   std::atomic<bool> stopping_{false};
 
   mutable absl::Mutex mu_;  // protects everything below
@@ -182,6 +197,8 @@ class MeshEngine final : public MeshPort {
   uint64_t late_slices_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t duplicate_notifies_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<LinkKey, std::map<uint32_t, absl::Time>> finished_ ABSL_GUARDED_BY(mu_);
+  std::vector<Repair> repairs_ ABSL_GUARDED_BY(mu_);
+  uint64_t repaired_connections_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace podlink::mesh

@@ -56,6 +56,24 @@ PeerLinks::~PeerLinks() {
 }
 
 void PeerLinks::AddConnection(UniqueFd fd, std::string path) {
+  std::vector<std::unique_ptr<Conn>> gone;
+  {
+    // Failed connections: their threads are done or about to be (Kill shut
+    // the socket down); join them outside the lock they may still need.
+    absl::MutexLock l(&mu_);
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      if ((*it)->dead) {
+        gone.push_back(std::move(*it));
+        it = conns_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& c : gone) {
+    if (c->tx.joinable()) c->tx.join();
+    if (c->rx.joinable()) c->rx.join();
+  }
   absl::MutexLock l(&mu_);
   auto c = std::make_unique<Conn>();
   c->fd = std::move(fd);
@@ -231,6 +249,8 @@ void PeerLinks::Receive(Conn& c) {
 
 void PeerLinks::Kill(Conn& c, const absl::Status& why) {
   std::vector<Slice> failed;
+  std::function<void(const std::string&)> on_down;
+  std::string path;
   {
     absl::MutexLock l(&mu_);
     if (c.dead) return;
@@ -258,6 +278,8 @@ void PeerLinks::Kill(Conn& c, const absl::Status& why) {
       queue_.clear();
     }
     if (!stop_) {
+      on_down = on_down_;
+      path = c.path;
       Log()->warn("event=mesh_connection_down node={} path={} connections_left={} resent_slices={} failed_slices={} "
                   "error={}",
                   node_, c.path, stats_.connections_up, resent, failed.size(), LogQuoted(why.message()));
@@ -267,6 +289,7 @@ void PeerLinks::Kill(Conn& c, const absl::Status& why) {
   absl::Status st = absl::UnavailableError(absl::StrCat("mesh connection to node ", node_, " (", c.path,
                                                         ") failed: ", why.message()));
   for (const Slice& s : failed) Finish(s, st);
+  if (on_down) on_down(path);
 }
 
 }  // namespace podlink::mesh

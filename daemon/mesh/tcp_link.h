@@ -59,8 +59,15 @@ class PeerLinks {
   PeerLinks(const PeerLinks&) = delete;
   PeerLinks& operator=(const PeerLinks&) = delete;
 
-  // Takes an authenticated data connection (AUTH sent) over `path`.
+  // Takes an authenticated data connection (AUTH sent) over `path`. Joins
+  // and forgets connections that failed before.
   void AddConnection(UniqueFd fd, std::string path) ABSL_LOCKS_EXCLUDED(mu_);
+  // Called (on the failing connection's thread, no lock held) with the path
+  // of each connection that fails while the links are in use.
+  void set_on_down(std::function<void(const std::string& path)> f) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    on_down_ = std::move(f);
+  }
   // Queues `op`; UNAVAILABLE (and `done` never called) when no connection is up.
   absl::Status Submit(LinkOp op) ABSL_LOCKS_EXCLUDED(mu_);
   size_t live() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -112,6 +119,7 @@ class PeerLinks {
   uint32_t next_op_ ABSL_GUARDED_BY(mu_) = 1;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   LinkStats stats_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const std::string&)> on_down_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace podlink::mesh

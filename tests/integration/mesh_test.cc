@@ -45,6 +45,23 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
+// Runs `cmd`; its standard output.
+std::string RunCommand(const std::string& cmd) {
+  std::string text;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return text;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) text.append(buf, n);
+  pclose(p);
+  return text;
+}
+
+// Bytes `dev` in namespace `ns` has sent.
+uint64_t TxBytes(const std::string& ns, const std::string& dev) {
+  return std::strtoull(RunCommand(absl::StrCat("ip netns exec ", ns, " cat /sys/class/net/", dev, "/statistics/tx_bytes")).c_str(),
+                       nullptr, 10);
+}
+
 // A CA and node certificates (SAN DNS:<node>), made with the openssl CLI.
 class TestCa {
  public:
@@ -609,6 +626,24 @@ TEST_F(Mesh, ACutCableCostsNoDataWhenAnotherRemains) {
   EXPECT_GT(resent, 0u) << "no slice was in flight on the cut cable:\n" << log;
   EXPECT_EQ(failed, 0u) << log;
   std::cerr << "cut cable: " << downs << " connections down, " << resent << " slices resent\n";
+
+  // The cable comes back: its path is dialed again in the background, and the
+  // next transfer uses both cables.
+  Sh(absl::StrCat("ip -n ", a, " link set ", a1, " up"));
+  int up = 0;
+  for (int i = 0; i < 100 && up != 8; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    json links = json::parse(RunCommand(absl::StrCat(KUBECTL_PODLINK_PATH, " links -o json --socket ", na->dir())), nullptr,
+                             false);
+    if (links.is_object() && links["peers"].size() == 1) up = links["peers"][0]["connections_up"].get<int>();
+  }
+  ASSERT_EQ(up, 8) << na->Log();
+  EXPECT_TRUE(na->WaitForLog("event=mesh_connection_repaired"));
+  uint64_t before1 = TxBytes(a, a1), before2 = TxBytes(a, a2);
+  KvAcrossNodes(*nb, pb, *na, pa, 64 << 20, 62);
+  uint64_t sent1 = TxBytes(a, a1) - before1, sent2 = TxBytes(a, a2) - before2;
+  EXPECT_GT(sent1, (64u << 20) / 5) << "the repaired cable carried " << sent1 << " bytes, the other " << sent2;
+  EXPECT_GT(sent2, (64u << 20) / 5);
 }
 
 }  // namespace
