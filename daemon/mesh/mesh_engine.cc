@@ -383,6 +383,18 @@ std::vector<std::string> MeshEngine::AdvertisedAddresses() const {
 
 // --- exporting side ----------------------------------------------------------
 
+std::unique_ptr<MeshEngine> MeshEngine::ForTesting(MeshOptions options, std::string node_name, MeshHost* host) {
+  return std::unique_ptr<MeshEngine>(new MeshEngine(std::move(options), std::move(node_name), host));
+}
+
+uint64_t MeshEngine::GrantForTesting(const std::string& node, std::shared_ptr<const ExportRecord> rec) {
+  absl::MutexLock l(&mu_);
+  uint64_t g = next_grant_++;
+  grants_[g] = Grant{node, rec};
+  ++grants_per_node_[node];
+  return g;
+}
+
 absl::StatusOr<std::vector<std::string>> MeshEngine::IssueCookies(const std::string& node, uint32_t n) {
   if (n == 0 || n > 64) return absl::InvalidArgumentError("OpenLink: 1 to 64 connections");
   absl::Time now = absl::Now();
@@ -550,6 +562,11 @@ void MeshEngine::ServeConnection(UniqueFd conn) {
   SetRecvTimeout(fd, absl::ZeroDuration());
   TuneDataSocket(fd, options_.io_timeout);
   Log()->info("event=mesh_data_connection peer={}", node);
+  ServeFrames(fd, node, link_instance);
+}
+
+void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_instance) {
+  FrameHeader h;
   auto refuse = [&](const char* why) {
     absl::MutexLock l(&mu_);
     ++refused_frames_;

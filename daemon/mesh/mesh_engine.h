@@ -89,6 +89,16 @@ class MeshEngine final : public MeshPort {
                                                            MeshHost* host);
   ~MeshEngine() override;
 
+  // For tests and fuzzers (tests/fuzz/mesh_frame_fuzz.cc): an engine with no
+  // listener, TLS or threads of its own; ServeFramesForTesting serves a data
+  // connection as if it had authenticated for `node`, until EOF or a
+  // protocol error, on the caller's thread.
+  static std::unique_ptr<MeshEngine> ForTesting(MeshOptions options, std::string node_name, MeshHost* host);
+  uint64_t GrantForTesting(const std::string& node, std::shared_ptr<const ExportRecord> rec) ABSL_LOCKS_EXCLUDED(mu_);
+  void ServeFramesForTesting(int fd, const std::string& node, uint64_t link_instance) {
+    ServeFrames(fd, node, link_instance);
+  }
+
   // --- importing side --------------------------------------------------
   // Opens `target` for `pod` (session `session`) in the background; `done`
   // runs on a mesh thread.
@@ -127,6 +137,8 @@ class MeshEngine final : public MeshPort {
       ABSL_LOCKS_EXCLUDED(mu_);
   void AcceptLoop();
   void ServeConnection(UniqueFd fd);
+  // The frames of an authenticated data connection (wire.h).
+  void ServeFrames(int fd, const std::string& node, uint64_t link_instance);
   // Transfers a sender's link instance finished (DONE) or notified: late
   // copies of their slices are dropped, a NOTIFY is delivered once.
   using LinkKey = std::pair<std::string, uint64_t>;  // node, link instance
