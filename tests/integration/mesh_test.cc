@@ -280,6 +280,56 @@ TEST_F(Mesh, TwoCablesBothCarryATransfer) {
   std::cerr << text;
 }
 
+// The seed's triangle (every pair of nodes its own cable and subnet) plus a
+// node D cabled only to C: each daemon reaches each neighbour over the cable
+// to it and no other, and a node with no common subnet is refused clearly
+// (there is no relay through C yet), never reached over some other network.
+TEST_F(Mesh, TriangleUsesEachPairsOwnCableAndRefusesANodeWithoutOne) {
+  std::string a = topo_.Node("a"), b = topo_.Node("b"), c = topo_.Node("c"), d = topo_.Node("d");
+  auto [ab_a, ab_b] = topo_.Cable(a, b, 1);
+  auto [bc_b, bc_c] = topo_.Cable(b, c, 2);
+  auto [ac_a, ac_c] = topo_.Cable(a, c, 3);
+  auto [cd_c, cd_d] = topo_.Cable(c, d, 4);
+  PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable"), pc(RandomPodUid(), "burstable"),
+      pd(RandomPodUid(), "burstable");
+  std::string pods = Rule(pa, "ml", "a", "job-7") + "," + Rule(pb, "ml", "b", "job-7") + "," +
+                     Rule(pc, "ml", "c", "job-7") + "," + Rule(pd, "ml", "d", "job-7");
+  auto na = StartNode("node-a", a, {ab_a, ac_a}, pods);
+  auto nb = StartNode("node-b", b, {ab_b, bc_b}, pods);
+  auto nc = StartNode("node-c", c, {bc_c, ac_c, cd_c}, pods);
+  auto nd = StartNode("node-d", d, {cd_d}, pods);
+  const uint64_t size = 8 << 20;
+  // Every ordered pair of the triangle, each over its own cable only.
+  struct Hop {
+    Daemon* from;
+    const PodCgroup* from_pod;
+    std::string ns, on, off;  // the sender's namespace, the cable it must use, the one it must not
+    Daemon* to;
+    const PodCgroup* to_pod;
+  };
+  std::vector<Hop> hops = {{na.get(), &pa, a, ab_a, ac_a, nb.get(), &pb}, {na.get(), &pa, a, ac_a, ab_a, nc.get(), &pc},
+                           {nb.get(), &pb, b, ab_b, bc_b, na.get(), &pa}, {nb.get(), &pb, b, bc_b, ab_b, nc.get(), &pc},
+                           {nc.get(), &pc, c, ac_c, bc_c, na.get(), &pa}, {nc.get(), &pc, c, bc_c, ac_c, nb.get(), &pb}};
+  int seed = 70;
+  for (const Hop& h : hops) {
+    uint64_t on0 = TxBytes(h.ns, h.on), off0 = TxBytes(h.ns, h.off);
+    KvAcrossNodes(*h.to, *h.to_pod, *h.from, *h.from_pod, size, ++seed);
+    uint64_t on = TxBytes(h.ns, h.on) - on0, off = TxBytes(h.ns, h.off) - off0;
+    EXPECT_GE(on, size) << h.on << " carried " << on << " bytes";
+    EXPECT_LT(off, size / 16) << h.off << " carried " << off << " bytes of a transfer not meant for it";
+  }
+  // A to D: no common subnet; refused with both sides' addresses, not routed elsewhere.
+  Pod server(*nd, &pd, {"kv-serve", "--size", "65536", "--verify", "1"});
+  json s = server.Expect("serving");
+  ASSERT_EQ(s["event"], "serving") << s.dump();
+  Pod client(*na, &pa, {"kv-put", "--desc", s["descriptor"], "--seed", "1"});
+  json e = client.Expect("put");
+  EXPECT_EQ(e["code"], "FAILED_PRECONDITION") << e.dump();
+  EXPECT_NE(e["message"].get<std::string>().find("no direct link reaches node node-d"), std::string::npos) << e.dump();
+  EXPECT_NE(e["message"].get<std::string>().find("10.77.4.2/30"), std::string::npos) << e.dump();
+  server.Kill(SIGKILL);
+}
+
 TEST_F(Mesh, PolicyOfTheOwnersNodeDecides) {
   std::string a = topo_.Node("a"), b = topo_.Node("b");
   auto [da, db] = topo_.Cable(a, b, 1);
