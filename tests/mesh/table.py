@@ -22,8 +22,8 @@ def main(path):
     def ratio(name, num, den, target):
         if num in med and den in med and med[den] > 0:
             r = med[num] / med[den]
-            verdict = "met" if r >= target else f"missed by {target - r:.2f}"
-            print(f"| {name} | {num} / {den} | {r:.2f} | {target} | {verdict} |")
+            verdict = "met" if r >= target else f"missed by {target - r:.3f}"
+            print(f"| {name} | {num} / {den} | {r:.3f} | {target} | {verdict} |")
 
     print()
     print("| ratio | cases | value | target | |")
