@@ -138,6 +138,33 @@ absl::StatusOr<UniqueFd> Dial(const Path& path, uint16_t port, absl::Duration ti
   return fd;
 }
 
+// ReadFull with an absolute deadline over the whole read.
+absl::Status ReadFullBefore(int fd, void* buf, size_t len, absl::Time deadline) {
+  auto* p = static_cast<char*>(buf);
+  while (len > 0) {
+    int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (ms <= 0) return absl::DeadlineExceededError("deadline");
+    pollfd pf{fd, POLLIN, 0};
+    int r = ::poll(&pf, 1, static_cast<int>(ms));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return absl::DeadlineExceededError("deadline");
+    ssize_t n = ::recv(fd, p, len, MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) return absl::UnavailableError("closed");
+    p += n;
+    len -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+bool ValidNodeName(const std::string& n) {
+  if (n.empty() || n.size() > 253) return false;
+  for (char ch : n) {
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-' || ch == '.')) return false;
+  }
+  return true;
+}
+
 std::string PathName(const Path& path) {
   return absl::StrCat(path.fallback ? "routed" : path.local.AddressText(), "->", path.remote.AddressText());
 }
@@ -222,30 +249,58 @@ class MeshEngine::Service final : public pb::Mesh::CallbackService {
 // blocking exchange with the peer (dial, TLS, OpenLink, OpenRegion), one at a
 // time, so no caller's thread ever waits on a handshake.
 
-class MeshEngine::Peer {
+class MeshEngine::Peer : public std::enable_shared_from_this<MeshEngine::Peer> {
  public:
+  static constexpr size_t kMaxQueued = 256;
+
   explicit Peer(std::string node) : node_(std::move(node)), worker_([this] { Run(); }) {}
+  // Tasks never hold a reference to their peer, so this never runs on the
+  // peer's own worker; the engine stops every peer before it goes away.
   ~Peer() {
-    {
-      absl::MutexLock l(&mu_);
-      stop_ = true;
-    }
-    worker_.join();
+    Stop();
     absl::MutexLock l(&mu_);
     links_.reset();
   }
+  // Drops queued tasks and waits for the running one.
+  void Stop() {
+    std::deque<std::function<void()>> dropped;
+    {
+      absl::MutexLock l(&mu_);
+      stop_ = true;
+      dropped.swap(tasks_);
+    }
+    if (worker_.joinable()) {
+      if (worker_.get_id() == std::this_thread::get_id()) {
+        worker_.detach();
+      } else {
+        worker_.join();
+      }
+    }
+  }
   const std::string& node() const { return node_; }
-  void Post(std::function<void()> task) {
+  // False when stopping or too many tasks wait already.
+  bool Post(std::function<void()> task) {
     absl::MutexLock l(&mu_);
+    if (stop_ || tasks_.size() >= kMaxQueued) return false;
     tasks_.push_back(std::move(task));
+    return true;
+  }
+  bool idle() const {
+    absl::MutexLock l(&mu_);
+    return tasks_.empty() && !busy_;
   }
   std::shared_ptr<PeerLinks> links() const {
     absl::MutexLock l(&mu_);
     return links_;
   }
   void set_links(std::shared_ptr<PeerLinks> links) {
-    absl::MutexLock l(&mu_);
-    links_ = std::move(links);
+    std::shared_ptr<PeerLinks> old;
+    {
+      absl::MutexLock l(&mu_);
+      old = std::move(links_);
+      links_ = std::move(links);
+    }
+    // `old` is destroyed here, outside the lock: its threads are joined.
   }
   std::shared_ptr<pb::Mesh::Stub> stub() const {
     absl::MutexLock l(&mu_);
@@ -255,7 +310,9 @@ class MeshEngine::Peer {
     absl::MutexLock l(&mu_);
     stub_ = std::move(s);
   }
-  uint64_t instance = 0;  // worker thread only
+  // The peer daemon's instance as of the last Hello: a new one means it
+  // restarted, and grants from before are void.
+  std::atomic<uint64_t> instance{0};
 
  private:
   void Run() {
@@ -263,11 +320,13 @@ class MeshEngine::Peer {
       std::function<void()> task;
       {
         absl::MutexLock l(&mu_);
+        busy_ = false;
         auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !tasks_.empty(); };
         mu_.Await(absl::Condition(&ready));
-        if (tasks_.empty()) return;  // stopping with nothing left
+        if (stop_) return;
         task = std::move(tasks_.front());
         tasks_.pop_front();
+        busy_ = true;
       }
       task();
     }
@@ -276,6 +335,7 @@ class MeshEngine::Peer {
   mutable absl::Mutex mu_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<PeerLinks> links_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<pb::Mesh::Stub> stub_ ABSL_GUARDED_BY(mu_);
   std::thread worker_;
@@ -372,7 +432,12 @@ MeshEngine::~MeshEngine() {
     peers.swap(peers_);
     handles_.clear();
   }
-  peers.clear();  // joins each peer's worker; their links fail what is in flight
+  // Workers first (queued opens are dropped; their callers are answered by
+  // the shared callback's owner going away), then the links, which fail what
+  // is in flight into the relay, still alive.
+  for (auto& [node, p] : peers) p->Stop();
+  for (auto& [node, p] : peers) p->set_links(nullptr);
+  peers.clear();
 }
 
 std::vector<std::string> MeshEngine::AdvertisedAddresses() const {
@@ -389,7 +454,8 @@ std::unique_ptr<MeshEngine> MeshEngine::ForTesting(MeshOptions options, std::str
 
 uint64_t MeshEngine::GrantForTesting(const std::string& node, std::shared_ptr<const ExportRecord> rec) {
   absl::MutexLock l(&mu_);
-  uint64_t g = next_grant_++;
+  uint64_t g = 0;
+  while (g == 0 || grants_.contains(g)) g = RandomU64();
   grants_[g] = Grant{node, rec};
   ++grants_per_node_[node];
   return g;
@@ -461,9 +527,15 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
     if (count >= options_.max_grants_per_peer) {
       return absl::ResourceExhaustedError(absl::StrCat("node ", node, " holds ", count, " grants (the limit)"));
     }
+    uint32_t& mine = grants_per_pod_[pod.key];
+    if (mine >= options_.max_grants_per_pod) {
+      return absl::ResourceExhaustedError(absl::StrCat("pod ", pod.Ref(), " holds ", mine, " regions of this node (the limit)"));
+    }
     ++count;
-    uint64_t g = next_grant_++;
-    grants_[g] = Grant{node, *rec};
+    ++mine;
+    uint64_t g = 0;
+    while (g == 0 || grants_.contains(g)) g = RandomU64();  // unguessable, never reused across restarts
+    grants_[g] = Grant{node, *rec, pod.key};
     resp.set_grant(g);
   }
   resp.set_export_id((*rec)->id);
@@ -482,6 +554,9 @@ void MeshEngine::CloseRegion(const std::string& node, uint64_t grant) {
   auto it = grants_.find(grant);
   if (it == grants_.end() || it->second.node != node) return;
   --grants_per_node_[node];
+  if (auto p = grants_per_pod_.find(it->second.pod); p != grants_per_pod_.end() && --p->second == 0) {
+    grants_per_pod_.erase(p);
+  }
   grants_.erase(it);
 }
 
@@ -515,51 +590,52 @@ void MeshEngine::AcceptLoop() {
       Log()->error("event=mesh_accept_failed error={}", LogQuoted(std::strerror(errno)));
       return;
     }
-    UniqueFd conn(fd);
+    auto conn = std::make_shared<UniqueFd>(fd);
     absl::MutexLock l(&mu_);
-    if (stopping_.load(std::memory_order_acquire) || serving_ >= options_.max_data_connections) {
+    // Connections not yet authenticated have a small bound of their own, so
+    // strangers cannot take the slots of peers.
+    if (stopping_.load(std::memory_order_acquire) || serving_ >= options_.max_data_connections ||
+        unauthenticated_ >= kMaxUnauthenticated) {
       ++refused_connections_;
       continue;  // closed: over the bound
     }
     ++serving_;
+    ++unauthenticated_;
     serving_fds_.insert(fd);
-    std::thread([this, c = std::move(conn)]() mutable {
-      int raw = c.get();
-      ServeConnection(std::move(c));
+    std::thread([this, conn] {
+      ServeConnection(conn->get());
+      // Forgotten and closed under one lock: the number cannot be reused by a
+      // new connection while it is still listed.
       absl::MutexLock l(&mu_);
-      serving_fds_.erase(raw);
+      serving_fds_.erase(conn->get());
+      conn->Reset();
       --serving_;
     }).detach();
   }
 }
 
-void MeshEngine::ServeConnection(UniqueFd conn) {
-  const int fd = conn.get();
-  // Nothing but AUTH within 2 s; a stranger gets no answer at all.
-  SetRecvTimeout(fd, absl::Seconds(2));
+void MeshEngine::ServeConnection(int fd) {
+  // Nothing but AUTH, whole, within 2 s; a stranger gets no answer at all.
+  const absl::Time deadline = absl::Now() + absl::Seconds(2);
   FrameHeader h;
   std::string cookie(kCookieBytes, '\0');
-  if (!ReadFull(fd, &h, sizeof(h)).ok() || h.magic != kFrameMagic ||
-      h.type != static_cast<uint16_t>(FrameType::kAuth) || h.length != kCookieBytes ||
-      !ReadFull(fd, cookie.data(), cookie.size()).ok()) {
-    absl::MutexLock l(&mu_);
-    ++refused_connections_;
-    return;
-  }
+  bool ok = ReadFullBefore(fd, &h, sizeof(h), deadline).ok() && h.magic == kFrameMagic &&
+            h.type == static_cast<uint16_t>(FrameType::kAuth) && h.length == kCookieBytes &&
+            ReadFullBefore(fd, cookie.data(), cookie.size(), deadline).ok();
   std::string node;
   const uint64_t link_instance = h.grant;
   {
     absl::MutexLock l(&mu_);
-    auto it = cookies_.find(cookie);
+    --unauthenticated_;
+    auto it = ok ? cookies_.find(cookie) : cookies_.end();
     if (it == cookies_.end() || it->second.expires < absl::Now()) {
       ++refused_connections_;
-      Log()->warn("event=mesh_data_refused reason=\"unknown or expired cookie\"");
+      if (ok) Log()->warn("event=mesh_data_refused reason=\"unknown or expired cookie\"");
       return;
     }
     node = it->second.node;
     cookies_.erase(it);
   }
-  SetRecvTimeout(fd, absl::ZeroDuration());
   TuneDataSocket(fd, options_.io_timeout);
   Log()->info("event=mesh_data_connection peer={}", node);
   ServeFrames(fd, node, link_instance);
@@ -590,10 +666,17 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
     const uint32_t transfer = TransferOfTag(h.tag);
     if (type == FrameType::kDone) {
       MarkFinished(key, transfer);
+      // Writes of this transfer already past the check finish first.
+      if (!AwaitWrites(key, transfer, 2 * options_.io_timeout)) return refuse("DONE while writes still hang");
       if (!SendAck(fd, h.tag, absl::OkStatus()).ok()) return;
       continue;
     }
-    if (type != FrameType::kRead && Finished(key, transfer)) {
+    // A write of an unfinished transfer is registered before its bytes land,
+    // so a DONE for the transfer waits for it (BeginWrite and Finished are
+    // one decision under the lock).
+    const bool late = type == FrameType::kWrite ? !BeginWrite(key, transfer)
+                                                : type == FrameType::kNotify && Finished(key, transfer);
+    if (late) {
       // A late copy (its connection failed after the slice went out again)
       // of a finished transfer, or a notification already delivered.
       {
@@ -605,6 +688,15 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
       if (!io.ok()) return;
       continue;
     }
+    struct EndWriteOnExit {
+      MeshEngine* e;
+      const LinkKey& key;
+      uint32_t transfer;
+      bool active;
+      ~EndWriteOnExit() {
+        if (active) e->EndWrite(key, transfer);
+      }
+    } end_write{this, key, transfer, type == FrameType::kWrite};
     absl::StatusOr<std::shared_ptr<const ExportRecord>> rec = GrantedExport(node, h.grant);
     absl::StatusOr<RelayView> view = rec.ok() ? (*rec)->memory->MapForRelay() : rec.status();
     absl::Status st = view.status();
@@ -616,6 +708,10 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
                                                 (*rec)->id, " of ", (*rec)->size, " bytes"));
       } else if (view->on_gpu) {
         st = absl::FailedPreconditionError("GPU exports cannot be reached from other nodes yet");
+      } else {
+        // As the local relay does per copy: a range whose pages the owner
+        // punched out is refused, never faulted in at podlinkd's expense.
+        st = (*rec)->memory->CheckPopulated(h.offset, h.length);
       }
     }
     absl::Status io;
@@ -668,17 +764,42 @@ bool MeshEngine::Finished(const LinkKey& key, uint32_t transfer) const {
   return it != finished_.end() && it->second.contains(transfer);
 }
 
+bool MeshEngine::BeginWrite(const LinkKey& key, uint32_t transfer) {
+  absl::MutexLock l(&mu_);
+  auto it = finished_.find(key);
+  if (it != finished_.end() && it->second.contains(transfer)) return false;
+  ++writing_[{key, transfer}];
+  return true;
+}
+
+void MeshEngine::EndWrite(const LinkKey& key, uint32_t transfer) {
+  absl::MutexLock l(&mu_);
+  auto it = writing_.find({key, transfer});
+  if (it != writing_.end() && --it->second == 0) writing_.erase(it);
+}
+
+bool MeshEngine::AwaitWrites(const LinkKey& key, uint32_t transfer, absl::Duration timeout) {
+  absl::MutexLock l(&mu_);
+  auto none = [this, &key, transfer]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !writing_.contains({key, transfer});
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&none), timeout);
+}
+
 void MeshEngine::MarkFinished(const LinkKey& key, uint32_t transfer) {
   // Late copies can only be in flight for about the senders' io_timeout:
   // a minute of memory is plenty, and bounded per sender and in all.
   constexpr size_t kPerSender = 65536, kSenders = 1024;
   const absl::Time now = absl::Now(), old = now - absl::Minutes(1);
   absl::MutexLock l(&mu_);
-  for (auto it = finished_.begin(); it != finished_.end();) {
+  // Expiry walks everything: at most once a second, not per frame.
+  for (auto it = now - last_prune_ < absl::Seconds(1) ? finished_.end() : finished_.begin();
+       it != finished_.end();) {
     auto& m = it->second;
     for (auto e = m.begin(); e != m.end();) e = e->second < old ? m.erase(e) : std::next(e);
     it = m.empty() && it->first != key ? finished_.erase(it) : std::next(it);
   }
+  if (now - last_prune_ >= absl::Seconds(1)) last_prune_ = now;
   if (!finished_.contains(key) && finished_.size() >= kSenders) finished_.erase(finished_.begin());
   auto& m = finished_[key];
   m[transfer] = now;
@@ -688,9 +809,28 @@ void MeshEngine::MarkFinished(const LinkKey& key, uint32_t transfer) {
 // --- importing side ----------------------------------------------------------
 
 std::shared_ptr<MeshEngine::Peer> MeshEngine::PeerFor(const RemoteTarget& target) {
+  constexpr size_t kMaxPeers = 256;
+  std::vector<std::shared_ptr<Peer>> evicted;  // destroyed outside the lock (their workers are joined)
   absl::MutexLock l(&mu_);
+  if (auto it = peers_.find(target.node_name); it != peers_.end()) return it->second;
+  if (peers_.size() >= kMaxPeers) {
+    // Forget peers that are idle, hold no connection and back no handle
+    // (names pods asked for that never answered, for example).
+    std::set<const Peer*> in_use;
+    for (const auto& [id, h] : handles_) in_use.insert(h.peer.get());
+    for (auto it = peers_.begin(); it != peers_.end();) {
+      std::shared_ptr<PeerLinks> links = it->second->links();
+      if (it->second->idle() && !in_use.count(it->second.get()) && (links == nullptr || links->live() == 0)) {
+        evicted.push_back(std::move(it->second));
+        it = peers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (peers_.size() >= kMaxPeers) return nullptr;
+  }
   std::shared_ptr<Peer>& p = peers_[target.node_name];
-  if (p == nullptr) p = std::make_shared<Peer>(target.node_name);
+  p = std::make_shared<Peer>(target.node_name);
   return p;
 }
 
@@ -742,7 +882,8 @@ absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const Remote
     req.set_connections(static_cast<uint32_t>(std::min<size_t>(64, paths.size() * per_path)));
     PODLINK_RETURN_IF_ERROR(FromGrpc(stub->OpenLink(&ctx, req, &link), target.node_name));
   }
-  auto links = std::make_shared<PeerLinks>(target.node_name, options_.slice_bytes, options_.slices_in_flight);
+  auto links = std::make_shared<PeerLinks>(target.node_name, options_.slice_bytes, options_.slices_in_flight,
+                                           options_.answer_timeout);
   int cookie = 0;
   absl::Status last;
   for (const Path& path : paths) {
@@ -790,7 +931,7 @@ absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const Remote
     ScheduleRepair(std::move(r));
   });
   p.set_stub(std::move(stub));
-  p.instance = hello.instance();
+  p.instance.store(hello.instance(), std::memory_order_release);
   p.set_links(std::move(links));
   return absl::OkStatus();
 }
@@ -800,7 +941,13 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
     return done(absl::InvalidArgumentError("a remote region names another node"));
   }
   if (target.port == 0 || target.port > 65535) return done(absl::InvalidArgumentError("bad mesh port"));
+  if (!ValidNodeName(target.node_name)) {
+    return done(absl::InvalidArgumentError("a node name is 1 to 253 of a-z, 0-9, '-' and '.'"));
+  }
   std::shared_ptr<Peer> peer = PeerFor(target);
+  if (peer == nullptr) {
+    return done(absl::ResourceExhaustedError("this podlinkd talks to too many other nodes already (256)"));
+  }
   pb::OpenRegionRequest req;
   pb::ForwardedIdentity* who = req.mutable_importer();
   who->set_node(node_name_);
@@ -815,7 +962,15 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
   } else {
     req.set_export_id(target.export_id);
   }
-  peer->Post([this, peer, session, target = std::move(target), req = std::move(req), done = std::move(done)] {
+  // The task holds no reference to the peer (it runs on the peer's own
+  // worker, which the peer outlives), and shares `done` so that a task that
+  // is dropped (engine stopping) or refused still answers.
+  auto answer = std::make_shared<OpenDone>(std::move(done));
+  Peer* p = peer.get();
+  bool posted = p->Post([this, p, session, target, req, answer] {
+    std::shared_ptr<Peer> peer = p->shared_from_this();
+    OpenDone done = std::move(*answer);
+    *answer = nullptr;
     if (absl::Status st = Connect(peer, target); !st.ok()) return done(st);
     std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
     pb::OpenRegionResponse resp;
@@ -834,7 +989,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
       } else {
         ++mine;
         info.handle = kRemoteHandleBit | next_handle_++;
-        handles_[info.handle] = Handle{session, peer, resp.grant(), resp.size()};
+        handles_[info.handle] = Handle{session, peer, resp.grant(), resp.size(), resp.instance()};
       }
     }
     if (over) {
@@ -854,6 +1009,9 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
     info.owner_name = resp.owner_name();
     done(info);
   });
+  if (!posted) {
+    (*answer)(absl::ResourceExhaustedError(absl::StrCat("too many opens of node ", target.node_name, " wait already")));
+  }
 }
 
 absl::Status MeshEngine::DropHandle(uint64_t session, uint64_t handle) {
@@ -868,8 +1026,8 @@ absl::Status MeshEngine::DropHandle(uint64_t session, uint64_t handle) {
     handles_.erase(it);
     if (--handles_per_session_[session] == 0) handles_per_session_.erase(session);
   }
-  std::shared_ptr<Peer> peer = h.peer;
-  peer->Post([peer, grant = h.grant] {
+  Peer* peer = h.peer.get();
+  (void)peer->Post([peer, grant = h.grant] {  // best effort: a grant also dies with its export
     std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
     if (stub == nullptr) return;
     grpc::ClientContext ctx;
@@ -968,6 +1126,14 @@ absl::Status MeshEngine::RepairOnce(Repair& r) {
   return absl::OkStatus();
 }
 
+absl::Status MeshEngine::CheckInstance(const Handle& h) const {
+  if (h.peer->instance.load(std::memory_order_acquire) != h.instance) {
+    return absl::UnavailableError(absl::StrCat("node ", h.peer->node(),
+                                               "'s podlinkd restarted since the region was opened: open it again"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<MeshEngine::Handle> MeshEngine::FindHandle(uint64_t session, uint64_t handle) const {
   absl::MutexLock l(&mu_);
   auto it = handles_.find(handle);
@@ -979,6 +1145,7 @@ absl::StatusOr<MeshEngine::Handle> MeshEngine::FindHandle(uint64_t session, uint
 
 absl::Status MeshEngine::Start(MeshTransfer t, Done done) {
   PODLINK_ASSIGN_OR_RETURN(Handle h, FindHandle(t.session, t.handle));
+  PODLINK_RETURN_IF_ERROR(CheckInstance(h));
   if (t.length == 0) return absl::InvalidArgumentError("length must be > 0");
   if (t.remote_offset > h.size || t.length > h.size - t.remote_offset) {
     return absl::OutOfRangeError(absl::StrCat("remote range [", t.remote_offset, ", +", t.length,
@@ -1002,6 +1169,7 @@ absl::Status MeshEngine::Start(MeshTransfer t, Done done) {
 
 absl::Status MeshEngine::Notify(uint64_t session, uint64_t handle, uint64_t value, Done done) {
   PODLINK_ASSIGN_OR_RETURN(Handle h, FindHandle(session, handle));
+  PODLINK_RETURN_IF_ERROR(CheckInstance(h));
   std::shared_ptr<PeerLinks> links = h.peer->links();
   if (links == nullptr) return absl::UnavailableError(absl::StrCat("no link to node ", h.peer->node(), " is up"));
   LinkOp op;

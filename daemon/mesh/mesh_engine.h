@@ -57,10 +57,14 @@ struct MeshOptions {
   uint64_t slice_bytes = 512 << 10;
   uint32_t slices_in_flight = 4;         // per connection
   uint32_t max_grants_per_peer = 4096;
+  uint32_t max_grants_per_pod = 1024;    // per importing pod (node and identity key)
   uint32_t max_handles_per_session = 1024;
   uint32_t max_data_connections = 256;   // accepted, all peers together
   absl::Duration connect_timeout = absl::Seconds(5);
   absl::Duration io_timeout = absl::Seconds(5);  // TCP_USER_TIMEOUT and keepalive on data connections
+  // A request the peer leaves unanswered this long fails its connection (its
+  // slices go elsewhere, or fail UNAVAILABLE).
+  absl::Duration answer_timeout = absl::Seconds(30);
 };
 
 struct RemoteTarget {
@@ -127,6 +131,7 @@ class MeshEngine final : public MeshPort {
   struct Grant {
     std::string node;
     std::weak_ptr<const ExportRecord> record;
+    std::string pod;  // node + "/" + the importing pod's identity key
   };
   absl::StatusOr<std::vector<std::string>> IssueCookies(const std::string& node, uint32_t n) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<podlink::mesh::v1::OpenRegionResponse> OpenRegion(const std::string& node,
@@ -136,7 +141,7 @@ class MeshEngine final : public MeshPort {
   absl::StatusOr<std::shared_ptr<const ExportRecord>> GrantedExport(const std::string& node, uint64_t grant)
       ABSL_LOCKS_EXCLUDED(mu_);
   void AcceptLoop();
-  void ServeConnection(UniqueFd fd);
+  void ServeConnection(int fd);
   // The frames of an authenticated data connection (wire.h).
   void ServeFrames(int fd, const std::string& node, uint64_t link_instance);
   // Transfers a sender's link instance finished (DONE) or notified: late
@@ -144,6 +149,13 @@ class MeshEngine final : public MeshPort {
   using LinkKey = std::pair<std::string, uint64_t>;  // node, link instance
   bool Finished(const LinkKey& key, uint32_t transfer) const ABSL_LOCKS_EXCLUDED(mu_);
   void MarkFinished(const LinkKey& key, uint32_t transfer) ABSL_LOCKS_EXCLUDED(mu_);
+  // Writes between their check and their last byte: false when the transfer
+  // is finished (the write is a late copy and must not land).
+  bool BeginWrite(const LinkKey& key, uint32_t transfer) ABSL_LOCKS_EXCLUDED(mu_);
+  void EndWrite(const LinkKey& key, uint32_t transfer) ABSL_LOCKS_EXCLUDED(mu_);
+  // True once no write of the transfer is in progress (false: timed out).
+  bool AwaitWrites(const LinkKey& key, uint32_t transfer, absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+  static constexpr size_t kMaxUnauthenticated = 64;
 
   // Importing side.
   std::shared_ptr<Peer> PeerFor(const RemoteTarget& target) ABSL_LOCKS_EXCLUDED(mu_);
@@ -153,7 +165,9 @@ class MeshEngine final : public MeshPort {
     std::shared_ptr<Peer> peer;
     uint64_t grant = 0;
     uint64_t size = 0;
+    uint64_t instance = 0;  // the peer daemon's instance that issued the grant
   };
+  absl::Status CheckInstance(const Handle& h) const;
   absl::StatusOr<Handle> FindHandle(uint64_t session, uint64_t handle) const ABSL_LOCKS_EXCLUDED(mu_);
   // A failed connection's path is dialed again in the background, with
   // backoff, while the peer's other connections carry on.
@@ -193,7 +207,7 @@ class MeshEngine final : public MeshPort {
   std::map<std::string, Cookie> cookies_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Grant> grants_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, uint32_t> grants_per_node_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_grant_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<std::string, uint32_t> grants_per_pod_ ABSL_GUARDED_BY(mu_);
   std::set<int> serving_fds_ ABSL_GUARDED_BY(mu_);  // data connections being served
   size_t serving_ ABSL_GUARDED_BY(mu_) = 0;         // their threads still running
   std::map<std::string, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
@@ -209,6 +223,9 @@ class MeshEngine final : public MeshPort {
   uint64_t late_slices_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t duplicate_notifies_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<LinkKey, std::map<uint32_t, absl::Time>> finished_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<LinkKey, uint32_t>, uint32_t> writing_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_prune_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  size_t unauthenticated_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Repair> repairs_ ABSL_GUARDED_BY(mu_);
   uint64_t repaired_connections_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -1,5 +1,6 @@
 #include "daemon/mesh/tcp_link.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -21,11 +22,13 @@ uint64_t RandomInstance() {
 
 }  // namespace
 
-PeerLinks::PeerLinks(std::string node, uint64_t slice_bytes, uint32_t slices_in_flight)
+PeerLinks::PeerLinks(std::string node, uint64_t slice_bytes, uint32_t slices_in_flight,
+                     absl::Duration answer_timeout)
     : node_(std::move(node)),
       instance_(RandomInstance()),
       slice_bytes_(std::clamp<uint64_t>(slice_bytes, 4096, kMaxFramePayload)),
-      slices_in_flight_(std::max<uint32_t>(slices_in_flight, 1)) {}
+      slices_in_flight_(std::max<uint32_t>(slices_in_flight, 1)),
+      answer_timeout_(answer_timeout) {}
 
 PeerLinks::~PeerLinks() {
   std::vector<Conn*> all;
@@ -183,6 +186,7 @@ void PeerLinks::Send(Conn& c) {
       h.offset = done ? 0 : op.type == FrameType::kNotify ? op.offset : op.offset + s.offset;
       h.length = done ? 0 : static_cast<uint32_t>(s.length);
       ++s.attempts;
+      s.sent = absl::Now();
       c.unacked[h.tag] = s;
     }
     const LinkOp& op = s.op->op;
@@ -201,36 +205,61 @@ void PeerLinks::Send(Conn& c) {
 
 void PeerLinks::Receive(Conn& c) {
   for (;;) {
+    // Wait for the next answer, watching for requests the peer leaves
+    // unanswered (alive but stuck: TCP's own timeouts never fire then).
+    pollfd p{c.fd.get(), POLLIN, 0};
+    int ready = ::poll(&p, 1, 500);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) {
+      absl::Time oldest = absl::InfiniteFuture();
+      {
+        absl::MutexLock l(&mu_);
+        if (c.dead || stop_) return;
+        for (const auto& [tag, s] : c.unacked) oldest = std::min(oldest, s.sent);
+      }
+      if (absl::Now() - oldest > answer_timeout_) {
+        return Kill(c, absl::DeadlineExceededError(absl::StrCat("node ", node_, " left a request unanswered for ",
+                                                                absl::FormatDuration(answer_timeout_))));
+      }
+      continue;
+    }
     FrameHeader h;
     if (absl::Status st = ReadFull(c.fd.get(), &h, sizeof(h)); !st.ok()) return Kill(c, st);
     auto type = static_cast<FrameType>(h.type);
     if (h.magic != kFrameMagic || h.flags != 0 || (type != FrameType::kAck && type != FrameType::kData)) {
       return Kill(c, absl::DataLossError(absl::StrCat("node ", node_, " sent a malformed frame (type ", h.type, ")")));
     }
+    // Take the slice: from here this thread alone finishes it, or hands it
+    // back through Kill (never both, never twice).
     Slice s;
     bool known = false;
     {
       absl::MutexLock l(&mu_);
       auto it = c.unacked.find(h.tag);
       if (it != c.unacked.end()) {
-        s = it->second;
+        s = std::move(it->second);
+        c.unacked.erase(it);
         known = true;
       }
     }
     if (!known) return Kill(c, absl::DataLossError(absl::StrCat("node ", node_, " answered unknown request ", h.tag)));
     absl::Status result;
     if (type == FrameType::kData) {
-      if (s.op->op.type != FrameType::kRead || h.length != s.length) {
-        return Kill(c, absl::DataLossError(absl::StrCat("node ", node_, " sent ", h.length, " bytes for a read of ",
-                                                        s.length)));
+      if (s.op->op.type != FrameType::kRead || s.index == kDoneSlice || h.length != s.length) {
+        return Kill(c,
+                    absl::DataLossError(absl::StrCat("node ", node_, " sent ", h.length, " bytes for a read of ",
+                                                     s.length)),
+                    &s);
       }
-      if (absl::Status st = ReadFull(c.fd.get(), s.op->op.local + s.offset, s.length); !st.ok()) return Kill(c, st);
+      if (absl::Status st = ReadFull(c.fd.get(), s.op->op.local + s.offset, s.length); !st.ok()) {
+        return Kill(c, st, &s);
+      }
     } else {
       if (h.length > kMaxErrorText) {
-        return Kill(c, absl::DataLossError(absl::StrCat("node ", node_, " sent an oversized answer")));
+        return Kill(c, absl::DataLossError(absl::StrCat("node ", node_, " sent an oversized answer")), &s);
       }
       std::string text(h.length, '\0');
-      if (absl::Status st = ReadFull(c.fd.get(), text.data(), text.size()); !st.ok()) return Kill(c, st);
+      if (absl::Status st = ReadFull(c.fd.get(), text.data(), text.size()); !st.ok()) return Kill(c, st, &s);
       if (h.status != 0) {
         auto code = static_cast<absl::StatusCode>(h.status);
         if (h.status < 0 || h.status > 16) code = absl::StatusCode::kUnknown;
@@ -239,7 +268,6 @@ void PeerLinks::Receive(Conn& c) {
     }
     {
       absl::MutexLock l(&mu_);
-      c.unacked.erase(h.tag);
       if (type == FrameType::kData) stats_.bytes_received += s.length;
     }
     cv_.SignalAll();
@@ -247,10 +275,28 @@ void PeerLinks::Receive(Conn& c) {
   }
 }
 
-void PeerLinks::Kill(Conn& c, const absl::Status& why) {
+void PeerLinks::Kill(Conn& c, const absl::Status& why, Slice* owned) {
   std::vector<Slice> failed;
   std::function<void(const std::string&)> on_down;
   std::string path;
+  {
+    absl::MutexLock l(&mu_);
+    if (owned != nullptr) {
+      c.unacked[uint64_t{0}] = std::move(*owned);  // tag 0 is never used: handled below with the rest
+      owned = nullptr;
+    }
+    if (c.dead) {
+      // Failed already (by the other thread): only the slice handed in is left.
+      for (auto& [tag, s] : c.unacked) failed.push_back(std::move(s));
+      c.unacked.clear();
+    }
+  }
+  if (!failed.empty()) {
+    for (const Slice& s : failed) {
+      Finish(s, absl::UnavailableError(absl::StrCat("mesh connection to node ", node_, " failed: ", why.message())));
+    }
+    return;
+  }
   {
     absl::MutexLock l(&mu_);
     if (c.dead) return;

@@ -52,7 +52,10 @@ class PeerLinks {
  public:
   static constexpr uint32_t kMaxAttempts = 3;
 
-  PeerLinks(std::string node, uint64_t slice_bytes, uint32_t slices_in_flight);
+  // A request unanswered for `answer_timeout` (the peer is alive but silent)
+  // fails its connection like a reset would.
+  PeerLinks(std::string node, uint64_t slice_bytes, uint32_t slices_in_flight,
+            absl::Duration answer_timeout = absl::Seconds(30));
   // Random per instance; sent in every connection's AUTH (wire.h).
   uint64_t instance() const { return instance_; }
   ~PeerLinks();  // fails whatever is queued or in flight with UNAVAILABLE, joins the threads
@@ -92,6 +95,7 @@ class PeerLinks {
     uint32_t attempts = 0;
     uint64_t offset = 0;  // within the op
     uint64_t length = 0;
+    absl::Time sent;      // when it last went out
   };
   struct Conn {
     UniqueFd fd;
@@ -104,13 +108,16 @@ class PeerLinks {
 
   void Send(Conn& c);
   void Receive(Conn& c);
-  void Kill(Conn& c, const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
+  // Fails connection c; its unanswered slices, and `owned` (one the caller
+  // took out of c.unacked), go to the other connections or fail.
+  void Kill(Conn& c, const absl::Status& why, Slice* owned = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
   void Finish(const Slice& s, const absl::Status& st) ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string node_;
   const uint64_t instance_;
   const uint64_t slice_bytes_;
   const uint32_t slices_in_flight_;
+  const absl::Duration answer_timeout_;
 
   mutable absl::Mutex mu_;  // protects everything below and the Conn fields marked so
   absl::CondVar cv_;        // queue, room or state changed

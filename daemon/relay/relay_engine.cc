@@ -393,12 +393,14 @@ bool RelayEngine::FlushNotifies(Ring& r) {
     if (IsRemoteHandle(p.sqe.remote_export)) {
       // Sent once every earlier op is acknowledged by its destination, so
       // the owner on the other node sees the bytes before the value.
-      MeshPort* mesh = mesh_.load(std::memory_order_acquire);
       uint64_t seq = ++r.mesh_seq;
-      absl::Status st = mesh == nullptr
-                            ? absl::UnavailableError("this podlinkd has no mesh")
-                            : mesh->Notify(r.session, p.sqe.remote_export, p.sqe.length,
-                                           MeshCompleter(r, seq, p.sqe.user_data));
+      absl::Status st;
+      {
+        absl::ReaderMutexLock l(&mesh_port_mu_);
+        st = mesh_ == nullptr ? absl::UnavailableError("this podlinkd has no mesh")
+                              : mesh_->Notify(r.session, p.sqe.remote_export, p.sqe.length,
+                                              MeshCompleter(r, seq, p.sqe.user_data));
+      }
       if (st.ok()) {
         r.mesh_running.insert(seq);
         notifies_.fetch_add(1, std::memory_order_relaxed);
@@ -451,10 +453,6 @@ absl::Status RelayEngine::PostNotification(uint64_t owner_session, uint64_t expo
 }
 
 absl::Status RelayEngine::MeshCopy(Worker& w, Ring& r, const RelaySqe& e) {
-  MeshPort* mesh = mesh_.load(std::memory_order_acquire);
-  if (mesh == nullptr) {
-    return absl::UnavailableError("region lives on another node and this podlinkd runs without the mesh");
-  }
   if (IsRemoteHandle(e.local_export)) return absl::InvalidArgumentError("the local side must be a local export");
   PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<const ExportRecord> local, resolve_(r.session, e.local_export));
   if (e.length == 0) return absl::InvalidArgumentError("length must be > 0");
@@ -463,6 +461,9 @@ absl::Status RelayEngine::MeshCopy(Worker& w, Ring& r, const RelaySqe& e) {
                                               local->id, " of ", local->size, " bytes"));
   }
   PODLINK_ASSIGN_OR_RETURN(RelayView lv, local->memory->MapForRelay());
+  // Pages the pod punched out are refused, never faulted in by podlinkd (the
+  // mesh's connections read and write this range for the whole transfer).
+  PODLINK_RETURN_IF_ERROR(local->memory->CheckPopulated(e.local_offset, e.length));
   if (lv.on_gpu) {
     return absl::FailedPreconditionError(
         "transfers between GPU memory and other nodes are not supported yet: use a host-memory region");
@@ -476,7 +477,13 @@ absl::Status RelayEngine::MeshCopy(Worker& w, Ring& r, const RelaySqe& e) {
   t.local = reinterpret_cast<char*>(lv.address) + e.local_offset;
   t.keep = std::move(local);
   uint64_t seq = r.mesh_seq + 1;
-  PODLINK_RETURN_IF_ERROR(mesh->Start(std::move(t), MeshCompleter(r, seq, e.user_data)));
+  {
+    absl::ReaderMutexLock l(&mesh_port_mu_);
+    if (mesh_ == nullptr) {
+      return absl::UnavailableError("region lives on another node and this podlinkd runs without the mesh");
+    }
+    PODLINK_RETURN_IF_ERROR(mesh_->Start(std::move(t), MeshCompleter(r, seq, e.user_data)));
+  }
   r.mesh_seq = seq;
   r.mesh_running.insert(seq);
   ops_.fetch_add(1, std::memory_order_relaxed);

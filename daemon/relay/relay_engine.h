@@ -74,7 +74,11 @@ class RelayEngine {
   // Requests naming a remote handle (mesh_port.h) go to `mesh`; without one
   // they fail UNAVAILABLE. Set once, before rings are served; `mesh` must
   // outlive the engine's use of it (the broker stops it first).
-  void set_mesh(MeshPort* mesh) { mesh_.store(mesh, std::memory_order_release); }
+  // set_mesh(nullptr) returns once no worker is inside a call to the old one.
+  void set_mesh(MeshPort* mesh) ABSL_LOCKS_EXCLUDED(mesh_port_mu_) {
+    absl::WriterMutexLock l(&mesh_port_mu_);
+    mesh_ = mesh;
+  }
   // Queues a notification for `owner_session`'s ring (from another node:
   // from_session 0). FAILED_PRECONDITION without a ring, RESOURCE_EXHAUSTED
   // when its queue is full.
@@ -172,7 +176,8 @@ class RelayEngine {
   std::vector<cu::Context> contexts_;  // per daemon ordinal, retained
   std::vector<std::unique_ptr<Worker>> workers_;
   std::atomic<bool> stop_{false};
-  std::atomic<MeshPort*> mesh_{nullptr};
+  absl::Mutex mesh_port_mu_;  // readers: workers calling into mesh_; writer: set_mesh
+  MeshPort* mesh_ ABSL_GUARDED_BY(mesh_port_mu_) = nullptr;
 
   absl::Mutex mu_;  // protects the session index
   std::map<uint64_t, std::shared_ptr<Ring>> sessions_ ABSL_GUARDED_BY(mu_);  // rings being served
