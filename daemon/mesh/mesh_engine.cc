@@ -888,19 +888,10 @@ absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const Remote
   absl::Status last;
   for (const Path& path : paths) {
     for (uint32_t i = 0; i < per_path && cookie < link.cookies_size(); ++i) {
-      const std::string& c = link.cookies(cookie++);
-      absl::StatusOr<UniqueFd> fd = Dial(path, static_cast<uint16_t>(link.data_port()), options_.connect_timeout);
+      absl::StatusOr<UniqueFd> fd = DialData(path, link.data_port(), link.cookies(cookie++), links->instance(),
+                                             options_.connect_timeout);
       if (fd.ok()) {
-        FrameHeader h{};
-        h.magic = kFrameMagic;
-        h.type = static_cast<uint16_t>(FrameType::kAuth);
-        h.length = kCookieBytes;
-        h.grant = links->instance();
-        last = WriteFrame(fd->get(), h, c.data(), c.size());
-        if (last.ok()) {
-          TuneDataSocket(fd->get(), options_.io_timeout);
-          links->AddConnection(*std::move(fd), PathName(path));
-        }
+        links->AddConnection(*std::move(fd), PathName(path));
       } else {
         last = fd.status();
       }
@@ -1114,16 +1105,24 @@ absl::Status MeshEngine::RepairOnce(Repair& r) {
   req.set_connections(1);
   PODLINK_RETURN_IF_ERROR(FromGrpc(stub->OpenLink(&ctx, req, &link), peer->node()));
   if (link.cookies_size() != 1) return absl::UnavailableError("OpenLink returned no cookie");
-  PODLINK_ASSIGN_OR_RETURN(UniqueFd fd, Dial(r.path, static_cast<uint16_t>(r.data_port), absl::Seconds(2)));
+  PODLINK_ASSIGN_OR_RETURN(UniqueFd fd,
+                           DialData(r.path, r.data_port, link.cookies(0), links->instance(), absl::Seconds(2)));
+  links->AddConnection(std::move(fd), r.name);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<UniqueFd> MeshEngine::DialData(const Path& path, uint32_t port, const std::string& cookie,
+                                               uint64_t link_instance, absl::Duration timeout) const {
+  if (cookie.size() != kCookieBytes) return absl::UnavailableError("the peer issued a malformed link cookie");
+  PODLINK_ASSIGN_OR_RETURN(UniqueFd fd, Dial(path, static_cast<uint16_t>(port), timeout));
   FrameHeader h{};
   h.magic = kFrameMagic;
   h.type = static_cast<uint16_t>(FrameType::kAuth);
   h.length = kCookieBytes;
-  h.grant = links->instance();
-  PODLINK_RETURN_IF_ERROR(WriteFrame(fd.get(), h, link.cookies(0).data(), kCookieBytes));
+  h.grant = link_instance;
+  PODLINK_RETURN_IF_ERROR(WriteFrame(fd.get(), h, cookie.data(), cookie.size()));
   TuneDataSocket(fd.get(), options_.io_timeout);
-  links->AddConnection(std::move(fd), r.name);
-  return absl::OkStatus();
+  return fd;
 }
 
 absl::Status MeshEngine::CheckInstance(const Handle& h) const {

@@ -168,6 +168,9 @@ class MeshEngine final : public MeshPort {
     uint64_t instance = 0;  // the peer daemon's instance that issued the grant
   };
   absl::Status CheckInstance(const Handle& h) const;
+  // A data connection over `path` to `port`, AUTH sent with `cookie`.
+  absl::StatusOr<UniqueFd> DialData(const Path& path, uint32_t port, const std::string& cookie,
+                                    uint64_t link_instance, absl::Duration timeout) const;
   absl::StatusOr<Handle> FindHandle(uint64_t session, uint64_t handle) const ABSL_LOCKS_EXCLUDED(mu_);
   // A failed connection's path is dialed again in the background, with
   // backoff, while the peer's other connections carry on.

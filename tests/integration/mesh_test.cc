@@ -45,14 +45,18 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-// Runs `cmd`; its standard output.
-std::string RunCommand(const std::string& cmd) {
+// Runs `cmd`; its standard output (and its exit status in `status`).
+std::string RunCommand(const std::string& cmd, int* status = nullptr) {
   std::string text;
   FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return text;
+  if (p == nullptr) {
+    if (status != nullptr) *status = -1;
+    return text;
+  }
   char buf[4096];
   for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) text.append(buf, n);
-  pclose(p);
+  int rc = pclose(p);
+  if (status != nullptr) *status = rc;
   return text;
 }
 
@@ -240,16 +244,7 @@ TEST_F(Mesh, TwoCablesBothCarryATransfer) {
   std::string pods = Rule(pa, "ml", "prefill-0", "job-7") + "," + Rule(pb, "ml", "decode-0", "job-7");
   auto na = StartNode("node-a", a, {a1, a2}, pods);
   auto nb = StartNode("node-b", b, {b1, b2}, pods);
-  auto tx = [&](const std::string& dev) -> uint64_t {
-    std::string cmd = absl::StrCat("ip netns exec ", a, " cat /sys/class/net/", dev, "/statistics/tx_bytes");
-    FILE* p = popen(cmd.c_str(), "r");
-    unsigned long long v = 0;
-    if (p != nullptr) {
-      if (fscanf(p, "%llu", &v) != 1) v = 0;
-      pclose(p);
-    }
-    return v;
-  };
+  auto tx = [&](const std::string& dev) { return TxBytes(a, dev); };
   uint64_t before1 = tx(a1), before2 = tx(a2);
   const uint64_t size = 64 << 20;
   KvAcrossNodes(*nb, pb, *na, pa, size, 51);
@@ -262,13 +257,9 @@ TEST_F(Mesh, TwoCablesBothCarryATransfer) {
   EXPECT_GE(sent1 + sent2, size);
 
   // What an operator sees on node a: kubectl podlink links.
-  std::string cmd = absl::StrCat(KUBECTL_PODLINK_PATH, " links -o json --socket ", na->dir());
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string text;
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) text.append(buf, n);
-  EXPECT_EQ(pclose(p), 0) << text;
+  int rc = -1;
+  std::string text = RunCommand(absl::StrCat(KUBECTL_PODLINK_PATH, " links -o json --socket ", na->dir()), &rc);
+  EXPECT_EQ(rc, 0) << text;
   json links = json::parse(text, nullptr, false);
   ASSERT_TRUE(links.is_object()) << text;
   EXPECT_EQ(links["node"], "node-a");
@@ -283,11 +274,8 @@ TEST_F(Mesh, TwoCablesBothCarryATransfer) {
   for (const json& c : peer["connections"]) paths_with_bytes += c["bytes_sent"].get<uint64_t>() > 0;
   EXPECT_GE(paths_with_bytes, 2) << text;
   // The table, for people.
-  p = popen(absl::StrCat(KUBECTL_PODLINK_PATH, " links --socket ", na->dir()).c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  text.clear();
-  for (size_t n; (n = fread(buf, 1, sizeof(buf), p)) > 0;) text.append(buf, n);
-  EXPECT_EQ(pclose(p), 0) << text;
+  text = RunCommand(absl::StrCat(KUBECTL_PODLINK_PATH, " links --socket ", na->dir()), &rc);
+  EXPECT_EQ(rc, 0) << text;
   EXPECT_NE(text.find("node-b"), std::string::npos) << text;
   EXPECT_NE(text.find("8/8"), std::string::npos) << text;
   EXPECT_NE(text.find("10.77.2.1->10.77.2.2"), std::string::npos) << text;
