@@ -57,6 +57,20 @@ absl::Status ParseMeshConfig(const nlohmann::json& m, mesh::MeshOptions* o) {
     } else if (k == "slices_in_flight") {
       PODLINK_RETURN_IF_ERROR(number(v, k, 1, 64, &n));
       o->slices_in_flight = static_cast<uint32_t>(n);
+    } else if (k == "transport") {
+      if (!v.is_string() || (v != "tcp" && v != "verbs")) return bad(k, "\"tcp\" or \"verbs\"");
+      o->transport = v.get<std::string>();
+    } else if (k == "verbs_gid_index") {
+      if (!v.is_number_integer() || v.get<int64_t>() < -1 || v.get<int64_t>() > 255) {
+        return bad(k, "an integer from -1 (chosen by address) to 255");
+      }
+      o->verbs.gid_index = static_cast<int>(v.get<int64_t>());
+    } else if (k == "verbs_timeout") {
+      PODLINK_RETURN_IF_ERROR(number(v, k, 1, 31, &n));
+      o->verbs.timeout = static_cast<uint8_t>(n);
+    } else if (k == "verbs_retry_count") {
+      PODLINK_RETURN_IF_ERROR(number(v, k, 0, 7, &n));
+      o->verbs.retry_count = static_cast<uint8_t>(n);
     } else if (k == "io_timeout_seconds") {
       PODLINK_RETURN_IF_ERROR(number(v, k, 1, 600, &n));
       o->io_timeout = absl::Seconds(static_cast<int64_t>(n));

@@ -153,7 +153,8 @@ void PrintDefaults(const podlink::cli::Program& program) {
                {"data_port", mesh.data_port},
                {"cert_dir", mesh.cert_dir},
                {"fallback", mesh.fallback},
-               {"connections_per_path", mesh.connections_per_path}};
+               {"connections_per_path", mesh.connections_per_path},
+               {"transport", mesh.transport}};
   std::cout << j.dump(2) << "\n";
 }
 

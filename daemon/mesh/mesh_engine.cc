@@ -216,6 +216,13 @@ class MeshEngine::Service final : public pb::Mesh::CallbackService {
       return absl::OkStatus();
     });
   }
+  grpc::ServerUnaryReactor* OpenVerbs(grpc::CallbackServerContext* ctx, const pb::OpenVerbsRequest* req,
+                                      pb::OpenVerbsResponse* resp) override {
+    return Run(ctx, [&](const std::string& node) -> absl::Status {
+      PODLINK_ASSIGN_OR_RETURN(*resp, e_->AcceptVerbs(node, *req));
+      return absl::OkStatus();
+    });
+  }
   grpc::ServerUnaryReactor* CloseRegion(grpc::CallbackServerContext* ctx, const pb::CloseRegionRequest* req,
                                         pb::CloseRegionResponse*) override {
     return Run(ctx, [&](const std::string& node) {
@@ -289,12 +296,12 @@ class MeshEngine::Peer : public std::enable_shared_from_this<MeshEngine::Peer> {
     absl::MutexLock l(&mu_);
     return tasks_.empty() && !busy_;
   }
-  std::shared_ptr<PeerLinks> links() const {
+  std::shared_ptr<DataLinks> links() const {
     absl::MutexLock l(&mu_);
     return links_;
   }
-  void set_links(std::shared_ptr<PeerLinks> links) {
-    std::shared_ptr<PeerLinks> old;
+  void set_links(std::shared_ptr<DataLinks> links) {
+    std::shared_ptr<DataLinks> old;
     {
       absl::MutexLock l(&mu_);
       old = std::move(links_);
@@ -336,7 +343,7 @@ class MeshEngine::Peer : public std::enable_shared_from_this<MeshEngine::Peer> {
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
-  std::shared_ptr<PeerLinks> links_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<DataLinks> links_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<pb::Mesh::Stub> stub_ ABSL_GUARDED_BY(mu_);
   std::thread worker_;
 };
@@ -538,6 +545,13 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
     grants_[g] = Grant{node, *rec, pod.key};
     resp.set_grant(g);
   }
+  if (req.verbs()) {
+    absl::Status st = RegisterForVerbs(node, resp.grant(), *rec, &resp);
+    if (!st.ok()) {
+      CloseRegion(node, resp.grant());
+      return st;
+    }
+  }
   resp.set_export_id((*rec)->id);
   resp.set_size((*rec)->size);
   resp.set_handle_type(3);  // podlink.v1.HANDLE_TYPE_HOST_MEMFD
@@ -550,6 +564,10 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
 }
 
 void MeshEngine::CloseRegion(const std::string& node, uint64_t grant) {
+  {
+    absl::MutexLock l(&verbs_mu_);
+    if (verbs_server_ != nullptr) verbs_server_->Unregister(grant, node);
+  }
   absl::MutexLock l(&mu_);
   auto it = grants_.find(grant);
   if (it == grants_.end() || it->second.node != node) return;
@@ -819,7 +837,7 @@ std::shared_ptr<MeshEngine::Peer> MeshEngine::PeerFor(const RemoteTarget& target
     std::set<const Peer*> in_use;
     for (const auto& [id, h] : handles_) in_use.insert(h.peer.get());
     for (auto it = peers_.begin(); it != peers_.end();) {
-      std::shared_ptr<PeerLinks> links = it->second->links();
+      std::shared_ptr<DataLinks> links = it->second->links();
       if (it->second->idle() && !in_use.count(it->second.get()) && (links == nullptr || links->live() == 0)) {
         evicted.push_back(std::move(it->second));
         it = peers_.erase(it);
@@ -872,6 +890,22 @@ absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const Remote
   if (hello.node_name() != target.node_name) {
     return absl::PermissionDeniedError(absl::StrCat("the daemon at ", endpoint, " is node '", hello.node_name(),
                                                     "', not '", target.node_name, "'"));
+  }
+  if (options_.transport == "verbs") {
+    auto open = [&](const pb::OpenVerbsRequest& req) -> absl::StatusOr<pb::OpenVerbsResponse> {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(deadline());
+      pb::OpenVerbsResponse resp;
+      PODLINK_RETURN_IF_ERROR(FromGrpc(stub->OpenVerbs(&ctx, req, &resp), target.node_name));
+      return resp;
+    };
+    PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<verbs::VerbsLinks> vl, ConnectVerbs(target.node_name, paths, open));
+    Log()->info("event=mesh_peer_connected node={} control={} transport=verbs paths={} qps={}", target.node_name,
+                endpoint, paths.size(), vl->live());
+    p.set_stub(std::move(stub));
+    p.instance.store(hello.instance(), std::memory_order_release);
+    p.set_links(std::move(vl));
+    return absl::OkStatus();
   }
   uint32_t per_path = options_.connections_per_path;
   pb::OpenLinkResponse link;
@@ -964,11 +998,19 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
     *answer = nullptr;
     if (absl::Status st = Connect(peer, target); !st.ok()) return done(st);
     std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
+    std::shared_ptr<verbs::VerbsLinks> vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links());
+    pb::OpenRegionRequest open = req;
+    open.set_verbs(vl != nullptr);
     pb::OpenRegionResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, req, &resp), target.node_name); !st.ok()) {
+    if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, open, &resp), target.node_name); !st.ok()) {
       return done(st);
+    }
+    if (vl != nullptr) {
+      std::vector<verbs::RegionKey> keys;
+      for (const pb::VerbsKey& k : resp.verbs_keys()) keys.push_back(verbs::RegionKey{k.device(), k.rkey(), k.base()});
+      vl->AddRegion(resp.grant(), std::move(keys));
     }
     RemoteRegionInfo info;
     bool over = false;
@@ -1018,6 +1060,7 @@ absl::Status MeshEngine::DropHandle(uint64_t session, uint64_t handle) {
     if (--handles_per_session_[session] == 0) handles_per_session_.erase(session);
   }
   Peer* peer = h.peer.get();
+  if (auto vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links())) vl->DropRegion(h.grant);
   (void)peer->Post([peer, grant = h.grant] {  // best effort: a grant also dies with its export
     std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
     if (stub == nullptr) return;
@@ -1074,6 +1117,7 @@ void MeshEngine::RepairLoop() {
         }
       }
     }
+    SweepVerbs();
     for (Repair& r : due) {
       std::shared_ptr<PeerLinks> links = r.links.lock();
       // Gone, or the whole peer is down (the next open dials it again).
@@ -1150,7 +1194,7 @@ absl::Status MeshEngine::Start(MeshTransfer t, Done done) {
     return absl::OutOfRangeError(absl::StrCat("remote range [", t.remote_offset, ", +", t.length,
                                               ") exceeds the remote region of ", h.size, " bytes"));
   }
-  std::shared_ptr<PeerLinks> links = h.peer->links();
+  std::shared_ptr<DataLinks> links = h.peer->links();
   if (links == nullptr || links->live() == 0) {
     return absl::UnavailableError(absl::StrCat("no link to node ", h.peer->node(),
                                                " is up (open the region again to reconnect)"));
@@ -1169,7 +1213,7 @@ absl::Status MeshEngine::Start(MeshTransfer t, Done done) {
 absl::Status MeshEngine::Notify(uint64_t session, uint64_t handle, uint64_t value, Done done) {
   PODLINK_ASSIGN_OR_RETURN(Handle h, FindHandle(session, handle));
   PODLINK_RETURN_IF_ERROR(CheckInstance(h));
-  std::shared_ptr<PeerLinks> links = h.peer->links();
+  std::shared_ptr<DataLinks> links = h.peer->links();
   if (links == nullptr) return absl::UnavailableError(absl::StrCat("no link to node ", h.peer->node(), " is up"));
   LinkOp op;
   op.type = FrameType::kNotify;
@@ -1177,6 +1221,168 @@ absl::Status MeshEngine::Notify(uint64_t session, uint64_t handle, uint64_t valu
   op.offset = value;
   op.done = std::move(done);
   return links->Submit(std::move(op));
+}
+
+// --- the verbs backend -------------------------------------------------------
+
+absl::StatusOr<verbs::VerbsServer*> MeshEngine::VerbsServing() {
+  absl::MutexLock l(&verbs_mu_);
+  if (verbs_server_ != nullptr) return verbs_server_.get();
+  if (!verbs_error_.ok()) return verbs_error_;
+  absl::StatusOr<const verbs::VerbsApi*> api = verbs::LoadVerbs();
+  if (!api.ok()) {
+    verbs_error_ = api.status();
+    return verbs_error_;
+  }
+  if (nics_ == nullptr) nics_ = std::make_unique<verbs::Nics>(*api);  // the importing side may have made it
+  verbs_server_ = std::make_unique<verbs::VerbsServer>(
+      nics_.get(), options_.verbs,
+      [this](const std::string& node, uint64_t grant, uint64_t value) { DeliverVerbsNotify(node, grant, value); });
+  return verbs_server_.get();
+}
+
+absl::StatusOr<pb::OpenVerbsResponse> MeshEngine::AcceptVerbs(const std::string& node,
+                                                              const pb::OpenVerbsRequest& req) {
+  if (node == node_name_) {
+    return absl::PermissionDeniedError(absl::StrCat("a peer presented this node's own name '", node, "'"));
+  }
+  PODLINK_ASSIGN_OR_RETURN(IpPrefix asked, IpPrefix::Parse(req.address()));
+  const IpPrefix* mine = nullptr;
+  for (const IpPrefix& a : advertised_) {
+    if (a.family == asked.family && a.addr == asked.addr) mine = &a;
+  }
+  if (mine == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(req.address(), " is not an address this node advertises"));
+  }
+  if (req.gid().size() != 16) return absl::InvalidArgumentError("a GID is 16 bytes");
+  if (req.qps_size() == 0 || req.qps_size() > 16) return absl::InvalidArgumentError("1 to 16 queue pairs per path");
+  PODLINK_ASSIGN_OR_RETURN(verbs::VerbsServer * server, VerbsServing());
+  verbs::SideWire theirs;
+  theirs.device = req.device();
+  std::memcpy(theirs.gid.data(), req.gid().data(), 16);
+  theirs.mtu = req.mtu();
+  for (const pb::VerbsQp& q : req.qps()) theirs.qps.push_back(verbs::QpWire{q.qpn() & 0xffffff, q.psn() & 0xffffff});
+  PODLINK_ASSIGN_OR_RETURN(verbs::SideWire ours, server->Accept(node, req.link_instance(), *mine, theirs));
+  pb::OpenVerbsResponse resp;
+  resp.set_device(ours.device);
+  resp.set_gid(std::string(reinterpret_cast<const char*>(ours.gid.data()), 16));
+  resp.set_mtu(ours.mtu);
+  for (const verbs::QpWire& q : ours.qps) {
+    pb::VerbsQp* out = resp.add_qps();
+    out->set_qpn(q.qpn);
+    out->set_psn(q.psn);
+    out->set_mailbox(q.mailbox);
+    out->set_mailbox_rkey(q.mailbox_rkey);
+  }
+  return resp;
+}
+
+absl::Status MeshEngine::RegisterForVerbs(const std::string& node, uint64_t grant,
+                                          const std::shared_ptr<const ExportRecord>& rec,
+                                          pb::OpenRegionResponse* resp) {
+  PODLINK_ASSIGN_OR_RETURN(verbs::VerbsServer * server, VerbsServing());
+  PODLINK_ASSIGN_OR_RETURN(RelayView view, rec->memory->MapForRelay());
+  if (view.on_gpu) return absl::FailedPreconditionError("GPU exports cannot be reached over verbs yet");
+  // Registration pins every page: a range the owner punched out would be
+  // faulted in at podlinkd's expense, so it is refused as the relay does.
+  PODLINK_RETURN_IF_ERROR(rec->memory->CheckPopulated(0, rec->size));
+  PODLINK_ASSIGN_OR_RETURN(std::vector<verbs::RegionKey> keys,
+                           server->Register(node, grant, rec->memory, reinterpret_cast<char*>(view.address),
+                                            rec->size));
+  for (const verbs::RegionKey& k : keys) {
+    pb::VerbsKey* out = resp->add_verbs_keys();
+    out->set_device(k.device);
+    out->set_rkey(k.rkey);
+    out->set_base(k.base);
+  }
+  return absl::OkStatus();
+}
+
+void MeshEngine::DeliverVerbsNotify(const std::string& node, uint64_t grant, uint64_t value) {
+  absl::StatusOr<std::shared_ptr<const ExportRecord>> rec = GrantedExport(node, grant);
+  absl::Status st = rec.ok() ? host_->NotifyOwner(**rec, value) : rec.status();
+  if (!st.ok()) {
+    Log()->warn("event=mesh_notify_refused peer={} transport=verbs why=\"{}\"", node, st.message());
+    absl::MutexLock l(&mu_);
+    ++refused_notifies_;
+  }
+}
+
+void MeshEngine::SweepVerbs() {
+  std::vector<std::pair<uint64_t, std::string>> regs;
+  {
+    absl::MutexLock l(&verbs_mu_);
+    if (verbs_server_ == nullptr) return;
+    regs = verbs_server_->RegisteredGrants();
+  }
+  for (const auto& [grant, node] : regs) {
+    bool open = false;
+    {
+      absl::MutexLock l(&mu_);
+      open = grants_.contains(grant);
+    }
+    if (!open) {
+      absl::MutexLock l(&verbs_mu_);
+      verbs_server_->Unregister(grant, node);
+      continue;
+    }
+    (void)GrantedExport(node, grant);  // closes the grant, and so the registration, when the export is gone
+  }
+}
+
+absl::StatusOr<std::shared_ptr<verbs::VerbsLinks>> MeshEngine::ConnectVerbs(const std::string& node,
+                                                                            const std::vector<Path>& paths,
+                                                                            const OpenVerbsCall& open) {
+  PODLINK_ASSIGN_OR_RETURN(const verbs::VerbsApi* api, verbs::LoadVerbs());
+  verbs::Nics* nics = nullptr;
+  {
+    absl::MutexLock l(&verbs_mu_);
+    if (nics_ == nullptr) nics_ = std::make_unique<verbs::Nics>(api);
+    nics = nics_.get();
+  }
+  verbs::VerbsOptions vo = options_.verbs;
+  vo.qps_per_path = options_.connections_per_path;
+  vo.slice_bytes = options_.slice_bytes;
+  vo.slices_in_flight = options_.slices_in_flight;
+  auto links = std::make_shared<verbs::VerbsLinks>(node, vo);
+  absl::Status last;
+  for (const Path& path : paths) {
+    absl::Status st = [&]() -> absl::Status {
+      if (path.fallback) return absl::FailedPreconditionError("a routed (fallback) path has no RDMA device");
+      PODLINK_ASSIGN_OR_RETURN(verbs::GidChoice gid, verbs::ChooseGid(vo.sysfs, path.local, vo.gid_index));
+      PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<verbs::Nic> nic, nics->Get(gid));
+      PODLINK_ASSIGN_OR_RETURN(auto prepared, links->PreparePath(nic, gid, PathName(path)));
+      pb::OpenVerbsRequest req;
+      req.set_address(path.remote.AddressText());
+      req.set_gid(std::string(reinterpret_cast<const char*>(prepared.second.gid.data()), 16));
+      req.set_mtu(prepared.second.mtu);
+      req.set_link_instance(links->instance());
+      req.set_device(prepared.second.device);
+      for (const verbs::QpWire& q : prepared.second.qps) {
+        pb::VerbsQp* out = req.add_qps();
+        out->set_qpn(q.qpn);
+        out->set_psn(q.psn);
+      }
+      PODLINK_ASSIGN_OR_RETURN(pb::OpenVerbsResponse resp, open(req));
+      if (resp.gid().size() != 16) return absl::InternalError("the owner's GID is not 16 bytes");
+      verbs::SideWire owner;
+      owner.device = resp.device();
+      std::memcpy(owner.gid.data(), resp.gid().data(), 16);
+      owner.mtu = resp.mtu();
+      for (const pb::VerbsQp& q : resp.qps()) {
+        owner.qps.push_back(verbs::QpWire{q.qpn() & 0xffffff, q.psn() & 0xffffff, q.mailbox(), q.mailbox_rkey()});
+      }
+      return links->ConnectPath(prepared.first, owner);
+    }();
+    if (!st.ok()) {
+      Log()->warn("event=verbs_path_failed node={} path={} why=\"{}\"", node, PathName(path), st.message());
+      last = st;
+    }
+  }
+  if (links->live() == 0) {
+    return absl::UnavailableError(absl::StrCat("no verbs path to node ", node, " came up: ", last.message()));
+  }
+  return links;
 }
 
 podlink::v1::MeshStatus MeshEngine::Status() const {
@@ -1203,7 +1409,7 @@ podlink::v1::MeshStatus MeshEngine::Status() const {
     podlink::v1::MeshStatus::Peer* out = st.add_peers();
     out->set_node(node);
     out->set_remote_handles(handles[node]);
-    std::shared_ptr<PeerLinks> links = p->links();
+    std::shared_ptr<DataLinks> links = p->links();
     if (links == nullptr) continue;
     LinkStats s = links->Stats();
     out->set_connections_up(static_cast<uint32_t>(s.connections_up));
@@ -1242,7 +1448,7 @@ std::string MeshEngine::RenderMetrics() const {
     dup_notifies = duplicate_notifies_;
   }
   for (const auto& p : peers) {
-    std::shared_ptr<PeerLinks> l = p->links();
+    std::shared_ptr<DataLinks> l = p->links();
     LinkStats s = l != nullptr ? l->Stats() : LinkStats{};
     up[p->node()] = static_cast<double>(s.connections_up);
     sent[p->node()] = static_cast<double>(s.bytes_sent);

@@ -35,6 +35,7 @@
 #include "daemon/mesh/addresses.h"
 #include "daemon/mesh/mesh_host.h"
 #include "daemon/mesh/tcp_link.h"
+#include "daemon/mesh/verbs/verbs_link.h"
 #include "daemon/relay/mesh_port.h"
 #include "podlink/v1/podlink.pb.h"
 
@@ -65,6 +66,11 @@ struct MeshOptions {
   // A request the peer leaves unanswered this long fails its connection (its
   // slices go elsewhere, or fail UNAVAILABLE).
   absl::Duration answer_timeout = absl::Seconds(30);
+  // "tcp": data connections (tcp_link.h). "verbs": RC queue pairs on the RDMA
+  // device of each path's local address (verbs/verbs_link.h). Either way the
+  // daemon serves both to its peers.
+  std::string transport = "tcp";
+  verbs::VerbsOptions verbs;
 };
 
 struct RemoteTarget {
@@ -138,6 +144,21 @@ class MeshEngine final : public MeshPort {
                                                                    const podlink::mesh::v1::OpenRegionRequest& req)
       ABSL_LOCKS_EXCLUDED(mu_);
   void CloseRegion(const std::string& node, uint64_t grant) ABSL_LOCKS_EXCLUDED(mu_);
+  // The verbs backend's exporting side, made on first use (FAILED_PRECONDITION
+  // without libibverbs).
+  absl::StatusOr<verbs::VerbsServer*> VerbsServing() ABSL_LOCKS_EXCLUDED(verbs_mu_);
+  absl::StatusOr<podlink::mesh::v1::OpenVerbsResponse> AcceptVerbs(const std::string& node,
+                                                                   const podlink::mesh::v1::OpenVerbsRequest& req);
+  absl::Status RegisterForVerbs(const std::string& node, uint64_t grant, const std::shared_ptr<const ExportRecord>& rec,
+                                podlink::mesh::v1::OpenRegionResponse* resp);
+  void DeliverVerbsNotify(const std::string& node, uint64_t grant, uint64_t value);
+  // Registrations whose grant closed or whose export went away are dropped.
+  void SweepVerbs();
+  using OpenVerbsCall = std::function<absl::StatusOr<podlink::mesh::v1::OpenVerbsResponse>(
+      const podlink::mesh::v1::OpenVerbsRequest&)>;
+  absl::StatusOr<std::shared_ptr<verbs::VerbsLinks>> ConnectVerbs(const std::string& node,
+                                                                  const std::vector<Path>& paths,
+                                                                  const OpenVerbsCall& open);
   absl::StatusOr<std::shared_ptr<const ExportRecord>> GrantedExport(const std::string& node, uint64_t grant)
       ABSL_LOCKS_EXCLUDED(mu_);
   void AcceptLoop();
@@ -230,6 +251,12 @@ class MeshEngine final : public MeshPort {
   absl::Time last_prune_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   size_t unauthenticated_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Repair> repairs_ ABSL_GUARDED_BY(mu_);
+  // Verbs state, apart from mu_ (device calls can be slow).
+  absl::Mutex verbs_mu_;
+  std::unique_ptr<verbs::Nics> nics_ ABSL_GUARDED_BY(verbs_mu_);
+  std::unique_ptr<verbs::VerbsServer> verbs_server_ ABSL_GUARDED_BY(verbs_mu_);
+  absl::Status verbs_error_ ABSL_GUARDED_BY(verbs_mu_);
+  uint64_t refused_notifies_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t repaired_connections_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

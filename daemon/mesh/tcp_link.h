@@ -29,26 +29,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/unique_fd.h"
+#include "daemon/mesh/links.h"
 #include "daemon/mesh/wire.h"
 
 namespace podlink::mesh {
 
-struct LinkOp {
-  FrameType type = FrameType::kWrite;  // kWrite, kRead or kNotify
-  uint64_t grant = 0;
-  uint64_t offset = 0;                 // remote offset (kNotify: the value)
-  uint64_t length = 0;
-  char* local = nullptr;               // source (kWrite) or destination (kRead)
-  std::shared_ptr<const void> keep;    // keeps `local` mapped until done
-  std::function<void(const absl::Status&)> done;
-};
-
-struct LinkStats {
-  uint64_t connections_up = 0, bytes_sent = 0, bytes_received = 0, slices = 0, connection_failures = 0;
-  uint64_t resent_slices = 0;
-};
-
-class PeerLinks {
+class PeerLinks final : public DataLinks {
  public:
   static constexpr uint32_t kMaxAttempts = 3;
 
@@ -57,8 +43,9 @@ class PeerLinks {
   PeerLinks(std::string node, uint64_t slice_bytes, uint32_t slices_in_flight,
             absl::Duration answer_timeout = absl::Seconds(30));
   // Random per instance; sent in every connection's AUTH (wire.h).
-  uint64_t instance() const { return instance_; }
-  ~PeerLinks();  // fails whatever is queued or in flight with UNAVAILABLE, joins the threads
+  const char* transport() const override { return "tcp"; }
+  uint64_t instance() const override { return instance_; }
+  ~PeerLinks() override;  // fails whatever is queued or in flight with UNAVAILABLE, joins the threads
   PeerLinks(const PeerLinks&) = delete;
   PeerLinks& operator=(const PeerLinks&) = delete;
 
@@ -72,11 +59,11 @@ class PeerLinks {
     on_down_ = std::move(f);
   }
   // Queues `op`; UNAVAILABLE (and `done` never called) when no connection is up.
-  absl::Status Submit(LinkOp op) ABSL_LOCKS_EXCLUDED(mu_);
-  size_t live() const ABSL_LOCKS_EXCLUDED(mu_);
-  LinkStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Submit(LinkOp op) override ABSL_LOCKS_EXCLUDED(mu_);
+  size_t live() const override ABSL_LOCKS_EXCLUDED(mu_);
+  LinkStats Stats() const override ABSL_LOCKS_EXCLUDED(mu_);
   // Per connection: path, up, bytes sent.
-  std::vector<std::tuple<std::string, bool, uint64_t>> Connections() const ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<std::tuple<std::string, bool, uint64_t>> Connections() const override ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct OpState {

@@ -1,0 +1,268 @@
+// The RDMA verbs backend of the mesh links (RC queue pairs), both sides.
+//
+// Importing side (VerbsLinks, a DataLinks): per direct path, `qps_per_path`
+// RC QPs on the RDMA device whose GID is the path's local address. A
+// transfer is cut into slices that live QPs pull while they have a free
+// staging slot (registered host memory of this daemon, `slices_in_flight`
+// slots per QP): a write copies the slice into its slot and posts one RDMA
+// WRITE into the owner's registered export; a read posts one RDMA READ and
+// copies out on completion. No SEND/RECV on the data path: the owner's CPU
+// never sees a write or a read. A notification is one RDMA WRITE WITH
+// IMMEDIATE of {grant, value} into the QP's mailbox on the owner, the
+// immediate naming the mailbox slot; the owner's receive completion
+// delivers it. A QP that fails (retry exhausted, remote access error, port
+// down) hands its unfinished slices to the other QPs (at most kMaxAttempts
+// sends each); a notification is never sent twice: it fails UNAVAILABLE.
+//
+// Exporting side (VerbsServer): one protection domain per (peer daemon,
+// device), so an rkey leaked to one peer is useless on another's QPs; the
+// peer's QPs are created in it with remote write/read access, and each
+// granted export is registered in it (ibv_reg_mr over the daemon's mapping)
+// when the grant is made, and deregistered when the grant closes or the
+// export goes away. The importer's own QPs allow no remote access at all.
+//
+// Connection data (QPN, PSN, GID, MTU, rkeys) travels only over the
+// mutually authenticated control channel (mesh.proto OpenVerbs/OpenRegion).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/mesh/links.h"
+#include "daemon/mesh/verbs/gid.h"
+#include "daemon/mesh/verbs/verbs_api.h"
+
+namespace podlink {
+class MemoryObject;
+}
+
+namespace podlink::mesh::verbs {
+
+struct VerbsOptions {
+  uint32_t qps_per_path = 2;
+  uint64_t slice_bytes = 512 << 10;
+  uint32_t slices_in_flight = 4;   // staging slots per QP
+  uint8_t timeout = 14;            // local ACK timeout, 4.096 us * 2^timeout (14: 67 ms)
+  uint8_t retry_count = 7;         // transport retries before a QP fails
+  int gid_index = -1;              // -1: chosen by address and RoCE version
+  std::string sysfs = "/sys/class/infiniband";
+  uint32_t max_qps_per_peer = 64;  // exporting side
+};
+
+// One QP as the other side needs it.
+struct QpWire {
+  uint32_t qpn = 0;
+  uint32_t psn = 0;
+  uint64_t mailbox = 0;       // exporting side: the QP's notification mailbox (remote address)
+  uint32_t mailbox_rkey = 0;
+};
+
+// One side of a path, as carried by OpenVerbs.
+struct SideWire {
+  std::string device;
+  std::array<uint8_t, 16> gid{};
+  uint32_t mtu = 0;  // ibv_mtu
+  std::vector<QpWire> qps;
+};
+
+// An export registered for one peer on one device of the owner.
+struct RegionKey {
+  std::string device;
+  uint32_t rkey = 0;
+  uint64_t base = 0;  // remote address of the export's first byte
+};
+
+// An opened device (shared by every peer over it), with its async-event
+// thread: port and QP events are logged and counted.
+class Nic {
+ public:
+  static absl::StatusOr<std::shared_ptr<Nic>> Open(const VerbsApi* api, const std::string& device, uint8_t port);
+  ~Nic();
+  Nic(const Nic&) = delete;
+  Nic& operator=(const Nic&) = delete;
+  const VerbsApi* api() const { return api_; }
+  ibv_context* ctx() const { return ctx_; }
+  const std::string& name() const { return name_; }
+  uint8_t port() const { return port_; }
+  ibv_mtu active_mtu() const { return mtu_; }
+  uint64_t async_events() const { return async_events_.load(std::memory_order_relaxed); }
+
+ private:
+  Nic(const VerbsApi* api, ibv_context* ctx, std::string name, uint8_t port, ibv_mtu mtu);
+  void AsyncLoop();
+  const VerbsApi* const api_;
+  ibv_context* const ctx_;
+  const std::string name_;
+  const uint8_t port_;
+  const ibv_mtu mtu_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> async_events_{0};
+  std::thread async_;
+};
+
+// Devices by name, opened once per daemon.
+class Nics {
+ public:
+  explicit Nics(const VerbsApi* api) : api_(api) {}
+  absl::StatusOr<std::shared_ptr<Nic>> Get(const GidChoice& gid) ABSL_LOCKS_EXCLUDED(mu_);
+  const VerbsApi* api() const { return api_; }
+
+ private:
+  const VerbsApi* const api_;
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Nic>> nics_ ABSL_GUARDED_BY(mu_);
+};
+
+class VerbsLinks final : public DataLinks {
+ public:
+  static constexpr uint32_t kMaxAttempts = 3;
+
+  VerbsLinks(std::string node, VerbsOptions options);
+  ~VerbsLinks() override;  // fails what is queued or in flight with UNAVAILABLE
+  VerbsLinks(const VerbsLinks&) = delete;
+  VerbsLinks& operator=(const VerbsLinks&) = delete;
+
+  // Step 1 of a path: its QPs (RESET -> INIT) on `nic`, as the owner needs
+  // them. Returns the path's number for step 2.
+  absl::StatusOr<std::pair<size_t, SideWire>> PreparePath(std::shared_ptr<Nic> nic, const GidChoice& gid,
+                                                          std::string name) ABSL_LOCKS_EXCLUDED(mu_);
+  // Step 2: the owner's QPs; ours go to RTR and RTS and start pulling.
+  absl::Status ConnectPath(size_t path, const SideWire& owner) ABSL_LOCKS_EXCLUDED(mu_);
+  // The owner's keys for a grant (OpenRegion); dropped with the handle.
+  void AddRegion(uint64_t grant, std::vector<RegionKey> keys) ABSL_LOCKS_EXCLUDED(mu_);
+  void DropRegion(uint64_t grant) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const char* transport() const override { return "verbs"; }
+  uint64_t instance() const override { return instance_; }
+  absl::Status Submit(LinkOp op) override ABSL_LOCKS_EXCLUDED(mu_);
+  size_t live() const override ABSL_LOCKS_EXCLUDED(mu_);
+  LinkStats Stats() const override ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<std::tuple<std::string, bool, uint64_t>> Connections() const override ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct OpState;
+  struct Slice {
+    std::shared_ptr<OpState> op;
+    uint64_t offset = 0;  // within the op
+    uint64_t length = 0;
+    uint32_t attempts = 0;
+  };
+  struct Pending {
+    Slice slice;
+    uint32_t slot = 0;
+  };
+  struct Path;
+  struct Lane {  // one QP
+    Path* path = nullptr;
+    ibv_qp* qp = nullptr;
+    QpWire remote;
+    char* staging = nullptr;  // slices_in_flight slots of slice_bytes, then the notify slots
+    ibv_mr* mr = nullptr;
+    std::vector<uint32_t> free_slots;
+    std::map<uint64_t, Pending> pending;  // by wr_id
+    uint32_t notify_next = 0;
+    bool up = false, dead = false;
+    uint64_t bytes_sent = 0;
+  };
+  struct Path {
+    std::string name;
+    std::shared_ptr<Nic> nic;
+    GidChoice gid;
+    std::string remote_device;  // the owner's device at the other end
+    ibv_pd* pd = nullptr;
+    ibv_comp_channel* channel = nullptr;
+    ibv_cq* cq = nullptr;
+    std::vector<std::unique_ptr<Lane>> lanes;
+    std::thread poller;
+  };
+  struct Post {
+    Lane* lane;
+    uint64_t wr_id;
+    uint32_t slot;
+    Slice slice;
+  };
+
+  // Hands queued slices to lanes with room; posts outside the lock.
+  void Pump() ABSL_LOCKS_EXCLUDED(mu_);
+  void PostOne(const Post& p) ABSL_LOCKS_EXCLUDED(mu_);
+  void PollLoop(Path* path);
+  // A failed work request: its lane dies, the slice goes elsewhere or fails.
+  void Fail(Lane* lane, uint64_t wr_id, const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
+  void Finish(const Slice& s, const absl::Status& st);
+  void DestroyPath(Path& p);
+
+  const std::string node_;
+  const VerbsOptions options_;
+  const uint64_t instance_;
+
+  mutable absl::Mutex mu_;  // everything below and the Lane fields
+  std::vector<std::unique_ptr<Path>> paths_ ABSL_GUARDED_BY(mu_);
+  std::deque<Slice> queue_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::vector<RegionKey>> regions_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_wr_ ABSL_GUARDED_BY(mu_) = 1;
+  size_t next_lane_ ABSL_GUARDED_BY(mu_) = 0;
+  LinkStats stats_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> stop_{false};
+};
+
+// The exporting side: QPs and registrations for peer daemons.
+class VerbsServer {
+ public:
+  // Called on a completion thread with a peer's notification; the engine
+  // checks the grant belongs to `node`.
+  using NotifySink = std::function<void(const std::string& node, uint64_t grant, uint64_t value)>;
+  VerbsServer(Nics* nics, VerbsOptions options, NotifySink sink);
+  ~VerbsServer();
+
+  // A peer's path: `local` is this node's address the peer reaches;
+  // `link_instance` the peer's VerbsLinks (QPs of its older instances go).
+  absl::StatusOr<SideWire> Accept(const std::string& node, uint64_t link_instance, const IpPrefix& local,
+                                  const SideWire& importer) ABSL_LOCKS_EXCLUDED(mu_);
+  // Registers [addr, addr + length) of `memory` in each of the node's
+  // protection domains.
+  absl::StatusOr<std::vector<RegionKey>> Register(const std::string& node, uint64_t grant,
+                                                  std::shared_ptr<MemoryObject> memory, char* addr,
+                                                  uint64_t length) ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops the registration of `grant` if `node` made it.
+  void Unregister(uint64_t grant, const std::string& node) ABSL_LOCKS_EXCLUDED(mu_);
+  // Grant and node of every registration.
+  std::vector<std::pair<uint64_t, std::string>> RegisteredGrants() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t qps() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t notifies() const { return notifies_.load(std::memory_order_relaxed); }
+
+ private:
+  static constexpr uint32_t kRecvDepth = 16;          // notifications in flight per QP
+  static constexpr uint32_t kMailboxSlots = 2 * kRecvDepth;
+  struct Served;   // one QP of a peer
+  struct NodeNic;  // a peer's protection domain and CQ on one device
+  struct Registration {
+    std::string node;
+    std::shared_ptr<MemoryObject> memory;  // keeps the mapping while registered
+    std::vector<std::pair<std::shared_ptr<NodeNic>, ibv_mr*>> mrs;
+  };
+  void PollLoop(std::shared_ptr<NodeNic> nn);
+  void Deregister(Registration& r);
+
+  Nics* const nics_;
+  const VerbsOptions options_;
+  const NotifySink sink_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> notifies_{0};
+
+  mutable absl::Mutex mu_;
+  std::map<std::pair<std::string, std::string>, std::shared_ptr<NodeNic>> node_nics_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Registration> registrations_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace podlink::mesh::verbs

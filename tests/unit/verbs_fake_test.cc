@@ -1,0 +1,501 @@
+// The verbs backend (daemon/mesh/verbs/verbs_link.h) against a fake verbs
+// table: an in-process "fabric" that carries RC RDMA WRITE, READ and WRITE
+// WITH IMMEDIATE between fake QPs, checks rkeys against the target QP's
+// protection domain like an HCA, and can break a QP (retry exhausted) on
+// demand. Covers what soft-RoCE in the VM test cannot force cheaply: a QP
+// failing mid-transfer, every QP failing, and a key used on another peer's
+// QPs.
+#include <gtest/gtest.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "daemon/mesh/verbs/verbs_link.h"
+
+namespace podlink::mesh::verbs {
+namespace {
+
+// --- the fake fabric ---------------------------------------------------------
+
+struct FakeCq {
+  ibv_cq cq{};
+  ibv_comp_channel* channel = nullptr;
+  std::deque<ibv_wc> wcs;
+};
+struct Waiting {  // a WRITE WITH IMMEDIATE held back by RNR until a receive is posted
+  ibv_qp* from;
+  char* local;
+  char* remote;
+  uint32_t length;
+  ibv_wc send_wc;
+  uint32_t imm;
+};
+struct FakeQp {
+  ibv_qp qp{};
+  std::deque<Waiting> rnr;
+  uint32_t dest = 0;
+  int access = 0;
+  int recvs = 0;
+  bool broken = false;
+  int fail_after = -1;  // posts left before the QP breaks; -1: never
+};
+struct FakeMr {
+  ibv_mr mr{};
+  int access = 0;
+};
+
+struct Fabric {
+  std::recursive_mutex mu;
+  std::map<uint32_t, FakeQp*> qps;
+  std::map<uint32_t, FakeMr*> mrs;  // by rkey
+  uint32_t next_qpn = 100;
+  uint32_t next_key = 7;
+  int fake_device = 0;
+  ibv_device* devices[2] = {reinterpret_cast<ibv_device*>(&fake_device), nullptr};
+};
+Fabric* fabric = new Fabric;
+
+void Complete(FakeCq* cq, const ibv_wc& wc) {
+  cq->wcs.push_back(wc);
+  uint64_t one = 1;
+  if (cq->channel != nullptr) (void)!write(cq->channel->fd, &one, sizeof one);
+}
+
+FakeQp* Qp(ibv_qp* qp) { return reinterpret_cast<FakeQp*>(qp); }
+FakeCq* Cq(ibv_cq* cq) { return reinterpret_cast<FakeCq*>(cq); }
+
+// The remote range of an RDMA request, as the target HCA checks it: the key
+// exists, belongs to the target QP's protection domain, allows the access
+// and covers the range.
+char* Target(FakeQp* target, uint32_t rkey, uint64_t addr, uint32_t len, int need) {
+  auto it = fabric->mrs.find(rkey);
+  if (it == fabric->mrs.end()) return nullptr;
+  FakeMr* m = it->second;
+  if (m->mr.pd != target->qp.pd || (m->access & need) != need || (target->access & need) != need) return nullptr;
+  uint64_t base = reinterpret_cast<uintptr_t>(m->mr.addr);
+  if (addr < base || addr + len > base + m->mr.length) return nullptr;
+  return reinterpret_cast<char*>(addr);
+}
+
+void Deliver(FakeQp* t) {
+  while (t->recvs > 0 && !t->rnr.empty()) {
+    Waiting w = t->rnr.front();
+    t->rnr.pop_front();
+    --t->recvs;
+    std::memcpy(w.remote, w.local, w.length);
+    ibv_wc r{};
+    r.status = IBV_WC_SUCCESS;
+    r.opcode = IBV_WC_RECV_RDMA_WITH_IMM;
+    r.imm_data = w.imm;
+    r.qp_num = t->qp.qp_num;
+    r.wc_flags = IBV_WC_WITH_IMM;
+    Complete(Cq(t->qp.recv_cq), r);
+    if (fabric->qps.contains(w.send_wc.qp_num)) Complete(Cq(w.from->send_cq), w.send_wc);
+  }
+}
+
+int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
+  std::lock_guard<std::recursive_mutex> l(fabric->mu);
+  FakeQp* q = Qp(qp);
+  for (; wr != nullptr; wr = wr->next) {
+    ibv_wc wc{};
+    wc.wr_id = wr->wr_id;
+    wc.qp_num = qp->qp_num;
+    wc.status = IBV_WC_SUCCESS;
+    if (q->fail_after == 0) q->broken = true;
+    if (q->fail_after > 0) --q->fail_after;
+    auto peer = fabric->qps.find(q->dest);
+    if (q->broken || peer == fabric->qps.end()) {
+      wc.status = q->broken ? IBV_WC_RETRY_EXC_ERR : IBV_WC_WR_FLUSH_ERR;
+      Complete(Cq(qp->send_cq), wc);
+      continue;
+    }
+    FakeQp* t = peer->second;
+    const ibv_sge& s = wr->sg_list[0];
+    char* local = reinterpret_cast<char*>(s.addr);
+    int need = wr->opcode == IBV_WR_RDMA_READ ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
+    char* remote = Target(t, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, s.length, need);
+    if (remote == nullptr) {
+      wc.status = IBV_WC_REM_ACCESS_ERR;
+      q->broken = true;  // an RC QP goes to error
+      Complete(Cq(qp->send_cq), wc);
+      continue;
+    }
+    if (wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
+      // rnr_retry 7 retries for ever: the message lands once a receive is
+      // posted (Deliver), in order.
+      t->rnr.push_back(Waiting{qp, local, remote, s.length, wc, wr->imm_data});
+      Deliver(t);
+      continue;
+    }
+    if (wr->opcode == IBV_WR_RDMA_READ) {
+      std::memcpy(local, remote, s.length);
+    } else {
+      std::memcpy(remote, local, s.length);
+    }
+    Complete(Cq(qp->send_cq), wc);
+  }
+  *bad = nullptr;
+  return 0;
+}
+
+int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
+  std::lock_guard<std::recursive_mutex> l(fabric->mu);
+  for (; wr != nullptr; wr = wr->next) ++Qp(qp)->recvs;
+  Deliver(Qp(qp));
+  *bad = nullptr;
+  return 0;
+}
+
+int PollCq(ibv_cq* cq, int n, ibv_wc* out) {
+  std::lock_guard<std::recursive_mutex> l(fabric->mu);
+  FakeCq* c = Cq(cq);
+  int k = 0;
+  while (k < n && !c->wcs.empty()) {
+    out[k++] = c->wcs.front();
+    c->wcs.pop_front();
+  }
+  return k;
+}
+
+VerbsApi MakeFakeApi() {
+  VerbsApi v;
+  v.get_device_list = [](int* n) {
+    *n = 1;
+    return fabric->devices;
+  };
+  v.free_device_list = [](ibv_device**) {};
+  v.get_device_name = [](ibv_device*) { return "fake0"; };
+  v.open_device = [](ibv_device*) {
+    auto* ctx = new ibv_context{};
+    ctx->async_fd = eventfd(0, EFD_NONBLOCK);
+    return ctx;
+  };
+  v.close_device = [](ibv_context* ctx) {
+    close(ctx->async_fd);
+    delete ctx;
+    return 0;
+  };
+  v.query_port = [](ibv_context*, uint8_t, ibv_port_attr* pa) {
+    *pa = {};
+    pa->state = IBV_PORT_ACTIVE;
+    pa->active_mtu = IBV_MTU_1024;
+    pa->link_layer = IBV_LINK_LAYER_ETHERNET;
+    return 0;
+  };
+  v.alloc_pd = [](ibv_context* ctx) {
+    auto* pd = new ibv_pd{};
+    pd->context = ctx;
+    return pd;
+  };
+  v.dealloc_pd = [](ibv_pd* pd) {
+    delete pd;
+    return 0;
+  };
+  v.reg_mr = [](ibv_pd* pd, void* addr, size_t len, int access) {
+    std::lock_guard<std::recursive_mutex> l(fabric->mu);
+    auto* m = new FakeMr;
+    m->mr.pd = pd;
+    m->mr.addr = addr;
+    m->mr.length = len;
+    m->mr.lkey = m->mr.rkey = fabric->next_key++;
+    m->access = access;
+    fabric->mrs[m->mr.rkey] = m;
+    return &m->mr;
+  };
+  v.dereg_mr = [](ibv_mr* mr) {
+    std::lock_guard<std::recursive_mutex> l(fabric->mu);
+    fabric->mrs.erase(mr->rkey);
+    delete reinterpret_cast<FakeMr*>(mr);
+    return 0;
+  };
+  v.create_comp_channel = [](ibv_context* ctx) {
+    auto* ch = new ibv_comp_channel{};
+    ch->context = ctx;
+    ch->fd = eventfd(0, EFD_NONBLOCK);
+    return ch;
+  };
+  v.destroy_comp_channel = [](ibv_comp_channel* ch) {
+    close(ch->fd);
+    delete ch;
+    return 0;
+  };
+  v.create_cq = [](ibv_context* ctx, int, void*, ibv_comp_channel* ch, int) {
+    auto* c = new FakeCq;
+    c->cq.context = ctx;
+    c->cq.channel = ch;
+    c->channel = ch;
+    return &c->cq;
+  };
+  v.destroy_cq = [](ibv_cq* cq) {
+    std::lock_guard<std::recursive_mutex> l(fabric->mu);
+    delete Cq(cq);
+    return 0;
+  };
+  v.get_cq_event = [](ibv_comp_channel* ch, ibv_cq** cq, void** ctx) {
+    uint64_t n = 0;
+    if (read(ch->fd, &n, sizeof n) != sizeof n) return -1;
+    *cq = nullptr;
+    *ctx = nullptr;
+    return 0;
+  };
+  v.ack_cq_events = [](ibv_cq*, unsigned) {};
+  v.create_qp = [](ibv_pd* pd, ibv_qp_init_attr* a) {
+    std::lock_guard<std::recursive_mutex> l(fabric->mu);
+    auto* q = new FakeQp;
+    q->qp.pd = pd;
+    q->qp.send_cq = a->send_cq;
+    q->qp.recv_cq = a->recv_cq;
+    q->qp.qp_num = fabric->next_qpn++;
+    fabric->qps[q->qp.qp_num] = q;
+    return &q->qp;
+  };
+  v.modify_qp = [](ibv_qp* qp, ibv_qp_attr* a, int mask) {
+    std::lock_guard<std::recursive_mutex> l(fabric->mu);
+    if (mask & IBV_QP_ACCESS_FLAGS) Qp(qp)->access = a->qp_access_flags;
+    if (mask & IBV_QP_DEST_QPN) Qp(qp)->dest = a->dest_qp_num;
+    if ((mask & IBV_QP_STATE) && a->qp_state == IBV_QPS_ERR) Qp(qp)->broken = true;
+    return 0;
+  };
+  v.destroy_qp = [](ibv_qp* qp) {
+    std::lock_guard<std::recursive_mutex> l(fabric->mu);
+    fabric->qps.erase(qp->qp_num);
+    delete Qp(qp);
+    return 0;
+  };
+  v.get_async_event = [](ibv_context*, ibv_async_event*) { return -1; };
+  v.ack_async_event = [](ibv_async_event*) {};
+  v.wc_status_str = [](ibv_wc_status s) { return s == IBV_WC_SUCCESS ? "success" : "fake error"; };
+  v.event_type_str = [](ibv_event_type) { return "fake event"; };
+  v.post_send = PostSend;
+  v.post_recv = PostRecv;
+  v.poll_cq = PollCq;
+  v.req_notify_cq = [](ibv_cq*, int) { return 0; };
+  return v;
+}
+
+// --- the two sides over it -------------------------------------------------------
+
+class VerbsFake : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/podlink-fakeverbs-XXXXXX";
+    sysfs_ = mkdtemp(tmpl);
+    // The owner's address 10.0.0.2 is a RoCE v2 GID of fake0.
+    std::string base = sysfs_ + "/fake0/ports/1";
+    std::filesystem::create_directories(base + "/gids");
+    std::filesystem::create_directories(base + "/gid_attrs/types");
+    std::ofstream(base + "/gids/1") << "0000:0000:0000:0000:0000:ffff:0a00:0002\n";
+    std::ofstream(base + "/gid_attrs/types/1") << "RoCE v2\n";
+    options_.sysfs = sysfs_;
+    options_.qps_per_path = 2;
+    options_.slice_bytes = 64 << 10;
+    options_.slices_in_flight = 2;
+    server_ = std::make_unique<VerbsServer>(&nics_, options_, [this](const std::string& node, uint64_t g, uint64_t v) {
+      std::lock_guard<std::mutex> l(mu_);
+      notes_.push_back({node, g, v});
+    });
+    region_.assign(1 << 20, 0);
+  }
+  void TearDown() override {
+    server_.reset();
+    std::filesystem::remove_all(sysfs_);
+  }
+
+  // Importing side for `node`, one path to the owner, connected.
+  std::unique_ptr<VerbsLinks> Connect(const std::string& node) {
+    auto links = std::make_unique<VerbsLinks>(node, options_);
+    GidChoice mine;
+    mine.device = "fake0";
+    mine.index = 1;
+    auto nic = nics_.Get(mine);
+    EXPECT_TRUE(nic.ok());
+    auto prepared = links->PreparePath(*nic, mine, "test-path");
+    EXPECT_TRUE(prepared.ok()) << prepared.status();
+    auto owner = server_->Accept(node, links->instance(), *IpPrefix::Parse("10.0.0.2/30"), prepared->second);
+    EXPECT_TRUE(owner.ok()) << owner.status();
+    EXPECT_TRUE(links->ConnectPath(prepared->first, *owner).ok());
+    return links;
+  }
+  std::vector<RegionKey> Register(const std::string& node, uint64_t grant) {
+    auto keys = server_->Register(node, grant, nullptr, region_.data(), region_.size());
+    EXPECT_TRUE(keys.ok()) << keys.status();
+    return keys.ok() ? *keys : std::vector<RegionKey>{};
+  }
+  absl::Status Run(VerbsLinks& links, FrameType type, uint64_t grant, uint64_t offset, char* local, uint64_t len) {
+    absl::Notification done;
+    absl::Status result;
+    LinkOp op;
+    op.type = type;
+    op.grant = grant;
+    op.offset = offset;
+    op.length = len;
+    op.local = local;
+    op.done = [&](const absl::Status& st) {
+      result = st;
+      done.Notify();
+    };
+    absl::Status st = links.Submit(std::move(op));
+    if (!st.ok()) return st;
+    if (!done.WaitForNotificationWithTimeout(absl::Seconds(20))) return absl::DeadlineExceededError("no completion");
+    return result;
+  }
+  FakeQp* FirstQpOf(VerbsLinks& links) {
+    auto conns = links.Connections();
+    std::string name = std::get<0>(conns.front());
+    uint32_t qpn = std::stoul(name.substr(name.rfind(' ') + 1));
+    return fabric->qps.at(qpn);
+  }
+
+  std::string sysfs_;
+  const VerbsApi api_ = MakeFakeApi();
+  Nics nics_{&api_};
+  VerbsOptions options_;
+  std::unique_ptr<VerbsServer> server_;
+  std::vector<char> region_;
+  std::mutex mu_;
+  struct Note {
+    std::string node;
+    uint64_t grant, value;
+  };
+  std::vector<Note> notes_;
+};
+
+std::vector<char> Pattern(size_t n, int seed) {
+  std::vector<char> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<char>((i * 31 + seed) & 0xff);
+  return v;
+}
+
+TEST_F(VerbsFake, WriteReadNotifyLandWhereGranted) {
+  auto links = Connect("node-a");
+  links->AddRegion(42, Register("node-a", 42));
+  EXPECT_EQ(links->live(), 2u);
+  std::vector<char> src = Pattern(300 << 10, 5);
+  ASSERT_TRUE(Run(*links, FrameType::kWrite, 42, 4096, src.data(), src.size()).ok());
+  EXPECT_EQ(0, std::memcmp(region_.data() + 4096, src.data(), src.size()));
+  EXPECT_EQ(region_[4095], 0);
+  std::vector<char> back(src.size());
+  ASSERT_TRUE(Run(*links, FrameType::kRead, 42, 4096, back.data(), back.size()).ok());
+  EXPECT_EQ(back, src);
+  ASSERT_TRUE(Run(*links, FrameType::kNotify, 42, 77, nullptr, 0).ok());
+  for (int i = 0; i < 200 && server_->notifies() == 0; ++i) usleep(10000);
+  std::lock_guard<std::mutex> l(mu_);
+  ASSERT_EQ(notes_.size(), 1u);
+  EXPECT_EQ(notes_[0].node, "node-a");
+  EXPECT_EQ(notes_[0].grant, 42u);
+  EXPECT_EQ(notes_[0].value, 77u);
+  LinkStats s = links->Stats();
+  EXPECT_EQ(s.bytes_sent, src.size());
+  EXPECT_EQ(s.bytes_received, src.size());
+}
+
+TEST_F(VerbsFake, ManyNotificationsReuseMailboxSlots) {
+  auto links = Connect("node-a");
+  links->AddRegion(1, Register("node-a", 1));
+  for (uint64_t v = 1; v <= 100; ++v) ASSERT_TRUE(Run(*links, FrameType::kNotify, 1, v, nullptr, 0).ok());
+  for (int i = 0; i < 300 && server_->notifies() < 100; ++i) usleep(10000);
+  std::lock_guard<std::mutex> l(mu_);
+  ASSERT_EQ(notes_.size(), 100u);
+  for (uint64_t v = 1; v <= 100; ++v) EXPECT_EQ(notes_[v - 1].value, v);
+}
+
+TEST_F(VerbsFake, AQpFailingMidTransferCostsNoData) {
+  auto links = Connect("node-a");
+  links->AddRegion(9, Register("node-a", 9));
+  {
+    std::lock_guard<std::recursive_mutex> l(fabric->mu);
+    FirstQpOf(*links)->fail_after = 3;
+  }
+  std::vector<char> src = Pattern(1 << 20, 11);
+  ASSERT_TRUE(Run(*links, FrameType::kWrite, 9, 0, src.data(), src.size()).ok());
+  EXPECT_EQ(0, std::memcmp(region_.data(), src.data(), src.size()));
+  LinkStats s = links->Stats();
+  EXPECT_EQ(s.connections_up, 1u);
+  EXPECT_EQ(s.connection_failures, 1u);
+  EXPECT_GE(s.resent_slices, 1u);
+  EXPECT_EQ(links->live(), 1u);
+}
+
+TEST_F(VerbsFake, EveryQpFailingFailsUnavailableAndNotifiesAreNotResent) {
+  auto links = Connect("node-a");
+  links->AddRegion(9, Register("node-a", 9));
+  {
+    std::lock_guard<std::recursive_mutex> l(fabric->mu);
+    for (auto& [qpn, q] : fabric->qps) {
+      for (const auto& c : links->Connections()) {
+        if (std::get<0>(c).ends_with(" " + std::to_string(qpn))) q->broken = true;
+      }
+    }
+  }
+  std::vector<char> src = Pattern(256 << 10, 3);
+  absl::Status st = Run(*links, FrameType::kWrite, 9, 0, src.data(), src.size());
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_EQ(links->live(), 0u);
+  EXPECT_EQ(Run(*links, FrameType::kNotify, 9, 1, nullptr, 0).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(server_->notifies(), 0u);
+}
+
+TEST_F(VerbsFake, AnotherPeersKeyIsUselessOnThisPeersQps) {
+  auto a = Connect("node-a");
+  auto b = Connect("node-b");
+  std::vector<RegionKey> keys_for_a = Register("node-a", 5);
+  // node-b's daemon learned node-a's key (leaked, guessed): its QPs live in
+  // another protection domain, so the owner's HCA refuses the write.
+  b->AddRegion(5, keys_for_a);
+  std::vector<char> src = Pattern(4096, 1);
+  absl::Status st = Run(*b, FrameType::kWrite, 5, 0, src.data(), src.size());
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(region_[0], 0);
+  EXPECT_EQ(region_[1], 0);
+  // The key still works for the node it was made for.
+  a->AddRegion(5, keys_for_a);
+  EXPECT_TRUE(Run(*a, FrameType::kWrite, 5, 0, src.data(), src.size()).ok());
+  EXPECT_EQ(0, std::memcmp(region_.data(), src.data(), src.size()));
+}
+
+TEST_F(VerbsFake, UnregisteredGrantIsRefusedByTheHca) {
+  auto links = Connect("node-a");
+  std::vector<RegionKey> keys = Register("node-a", 8);
+  links->AddRegion(8, keys);
+  server_->Unregister(8, "node-b");  // not node-b's: stays
+  std::vector<char> src = Pattern(4096, 2);
+  EXPECT_TRUE(Run(*links, FrameType::kWrite, 8, 0, src.data(), src.size()).ok());
+  server_->Unregister(8, "node-a");
+  EXPECT_FALSE(Run(*links, FrameType::kWrite, 8, 0, src.data(), src.size()).ok());
+}
+
+TEST_F(VerbsFake, OwnerLimitsQueuePairsPerPeer) {
+  options_.max_qps_per_peer = 3;
+  server_ = std::make_unique<VerbsServer>(&nics_, options_, [](const std::string&, uint64_t, uint64_t) {});
+  auto links = std::make_unique<VerbsLinks>("node-a", options_);
+  GidChoice mine;
+  mine.device = "fake0";
+  mine.index = 1;
+  auto nic = nics_.Get(mine);
+  ASSERT_TRUE(nic.ok());
+  auto p1 = links->PreparePath(*nic, mine, "p1");
+  auto p2 = links->PreparePath(*nic, mine, "p2");
+  ASSERT_TRUE(p1.ok() && p2.ok());
+  IpPrefix owner = *IpPrefix::Parse("10.0.0.2/30");
+  EXPECT_TRUE(server_->Accept("node-a", links->instance(), owner, p1->second).ok());
+  EXPECT_EQ(server_->Accept("node-a", links->instance(), owner, p2->second).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // A new link set of the same peer replaces the old one's QPs.
+  auto again = std::make_unique<VerbsLinks>("node-a", options_);
+  auto p3 = again->PreparePath(*nic, mine, "p3");
+  ASSERT_TRUE(p3.ok());
+  EXPECT_TRUE(server_->Accept("node-a", again->instance(), owner, p3->second).ok());
+  EXPECT_EQ(server_->qps(), 2u);
+}
+
+}  // namespace
+}  // namespace podlink::mesh::verbs
