@@ -9,13 +9,16 @@ SUDO=""
 # python3-yaml reads YAML back in tests (rendered manifests, kubectl-podlink -o yaml);
 # containerd, runc, umoci, busybox-static and python3-protobuf: the OCI image (scripts/build-image.sh) and the
 # real-runtime test (tests/runtime/containerd_test.py);
-# clang and its runtime build the libFuzzer targets (tests/fuzz).
+# clang and its runtime build the libFuzzer targets (tests/fuzz);
+# qemu-system-x86, kmod, cpio, rdma-core, ibverbs-providers and ibverbs-utils: the soft-RoCE guests of the verbs
+# mesh test (tests/vm/; Debian's kernel package is fetched there with apt-get download, not installed).
 pkgs=(build-essential cmake pkg-config protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
       libgrpc++-dev libabsl-dev libspdlog-dev libgtest-dev libgmock-dev nlohmann-json3-dev
       libibverbs-dev librdmacm-dev util-linux iproute2 openssl yamllint python3-yaml
       golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev python3-grpcio
       containerd runc umoci busybox-static python3-protobuf
-      clang libclang-rt-14-dev)
+      clang libclang-rt-14-dev
+      qemu-system-x86 kmod cpio rdma-core ibverbs-providers ibverbs-utils)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

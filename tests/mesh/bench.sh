@@ -67,17 +67,9 @@ done
 log "two cables of $rate between $a and $b; $bytes bytes per run, $reps runs per case"
 
 # A CA for this run and a certificate per node.
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=bench-ca \
-  -keyout "$tmp/ca.key" -out "$tmp/ca.crt" 2>/dev/null
-for n in node-a node-b; do
-  mkdir -p "$tmp/$n/certs"
-  openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=$n" \
-    -keyout "$tmp/$n/certs/tls.key" -out "$tmp/$n/certs/tls.csr" 2>/dev/null
-  printf 'subjectAltName=DNS:%s\nextendedKeyUsage=serverAuth,clientAuth\n' "$n" > "$tmp/$n/ext.cnf"
-  openssl x509 -req -in "$tmp/$n/certs/tls.csr" -CA "$tmp/ca.crt" -CAkey "$tmp/ca.key" -CAcreateserial -days 1 \
-    -extfile "$tmp/$n/ext.cnf" -out "$tmp/$n/certs/tls.crt" 2>/dev/null
-  cp "$tmp/ca.crt" "$tmp/$n/certs/ca.crt"
-done
+source "$(dirname "$0")/../common/mesh_certs.sh"
+mesh_certs "$tmp/certs" node-a node-b
+for n in node-a node-b; do mkdir -p "$tmp/$n"; ln -s "$tmp/certs/$n" "$tmp/$n/certs"; done
 
 record() {  # case rep json-from-a-tool
   python3 -c 'import json,sys; d=json.loads(sys.argv[3]); d["case"]=sys.argv[1]; d["rep"]=int(sys.argv[2]); print(json.dumps(d))' \

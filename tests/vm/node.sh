@@ -1,0 +1,116 @@
+#!/bin/sh
+# Runs inside a test guest (tests/vm/lib.sh) as one mesh node: brings up the
+# cables listed in /mnt/NAME.net ("netdev addr/prefix" per line) with a
+# soft-RoCE device on each, starts podlinkd with the verbs transport, then
+# plays the pods of the test:
+#
+#   node.sh BUILD pair SIZE PEER...  serve a region (kv-serve), write, read back
+#                                    and notify each PEER's region (kv-put
+#                                    --read-back), wait for our own region's
+#                                    notification and check every byte.
+#
+# Every wait is bounded. Results are JSON lines in /mnt/NAME.*.out.
+set -eu
+build=$1
+shift
+role=$1
+shift
+name=$PODLINK_VM_NAME
+out=/mnt
+log() { echo "[$name $(date +%T)] $*"; }
+echo "$PODLINK_VM_IDX" > "$out/$name.idx"
+
+ifs=""
+while read -r dev addr; do
+  [ -n "$dev" ] || continue
+  ip addr add "$addr" dev "$dev"
+  ip link set "$dev" up
+  rdma link add "rxe_$dev" type rxe netdev "$dev"
+  ifs="$ifs${ifs:+, }\"$dev\""
+done < "$out/$name.net"
+log "cables: $(ip -brief addr show | grep -v '^lo' | tr '\n' ';')"
+log "rdma: $(rdma link show | tr '\n' ';')"
+
+mkdir -p /run/podlink-test
+cat > /run/podlink-test/config.json <<CFG
+{"node": {"name": "$name", "id": "$name"},
+ "mesh": {"enabled": true, "transport": "verbs", "cert_dir": "$out/certs/$name", "interfaces": [$ifs],
+          "connections_per_path": 2, "slice_kib": 256, "verbs_timeout": ${PODLINK_VM_VERBS_TIMEOUT:-18}},
+ "pods": [{"match": {"uid": 0}, "namespace": "vmtest", "name": "pod-$name",
+           "annotations": {"podlink.io/peer-group": "vmtest"}}]}
+CFG
+wrap=""
+[ "${PODLINK_VM_GDB:-0}" = 1 ] && wrap="gdb -q -batch -ex run -ex bt -ex quit --args"
+$wrap "$build/daemon/podlinkd" --socket-dir /run/podlink-test --config /run/podlink-test/config.json --no-gpu \
+  --metrics-addr 127.0.0.1:9464 > "$out/$name.podlinkd.log" 2>&1 &
+daemon=$!
+i=0
+until [ -S /run/podlink-test/podlink.fd.sock ]; do
+  i=$((i + 1))
+  [ "$i" -lt 600 ] || { log "podlinkd did not start in 60 s"; exit 1; }
+  kill -0 "$daemon" || { log "podlinkd exited"; exit 1; }
+  sleep 0.1
+done
+log "podlinkd up"
+export PODLINK_SOCKET_DIR=/run/podlink-test
+demo="$build/client-lib/tools/podlink-demo"
+
+wait_for() {  # file seconds
+  i=0
+  until [ -s "$1" ]; do
+    i=$((i + 1))
+    [ "$i" -lt "$(($2 * 10))" ] || { log "no $1 after $2 s"; return 1; }
+    sleep 0.1
+  done
+}
+
+case "$role" in
+  pair)
+    size=$1
+    shift
+    "$demo" kv-serve --size "$size" --verify "$PODLINK_VM_IDX" > "$out/$name.serve.out" 2> "$out/$name.serve.err" &
+    server=$!
+    i=0
+    until grep -q '"serving"' "$out/$name.serve.out" 2>/dev/null; do
+      i=$((i + 1))
+      [ "$i" -lt 600 ] || { log "kv-serve did not start"; exit 1; }
+      kill -0 "$server" 2>/dev/null || { log "kv-serve failed: $(cat "$out/$name.serve.err")"; exit 1; }
+      sleep 0.1
+    done
+    python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["descriptor"])' \
+      "$out/$name.serve.out" > "$out/$name.desc.tmp"
+    mv "$out/$name.desc.tmp" "$out/$name.desc"
+    rc=0
+    for peer in "$@"; do
+      wait_for "$out/$peer.desc" 240 || { rc=1; continue; }
+      peer_idx=$(cat "$out/$peer.idx")
+      log "writing $size bytes to $peer's region, reading them back, notifying"
+      if ! timeout 300 "$demo" kv-put --desc "$(cat "$out/$peer.desc")" --seed "$peer_idx" --read-back \
+          > "$out/$name.put-$peer.out" 2> "$out/$name.put-$peer.err"; then
+        log "kv-put to $peer failed: $(tail -3 "$out/$name.put-$peer.err")"
+        rc=1
+      fi
+      cat "$out/$name.put-$peer.out"
+    done
+    # Our region's writer notifies when done; kv-serve gives up after 120 s.
+    if ! wait "$server"; then
+      log "kv-serve failed: $(tail -3 "$out/$name.serve.err")"
+      rc=1
+    fi
+    cat "$out/$name.serve.out"
+    python3 -c 'import json,sys
+v=[json.loads(l) for l in open(sys.argv[1]) if "verified" in l]
+sys.exit(0 if v and v[0]["mismatches"] == 0 else 1)' "$out/$name.serve.out" || { log "our region was not written right"; rc=1; }
+    # Stay up until every peer has finished with our region.
+    echo "$rc" > "$out/$name.finished"
+    for peer in "$@"; do wait_for "$out/$peer.finished" 300 || true; done
+    ;;
+  *)
+    log "unknown role $role"
+    rc=2
+    ;;
+esac
+curl -s --max-time 5 http://127.0.0.1:9464/metrics 2>/dev/null | grep -E '^podlink_mesh' > "$out/$name.metrics" || true
+kill "$daemon" 2>/dev/null || true
+wait "$daemon" 2>/dev/null || true
+exit "$rc"
