@@ -34,7 +34,12 @@ case "$mode" in
     flags="thread"
     targets=(podlinkd podlink-demo broker_namespaces_test hostile_clients_test relay_test client_lifetime_test c_api_test
              mesh_test verbs_fake_test)
-    ctest_args=(-R '(^|/)(BrokerNamespaces|Attacks|HostileClients|Relay|RelayLifetime|ClientLifetime|CApi|Mesh|MeshHostile|VerbsFake)\.')
+    # The two cut-cable mesh tests wait out TCP timeouts (26 s each under
+    # TSan) and run in the plain and ASan passes only: TSan still races the
+    # TCP links' striping and the verbs links' resend after a failed QP
+    # (VerbsFake), not the TCP resend after a cut (the CI time budget).
+    ctest_args=(-R '(^|/)(BrokerNamespaces|Attacks|HostileClients|Relay|RelayLifetime|ClientLifetime|CApi|Mesh|MeshHostile|VerbsFake)\.'
+                -E 'Mesh\.ACutCable')
     mkdir -p "$build"
     bash scripts/lib/tsan_abseil.sh "$PWD/$build/absl"
     export LD_LIBRARY_PATH="$PWD/$build/absl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

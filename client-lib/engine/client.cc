@@ -123,16 +123,19 @@ class Client::Impl {
         stub_(v1::Broker::NewStub(ch)),
         timeout_(timeout) {}
 
-  void Prepare(grpc::ClientContext& ctx) const {
+  // `at_least`: calls that wait on something slower than the daemon itself
+  // (another node's daemon) get that much time even when the client's
+  // timeout is shorter.
+  void Prepare(grpc::ClientContext& ctx, absl::Duration at_least = absl::ZeroDuration()) const {
     ctx.AddMetadata(kSessionMetadataKey, credential_);
     ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::microseconds(absl::ToInt64Microseconds(timeout_)));
+                     std::chrono::microseconds(absl::ToInt64Microseconds(std::max(timeout_, at_least))));
   }
 
   template <typename Req, typename Resp, typename Method>
-  absl::StatusOr<Resp> Call(Method method, const Req& req) {
+  absl::StatusOr<Resp> Call(Method method, const Req& req, absl::Duration at_least = absl::ZeroDuration()) {
     grpc::ClientContext ctx;
-    Prepare(ctx);
+    Prepare(ctx, at_least);
     Resp resp;
     grpc::Status st = (stub_.get()->*method)(&ctx, req, &resp);
     if (!st.ok()) {
@@ -630,8 +633,10 @@ absl::StatusOr<Imported> Client::OpenRemote(const std::string& node_name, const 
   for (const std::string& a : addresses) req.add_addresses(a);
   req.set_mesh_port(mesh_port);
   req.set_export_id(export_id);
+  // The first open of a node dials it: TLS, link set up (QPs on every path
+  // for verbs), the owner's registration of the export.
   PODLINK_ASSIGN_OR_RETURN(v1::OpenRemoteResponse r, (impl_->Call<v1::OpenRemoteRequest, v1::OpenRemoteResponse>(
-                                                         &v1::Broker::Stub::OpenRemote, req)));
+                                                         &v1::Broker::Stub::OpenRemote, req, absl::Seconds(60))));
   Imported imp;
   imp.info_ = FromProto(r.export_());
   imp.remote_handle_ = r.handle();

@@ -413,11 +413,18 @@ absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions option
   }
   e->control_port_ = static_cast<uint32_t>(port);
   e->accept_thread_ = std::thread([p = e.get()] { p->AcceptLoop(); });
+  if (o.transport == "verbs") {
+    // Said at start, not at the first pod's open: this node cannot use verbs.
+    absl::StatusOr<const verbs::VerbsApi*> api = verbs::LoadVerbs();
+    if (!api.ok()) return api.status();
+  } else if (o.transport != "tcp") {
+    return absl::InvalidArgumentError(absl::StrCat("mesh.transport '", o.transport, "': tcp or verbs"));
+  }
   e->repair_thread_ = std::thread([p = e.get()] { p->RepairLoop(); });
   std::vector<std::string> adv;
   for (const IpPrefix& a : e->advertised_) adv.push_back(a.ToString());
-  Log()->info("event=mesh_ready node={} control={} data_port={} addresses={}", e->node_name_, o.listen,
-              e->data_port_, absl::StrJoin(adv, ","));
+  Log()->info("event=mesh_ready node={} control={} data_port={} addresses={} transport={}", e->node_name_, o.listen,
+              e->data_port_, absl::StrJoin(adv, ","), o.transport);
   return e;
 }
 
@@ -894,7 +901,9 @@ absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const Remote
   if (options_.transport == "verbs") {
     auto open = [&](const pb::OpenVerbsRequest& req) -> absl::StatusOr<pb::OpenVerbsResponse> {
       grpc::ClientContext ctx;
-      ctx.set_deadline(deadline());
+      // The owner may open its device and make QPs first: more than a
+      // handshake (seconds on emulated soft-RoCE).
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.connect_timeout + absl::Seconds(25)));
       pb::OpenVerbsResponse resp;
       PODLINK_RETURN_IF_ERROR(FromGrpc(stub->OpenVerbs(&ctx, req, &resp), target.node_name));
       return resp;
@@ -1484,6 +1493,22 @@ std::string MeshEngine::RenderMetrics() const {
       static_cast<double>(late));
   one("podlink_mesh_duplicate_notifies_total", "counter", "notifications received again and not delivered twice",
       static_cast<double>(dup_notifies));
+  uint64_t refused_notifies = 0;
+  {
+    absl::MutexLock l(&mu_);
+    refused_notifies = refused_notifies_;
+  }
+  one("podlink_mesh_refused_notifies_total", "counter",
+      "notifications from peers not delivered (grant not theirs, export gone)", static_cast<double>(refused_notifies));
+  absl::MutexLock l(&verbs_mu_);
+  if (verbs_server_ != nullptr) {
+    one("podlink_mesh_verbs_served_qps", "gauge", "RC queue pairs this node holds for peer daemons",
+        static_cast<double>(verbs_server_->qps()));
+    one("podlink_mesh_verbs_registrations", "gauge", "exports registered for peers' RDMA access",
+        static_cast<double>(verbs_server_->RegisteredGrants().size()));
+    one("podlink_mesh_verbs_notifies_total", "counter", "notifications received by RDMA WRITE WITH IMMEDIATE",
+        static_cast<double>(verbs_server_->notifies()));
+  }
   return out;
 }
 

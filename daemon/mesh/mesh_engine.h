@@ -252,7 +252,7 @@ class MeshEngine final : public MeshPort {
   size_t unauthenticated_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Repair> repairs_ ABSL_GUARDED_BY(mu_);
   // Verbs state, apart from mu_ (device calls can be slow).
-  absl::Mutex verbs_mu_;
+  mutable absl::Mutex verbs_mu_;
   std::unique_ptr<verbs::Nics> nics_ ABSL_GUARDED_BY(verbs_mu_);
   std::unique_ptr<verbs::VerbsServer> verbs_server_ ABSL_GUARDED_BY(verbs_mu_);
   absl::Status verbs_error_ ABSL_GUARDED_BY(verbs_mu_);

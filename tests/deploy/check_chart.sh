@@ -163,7 +163,7 @@ podSource: standalone
 criSocket: ""
 devicePlugin: {enabled: false}
 mesh: {enabled: true, port: 7456, dataPort: 7457, certHostPath: /var/lib/podlink-mesh, interfaces: [ens1f0],
-       connectionsPerPath: 2}
+       connectionsPerPath: 2, transport: verbs}
 VALUES
 "$render" -f "$tmp/mesh.yaml" charts/podlink > "$tmp/mesh-render.yaml" || fail "the chart with the mesh on does not render"
 lint "$tmp/mesh-render.yaml" "the render with the mesh on"
@@ -178,7 +178,8 @@ assert vols["mesh-certs"]["hostPath"] == {"path": "/var/lib/podlink-mesh", "type
 cm = next(d for d in docs if d["kind"] == "ConfigMap")
 mesh = json.loads(cm["data"]["config.json"])["mesh"]
 assert mesh == {"enabled": True, "listen": "0.0.0.0:7456", "data_port": 7457, "cert_dir": "/etc/podlink-mesh",
-                "interfaces": ["ens1f0"], "fallback": False, "connections_per_path": 2}, mesh
+                "interfaces": ["ens1f0"], "fallback": False, "connections_per_path": 2,
+                "transport": "verbs"}, mesh
 print("mesh render: host network, ports", ports, "config", mesh)
 PY
 python3 - "$tmp/default.yaml" <<'PY' || fail "the default render has parts of the mesh"
@@ -253,6 +254,7 @@ mesh: {enabled: true, dataPort: 9477}|mesh.port, mesh.dataPort and metrics.port 
 mesh: {enabled: true, dataPort: 7446}|mesh.port, mesh.dataPort and metrics.port must differ
 mesh: {enabled: true, certHostPath: certs}|mesh.certHostPath must be an absolute path
 mesh: {enabled: true, connectionsPerPath: 17}|mesh.connectionsPerPath must be in 1..16
+mesh: {enabled: true, transport: udp}|mesh.transport must be tcp or verbs
 EOF
 echo "chart renders its cluster defaults, values-standalone.yaml and every node-agent value, lints, and refuses" \
   "$nbad bad combinations"

@@ -83,6 +83,7 @@ def pairs(v):  # (chart key, chart value, podlinkd default)
         ("mesh.dataPort", v["mesh"]["dataPort"], d["mesh"]["data_port"]),
         ("mesh.fallback", v["mesh"]["fallback"], d["mesh"]["fallback"]),
         ("mesh.connectionsPerPath", v["mesh"]["connectionsPerPath"], d["mesh"]["connections_per_path"]),
+        ("mesh.transport", v["mesh"]["transport"], d["mesh"]["transport"]),
     ]
 bad = [f"with values-standalone.yaml, {k}: chart {a!r}, podlinkd {b!r}" for k, a, b in pairs(standalone) if a != b]
 # The cluster defaults: exactly these differ from podlinkd's, and are what a cluster needs.

@@ -25,6 +25,17 @@ TEST(DaemonConfig, LimitsAndPods) {
   EXPECT_EQ(*c->pods[0].uid, 1000u);
 }
 
+TEST(DaemonConfig, MeshTransport) {
+  auto c = ParseDaemonConfig(R"({"mesh": {"transport": "verbs", "verbs_gid_index": 3, "verbs_timeout": 16,
+                                           "verbs_retry_count": 5}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->broker.mesh.transport, "verbs");
+  EXPECT_EQ(c->broker.mesh.verbs.gid_index, 3);
+  EXPECT_EQ(c->broker.mesh.verbs.timeout, 16);
+  EXPECT_EQ(c->broker.mesh.verbs.retry_count, 5);
+  EXPECT_EQ(ParseDaemonConfig("{}")->broker.mesh.transport, "tcp");
+}
+
 TEST(DaemonConfig, RejectsBadInputWithReason) {
   struct Case {
     const char* json;
@@ -46,6 +57,10 @@ TEST(DaemonConfig, RejectsBadInputWithReason) {
            {R"({"pods": [{"match": {"uid": 1}, "namespace": "a", "name": "b", "annotationz": {}}]})",
             "annotationz"},
            {R"({"identity": {"kubelet_cgroup_rootz": ["/"]}})", "kubelet_cgroup_rootz"},
+           {R"({"mesh": {"transport": "udp"}})", "transport"},
+           {R"({"mesh": {"verbs_timeout": 40}})", "verbs_timeout"},
+           {R"({"mesh": {"verbs_retry_count": 8}})", "verbs_retry_count"},
+           {R"({"mesh": {"verbs_gid_index": -2}})", "verbs_gid_index"},
        }) {
     auto r = ParseDaemonConfig(c.json);
     ASSERT_FALSE(r.ok()) << c.json;

@@ -49,6 +49,9 @@
 {{- if or (lt (int .Values.mesh.connectionsPerPath) 1) (gt (int .Values.mesh.connectionsPerPath) 16) -}}
 {{- fail "mesh.connectionsPerPath must be in 1..16" -}}
 {{- end -}}
+{{- if not (has (toString .Values.mesh.transport) (list "tcp" "verbs")) -}}
+{{- fail "mesh.transport must be tcp or verbs" -}}
+{{- end -}}
 {{- end -}}
 {{- range $k, $v := .Values.limits -}}
 {{- if lt (int $v) 1 -}}
