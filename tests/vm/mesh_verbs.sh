@@ -26,7 +26,7 @@ source "$here/../common/mesh_certs.sh"
 vm_prepare
 VM_RUN=$out
 export VM_RUN
-rm -f "$out"/*.rc "$out"/*.desc "$out"/*.finished "$out"/*.idx
+rm -f "$out"/*.rc "$out"/*.desc-* "$out"/*.finished "$out"/*.idx
 trap vm_stop_all EXIT
 mesh_certs "$out/certs" node-a node-b
 echo "eth0 10.77.1.1/30" > "$out/node-a.net"
@@ -48,28 +48,15 @@ for n in node_a node_b; do
   cat "$out/$n.log" 2>/dev/null || echo "(no log; console tail:)"
   [ -f "$out/$n.log" ] || tail -n 20 "$out/$n.console"
 done
-python3 - "$out" <<'PY' || rc=1
-import json, os, sys
-out = sys.argv[1]
-ok = True
-for me, peer in (("node-a", "node-b"), ("node-b", "node-a")):
-    put = os.path.join(out, f"{me}.put-{peer}.out")
-    serve = os.path.join(out, f"{peer}.serve.out")
-    lines = [json.loads(l) for p in (put, serve) if os.path.exists(p) for l in open(p) if l.startswith("{")]
-    ev = {l.get("event"): l for l in lines}
-    p, r, v = ev.get("put"), ev.get("read_back"), ev.get("verified")
-    good = (p is not None and p.get("transport", "").endswith("mesh") and r is not None and r["mismatches"] == 0
-            and v is not None and v["mismatches"] == 0)
-    ok &= good
-    print(f"{me} -> {peer}: " + ("ok" if good else "FAILED") +
-          (f", write {p['bytes']} B in {p['seconds']:.2f} s ({p['bytes']/p['seconds']/1e6:.1f} MB/s)" if p else "") +
-          (f", read back in {r['seconds']:.2f} s, {r['mismatches']} mismatches" if r else "") +
-          (f", owner verified {v['bytes']} B, {v['mismatches']} mismatches" if v else ""))
-sys.exit(0 if ok else 1)
-PY
+python3 "$here/summary.py" "$out" node-a:node-b node-b:node-a || rc=1
 for n in node-a node-b; do
   grep -q "event=verbs_path_up" "$out/$n.podlinkd.log" 2>/dev/null && echo "$n: verbs path up" ||
     { echo "$n: no verbs path came up"; rc=1; }
 done
+{
+  echo "machine: $(nproc) cores, host kernel $(uname -r), guests: Debian $VM_KVER under QEMU TCG, 1 vCPU, ${VM_MEM_MB} MiB each"
+  echo "date: $(date -u +%Y-%m-%dT%H:%MZ); commit: $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "command: tests/vm/mesh_verbs.sh; region $bytes bytes"
+} > "$out/machine.txt"
 [ "$rc" = 0 ] && echo "mesh over verbs (soft-RoCE, two guests): PASS" || echo "mesh over verbs (soft-RoCE, two guests): FAIL"
 exit "$rc"

@@ -4,10 +4,11 @@
 # soft-RoCE device on each, starts podlinkd with the verbs transport, then
 # plays the pods of the test:
 #
-#   node.sh BUILD pair SIZE PEER...  serve a region (kv-serve), write, read back
-#                                    and notify each PEER's region (kv-put
-#                                    --read-back), wait for our own region's
-#                                    notification and check every byte.
+#   node.sh BUILD pair SIZE PEER...  serve a region per PEER (kv-serve), write,
+#                                    read back and notify the region each PEER
+#                                    serves us (kv-put --read-back), wait for
+#                                    our regions' notifications and check every
+#                                    byte.
 #
 # Every wait is bounded. Results are JSON lines in /mnt/NAME.*.out.
 set -eu
@@ -66,42 +67,66 @@ wait_for() {  # file seconds
 
 case "$role" in
   pair)
+    # One region per peer (each writer notifies its own owner), so a region
+    # is withdrawn only after its one writer finished with it.
     size=$1
     shift
-    "$demo" kv-serve --size "$size" --verify "$PODLINK_VM_IDX" > "$out/$name.serve.out" 2> "$out/$name.serve.err" &
-    server=$!
-    i=0
-    until grep -q '"serving"' "$out/$name.serve.out" 2>/dev/null; do
-      i=$((i + 1))
-      [ "$i" -lt 600 ] || { log "kv-serve did not start"; exit 1; }
-      kill -0 "$server" 2>/dev/null || { log "kv-serve failed: $(cat "$out/$name.serve.err")"; exit 1; }
-      sleep 0.1
+    servers=""
+    for peer in "$@"; do
+      "$demo" kv-serve --size "$size" --verify "$PODLINK_VM_IDX" > "$out/$name.serve-$peer.out" \
+        2> "$out/$name.serve-$peer.err" &
+      server=$!
+      servers="$servers $server"
+      i=0
+      until grep -q '"serving"' "$out/$name.serve-$peer.out" 2>/dev/null; do
+        i=$((i + 1))
+        [ "$i" -lt 600 ] || { log "kv-serve did not start"; exit 1; }
+        kill -0 "$server" 2>/dev/null || { log "kv-serve failed: $(cat "$out/$name.serve-$peer.err")"; exit 1; }
+        sleep 0.1
+      done
+      python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["descriptor"])' \
+        "$out/$name.serve-$peer.out" > "$out/$name.desc-$peer.tmp"
+      mv "$out/$name.desc-$peer.tmp" "$out/$name.desc-$peer"
     done
-    python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["descriptor"])' \
-      "$out/$name.serve.out" > "$out/$name.desc.tmp"
-    mv "$out/$name.desc.tmp" "$out/$name.desc"
     rc=0
     for peer in "$@"; do
-      wait_for "$out/$peer.desc" 240 || { rc=1; continue; }
+      wait_for "$out/$peer.desc-$name" 240 || { rc=1; continue; }
       peer_idx=$(cat "$out/$peer.idx")
       log "writing $size bytes to $peer's region, reading them back, notifying"
-      if ! timeout 300 "$demo" kv-put --desc "$(cat "$out/$peer.desc")" --seed "$peer_idx" --read-back \
+      # PODLINK_VM_CUT="peer netdev seconds": take that cable down that long
+      # after this daemon connected to peer (the write under way).
+      if [ "${PODLINK_VM_CUT:-}" != "" ] && [ "${PODLINK_VM_CUT%% *}" = "$peer" ]; then
+        cut_dev=$(echo "$PODLINK_VM_CUT" | cut -d' ' -f2)
+        cut_after=$(echo "$PODLINK_VM_CUT" | cut -d' ' -f3)
+        (
+          i=0
+          until grep -q "event=mesh_peer_connected node=$peer" "$out/$name.podlinkd.log"; do
+            i=$((i + 1))
+            [ "$i" -lt 1200 ] || exit 0
+            sleep 0.1
+          done
+          sleep "$cut_after"
+          ip link set "$cut_dev" down
+          log "cut $cut_dev"
+        ) &
+      fi
+      if ! timeout 300 "$demo" kv-put --desc "$(cat "$out/$peer.desc-$name")" --seed "$peer_idx" --read-back \
           > "$out/$name.put-$peer.out" 2> "$out/$name.put-$peer.err"; then
-        log "kv-put to $peer failed: $(tail -3 "$out/$name.put-$peer.err")"
+        log "kv-put to $peer failed: $(tail -3 "$out/$name.put-$peer.err") $(grep error "$out/$name.put-$peer.out")"
         rc=1
       fi
       cat "$out/$name.put-$peer.out"
     done
-    # Our region's writer notifies when done; kv-serve gives up after 120 s.
-    if ! wait "$server"; then
-      log "kv-serve failed: $(tail -3 "$out/$name.serve.err")"
-      rc=1
-    fi
-    cat "$out/$name.serve.out"
-    python3 -c 'import json,sys
+    # Each region's writer notifies when done; kv-serve gives up after 120 s.
+    for server in $servers; do wait "$server" || rc=1; done
+    for peer in "$@"; do
+      cat "$out/$name.serve-$peer.out"
+      python3 -c 'import json,sys
 v=[json.loads(l) for l in open(sys.argv[1]) if "verified" in l]
-sys.exit(0 if v and v[0]["mismatches"] == 0 else 1)' "$out/$name.serve.out" || { log "our region was not written right"; rc=1; }
-    # Stay up until every peer has finished with our region.
+sys.exit(0 if v and v[0]["mismatches"] == 0 else 1)' "$out/$name.serve-$peer.out" ||
+        { log "the region $peer wrote was not right"; rc=1; }
+    done
+    # Stay up until every peer has finished with our regions.
     echo "$rc" > "$out/$name.finished"
     for peer in "$@"; do wait_for "$out/$peer.finished" 300 || true; done
     ;;

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The longer soft-RoCE run (not in CI): three QEMU guests cabled as a triangle,
+# node-a and node-b by two cables, each node with its own podlinkd over the
+# verbs transport. Every node serves a region and writes, reads back and
+# notifies the other two nodes' regions (six directed transfers over direct
+# paths). While node-a writes to node-b, node-a's second cable to node-b goes
+# down: the QPs on it fail, their slices go over the first cable, and no byte
+# may be lost.
+#
+#   tests/vm/mesh_verbs_long.sh [build dir] [output dir]
+#
+# PODLINK_VM_BYTES (default 16 MiB), PODLINK_VM_CUT_AFTER (seconds into the
+# write, default 1), PODLINK_VM_TIMEOUT (default 900 s).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+build=$(cd "${1:-build}" && pwd)
+out=${2:-docs/results/verbs-softroce-triangle-$(date -u +%Y-%m-%d)-local}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+bytes=${PODLINK_VM_BYTES:-16777216}
+limit=${PODLINK_VM_TIMEOUT:-900}
+cut_after=${PODLINK_VM_CUT_AFTER:-1}
+source "$here/lib.sh"
+source "$here/../common/mesh_certs.sh"
+
+vm_prepare
+VM_RUN=$out
+export VM_RUN
+rm -rf "$out"/*
+trap vm_stop_all EXIT
+mesh_certs "$out/certs" node-a node-b node-c
+# a.eth0-b.eth0, a.eth1-b.eth1 (the one that is cut), b.eth2-c.eth0, a.eth2-c.eth1
+printf 'eth0 10.77.1.1/30\neth1 10.77.2.1/30\neth2 10.77.4.1/30\n' > "$out/node-a.net"
+printf 'eth0 10.77.1.2/30\neth1 10.77.2.2/30\neth2 10.77.3.1/30\n' > "$out/node-b.net"
+printf 'eth0 10.77.3.2/30\neth1 10.77.4.2/30\n' > "$out/node-c.net"
+p=$((20000 + $$ % 20000))
+VM_NICS_node_a="listen:$p listen:$((p + 1)) listen:$((p + 3))"
+VM_NICS_node_b="connect:$p connect:$((p + 1)) listen:$((p + 2))"
+VM_NICS_node_c="connect:$((p + 2)) connect:$((p + 3))"
+env="PODLINK_VM_VERBS_TIMEOUT=${PODLINK_VM_VERBS_TIMEOUT:-16}"
+t0=$(date +%s)
+vm_log "booting node-a, node-b, node-c (kernel $VM_KVER, soft-RoCE); $bytes bytes per transfer"
+vm_start node_a 1 "$env PODLINK_VM_CUT='node-b eth1 $cut_after' PODLINK_VM_NAME=node-a sh $here/node.sh $build pair $bytes node-b node-c"
+sleep 1
+vm_start node_b 2 "$env PODLINK_VM_NAME=node-b sh $here/node.sh $build pair $bytes node-a node-c"
+sleep 1
+vm_start node_c 3 "$env PODLINK_VM_NAME=node-c sh $here/node.sh $build pair $bytes node-a node-b"
+rc=0
+for n in node_a node_b node_c; do vm_wait "$n" "$limit" || rc=1; done
+vm_log "guests done in $(( $(date +%s) - t0 )) s"
+for n in node_a node_b node_c; do
+  echo "---- $n"
+  cat "$out/$n.log" 2>/dev/null || tail -n 20 "$out/$n.console"
+done
+python3 "$here/summary.py" "$out" node-a:node-b node-a:node-c node-b:node-a node-b:node-c node-c:node-a node-c:node-b ||
+  rc=1
+# The cut must have cost QPs (and so resent slices), not data.
+failed=$(grep -c 'event=verbs_qp_failed' "$out/node-a.podlinkd.log" || true)
+echo "node-a: $failed queue pairs failed after the cut"
+[ "$failed" -ge 1 ] || { echo "the cut did not fail any queue pair"; rc=1; }
+grep -h 'podlink_mesh' "$out/node-a.metrics" 2>/dev/null | grep -E 'resent|failures|connections' || true
+{
+  echo "machine: $(nproc) cores, host kernel $(uname -r), guests: Debian $VM_KVER under QEMU TCG, 1 vCPU, ${VM_MEM_MB} MiB each"
+  echo "date: $(date -u +%Y-%m-%dT%H:%MZ); commit: $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "command: tests/vm/mesh_verbs_long.sh; $bytes bytes per transfer; node-a's eth1 to node-b cut ${cut_after} s into its write"
+} > "$out/machine.txt"
+rm -rf "$out/certs" "$out"/*.pid "$out"/*.desc-* "$out"/*.idx
+[ "$rc" = 0 ] && echo "triangle + cut cable over verbs (soft-RoCE, three guests): PASS" ||
+  echo "triangle + cut cable over verbs (soft-RoCE, three guests): FAIL"
+exit "$rc"
