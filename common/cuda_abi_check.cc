@@ -39,3 +39,5 @@ static_assert(c::kAttrPciBusId == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID);
 static_assert(c::kAttrVmmSupported == CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED);
 static_assert(c::kAttrPosixFdSupported == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED);
 static_assert(c::kAttrFabricSupported == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED);
+static_assert(c::kAttrGpuDirectRdmaWithVmm == CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED);
+static_assert(c::kAttrDmaBufSupported == CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED);

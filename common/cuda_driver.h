@@ -44,6 +44,8 @@ inline constexpr int kAttrPciBusId = 33;
 inline constexpr int kAttrVmmSupported = 102;
 inline constexpr int kAttrPosixFdSupported = 103;
 inline constexpr int kAttrFabricSupported = 128;
+inline constexpr int kAttrGpuDirectRdmaWithVmm = 110;
+inline constexpr int kAttrDmaBufSupported = 124;
 
 inline constexpr size_t kFabricHandleSize = 64;
 

@@ -263,9 +263,10 @@ int main(int argc, char** argv) {
   }
   if (inv.cuda_available) {
     for (const auto& g : inv.gpus) {
-      log->info("event=gpu ordinal={} uuid={} bus={} node={} posix_fd={} fabric={} (attribute {})", g.ordinal,
-                g.uuid, g.pci_bus_id, g.device_node, g.posix_fd_supported, g.fabric_supported,
-                g.fabric_attribute);
+      log->info("event=gpu ordinal={} uuid={} bus={} node={} posix_fd={} fabric={} (attribute {}) dmabuf={} "
+                "gpudirect_rdma_vmm={}",
+                g.ordinal, g.uuid, g.pci_bus_id, g.device_node, g.posix_fd_supported, g.fabric_supported,
+                g.fabric_attribute, g.dmabuf_supported, g.gpudirect_rdma_vmm);
     }
   } else {
     log->info("event=no_cuda reason={} msg=\"serving host memory only\"", podlink::LogQuoted(inv.cuda_status));

@@ -452,6 +452,12 @@ absl::StatusOr<std::unique_ptr<GpuBuffer>> Client::AllocateGpu(size_t size, int 
   prop.type = cu::kAllocationTypePinned;
   prop.location = {cu::kLocationTypeDevice, device};
   prop.requestedHandleTypes = cu::kHandleTypePosixFd;
+  // So a NIC can reach it by DMA-BUF (the mesh's verbs backend) where the
+  // device allows the flag with VMM allocations.
+  int gdr = 0;
+  if (d->DeviceGetAttribute(&gdr, cu::kAttrGpuDirectRdmaWithVmm, device) == cu::kSuccess && gdr != 0) {
+    prop.allocFlags.gpuDirectRDMACapable = 1;
+  }
   size_t gran = 0;
   PODLINK_RETURN_IF_ERROR(
       cu::CuStatus(d->MemGetAllocationGranularity(&gran, &prop, 0), "cuMemGetAllocationGranularity"));

@@ -146,6 +146,12 @@ GpuInventory DiscoverGpus() {
     v = 0;
     d.DeviceGetAttribute(&v, cu::kAttrFabricSupported, dev);
     g.fabric_attribute = v != 0;
+    v = 0;
+    d.DeviceGetAttribute(&v, cu::kAttrDmaBufSupported, dev);
+    g.dmabuf_supported = v != 0;
+    v = 0;
+    d.DeviceGetAttribute(&v, cu::kAttrGpuDirectRdmaWithVmm, dev);
+    g.gpudirect_rdma_vmm = v != 0;
     cu::MemAllocationProp prop{};
     prop.type = cu::kAllocationTypePinned;
     prop.requestedHandleTypes = cu::kHandleTypePosixFd;

@@ -26,6 +26,9 @@ struct GpuDevice {
   bool vmm_supported = false;
   bool posix_fd_supported = false;
   bool fabric_supported = false;  // decided by trying, not by the attribute
+  // What an RDMA NIC could use (the mesh's verbs transport, by DMA-BUF):
+  bool dmabuf_supported = false;      // CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED
+  bool gpudirect_rdma_vmm = false;    // CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
   bool fabric_attribute = false;
   std::vector<GpuPeer> peers;
 };

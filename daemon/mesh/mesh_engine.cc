@@ -81,11 +81,6 @@ void TuneDataSocket(int fd, absl::Duration io_timeout) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
 }
 
-void SetRecvTimeout(int fd, absl::Duration d) {
-  timeval tv = absl::ToTimeval(d);
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-}
-
 socklen_t ToSockaddr(const IpPrefix& a, uint16_t port, sockaddr_storage* ss) {
   std::memset(ss, 0, sizeof(*ss));
   if (a.family == AF_INET) {

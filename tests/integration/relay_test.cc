@@ -232,17 +232,22 @@ class RawRing {
     (void)!::write(bell_, &one, sizeof(one));
   }
   // Waits for the next completion.
+  // The next completion, or none within 10 s (a count of spins was too
+  // short on a loaded 2-core machine).
   std::optional<RelayCqe> Next() {
-    for (int i = 0; i < 2000000; ++i) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    for (int i = 0;; ++i) {
       if (hdr()->cq_tail.value.load(std::memory_order_acquire) != head_) {
         RelayCqe c = reinterpret_cast<RelayCqe*>(base_ + layout_.cq_offset)[head_ & (layout_.cq_entries - 1)];
         ++head_;
         hdr()->cq_head.value.store(head_, std::memory_order_release);
         return c;
       }
-      if (i % 1000 == 999) std::this_thread::yield();
+      if (i % 1000 == 999) {
+        if (std::chrono::steady_clock::now() > deadline) return std::nullopt;
+        std::this_thread::yield();
+      }
     }
-    return std::nullopt;
   }
   uint32_t tail_ = 0;
   absl::Status status_;

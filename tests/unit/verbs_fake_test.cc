@@ -348,11 +348,15 @@ class VerbsFake : public ::testing::Test {
     if (!done.WaitForNotificationWithTimeout(absl::Seconds(20))) return absl::DeadlineExceededError("no completion");
     return result;
   }
-  FakeQp* FirstQpOf(VerbsLinks& links) {
-    auto conns = links.Connections();
-    std::string name = std::get<0>(conns.front());
-    uint32_t qpn = std::stoul(name.substr(name.rfind(' ') + 1));
-    return fabric->qps.at(qpn);
+  // QP numbers of a link set (not under the fabric's lock: the link set
+  // takes its own lock first, then the fabric's, as a device call would).
+  std::vector<uint32_t> QpsOf(VerbsLinks& links) {
+    std::vector<uint32_t> out;
+    for (const auto& c : links.Connections()) {
+      const std::string& name = std::get<0>(c);
+      out.push_back(static_cast<uint32_t>(std::stoul(name.substr(name.rfind(' ') + 1))));
+    }
+    return out;
   }
 
   std::string sysfs_;
@@ -411,9 +415,10 @@ TEST_F(VerbsFake, ManyNotificationsReuseMailboxSlots) {
 TEST_F(VerbsFake, AQpFailingMidTransferCostsNoData) {
   auto links = Connect("node-a");
   links->AddRegion(9, Register("node-a", 9));
+  uint32_t first = QpsOf(*links).front();
   {
     std::lock_guard<std::recursive_mutex> l(fabric->mu);
-    FirstQpOf(*links)->fail_after = 3;
+    fabric->qps.at(first)->fail_after = 3;
   }
   std::vector<char> src = Pattern(1 << 20, 11);
   ASSERT_TRUE(Run(*links, FrameType::kWrite, 9, 0, src.data(), src.size()).ok());
@@ -428,13 +433,10 @@ TEST_F(VerbsFake, AQpFailingMidTransferCostsNoData) {
 TEST_F(VerbsFake, EveryQpFailingFailsUnavailableAndNotifiesAreNotResent) {
   auto links = Connect("node-a");
   links->AddRegion(9, Register("node-a", 9));
+  std::vector<uint32_t> qps = QpsOf(*links);
   {
     std::lock_guard<std::recursive_mutex> l(fabric->mu);
-    for (auto& [qpn, q] : fabric->qps) {
-      for (const auto& c : links->Connections()) {
-        if (std::get<0>(c).ends_with(" " + std::to_string(qpn))) q->broken = true;
-      }
-    }
+    for (uint32_t qpn : qps) fabric->qps.at(qpn)->broken = true;
   }
   std::vector<char> src = Pattern(256 << 10, 3);
   absl::Status st = Run(*links, FrameType::kWrite, 9, 0, src.data(), src.size());

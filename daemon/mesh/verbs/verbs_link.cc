@@ -573,15 +573,16 @@ void VerbsLinks::PollLoop(Path* path) {
 
 void VerbsLinks::Fail(Lane* lane, uint64_t wr_id, const absl::Status& why) {
   std::vector<std::pair<Slice, absl::Status>> finish;
+  bool newly_dead = false;
   {
     absl::MutexLock l(&mu_);
     if (!lane->dead) {
       lane->dead = true;
+      newly_dead = true;
       if (lane->up) --stats_.connections_up;
       ++stats_.connection_failures;
       Log()->warn("event=verbs_qp_failed node={} path={} qp={} why=\"{}\" left={}", node_, lane->path->name,
                   lane->qp->qp_num, why.message(), stats_.connections_up);
-      ToError(lane->path->nic->api(), lane->qp);  // the rest of its requests come back flushed
     }
     auto it = lane->pending.find(wr_id);
     if (it != lane->pending.end()) {
@@ -602,6 +603,9 @@ void VerbsLinks::Fail(Lane* lane, uint64_t wr_id, const absl::Status& why) {
       queue_.clear();
     }
   }
+  // Outside the lock (a device call): the rest of its requests come back
+  // flushed. The QP lives until the link set goes.
+  if (newly_dead) ToError(lane->path->nic->api(), lane->qp);
   for (auto& [s, st] : finish) Finish(s, st);
   Pump();
 }
