@@ -88,6 +88,8 @@ Loaded* DoLoad() {
   Resolve(lib, "cuMemUnmap", d.MemUnmap, missing);
   Resolve(lib, "cuMemSetAccess", d.MemSetAccess, missing);
   Resolve(lib, "cuMemGetAddressRange_v2", d.MemGetAddressRange, missing);
+  std::string optional;
+  Resolve(lib, "cuMemGetHandleForAddressRange", d.MemGetHandleForAddressRange, optional);
   Resolve(lib, "cuMemHostAlloc", d.MemHostAlloc, missing);
   Resolve(lib, "cuMemFreeHost", d.MemFreeHost, missing);
   Resolve(lib, "cuMemHostRegister_v2", d.MemHostRegister, missing);

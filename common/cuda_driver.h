@@ -34,6 +34,7 @@ inline constexpr unsigned kEventDisableTiming = 0x2;
 inline constexpr unsigned kHostRegisterPortable = 0x1;
 
 inline constexpr int kHandleTypePosixFd = 0x1;
+inline constexpr int kRangeHandleTypeDmaBufFd = 0x1;
 inline constexpr int kHandleTypeFabric = 0x8;
 inline constexpr int kLocationTypeDevice = 0x1;
 inline constexpr int kAllocationTypePinned = 0x1;
@@ -115,6 +116,8 @@ struct Driver {
   Result (*MemUnmap)(DevicePtr, size_t);
   Result (*MemSetAccess)(DevicePtr, size_t, const MemAccessDesc*, size_t);
   Result (*MemGetAddressRange)(DevicePtr*, size_t*, DevicePtr);
+  // Optional (null on drivers without it): a dma-buf of mapped device memory.
+  Result (*MemGetHandleForAddressRange)(void*, DevicePtr, size_t, int, unsigned long long);
   Result (*MemHostAlloc)(void**, size_t, unsigned);
   Result (*MemHostRegister)(void*, size_t, unsigned);
   Result (*MemHostUnregister)(void*);

@@ -78,6 +78,19 @@ class CudaObject : public MemoryObject {
     return UniqueFd(d);
   }
   std::string FabricHandle() const override { return fabric_; }
+  // Needs the GPU's context current on the calling thread, as the relay's
+  // copies do.
+  absl::StatusOr<UniqueFd> DmaBuf() override {
+    if (d_->MemGetHandleForAddressRange == nullptr) {
+      return absl::FailedPreconditionError("this CUDA driver has no cuMemGetHandleForAddressRange (dma-buf)");
+    }
+    PODLINK_ASSIGN_OR_RETURN(RelayView view, MapForRelay());
+    int fd = -1;
+    PODLINK_RETURN_IF_ERROR(cu::CuStatus(
+        d_->MemGetHandleForAddressRange(&fd, view.address, size_, cu::kRangeHandleTypeDmaBufFd, 0),
+        "cuMemGetHandleForAddressRange(dma-buf)"));
+    return UniqueFd(fd);
+  }
 
  private:
   HandleKind kind_;

@@ -41,6 +41,9 @@ class MemoryObject {
   // podlinkd's memory cgroup, not the pod's). Memory that cannot have holes
   // (GPU allocations) is always OK.
   virtual absl::Status CheckPopulated(uint64_t offset, uint64_t length) const { return absl::OkStatus(); }
+  // A dma-buf of the whole memory, for an RDMA NIC to register
+  // (ibv_reg_dmabuf_mr): GPU memory through the daemon's relay mapping.
+  virtual absl::StatusOr<UniqueFd> DmaBuf() { return absl::UnimplementedError("this memory has no dma-buf"); }
 };
 
 // What an exporter claims; a backend checks it against the memory itself.

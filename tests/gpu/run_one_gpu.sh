@@ -6,7 +6,8 @@
 #   bash tests/gpu/run_one_gpu.sh [OUT_DIR]
 #
 # 1. gpu_broker_test: GPU exports, imports, maps, hostile GPU exports, leaks
-#    (its two-GPU test skips).
+#    (its two-GPU test skips); gpu_dmabuf_test: the node's dma-buf support and
+#    the daemon's dma-buf of a pod's GPU export.
 # 2. The NCCL plugin's conformance scenarios on GPU memory between two pods
 #    (nccl_net_conformance_test GpuModes/*): exported cuMem buffers through
 #    podlinkd's relay, the plugin's GPU bounce buffers, TCP with page-locked
@@ -42,6 +43,7 @@ step() {  # step NAME LOG COMMAND...
 }
 
 step "gpu_broker_test" "$OUT/gpu_broker_test.log" "$BIN/gpu_broker_test"
+step "gpu_dmabuf_test (dma-buf of a GPU export)" "$OUT/gpu_dmabuf_test.log" "$BIN/gpu_dmabuf_test"
 step "nccl_net_conformance_test GpuModes/*" "$OUT/nccl_net_gpu.log" \
   "$BIN/nccl_net_conformance_test" --gtest_filter='GpuModes/*'
 SOCK=$(mktemp -d /tmp/podlink-bench.XXXXXX)
