@@ -449,6 +449,68 @@ TEST_F(MeshHostile, ADaemonSpeaksOnlyForItsOwnNodesPods) {
   EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
 }
 
+// The verbs control messages are hostile input too: a peer daemon chooses
+// the address, GID, MTU and QP list of OpenVerbs and asks for registrations.
+TEST_F(MeshHostile, HostileVerbsRequestsAreRefusedAndLeakNothing) {
+  ca_->Issue("node-t", dir_ + "/node-t");
+  auto stub = Stub(dir_ + "/node-t");
+  // Node b's advertised address on its cable, from its log.
+  std::string log = nb_->Log();
+  size_t at = log.find("addresses=");
+  ASSERT_NE(at, std::string::npos) << log;
+  std::string mine = log.substr(at + 10, log.find_first_of("/ ,", at + 10) - at - 10);
+  auto open_verbs = [&](const std::string& address, size_t gid_bytes, int qps) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    pb::OpenVerbsRequest req;
+    req.set_address(address);
+    req.set_gid(std::string(gid_bytes, '\x01'));
+    req.set_mtu(3);
+    req.set_link_instance(7);
+    for (int i = 0; i < qps; ++i) {
+      pb::VerbsQp* q = req.add_qps();
+      q->set_qpn(0xffffffff);  // wider than a QPN: masked
+      q->set_psn(i);
+    }
+    pb::OpenVerbsResponse resp;
+    return stub->OpenVerbs(&ctx, req, &resp);
+  };
+  EXPECT_EQ(open_verbs("10.9.9.9", 16, 2).error_code(), grpc::StatusCode::INVALID_ARGUMENT);  // not b's
+  EXPECT_EQ(open_verbs("not-an-address", 16, 2).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(open_verbs(mine, 3, 2).error_code(), grpc::StatusCode::INVALID_ARGUMENT);    // short GID
+  EXPECT_EQ(open_verbs(mine, 16, 0).error_code(), grpc::StatusCode::INVALID_ARGUMENT);   // no QP
+  EXPECT_EQ(open_verbs(mine, 16, 17).error_code(), grpc::StatusCode::INVALID_ARGUMENT);  // too many
+  // Well formed: refused here for want of an RDMA device on that address
+  // (this machine has none), never a crash.
+  grpc::Status st = open_verbs(mine, 16, 2);
+  EXPECT_FALSE(st.ok());
+  EXPECT_TRUE(st.error_code() == grpc::StatusCode::NOT_FOUND ||
+              st.error_code() == grpc::StatusCode::FAILED_PRECONDITION)
+      << st.error_message();
+  // A registration without verbs links fails, and each failure gives its
+  // grant back: more of them than a pod may hold, then a plain open works.
+  for (int i = 0; i < 1100; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::OpenRegionRequest req;
+    req.mutable_importer()->set_node("node-t");
+    req.mutable_importer()->set_key("pod-key");
+    req.mutable_importer()->set_namespace_("ml");
+    req.mutable_importer()->set_pod_name("prefill-0");
+    (*req.mutable_importer()->mutable_annotations())["podlink.io/peer-group"] = "job-7";
+    req.set_export_id(export_id_);
+    req.set_verbs(true);
+    pb::OpenRegionResponse resp;
+    st = stub->OpenRegion(&ctx, req, &resp);
+    ASSERT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << i << ": " << st.error_message();
+    EXPECT_EQ(resp.verbs_keys_size(), 0);
+  }
+  pb::OpenRegionResponse resp;
+  st = Open(*stub, "node-t", &resp);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  EXPECT_NE(resp.grant(), 0u);
+}
+
 // Raw data connections to node b's data port.
 int DialData(const std::string& addr) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
