@@ -904,6 +904,24 @@ absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const Remote
       return resp;
     };
     PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<verbs::VerbsLinks> vl, ConnectVerbs(target.node_name, paths, open));
+    // A path whose QPs all failed gets new ones in the background (the
+    // owner drops the failed ones), while the other paths carry on.
+    std::map<std::string, Path> by_name;
+    for (const Path& path : paths) by_name[PathName(path)] = path;
+    std::weak_ptr<Peer> weak_peer = peer;
+    std::weak_ptr<DataLinks> weak_links = vl;
+    vl->set_on_path_down([this, weak_peer, weak_links, by_name](const std::string& name) {
+      auto it = by_name.find(name);
+      if (it == by_name.end()) return;
+      Repair r;
+      r.peer = weak_peer;
+      r.links = weak_links;
+      r.path = it->second;
+      r.name = name;
+      r.backoff = absl::Milliseconds(500);
+      r.next = absl::Now() + r.backoff;
+      ScheduleRepair(std::move(r));
+    });
     Log()->info("event=mesh_peer_connected node={} control={} transport=verbs paths={} qps={}", target.node_name,
                 endpoint, paths.size(), vl->live());
     p.set_stub(std::move(stub));
@@ -1123,7 +1141,7 @@ void MeshEngine::RepairLoop() {
     }
     SweepVerbs();
     for (Repair& r : due) {
-      std::shared_ptr<PeerLinks> links = r.links.lock();
+      std::shared_ptr<DataLinks> links = r.links.lock();
       // Gone, or the whole peer is down (the next open dials it again).
       if (links == nullptr || links->live() == 0) continue;
       absl::Status st = RepairOnce(r);
@@ -1142,10 +1160,27 @@ void MeshEngine::RepairLoop() {
 
 absl::Status MeshEngine::RepairOnce(Repair& r) {
   std::shared_ptr<Peer> peer = r.peer.lock();
-  std::shared_ptr<PeerLinks> links = r.links.lock();
-  if (peer == nullptr || links == nullptr) return absl::OkStatus();  // nothing left to repair
+  std::shared_ptr<DataLinks> any = r.links.lock();
+  if (peer == nullptr || any == nullptr) return absl::OkStatus();  // nothing left to repair
   std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
   if (stub == nullptr) return absl::OkStatus();
+  if (auto vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(any)) {
+    auto open = [&](const pb::OpenVerbsRequest& req) -> absl::StatusOr<pb::OpenVerbsResponse> {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.connect_timeout + absl::Seconds(25)));
+      pb::OpenVerbsResponse resp;
+      PODLINK_RETURN_IF_ERROR(FromGrpc(stub->OpenVerbs(&ctx, req, &resp), peer->node()));
+      return resp;
+    };
+    // A path that cannot come back (cable still down) fails here and is
+    // tried again with backoff; its old QPs are named once.
+    std::vector<uint32_t> failed = vl->FailedRemoteQps(r.name);
+    PODLINK_RETURN_IF_ERROR(ConnectVerbsPath(*vl, r.path, open, failed));
+    vl->MarkReported(failed);
+    return absl::OkStatus();
+  }
+  auto links = std::dynamic_pointer_cast<PeerLinks>(any);
+  if (links == nullptr) return absl::OkStatus();
   pb::OpenLinkResponse link;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
@@ -1266,7 +1301,9 @@ absl::StatusOr<pb::OpenVerbsResponse> MeshEngine::AcceptVerbs(const std::string&
   std::memcpy(theirs.gid.data(), req.gid().data(), 16);
   theirs.mtu = req.mtu();
   for (const pb::VerbsQp& q : req.qps()) theirs.qps.push_back(verbs::QpWire{q.qpn() & 0xffffff, q.psn() & 0xffffff});
-  PODLINK_ASSIGN_OR_RETURN(verbs::SideWire ours, server->Accept(node, req.link_instance(), *mine, theirs));
+  std::vector<uint32_t> replaces(req.replaces().begin(), req.replaces().end());
+  if (replaces.size() > 64) return absl::InvalidArgumentError("at most 64 queue pairs replaced at once");
+  PODLINK_ASSIGN_OR_RETURN(verbs::SideWire ours, server->Accept(node, req.link_instance(), *mine, theirs, replaces));
   pb::OpenVerbsResponse resp;
   resp.set_device(ours.device);
   resp.set_gid(std::string(reinterpret_cast<const char*>(ours.gid.data()), 16));
@@ -1351,33 +1388,7 @@ absl::StatusOr<std::shared_ptr<verbs::VerbsLinks>> MeshEngine::ConnectVerbs(cons
   auto links = std::make_shared<verbs::VerbsLinks>(node, vo);
   absl::Status last;
   for (const Path& path : paths) {
-    absl::Status st = [&]() -> absl::Status {
-      if (path.fallback) return absl::FailedPreconditionError("a routed (fallback) path has no RDMA device");
-      PODLINK_ASSIGN_OR_RETURN(verbs::GidChoice gid, verbs::ChooseGid(vo.sysfs, path.local, vo.gid_index));
-      PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<verbs::Nic> nic, nics->Get(gid));
-      PODLINK_ASSIGN_OR_RETURN(auto prepared, links->PreparePath(nic, gid, PathName(path)));
-      pb::OpenVerbsRequest req;
-      req.set_address(path.remote.AddressText());
-      req.set_gid(std::string(reinterpret_cast<const char*>(prepared.second.gid.data()), 16));
-      req.set_mtu(prepared.second.mtu);
-      req.set_link_instance(links->instance());
-      req.set_device(prepared.second.device);
-      for (const verbs::QpWire& q : prepared.second.qps) {
-        pb::VerbsQp* out = req.add_qps();
-        out->set_qpn(q.qpn);
-        out->set_psn(q.psn);
-      }
-      PODLINK_ASSIGN_OR_RETURN(pb::OpenVerbsResponse resp, open(req));
-      if (resp.gid().size() != 16) return absl::InternalError("the owner's GID is not 16 bytes");
-      verbs::SideWire owner;
-      owner.device = resp.device();
-      std::memcpy(owner.gid.data(), resp.gid().data(), 16);
-      owner.mtu = resp.mtu();
-      for (const pb::VerbsQp& q : resp.qps()) {
-        owner.qps.push_back(verbs::QpWire{q.qpn() & 0xffffff, q.psn() & 0xffffff, q.mailbox(), q.mailbox_rkey()});
-      }
-      return links->ConnectPath(prepared.first, owner);
-    }();
+    absl::Status st = ConnectVerbsPath(*links, path, open, {});
     if (!st.ok()) {
       Log()->warn("event=verbs_path_failed node={} path={} why=\"{}\"", node, PathName(path), st.message());
       last = st;
@@ -1387,6 +1398,43 @@ absl::StatusOr<std::shared_ptr<verbs::VerbsLinks>> MeshEngine::ConnectVerbs(cons
     return absl::UnavailableError(absl::StrCat("no verbs path to node ", node, " came up: ", last.message()));
   }
   return links;
+}
+
+absl::Status MeshEngine::ConnectVerbsPath(verbs::VerbsLinks& links, const Path& path, const OpenVerbsCall& open,
+                                          const std::vector<uint32_t>& replaces) {
+  if (path.fallback) return absl::FailedPreconditionError("a routed (fallback) path has no RDMA device");
+  verbs::Nics* nics = nullptr;
+  {
+    absl::MutexLock l(&verbs_mu_);
+    nics = nics_.get();
+  }
+  if (nics == nullptr) return absl::FailedPreconditionError("verbs not loaded");
+  const verbs::VerbsOptions& vo = options_.verbs;
+  PODLINK_ASSIGN_OR_RETURN(verbs::GidChoice gid, verbs::ChooseGid(vo.sysfs, path.local, vo.gid_index));
+  PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<verbs::Nic> nic, nics->Get(gid));
+  PODLINK_ASSIGN_OR_RETURN(auto prepared, links.PreparePath(nic, gid, PathName(path)));
+  pb::OpenVerbsRequest req;
+  req.set_address(path.remote.AddressText());
+  req.set_gid(std::string(reinterpret_cast<const char*>(prepared.second.gid.data()), 16));
+  req.set_mtu(prepared.second.mtu);
+  req.set_link_instance(links.instance());
+  req.set_device(prepared.second.device);
+  for (uint32_t q : replaces) req.add_replaces(q);
+  for (const verbs::QpWire& q : prepared.second.qps) {
+    pb::VerbsQp* out = req.add_qps();
+    out->set_qpn(q.qpn);
+    out->set_psn(q.psn);
+  }
+  PODLINK_ASSIGN_OR_RETURN(pb::OpenVerbsResponse resp, open(req));
+  if (resp.gid().size() != 16) return absl::InternalError("the owner's GID is not 16 bytes");
+  verbs::SideWire owner;
+  owner.device = resp.device();
+  std::memcpy(owner.gid.data(), resp.gid().data(), 16);
+  owner.mtu = resp.mtu();
+  for (const pb::VerbsQp& q : resp.qps()) {
+    owner.qps.push_back(verbs::QpWire{q.qpn() & 0xffffff, q.psn() & 0xffffff, q.mailbox(), q.mailbox_rkey()});
+  }
+  return links.ConnectPath(prepared.first, owner);
 }
 
 podlink::v1::MeshStatus MeshEngine::Status() const {

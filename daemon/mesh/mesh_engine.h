@@ -159,6 +159,10 @@ class MeshEngine final : public MeshPort {
   absl::StatusOr<std::shared_ptr<verbs::VerbsLinks>> ConnectVerbs(const std::string& node,
                                                                   const std::vector<Path>& paths,
                                                                   const OpenVerbsCall& open);
+  // QPs for one path of `links` (a repair names the owner's failed QPs in
+  // `replaces`).
+  absl::Status ConnectVerbsPath(verbs::VerbsLinks& links, const Path& path, const OpenVerbsCall& open,
+                                const std::vector<uint32_t>& replaces);
   absl::StatusOr<std::shared_ptr<const ExportRecord>> GrantedExport(const std::string& node, uint64_t grant)
       ABSL_LOCKS_EXCLUDED(mu_);
   void AcceptLoop();
@@ -197,7 +201,7 @@ class MeshEngine final : public MeshPort {
   // backoff, while the peer's other connections carry on.
   struct Repair {
     std::weak_ptr<Peer> peer;
-    std::weak_ptr<PeerLinks> links;
+    std::weak_ptr<DataLinks> links;  // PeerLinks: one connection; VerbsLinks: a path's QPs
     Path path;
     std::string name;  // the path as PeerLinks names it
     uint32_t data_port = 0;

@@ -446,6 +446,59 @@ TEST_F(VerbsFake, EveryQpFailingFailsUnavailableAndNotifiesAreNotResent) {
   EXPECT_EQ(server_->notifies(), 0u);
 }
 
+TEST_F(VerbsFake, APathWhoseQpsAllFailedIsRepairedAndTheOwnerDropsTheOldOnes) {
+  auto links = Connect("node-a");
+  links->AddRegion(9, Register("node-a", 9));
+  std::vector<std::string> downs;
+  std::mutex downs_mu;
+  links->set_on_path_down([&](const std::string& path) {
+    std::lock_guard<std::mutex> l(downs_mu);
+    downs.push_back(path);
+  });
+  std::vector<uint32_t> qps = QpsOf(*links);
+  {
+    std::lock_guard<std::recursive_mutex> l(fabric->mu);
+    for (uint32_t qpn : qps) fabric->qps.at(qpn)->broken = true;
+  }
+  std::vector<char> src = Pattern(256 << 10, 4);
+  EXPECT_EQ(Run(*links, FrameType::kWrite, 9, 0, src.data(), src.size()).code(), absl::StatusCode::kUnavailable);
+  {
+    std::lock_guard<std::mutex> l(downs_mu);
+    EXPECT_EQ(downs, std::vector<std::string>{"test-path"});  // once, when the last QP failed
+  }
+  std::vector<uint32_t> failed = links->FailedRemoteQps("test-path");
+  EXPECT_EQ(failed.size(), 2u);
+  EXPECT_EQ(server_->qps(), 2u);
+  // The repair: new QPs on the same path; the owner drops the failed ones.
+  GidChoice mine;
+  mine.device = "fake0";
+  mine.index = 1;
+  auto nic = nics_.Get(mine);
+  ASSERT_TRUE(nic.ok());
+  auto prepared = links->PreparePath(*nic, mine, "test-path");
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  auto owner = server_->Accept("node-a", links->instance(), *IpPrefix::Parse("10.0.0.2/30"), prepared->second, failed);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  EXPECT_EQ(server_->qps(), 2u);  // two new, two dropped
+  ASSERT_TRUE(links->ConnectPath(prepared->first, *owner).ok());
+  links->MarkReported(failed);
+  EXPECT_TRUE(links->FailedRemoteQps("test-path").empty());
+  EXPECT_EQ(links->live(), 2u);
+  EXPECT_EQ(links->Connections().size(), 2u);  // the replaced QPs are not listed
+  // The grant's keys still work: same owner device, same protection domain.
+  ASSERT_TRUE(Run(*links, FrameType::kWrite, 9, 0, src.data(), src.size()).ok());
+  EXPECT_EQ(0, std::memcmp(region_.data(), src.data(), src.size()));
+  // Another node cannot make the owner drop node-a's QPs.
+  std::vector<uint32_t> a_qps;
+  for (const QpWire& q : owner->qps) a_qps.push_back(q.qpn);
+  auto b = std::make_unique<VerbsLinks>("node-b", options_);
+  auto pb = b->PreparePath(*nic, mine, "b-path");
+  ASSERT_TRUE(pb.ok());
+  ASSERT_TRUE(server_->Accept("node-b", b->instance(), *IpPrefix::Parse("10.0.0.2/30"), pb->second, a_qps).ok());
+  EXPECT_EQ(server_->qps(), 4u);
+  ASSERT_TRUE(Run(*links, FrameType::kWrite, 9, 0, src.data(), src.size()).ok());
+}
+
 TEST_F(VerbsFake, AnotherPeersKeyIsUselessOnThisPeersQps) {
   auto a = Connect("node-a");
   auto b = Connect("node-b");

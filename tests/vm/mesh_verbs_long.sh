@@ -5,7 +5,9 @@
 # notifies the other two nodes' regions (six directed transfers over direct
 # paths). While node-a writes to node-b, node-a's second cable to node-b goes
 # down: the QPs on it fail, their slices go over the first cable, and no byte
-# may be lost.
+# may be lost. The cable comes back PODLINK_VM_CUT_BACK seconds later (default
+# 3) and node-a's daemon makes new QPs on it (the owner drops the failed
+# ones).
 #
 #   tests/vm/mesh_verbs_long.sh [build dir] [output dir]
 #
@@ -19,7 +21,8 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 bytes=${PODLINK_VM_BYTES:-16777216}
 limit=${PODLINK_VM_TIMEOUT:-900}
-cut_after=${PODLINK_VM_CUT_AFTER:-1}
+cut_after=${PODLINK_VM_CUT_AFTER:-2}
+cut_back=${PODLINK_VM_CUT_BACK:-3}
 source "$here/lib.sh"
 source "$here/../common/mesh_certs.sh"
 
@@ -40,7 +43,7 @@ VM_NICS_node_c="connect:$((p + 2)) connect:$((p + 3))"
 env="PODLINK_VM_VERBS_TIMEOUT=${PODLINK_VM_VERBS_TIMEOUT:-16}"
 t0=$(date +%s)
 vm_log "booting node-a, node-b, node-c (kernel $VM_KVER, soft-RoCE); $bytes bytes per transfer"
-vm_start node_a 1 "$env PODLINK_VM_CUT='node-b eth1 $cut_after' PODLINK_VM_NAME=node-a sh $here/node.sh $build pair $bytes node-b node-c"
+vm_start node_a 1 "$env PODLINK_VM_CUT='node-b eth1 $cut_after $cut_back' PODLINK_VM_NAME=node-a sh $here/node.sh $build pair $bytes node-b node-c"
 sleep 1
 vm_start node_b 2 "$env PODLINK_VM_NAME=node-b sh $here/node.sh $build pair $bytes node-a node-c"
 sleep 1
@@ -58,11 +61,16 @@ python3 "$here/summary.py" "$out" node-a:node-b node-a:node-c node-b:node-a node
 failed=$(grep -c 'event=verbs_qp_failed' "$out/node-a.podlinkd.log" || true)
 echo "node-a: $failed queue pairs failed after the cut"
 [ "$failed" -ge 1 ] || { echo "the cut did not fail any queue pair"; rc=1; }
+if grep -q 'event=mesh_connection_repaired' "$out/node-a.podlinkd.log"; then
+  echo "node-a: $(grep -h 'event=mesh_connection_repaired' "$out/node-a.podlinkd.log" | head -1 | sed 's/.*event=/event=/')"
+else
+  echo "node-a: the path was not repaired after the cable came back"; rc=1
+fi
 grep -h 'podlink_mesh' "$out/node-a.metrics" 2>/dev/null | grep -E 'resent|failures|connections' || true
 {
   echo "machine: $(nproc) cores, host kernel $(uname -r), guests: Debian $VM_KVER under QEMU TCG, 1 vCPU, ${VM_MEM_MB} MiB each"
   echo "date: $(date -u +%Y-%m-%dT%H:%MZ); commit: $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  echo "command: tests/vm/mesh_verbs_long.sh; $bytes bytes per transfer; node-a's eth1 to node-b cut ${cut_after} s into its write"
+  echo "command: tests/vm/mesh_verbs_long.sh; $bytes bytes per transfer; node-a's eth1 to node-b cut ${cut_after} s into its write, back ${cut_back} s later"
 } > "$out/machine.txt"
 rm -rf "$out/certs" "$out"/*.pid "$out"/*.desc-* "$out"/*.idx
 [ "$rc" = 0 ] && echo "triangle + cut cable over verbs (soft-RoCE, three guests): PASS" ||

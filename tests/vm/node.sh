@@ -93,11 +93,13 @@ case "$role" in
       wait_for "$out/$peer.desc-$name" 240 || { rc=1; continue; }
       peer_idx=$(cat "$out/$peer.idx")
       log "writing $size bytes to $peer's region, reading them back, notifying"
-      # PODLINK_VM_CUT="peer netdev seconds": take that cable down that long
-      # after this daemon connected to peer (the write under way).
+      # PODLINK_VM_CUT="peer netdev seconds [back]": take that cable down that
+      # long after this daemon connected to peer (the write under way), and
+      # up again `back` seconds later.
       if [ "${PODLINK_VM_CUT:-}" != "" ] && [ "${PODLINK_VM_CUT%% *}" = "$peer" ]; then
         cut_dev=$(echo "$PODLINK_VM_CUT" | cut -d' ' -f2)
         cut_after=$(echo "$PODLINK_VM_CUT" | cut -d' ' -f3)
+        cut_back=$(echo "$PODLINK_VM_CUT" | cut -d' ' -f4)
         (
           i=0
           until grep -q "event=mesh_peer_connected node=$peer" "$out/$name.podlinkd.log"; do
@@ -108,6 +110,11 @@ case "$role" in
           sleep "$cut_after"
           ip link set "$cut_dev" down
           log "cut $cut_dev"
+          if [ -n "$cut_back" ]; then
+            sleep "$cut_back"
+            ip link set "$cut_dev" up
+            log "$cut_dev back up"
+          fi
         ) &
       fi
       if ! timeout 300 "$demo" kv-put --desc "$(cat "$out/$peer.desc-$name")" --seed "$peer_idx" --read-back \

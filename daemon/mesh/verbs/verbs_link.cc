@@ -256,6 +256,13 @@ void VerbsLinks::DestroyPath(Path& p) {
 
 absl::StatusOr<std::pair<size_t, SideWire>> VerbsLinks::PreparePath(std::shared_ptr<Nic> nic, const GidChoice& gid,
                                                                     std::string name) {
+  {
+    absl::MutexLock l(&mu_);
+    if (paths_.size() >= kMaxPaths) {
+      return absl::ResourceExhaustedError(absl::StrCat("verbs link set to node ", node_, " made ", kMaxPaths,
+                                                       " paths already (repairs included)"));
+    }
+  }
   const VerbsApi* api = nic->api();
   auto path = std::make_unique<Path>();
   path->name = std::move(name);
@@ -350,6 +357,29 @@ void VerbsLinks::DropRegion(uint64_t grant) {
   regions_.erase(grant);
 }
 
+std::vector<uint32_t> VerbsLinks::FailedRemoteQps(const std::string& name) const {
+  absl::MutexLock l(&mu_);
+  std::vector<uint32_t> out;
+  for (const auto& p : paths_) {
+    if (p->name != name) continue;
+    for (const auto& lane : p->lanes) {
+      if (lane->dead && lane->up && !lane->reported) out.push_back(lane->remote.qpn);
+    }
+  }
+  return out;
+}
+
+void VerbsLinks::MarkReported(const std::vector<uint32_t>& remote_qps) {
+  absl::MutexLock l(&mu_);
+  for (auto& p : paths_) {
+    for (auto& lane : p->lanes) {
+      if (lane->dead && std::find(remote_qps.begin(), remote_qps.end(), lane->remote.qpn) != remote_qps.end()) {
+        lane->reported = true;
+      }
+    }
+  }
+}
+
 size_t VerbsLinks::live() const {
   absl::MutexLock l(&mu_);
   return stats_.connections_up;
@@ -364,8 +394,10 @@ std::vector<std::tuple<std::string, bool, uint64_t>> VerbsLinks::Connections() c
   absl::MutexLock l(&mu_);
   std::vector<std::tuple<std::string, bool, uint64_t>> out;
   for (const auto& p : paths_) {
-    for (const auto& lane : p->lanes) out.emplace_back(p->name + " qp " + std::to_string(lane->qp->qp_num),
-                                                       lane->up && !lane->dead, lane->bytes_sent);
+    for (const auto& lane : p->lanes) {
+      if (lane->reported) continue;  // replaced by a repair
+      out.emplace_back(p->name + " qp " + std::to_string(lane->qp->qp_num), lane->up && !lane->dead, lane->bytes_sent);
+    }
   }
   return out;
 }
@@ -607,6 +639,16 @@ void VerbsLinks::Fail(Lane* lane, uint64_t wr_id, const absl::Status& why) {
   // flushed. The QP lives until the link set goes.
   if (newly_dead) ToError(lane->path->nic->api(), lane->qp);
   for (auto& [s, st] : finish) Finish(s, st);
+  if (newly_dead) {
+    std::function<void(const std::string&)> down;
+    {
+      absl::MutexLock l(&mu_);
+      bool all = true;
+      for (const auto& other : lane->path->lanes) all = all && other->dead;
+      if (all && !stop_.load(std::memory_order_acquire)) down = on_path_down_;
+    }
+    if (down) down(lane->path->name);
+  }
   Pump();
 }
 
@@ -676,7 +718,7 @@ VerbsServer::~VerbsServer() {
 }
 
 absl::StatusOr<SideWire> VerbsServer::Accept(const std::string& node, uint64_t link_instance, const IpPrefix& local,
-                                             const SideWire& importer) {
+                                             const SideWire& importer, const std::vector<uint32_t>& replaces) {
   if (importer.qps.empty() || importer.qps.size() > 16) {
     return absl::InvalidArgumentError("OpenVerbs: 1 to 16 queue pairs per path");
   }
@@ -692,7 +734,8 @@ absl::StatusOr<SideWire> VerbsServer::Accept(const std::string& node, uint64_t l
     for (auto& [key, other] : node_nics_) {
       if (key.first != node) continue;
       for (auto it = other->qps.begin(); it != other->qps.end();) {
-        if (it->second->link_instance != link_instance) {
+        bool replaced = std::find(replaces.begin(), replaces.end(), it->first) != replaces.end();
+        if (it->second->link_instance != link_instance || replaced) {
           gone.push_back(std::move(it->second));
           it = other->qps.erase(it);
         } else {
@@ -731,6 +774,10 @@ absl::StatusOr<SideWire> VerbsServer::Accept(const std::string& node, uint64_t l
       slot = fresh;
     }
     nn = slot;
+  }
+  if (!gone.empty()) {
+    Log()->info("event=verbs_qps_dropped peer={} count={} why=\"{}\"", node, gone.size(),
+                replaces.empty() ? "a newer link set of the peer" : "replaced by the peer after failing");
   }
   for (auto& s : gone) {
     api->destroy_qp(s->qp);

@@ -142,6 +142,17 @@ class VerbsLinks final : public DataLinks {
   // The owner's keys for a grant (OpenRegion); dropped with the handle.
   void AddRegion(uint64_t grant, std::vector<RegionKey> keys) ABSL_LOCKS_EXCLUDED(mu_);
   void DropRegion(uint64_t grant) ABSL_LOCKS_EXCLUDED(mu_);
+  // Called (no lock held) with a path's name when its last QP fails.
+  void set_on_path_down(std::function<void(const std::string& path)> f) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    on_path_down_ = std::move(f);
+  }
+  // The owner's QP numbers of the failed QPs of path `name` not yet
+  // reported (a repair asks the owner to drop them); MarkReported once the
+  // owner was told.
+  std::vector<uint32_t> FailedRemoteQps(const std::string& name) const ABSL_LOCKS_EXCLUDED(mu_);
+  void MarkReported(const std::vector<uint32_t>& remote_qps) ABSL_LOCKS_EXCLUDED(mu_);
+  static constexpr size_t kMaxPaths = 64;  // repairs included
 
   const char* transport() const override { return "verbs"; }
   uint64_t instance() const override { return instance_; }
@@ -172,7 +183,7 @@ class VerbsLinks final : public DataLinks {
     std::vector<uint32_t> free_slots;
     std::map<uint64_t, Pending> pending;  // by wr_id
     uint32_t notify_next = 0;
-    bool up = false, dead = false;
+    bool up = false, dead = false, reported = false;
     uint64_t bytes_sent = 0;
   };
   struct Path {
@@ -213,6 +224,7 @@ class VerbsLinks final : public DataLinks {
   uint64_t next_wr_ ABSL_GUARDED_BY(mu_) = 1;
   size_t next_lane_ ABSL_GUARDED_BY(mu_) = 0;
   LinkStats stats_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const std::string&)> on_path_down_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stop_{false};
 };
 
@@ -227,8 +239,10 @@ class VerbsServer {
 
   // A peer's path: `local` is this node's address the peer reaches;
   // `link_instance` the peer's VerbsLinks (QPs of its older instances go).
+  // `replaces`: QPs of this server the peer saw fail; those of `node` go.
   absl::StatusOr<SideWire> Accept(const std::string& node, uint64_t link_instance, const IpPrefix& local,
-                                  const SideWire& importer) ABSL_LOCKS_EXCLUDED(mu_);
+                                  const SideWire& importer, const std::vector<uint32_t>& replaces = {})
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Registers [addr, addr + length) of `memory` in each of the node's
   // protection domains.
   absl::StatusOr<std::vector<RegionKey>> Register(const std::string& node, uint64_t grant,
