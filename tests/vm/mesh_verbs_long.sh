@@ -61,6 +61,11 @@ python3 "$here/summary.py" "$out" node-a:node-b node-a:node-c node-b:node-a node
 failed=$(grep -c 'event=verbs_qp_failed' "$out/node-a.podlinkd.log" || true)
 echo "node-a: $failed queue pairs failed after the cut"
 [ "$failed" -ge 1 ] || { echo "the cut did not fail any queue pair"; rc=1; }
+# The owner drops exactly the failed QPs (QP numbers repeat across devices).
+dropped=$(grep -h 'event=verbs_qps_dropped peer=node-a' "$out/node-b.podlinkd.log" | sed 's/.*count=\([0-9]*\).*/\1/' |
+  awk '{s += $1} END {print s + 0}')
+echo "node-b: dropped $dropped of node-a's queue pairs"
+[ "$dropped" = "$failed" ] || { echo "node-b dropped $dropped queue pairs, node-a saw $failed fail"; rc=1; }
 if grep -q 'event=mesh_connection_repaired' "$out/node-a.podlinkd.log"; then
   echo "node-a: $(grep -h 'event=mesh_connection_repaired' "$out/node-a.podlinkd.log" | head -1 | sed 's/.*event=/event=/')"
 else

@@ -734,7 +734,10 @@ absl::StatusOr<SideWire> VerbsServer::Accept(const std::string& node, uint64_t l
     for (auto& [key, other] : node_nics_) {
       if (key.first != node) continue;
       for (auto it = other->qps.begin(); it != other->qps.end();) {
-        bool replaced = std::find(replaces.begin(), replaces.end(), it->first) != replaces.end();
+        // QP numbers are unique per device only: a replaced QP is one of this
+        // device's (the path's).
+        bool replaced = key.second == nic->name() &&
+                        std::find(replaces.begin(), replaces.end(), it->first) != replaces.end();
         if (it->second->link_instance != link_instance || replaced) {
           gone.push_back(std::move(it->second));
           it = other->qps.erase(it);
