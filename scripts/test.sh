@@ -8,15 +8,15 @@ bash scripts/deps.sh
 bash scripts/build.sh
 (cd "${PODLINK_BUILD_DIR:-build}" && ctest --output-on-failure -j 2 -LE gpu)
 # The mesh over the RDMA verbs backend for real: two QEMU guests with
-# soft-RoCE (tests/vm/mesh_verbs.sh; about a minute and a half here).
+# soft-RoCE (tests/vm/mesh_verbs.sh; under a minute here).
 PODLINK_VM_TIMEOUT=${PODLINK_VM_TIMEOUT:-300} bash tests/vm/mesh_verbs.sh "${PODLINK_BUILD_DIR:-build}" \
   "$(mktemp -d /tmp/podlink-vm-XXXXXX)"
 # The same tests under AddressSanitizer + UndefinedBehaviorSanitizer, the
 # broker and relay integration tests under ThreadSanitizer, then every
-# libFuzzer target for a minute (tests/fuzz/README.md). PODLINK_QUICK=1 skips
+# libFuzzer target for 50 s (tests/fuzz/README.md). PODLINK_QUICK=1 skips
 # these for a fast local loop.
 if [ "${PODLINK_QUICK:-0}" != 1 ]; then
   bash scripts/sanitize.sh asan
   bash scripts/sanitize.sh tsan
-  bash tests/fuzz/run.sh "${PODLINK_FUZZ_SECONDS:-60}"
+  bash tests/fuzz/run.sh "${PODLINK_FUZZ_SECONDS:-50}"
 fi

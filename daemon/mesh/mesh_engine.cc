@@ -1547,8 +1547,8 @@ std::string MeshEngine::RenderMetrics() const {
   if (verbs_server_ != nullptr) {
     one("podlink_mesh_verbs_served_qps", "gauge", "RC queue pairs this node holds for peer daemons",
         static_cast<double>(verbs_server_->qps()));
-    one("podlink_mesh_verbs_registrations", "gauge", "exports registered for peers' RDMA access",
-        static_cast<double>(verbs_server_->RegisteredGrants().size()));
+    one("podlink_mesh_verbs_registrations", "gauge", "exports registered for peers' RDMA access (shared by their grants)",
+        static_cast<double>(verbs_server_->registrations()));
     one("podlink_mesh_verbs_notifies_total", "counter", "notifications received by RDMA WRITE WITH IMMEDIATE",
         static_cast<double>(verbs_server_->notifies()));
   }

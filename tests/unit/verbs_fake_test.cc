@@ -528,6 +528,27 @@ TEST_F(VerbsFake, UnregisteredGrantIsRefusedByTheHca) {
   EXPECT_FALSE(Run(*links, FrameType::kWrite, 8, 0, src.data(), src.size()).ok());
 }
 
+TEST_F(VerbsFake, GrantsOfOneExportShareItsRegistration) {
+  auto links = Connect("node-a");
+  std::vector<RegionKey> k1 = Register("node-a", 1);
+  std::vector<RegionKey> k2 = Register("node-a", 2);
+  ASSERT_EQ(k1.size(), 1u);
+  ASSERT_EQ(k2.size(), 1u);
+  EXPECT_EQ(k1[0].rkey, k2[0].rkey);  // one MR
+  EXPECT_EQ(server_->registrations(), 1u);
+  EXPECT_EQ(server_->RegisteredGrants().size(), 2u);
+  EXPECT_EQ(server_->Register("node-a", 2, nullptr, region_.data(), region_.size()).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  links->AddRegion(2, k2);
+  std::vector<char> src = Pattern(4096, 6);
+  server_->Unregister(1, "node-a");  // the other grant keeps it
+  EXPECT_TRUE(Run(*links, FrameType::kWrite, 2, 0, src.data(), src.size()).ok());
+  EXPECT_EQ(server_->registrations(), 1u);
+  server_->Unregister(2, "node-a");  // the last one drops it
+  EXPECT_EQ(server_->registrations(), 0u);
+  EXPECT_FALSE(Run(*links, FrameType::kWrite, 2, 0, src.data(), src.size()).ok());
+}
+
 TEST_F(VerbsFake, OwnerLimitsQueuePairsPerPeer) {
   options_.max_qps_per_peer = 3;
   server_ = std::make_unique<VerbsServer>(&nics_, options_, [](const std::string&, uint64_t, uint64_t) {});

@@ -693,16 +693,20 @@ VerbsServer::VerbsServer(Nics* nics, VerbsOptions options, NotifySink sink)
 VerbsServer::~VerbsServer() {
   stop_.store(true, std::memory_order_release);
   std::map<std::pair<std::string, std::string>, std::shared_ptr<NodeNic>> all;
-  std::map<uint64_t, Registration> regs;
+  std::map<RegKey, std::shared_ptr<Registration>> regs;
   {
     absl::MutexLock l(&mu_);
     all.swap(node_nics_);
-    regs.swap(registrations_);
+  }
+  {
+    absl::MutexLock l(&reg_mu_);
+    regs.swap(shared_);
+    registrations_.clear();
   }
   for (auto& [k, nn] : all) {
     if (nn->poller.joinable()) nn->poller.join();
   }
-  for (auto& [g, r] : regs) Deregister(r);
+  for (auto& [k, r] : regs) Deregister(*r);
   const VerbsApi* api = nics_->api();
   for (auto& [k, nn] : all) {
     for (auto& [qpn, s] : nn->qps) {
@@ -862,24 +866,39 @@ absl::StatusOr<std::vector<RegionKey>> VerbsServer::Register(const std::string& 
   if (nns.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("node ", node, " has no verbs link to this node"));
   }
-  Registration reg;
-  reg.node = node;
-  reg.memory = std::move(memory);
-  std::vector<RegionKey> keys;
+  absl::MutexLock l(&reg_mu_);
+  if (registrations_.contains(grant)) return absl::AlreadyExistsError("grant registered already");
+  const RegKey key{node, reinterpret_cast<uintptr_t>(addr), length};
+  std::shared_ptr<Registration>& reg = shared_[key];
+  if (reg == nullptr) {
+    reg = std::make_shared<Registration>();
+    reg->node = node;
+    reg->memory = std::move(memory);
+  }
   const VerbsApi* api = nics_->api();
+  // Devices the peer reached since the export was registered get theirs.
   for (auto& nn : nns) {
+    bool have = false;
+    for (const auto& [n, mr] : reg->mrs) have = have || n == nn;
+    if (have) continue;
     ibv_mr* mr = api->reg_mr(nn->pd, addr, length,
                              IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
     if (mr == nullptr) {
       absl::Status st = Errno("ibv_reg_mr(export)", errno);
-      Deregister(reg);
+      if (reg->grants.empty()) {
+        Deregister(*reg);
+        shared_.erase(key);
+      }
       return st;
     }
-    reg.mrs.emplace_back(nn, mr);
+    reg->mrs.emplace_back(nn, mr);
+  }
+  reg->grants.insert(grant);
+  registrations_[grant] = reg;
+  std::vector<RegionKey> keys;
+  for (const auto& [nn, mr] : reg->mrs) {
     keys.push_back(RegionKey{nn->nic->name(), mr->rkey, reinterpret_cast<uintptr_t>(addr)});
   }
-  absl::MutexLock l(&mu_);
-  registrations_[grant] = std::move(reg);
   return keys;
 }
 
@@ -890,21 +909,31 @@ void VerbsServer::Deregister(Registration& r) {
 }
 
 void VerbsServer::Unregister(uint64_t grant, const std::string& node) {
-  Registration r;
-  {
-    absl::MutexLock l(&mu_);
-    auto it = registrations_.find(grant);
-    if (it == registrations_.end() || it->second.node != node) return;
-    r = std::move(it->second);
-    registrations_.erase(it);
+  absl::MutexLock l(&reg_mu_);
+  auto it = registrations_.find(grant);
+  if (it == registrations_.end() || it->second->node != node) return;
+  std::shared_ptr<Registration> reg = std::move(it->second);
+  registrations_.erase(it);
+  reg->grants.erase(grant);
+  if (!reg->grants.empty()) return;  // other grants of the export still use it
+  for (auto s = shared_.begin(); s != shared_.end(); ++s) {
+    if (s->second == reg) {
+      shared_.erase(s);
+      break;
+    }
   }
-  Deregister(r);
+  Deregister(*reg);
+}
+
+uint64_t VerbsServer::registrations() const {
+  absl::MutexLock l(&reg_mu_);
+  return shared_.size();
 }
 
 std::vector<std::pair<uint64_t, std::string>> VerbsServer::RegisteredGrants() const {
-  absl::MutexLock l(&mu_);
+  absl::MutexLock l(&reg_mu_);
   std::vector<std::pair<uint64_t, std::string>> out;
-  for (const auto& [g, r] : registrations_) out.emplace_back(g, r.node);
+  for (const auto& [g, r] : registrations_) out.emplace_back(g, r->node);
   return out;
 }
 

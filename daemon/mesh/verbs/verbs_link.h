@@ -32,8 +32,10 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -253,6 +255,8 @@ class VerbsServer {
   // Grant and node of every registration.
   std::vector<std::pair<uint64_t, std::string>> RegisteredGrants() const ABSL_LOCKS_EXCLUDED(mu_);
   uint64_t qps() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Distinct registrations (exports registered for a peer), all grants together.
+  uint64_t registrations() const ABSL_LOCKS_EXCLUDED(reg_mu_);
   uint64_t notifies() const { return notifies_.load(std::memory_order_relaxed); }
 
  private:
@@ -260,11 +264,15 @@ class VerbsServer {
   static constexpr uint32_t kMailboxSlots = 2 * kRecvDepth;
   struct Served;   // one QP of a peer
   struct NodeNic;  // a peer's protection domain and CQ on one device
+  // One export's registration for one peer, shared by that peer's grants
+  // of it (one MR per peer device, not per grant).
   struct Registration {
     std::string node;
     std::shared_ptr<MemoryObject> memory;  // keeps the mapping while registered
     std::vector<std::pair<std::shared_ptr<NodeNic>, ibv_mr*>> mrs;
+    std::set<uint64_t> grants;
   };
+  using RegKey = std::tuple<std::string, uintptr_t, uint64_t>;  // node, address, length
   void PollLoop(std::shared_ptr<NodeNic> nn);
   void Deregister(Registration& r);
 
@@ -276,7 +284,10 @@ class VerbsServer {
 
   mutable absl::Mutex mu_;
   std::map<std::pair<std::string, std::string>, std::shared_ptr<NodeNic>> node_nics_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, Registration> registrations_ ABSL_GUARDED_BY(mu_);
+  // Registrations (device calls under it; the pollers never take it).
+  mutable absl::Mutex reg_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::map<RegKey, std::shared_ptr<Registration>> shared_ ABSL_GUARDED_BY(reg_mu_);
+  std::map<uint64_t, std::shared_ptr<Registration>> registrations_ ABSL_GUARDED_BY(reg_mu_);  // by grant
 };
 
 }  // namespace podlink::mesh::verbs
