@@ -684,6 +684,7 @@ absl::StatusOr<Client::MeshStatus> Client::GetMeshStatus() {
     peer.bytes_received = p.bytes_received();
     peer.connection_failures = p.connection_failures();
     peer.resent_slices = p.resent_slices();
+    peer.transport = p.transport();
     for (const auto& c : p.connections()) peer.connections.push_back({c.path(), c.up(), c.bytes_sent()});
     out.peers.push_back(std::move(peer));
   }

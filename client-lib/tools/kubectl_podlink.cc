@@ -435,7 +435,8 @@ int Links(const Args& a) {
     for (const auto& p : m->peers) {
       json conns = json::array();
       for (const auto& x : p.connections) conns.push_back({{"path", x.path}, {"up", x.up}, {"bytes_sent", x.bytes_sent}});
-      peers.push_back({{"node", p.node}, {"connections_up", p.connections_up}, {"bytes_sent", p.bytes_sent},
+      peers.push_back({{"node", p.node}, {"transport", p.transport}, {"connections_up", p.connections_up},
+                       {"bytes_sent", p.bytes_sent},
                        {"bytes_received", p.bytes_received}, {"connection_failures", p.connection_failures},
                        {"resent_slices", p.resent_slices}, {"remote_handles", p.remote_handles},
                        {"connections", conns}});
@@ -463,10 +464,11 @@ int Links(const Args& a) {
     std::cout << "no peer node contacted yet\n";
     return 0;
   }
-  std::cout << absl::StrFormat("%-24s %-6s %-10s %-10s %-9s %-7s %s\n", "PEER", "UP", "SENT", "RECEIVED", "FAILURES",
-                               "RESENT", "REGIONS");
+  std::cout << absl::StrFormat("%-24s %-9s %-6s %-10s %-10s %-9s %-7s %s\n", "PEER", "TRANSPORT", "UP", "SENT",
+                               "RECEIVED", "FAILURES", "RESENT", "REGIONS");
   for (const auto& p : m->peers) {
-    std::cout << absl::StrFormat("%-24s %-6s %-10s %-10s %-9d %-7d %d\n", p.node,
+    std::cout << absl::StrFormat("%-24s %-9s %-6s %-10s %-10s %-9d %-7d %d\n", p.node,
+                                 p.transport.empty() ? "-" : p.transport,
                                  absl::StrCat(p.connections_up, "/", p.connections.size()), Human(p.bytes_sent),
                                  Human(p.bytes_received), p.connection_failures, p.resent_slices, p.remote_handles);
     for (const auto& x : p.connections) {

@@ -1464,6 +1464,7 @@ podlink::v1::MeshStatus MeshEngine::Status() const {
     std::shared_ptr<DataLinks> links = p->links();
     if (links == nullptr) continue;
     LinkStats s = links->Stats();
+    out->set_transport(links->transport());
     out->set_connections_up(static_cast<uint32_t>(s.connections_up));
     out->set_bytes_sent(s.bytes_sent);
     out->set_bytes_received(s.bytes_received);

@@ -267,6 +267,7 @@ TEST_F(Mesh, TwoCablesBothCarryATransfer) {
   ASSERT_EQ(links["peers"].size(), 1u) << text;
   const json& peer = links["peers"][0];
   EXPECT_EQ(peer["node"], "node-b");
+  EXPECT_EQ(peer["transport"], "tcp") << text;
   EXPECT_EQ(peer["connections_up"], 8) << text;  // 4 per cable
   EXPECT_GE(peer["bytes_sent"].get<uint64_t>(), size);
   EXPECT_GE(peer["bytes_received"].get<uint64_t>(), size);  // the read-back

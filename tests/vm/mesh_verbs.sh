@@ -49,6 +49,21 @@ for n in node_a node_b; do
   [ -f "$out/$n.log" ] || tail -n 20 "$out/$n.console"
 done
 python3 "$here/summary.py" "$out" node-a:node-b node-b:node-a || rc=1
+# What an operator sees on each node (kubectl podlink links): the peer over verbs, its QPs up.
+python3 - "$out" <<'PY' || rc=1
+import json, sys
+ok = True
+for me, peer in (("node-a", "node-b"), ("node-b", "node-a")):
+    try:
+        links = json.load(open(f"{sys.argv[1]}/{me}.links.json"))
+        p = next(x for x in links["peers"] if x["node"] == peer)
+        good = p["transport"] == "verbs" and p["connections_up"] >= 1 and p["bytes_sent"] > 0
+    except Exception as e:  # a missing or malformed answer fails the check
+        good, p = False, repr(e)
+    ok &= good
+    print(f"{me}: kubectl podlink links: {peer} " + (f"over {p['transport']}, {p['connections_up']} QPs up" if good else f"WRONG: {p}"))
+sys.exit(0 if ok else 1)
+PY
 for n in node-a node-b; do
   grep -q "event=verbs_path_up" "$out/$n.podlinkd.log" 2>/dev/null && echo "$n: verbs path up" ||
     { echo "$n: no verbs path came up"; rc=1; }

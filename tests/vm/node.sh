@@ -142,6 +142,8 @@ sys.exit(0 if v and v[0]["mismatches"] == 0 else 1)' "$out/$name.serve-$peer.out
     rc=2
     ;;
 esac
+PODLINK_SOCKET_DIR=/run/podlink-test "$build/client-lib/tools/kubectl-podlink" links -o json --socket /run/podlink-test \
+  > "$out/$name.links.json" 2>&1 || true
 curl -s --max-time 5 http://127.0.0.1:9464/metrics 2>/dev/null | grep -E '^podlink_mesh' > "$out/$name.metrics" || true
 kill "$daemon" 2>/dev/null || true
 wait "$daemon" 2>/dev/null || true

@@ -274,7 +274,8 @@ class PODLINK_API Client {
     std::string node;
     uint32_t connections_up = 0, remote_handles = 0;
     uint64_t bytes_sent = 0, bytes_received = 0, connection_failures = 0, resent_slices = 0;
-    std::vector<MeshConnection> connections;
+    std::vector<MeshConnection> connections;  // TCP connections, or RC queue pairs (verbs)
+    std::string transport;                     // "tcp" or "verbs"
   };
   struct MeshStatus {
     bool enabled = false;
