@@ -34,6 +34,8 @@ const size_t* LimitField(const DaemonConfig& cfg, const std::string& key) {
   if (key == "max_exports_per_session") return &cfg.broker.registry.max_exports_per_session;
   if (key == "max_exports_total") return &cfg.broker.registry.max_exports_total;
   if (key == "max_exports_per_pod") return &cfg.broker.registry.max_exports_per_pod;
+  if (key == "max_grpc_connections") return &cfg.grpc.max_connections;
+  if (key == "max_grpc_connections_per_pod") return &cfg.grpc.max_connections_per_pod;
   return nullptr;
 }
 
@@ -41,7 +43,8 @@ void CheckLimits(const DaemonConfig& cfg, const json& doc) {
   const DaemonConfig defaults;
   const json limits = doc.contains("limits") ? doc.at("limits") : json::object();
   for (const char* key : {"max_sessions", "max_sessions_per_pod", "max_pending_offers", "max_exports_per_session",
-                          "max_exports_total", "max_exports_per_pod"}) {
+                          "max_exports_total", "max_exports_per_pod", "max_grpc_connections",
+                          "max_grpc_connections_per_pod"}) {
     const size_t got = *LimitField(cfg, key);
     if (!limits.contains(key)) {
       FUZZ_CHECK(got == *LimitField(defaults, key), "limits.%s absent but changed to %zu", key, got);
@@ -51,8 +54,18 @@ void CheckLimits(const DaemonConfig& cfg, const json& doc) {
     FUZZ_CHECK(v.is_number_unsigned() && v.get<uint64_t>() > 0, "limits.%s = %s accepted", key, v.dump().c_str());
     FUZZ_CHECK(got == v.get<uint64_t>(), "limits.%s = %s parsed as %zu", key, v.dump().c_str(), got);
   }
+  if (limits.contains("offer_ttl_seconds")) {
+    const json& v = limits.at("offer_ttl_seconds");
+    FUZZ_CHECK(v.is_number_unsigned() && v.get<uint64_t>() > 0, "limits.offer_ttl_seconds = %s accepted",
+               v.dump().c_str());
+    FUZZ_CHECK(cfg.broker.offer_ttl == absl::Seconds(static_cast<int64_t>(v.get<uint64_t>())),
+               "limits.offer_ttl_seconds = %s parsed wrong", v.dump().c_str());
+  } else {
+    FUZZ_CHECK(cfg.broker.offer_ttl == defaults.broker.offer_ttl, "limits.offer_ttl_seconds absent but changed");
+  }
   for (auto it = limits.begin(); it != limits.end(); ++it) {
-    FUZZ_CHECK(LimitField(cfg, it.key()) != nullptr, "unknown limit '%s' accepted", it.key().c_str());
+    FUZZ_CHECK(LimitField(cfg, it.key()) != nullptr || it.key() == "offer_ttl_seconds", "unknown limit '%s' accepted",
+               it.key().c_str());
   }
 }
 
