@@ -906,22 +906,7 @@ absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const Remote
     PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<verbs::VerbsLinks> vl, ConnectVerbs(target.node_name, paths, open));
     // A path whose QPs all failed gets new ones in the background (the
     // owner drops the failed ones), while the other paths carry on.
-    std::map<std::string, Path> by_name;
-    for (const Path& path : paths) by_name[PathName(path)] = path;
-    std::weak_ptr<Peer> weak_peer = peer;
-    std::weak_ptr<DataLinks> weak_links = vl;
-    vl->set_on_path_down([this, weak_peer, weak_links, by_name](const std::string& name) {
-      auto it = by_name.find(name);
-      if (it == by_name.end()) return;
-      Repair r;
-      r.peer = weak_peer;
-      r.links = weak_links;
-      r.path = it->second;
-      r.name = name;
-      r.backoff = absl::Milliseconds(500);
-      r.next = absl::Now() + r.backoff;
-      ScheduleRepair(std::move(r));
-    });
+    vl->set_on_path_down(RepairOnDown(peer, vl, paths, 0));
     Log()->info("event=mesh_peer_connected node={} control={} transport=verbs paths={} qps={}", target.node_name,
                 endpoint, paths.size(), vl->live());
     p.set_stub(std::move(stub));
@@ -959,24 +944,7 @@ absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const Remote
   Log()->info("event=mesh_peer_connected node={} control={} paths={} connections={}", target.node_name, endpoint,
               paths.size(), links->live());
   // A connection that fails later is dialed again over its path.
-  std::map<std::string, Path> by_name;
-  for (const Path& path : paths) by_name[PathName(path)] = path;
-  std::weak_ptr<Peer> weak_peer = peer;
-  std::weak_ptr<PeerLinks> weak_links = links;
-  uint32_t data_port = link.data_port();
-  links->set_on_down([this, weak_peer, weak_links, by_name, data_port](const std::string& name) {
-    auto it = by_name.find(name);
-    if (it == by_name.end()) return;
-    Repair r;
-    r.peer = weak_peer;
-    r.links = weak_links;
-    r.path = it->second;
-    r.name = name;
-    r.data_port = data_port;
-    r.backoff = absl::Milliseconds(500);
-    r.next = absl::Now() + r.backoff;
-    ScheduleRepair(std::move(r));
-  });
+  links->set_on_down(RepairOnDown(peer, links, paths, link.data_port()));
   p.set_stub(std::move(stub));
   p.instance.store(hello.instance(), std::memory_order_release);
   p.set_links(std::move(links));
@@ -1105,6 +1073,28 @@ void MeshEngine::DropSession(uint64_t session) {
     }
   }
   for (uint64_t id : mine) (void)DropHandle(session, id);
+}
+
+std::function<void(const std::string&)> MeshEngine::RepairOnDown(const std::shared_ptr<Peer>& peer,
+                                                                 const std::shared_ptr<DataLinks>& links,
+                                                                 const std::vector<Path>& paths, uint32_t data_port) {
+  std::map<std::string, Path> by_name;
+  for (const Path& path : paths) by_name[PathName(path)] = path;
+  std::weak_ptr<Peer> weak_peer = peer;
+  std::weak_ptr<DataLinks> weak_links = links;
+  return [this, weak_peer, weak_links, by_name = std::move(by_name), data_port](const std::string& name) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) return;
+    Repair r;
+    r.peer = weak_peer;
+    r.links = weak_links;
+    r.path = it->second;
+    r.name = name;
+    r.data_port = data_port;
+    r.backoff = absl::Milliseconds(500);
+    r.next = absl::Now() + r.backoff;
+    ScheduleRepair(std::move(r));
+  };
 }
 
 void MeshEngine::ScheduleRepair(Repair r) {

@@ -209,6 +209,11 @@ class MeshEngine final : public MeshPort {
     absl::Duration backoff;
   };
   void ScheduleRepair(Repair r) ABSL_LOCKS_EXCLUDED(mu_);
+  // What a link set calls when a path (TCP: a connection; verbs: all of a
+  // path's QPs) fails: a repair of that path is scheduled.
+  std::function<void(const std::string&)> RepairOnDown(const std::shared_ptr<Peer>& peer,
+                                                       const std::shared_ptr<DataLinks>& links,
+                                                       const std::vector<Path>& paths, uint32_t data_port);
   void RepairLoop();
   absl::Status RepairOnce(Repair& r);
 
