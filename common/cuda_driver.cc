@@ -90,6 +90,7 @@ Loaded* DoLoad() {
   Resolve(lib, "cuMemGetAddressRange_v2", d.MemGetAddressRange, missing);
   std::string optional;
   Resolve(lib, "cuMemGetHandleForAddressRange", d.MemGetHandleForAddressRange, optional);
+  Resolve(lib, "cuPointerGetAttribute", d.PointerGetAttribute, optional);
   Resolve(lib, "cuMemHostAlloc", d.MemHostAlloc, missing);
   Resolve(lib, "cuMemFreeHost", d.MemFreeHost, missing);
   Resolve(lib, "cuMemHostRegister_v2", d.MemHostRegister, missing);

@@ -37,6 +37,7 @@ inline constexpr int kHandleTypePosixFd = 0x1;
 inline constexpr int kRangeHandleTypeDmaBufFd = 0x1;
 inline constexpr int kHandleTypeFabric = 0x8;
 inline constexpr int kLocationTypeDevice = 0x1;
+inline constexpr int kPointerAttributeDeviceOrdinal = 9;  // CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
 inline constexpr int kAllocationTypePinned = 0x1;
 inline constexpr int kAccessProtReadWrite = 0x3;
 inline constexpr int kGranularityRecommended = 0x1;
@@ -118,6 +119,8 @@ struct Driver {
   Result (*MemGetAddressRange)(DevicePtr*, size_t*, DevicePtr);
   // Optional (null on drivers without it): a dma-buf of mapped device memory.
   Result (*MemGetHandleForAddressRange)(void*, DevicePtr, size_t, int, unsigned long long);
+  // Optional: null when the driver lacks it.
+  Result (*PointerGetAttribute)(void*, int, DevicePtr);
   Result (*MemHostAlloc)(void**, size_t, unsigned);
   Result (*MemHostRegister)(void*, size_t, unsigned);
   Result (*MemHostUnregister)(void*);

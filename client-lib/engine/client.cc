@@ -623,6 +623,19 @@ absl::StatusOr<std::unique_ptr<Mapping>> Client::Map(const Imported& imp, int ac
   m->reserved_ = reserved;
   m->size_ = info.size;
   m->device_ = dev;
+  m->access_ = dev < 64 ? uint64_t{1} << dev : 0;
+  if (access_device >= 0) {
+    // Asked for in-process copies: let every other GPU of this process that
+    // can reach the memory (peer access) use it too, so a copy can run on
+    // whichever GPU holds the other side (TransferEngine picks that one).
+    int count = 0;
+    if (d->DeviceGetCount(&count) != cu::kSuccess) count = 0;
+    for (int other = 0; other < std::min(count, 64); ++other) {
+      if (other == dev) continue;
+      cu::MemAccessDesc access{{cu::kLocationTypeDevice, other}, cu::kAccessProtReadWrite};
+      if (d->MemSetAccess(m->va_, reserved, &access, 1) == cu::kSuccess) m->access_ |= uint64_t{1} << other;
+    }
+  }
   return m;
 }
 

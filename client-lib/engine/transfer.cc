@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client-lib/transports/backend.h"
 #include "client-lib/transports/select.h"
+#include "common/cuda_driver.h"
 #include "common/status_util.h"
 
 namespace podlink {
@@ -64,6 +65,22 @@ absl::StatusOr<RegionDescriptor> RegionDescriptor::Parse(absl::string_view text)
 
 namespace {
 
+// The CUDA ordinal of the GPU that holds a cuMem allocation (-1: unknown).
+int AllocationDevice(uint64_t device_ptr) {
+  auto d = cu::LoadDriver();
+  if (!d.ok()) return -1;
+  cu::MemHandle h = 0;
+  if ((*d)->MemRetainAllocationHandle(&h, reinterpret_cast<void*>(device_ptr)) != cu::kSuccess) return -1;
+  cu::MemAllocationProp prop{};
+  int device = -1;
+  if ((*d)->MemGetAllocationPropertiesFromHandle(&prop, h) == cu::kSuccess &&
+      prop.location.type == cu::kLocationTypeDevice) {
+    device = prop.location.id;
+  }
+  (*d)->MemRelease(h);
+  return device;
+}
+
 struct Opened {
   Imported imported;  // keeps the import record (the relay's authorization) alive
   std::unique_ptr<Mapping> mapping;  // for transports that copy through a mapping
@@ -110,9 +127,9 @@ class TransferEngine::Impl {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<LocalRegion> Register(uint64_t export_id, uint64_t size, void* host, uint64_t dev, HandleType type,
-                                       const std::string& gpu_uuid) {
-    LocalRegion r{export_id, size, host, dev};
+  absl::StatusOr<LocalRegion> Register(uint64_t export_id, uint64_t size, void* host, uint64_t dev, int device,
+                                       HandleType type, const std::string& gpu_uuid) {
+    LocalRegion r{export_id, size, host, dev, device};
     absl::MutexLock l(&mu_);
     local_[export_id] = RegionDescriptor{node_id_, export_id, size, type, gpu_uuid, node_name_, mesh_port_,
                                          mesh_addresses_};
@@ -233,7 +250,7 @@ class TransferEngine::Impl {
       absl::Status st = Validate(op);
       if (st.ok()) {
         const Opened& o = *opened_.find(op.remote->export_id)->second;
-        TransportBackend* t = transports_->For(o.region.transport);
+        Transport via = o.region.transport;
         Copy c;
         c.write = write;
         c.op = &op;
@@ -243,7 +260,15 @@ class TransferEngine::Impl {
           c.remote_is_host = o.mapping->host_ptr() != nullptr;
           c.remote_addr = c.remote_is_host ? reinterpret_cast<uint64_t>(o.mapping->host_ptr())
                                            : o.mapping->device_ptr();
+          if (via == Transport::kDirect) {
+            c.device = DirectCopyDevice(op.local->device, c.local_is_host, o.mapping->device(),
+                                        o.mapping->access_devices());
+            if (c.device < 0) via = Transport::kRelay;  // this process's GPUs cannot reach both sides
+          } else {
+            c.device = HostMappingCopyDevice(op.local->device, c.local_is_host, opt_.device);
+          }
         }
+        TransportBackend* t = transports_->For(via);
         if (std::find(b.parts.begin(), b.parts.end(), t) == b.parts.end()) b.parts.push_back(t);
         st = t->Submit(id, c);
       }
@@ -380,19 +405,19 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(Client& c
 
 absl::StatusOr<LocalRegion> TransferEngine::Register(const GpuBuffer& buf, const ExportOptions& opts) {
   PODLINK_ASSIGN_OR_RETURN(uint64_t id, impl_->client().Export(buf, opts));
-  return impl_->Register(id, buf.size(), nullptr, buf.device_ptr(), buf.handle_type(), buf.gpu_uuid());
+  return impl_->Register(id, buf.size(), nullptr, buf.device_ptr(), buf.device(), buf.handle_type(), buf.gpu_uuid());
 }
 
 absl::StatusOr<LocalRegion> TransferEngine::Register(const HostBuffer& buf, const ExportOptions& opts) {
   PODLINK_ASSIGN_OR_RETURN(uint64_t id, impl_->client().Export(buf, opts));
-  return impl_->Register(id, buf.size(), buf.data(), 0, HandleType::kHostMemfd, "");
+  return impl_->Register(id, buf.size(), buf.data(), 0, -1, HandleType::kHostMemfd, "");
 }
 
 absl::StatusOr<LocalRegion> TransferEngine::RegisterExisting(uint64_t device_ptr, size_t size,
                                                              const ExportOptions& opts) {
   PODLINK_ASSIGN_OR_RETURN(uint64_t id, impl_->client().ExportExisting(device_ptr, size, opts));
   // The descriptor's GPU UUID is informational; the daemon knows the export's GPU.
-  return impl_->Register(id, size, nullptr, device_ptr, HandleType::kPosixFd, "");
+  return impl_->Register(id, size, nullptr, device_ptr, AllocationDevice(device_ptr), HandleType::kPosixFd, "");
 }
 
 absl::Status TransferEngine::Unregister(const LocalRegion& r) { return impl_->Unregister(r.export_id); }

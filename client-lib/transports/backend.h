@@ -32,6 +32,7 @@ struct Copy {
   bool local_is_host = false;
   uint64_t remote_addr = 0;
   bool remote_is_host = false;
+  int device = 0;  // in-process copies: the CUDA ordinal whose stream runs it
 };
 
 class TransportBackend {

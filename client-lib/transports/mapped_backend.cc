@@ -1,7 +1,9 @@
 #include "client-lib/transports/mapped_backend.h"
 
 #include <cstring>
+#include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_util.h"
 
 namespace podlink {
@@ -24,8 +26,26 @@ absl::Status InProcessStream::Ensure() {
   return cu::CuStatus(cuda_->StreamCreate(&stream_, cu::kStreamNonBlocking), "cuStreamCreate");
 }
 
+absl::StatusOr<InProcessStream*> InProcessStreams::For(int device) {
+  if (device < 0) return absl::InvalidArgumentError("no GPU to run an in-process copy on");
+  std::unique_ptr<InProcessStream>& s = streams_[device];
+  if (s == nullptr) s = std::make_unique<InProcessStream>(device);
+  PODLINK_RETURN_IF_ERROR(s->Ensure());
+  return s.get();
+}
+
+const cu::Driver* InProcessStreams::cuda() const {
+  for (const auto& [device, s] : streams_) {
+    if (s->cuda() != nullptr) return s->cuda();
+  }
+  return nullptr;
+}
+
 MappedBackend::~MappedBackend() {
-  for (auto& [batch, e] : events_) stream_.cuda()->EventDestroy(e);
+  const cu::Driver* cuda = streams_.cuda();
+  for (auto& [batch, events] : events_) {
+    for (cu::Event e : events) cuda->EventDestroy(e);
+  }
 }
 
 absl::Status MappedBackend::Submit(uint64_t batch, const Copy& c) {
@@ -36,48 +56,59 @@ absl::Status MappedBackend::Submit(uint64_t batch, const Copy& c) {
     std::memcpy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), c.op->length);
     return absl::OkStatus();
   }
-  PODLINK_RETURN_IF_ERROR(stream_.Ensure());
-  PODLINK_RETURN_IF_ERROR(
-      cu::CuStatus(stream_.cuda()->MemcpyAsync(dst, src, c.op->length, stream_.stream()), "cuMemcpyAsync"));
-  queued_[batch] = true;
+  PODLINK_ASSIGN_OR_RETURN(InProcessStream * s, streams_.For(c.device));
+  PODLINK_RETURN_IF_ERROR(cu::CuStatus(s->cuda()->MemcpyAsync(dst, src, c.op->length, s->stream()),
+                                       absl::StrCat("cuMemcpyAsync on GPU ", c.device).c_str()));
+  queued_[batch].insert(s);
   return absl::OkStatus();
 }
 
 void MappedBackend::Flush(uint64_t batch) {
-  if (queued_.erase(batch) == 0) return;
-  const cu::Driver* cuda = stream_.cuda();
-  cu::Event e = nullptr;
-  if (cuda->EventCreate(&e, cu::kEventDisableTiming) != cu::kSuccess ||
-      cuda->EventRecord(e, stream_.stream()) != cu::kSuccess) {
-    // No event: wait for the copies now; the batch is then complete (and
-    // fails if they did).
-    cu::Result r = cuda->StreamSynchronize(stream_.stream());
-    if (e != nullptr) cuda->EventDestroy(e);
-    if (r != cu::kSuccess) failed_[batch] = cu::CuStatus(r, "in-process copy");
-    return;
+  auto it = queued_.find(batch);
+  if (it == queued_.end()) return;
+  std::set<InProcessStream*> used = std::move(it->second);
+  queued_.erase(it);
+  for (InProcessStream* s : used) {
+    const cu::Driver* cuda = s->cuda();
+    cu::Event e = nullptr;
+    if (cuda->EventCreate(&e, cu::kEventDisableTiming) != cu::kSuccess ||
+        cuda->EventRecord(e, s->stream()) != cu::kSuccess) {
+      // No event: wait for the copies now; this part is then complete (and
+      // the batch fails if they did).
+      cu::Result r = cuda->StreamSynchronize(s->stream());
+      if (e != nullptr) cuda->EventDestroy(e);
+      if (r != cu::kSuccess && !failed_.contains(batch)) failed_[batch] = cu::CuStatus(r, "in-process copy");
+      continue;
+    }
+    events_[batch].push_back(e);
   }
-  events_[batch] = e;
 }
 
 absl::StatusOr<bool> MappedBackend::Poll(uint64_t batch, absl::Status* result) {
+  auto it = events_.find(batch);
+  if (it != events_.end()) {
+    const cu::Driver* cuda = streams_.cuda();
+    std::vector<cu::Event>& events = it->second;
+    while (!events.empty()) {
+      cu::Result q = cuda->EventQuery(events.back());
+      if (q == cu::kErrorNotReady) return false;
+      if (q != cu::kSuccess && !failed_.contains(batch)) failed_[batch] = cu::CuStatus(q, "in-process copy");
+      cuda->EventDestroy(events.back());
+      events.pop_back();
+    }
+    events_.erase(it);
+  }
   if (auto f = failed_.find(batch); f != failed_.end()) {
     *result = f->second;
     failed_.erase(f);
-    return true;
   }
-  auto it = events_.find(batch);
-  if (it == events_.end()) return true;
-  cu::Result q = stream_.cuda()->EventQuery(it->second);
-  if (q == cu::kErrorNotReady) return false;
-  if (q != cu::kSuccess) *result = cu::CuStatus(q, "in-process copy");
-  stream_.cuda()->EventDestroy(it->second);
-  events_.erase(it);
   return true;
 }
 
 absl::Status MappedBackend::Fence() {
-  for (auto& [batch, e] : events_) {
-    PODLINK_RETURN_IF_ERROR(cu::CuStatus(stream_.cuda()->EventSynchronize(e), "cuEventSynchronize"));
+  const cu::Driver* cuda = streams_.cuda();
+  for (auto& [batch, events] : events_) {
+    for (cu::Event e : events) PODLINK_RETURN_IF_ERROR(cu::CuStatus(cuda->EventSynchronize(e), "cuEventSynchronize"));
   }
   return absl::OkStatus();
 }
@@ -87,7 +118,7 @@ void MappedBackend::Abandon(uint64_t batch) {
   failed_.erase(batch);
   auto it = events_.find(batch);
   if (it == events_.end()) return;
-  stream_.cuda()->EventDestroy(it->second);
+  for (cu::Event e : it->second) streams_.cuda()->EventDestroy(e);
   events_.erase(it);
 }
 

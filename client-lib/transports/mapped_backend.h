@@ -7,6 +7,9 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <set>
+#include <vector>
 
 #include "client-lib/transports/backend.h"
 #include "common/cuda_driver.h"
@@ -15,6 +18,7 @@ namespace podlink {
 
 // The one stream of this process's in-process GPU copies (both mapped
 // transports), created on first use in the primary context of `device`.
+// One non-blocking stream in a GPU's primary context, made on first use.
 class InProcessStream {
  public:
   explicit InProcessStream(int device) : device_(device) {}
@@ -32,10 +36,22 @@ class InProcessStream {
   cu::Stream stream_ = nullptr;
 };
 
+// The in-process streams, one per GPU of this process that copies.
+class InProcessStreams {
+ public:
+  // The stream of CUDA ordinal `device`, made on first use.
+  absl::StatusOr<InProcessStream*> For(int device);
+  // Any stream made so far (for its driver table); null if none.
+  const cu::Driver* cuda() const;
+
+ private:
+  std::map<int, std::unique_ptr<InProcessStream>> streams_;
+};
+
 class MappedBackend final : public TransportBackend {
  public:
-  // `stream` must outlive the backend.
-  MappedBackend(Transport id, InProcessStream& stream) : id_(id), stream_(stream) {}
+  // `streams` must outlive the backend.
+  MappedBackend(Transport id, InProcessStreams& streams) : id_(id), streams_(streams) {}
   ~MappedBackend() override;
 
   Transport id() const override { return id_; }
@@ -47,9 +63,9 @@ class MappedBackend final : public TransportBackend {
 
  private:
   const Transport id_;
-  InProcessStream& stream_;
-  std::map<uint64_t, bool> queued_;         // batches with GPU copies not yet covered by an event
-  std::map<uint64_t, cu::Event> events_;    // batch -> event after its GPU copies
+  InProcessStreams& streams_;
+  std::map<uint64_t, std::set<InProcessStream*>> queued_;  // batch -> streams with its copies, no event yet
+  std::map<uint64_t, std::vector<cu::Event>> events_;      // batch -> an event after its copies per stream
   std::map<uint64_t, absl::Status> failed_;  // batches whose event could not be recorded (waited for instead)
 };
 

@@ -6,9 +6,18 @@
 
 namespace podlink {
 
+int DirectCopyDevice(int local_device, bool local_is_host, int mapping_device, uint64_t mapping_access) {
+  if (local_is_host) return mapping_device;
+  if (local_device < 0 || local_device >= 64) return -1;
+  return (mapping_access >> local_device) & 1 ? local_device : -1;
+}
+
+int HostMappingCopyDevice(int local_device, bool local_is_host, int fallback) {
+  return !local_is_host && local_device >= 0 ? local_device : fallback;
+}
+
 Transports::Transports(const TransferEngine::Options& opt)
     : opt_(opt),
-      in_process_(opt.device),
       host_(Transport::kHostMemcpy, in_process_),
       direct_(Transport::kDirect, in_process_) {}
 

@@ -16,6 +16,23 @@
 
 namespace podlink {
 
+// The GPU that runs an in-process copy between a local region and a peer's
+// region mapped into this process (Transport::kDirect), or -1 when this
+// process cannot make it (podlinkd's relay moves it then). The GPU that holds
+// the local memory does it, if the mapping grants it access (its copy engine
+// then reaches the peer's memory over NVLink); local host memory uses the
+// mapping's own GPU. The GPU's CUDA ordinal is what matters, whatever its
+// position in this process's device list: a pod whose own GPU is ordinal 1
+// (the peer's device node sorts first) copies on 1 (docs/nccl.md).
+//   local_device: the local region's ordinal (-1: unknown); local_is_host: host memory
+//   mapping_device, mapping_access: Mapping::device() and access_devices()
+int DirectCopyDevice(int local_device, bool local_is_host, int mapping_device, uint64_t mapping_access);
+
+// The GPU of a copy between local GPU memory and a peer's host (memfd)
+// mapping: the local memory's (host memory is reachable from every GPU), or
+// `fallback` (the engine's Options::device) when unknown.
+int HostMappingCopyDevice(int local_device, bool local_is_host, int fallback);
+
 struct TransportChoice {
   Transport transport = Transport::kRelay;
   std::unique_ptr<Mapping> mapping;  // for transports that copy through a mapping
@@ -44,7 +61,7 @@ class Transports {
 
   const TransferEngine::Options opt_;
   std::unique_ptr<RelayBackend> relay_;
-  InProcessStream in_process_;  // shared by host_ and direct_ (declared first: outlives them)
+  InProcessStreams in_process_;  // shared by host_ and direct_ (declared first: outlives them)
   MappedBackend host_;
   MappedBackend direct_;
 };

@@ -178,6 +178,9 @@ class PODLINK_API Mapping {
   uint64_t device_ptr() const { return va_; }
   size_t size() const { return size_; }
   int device() const { return device_; }  // ordinal with access, -1 for host
+  // Bit d set: CUDA ordinal d of this process may access the mapping (device()
+  // always, others where Map was asked for a device and peer access works).
+  uint64_t access_devices() const { return access_; }
 
  private:
   friend class Client;
@@ -188,6 +191,7 @@ class PODLINK_API Mapping {
   size_t reserved_ = 0;
   unsigned long long handle_ = 0;
   int device_ = -1;
+  uint64_t access_ = 0;
   int ctx_device_ = -1;  // primary context retained for this mapping's lifetime
 };
 

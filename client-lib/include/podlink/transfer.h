@@ -60,6 +60,7 @@ struct LocalRegion {
   uint64_t size = 0;
   void* host = nullptr;         // host memory
   uint64_t device_ptr = 0;      // GPU memory
+  int device = -1;              // GPU memory: the CUDA ordinal (in this process) that holds it; -1: unknown
 };
 
 // A peer's region, opened (imported) by this process.
