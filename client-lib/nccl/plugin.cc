@@ -115,6 +115,15 @@ void ConnectPodlinkd(State& s) {
 //  - NCCL_MIN_NCHANNELS=16, NCCL_BUFFSIZE=16 MiB: NCCL sizes channels from
 //    the topology, where the plugin's NIC sits behind the GPU's PCIe link,
 //    and opens 4; the relay needs more requests in flight.
+//  - Point-to-point (send/recv, all-to-all): NCCL gives a network peer 2
+//    channels of 128 KiB steps, so the relay saw 16 copies of 128 KiB in
+//    flight per peer (23 GB/s between two H200 pods). More channels per peer
+//    and the largest step NCCL_BUFFSIZE allows (NCCL caps a step at
+//    BUFFSIZE / 8) give the copy engines fewer, larger copies and more of
+//    them at once (docs/nccl.md, docs/performance.md).
+constexpr const char* kP2pChannels = "32";
+constexpr const char* kP2pChunk = "2097152";  // NCCL_BUFFSIZE / 8
+
 void SetRelayDefaults(State& s) {
   auto set_default = [&](const char* name, const char* value, const char* keep) {
     if (std::getenv(name) != nullptr || EnvIs(keep, "1")) return;
@@ -125,6 +134,10 @@ void SetRelayDefaults(State& s) {
   set_default("NCCL_PROTO", "Simple", "PODLINK_NCCL_KEEP_PROTO");
   set_default("NCCL_MIN_NCHANNELS", "16", "PODLINK_NCCL_KEEP_CHANNELS");
   set_default("NCCL_BUFFSIZE", "16777216", "PODLINK_NCCL_KEEP_CHANNELS");
+  set_default("NCCL_NCHANNELS_PER_NET_PEER", kP2pChannels, "PODLINK_NCCL_KEEP_P2P");
+  set_default("NCCL_MIN_P2P_NCHANNELS", kP2pChannels, "PODLINK_NCCL_KEEP_P2P");
+  set_default("NCCL_MAX_P2P_NCHANNELS", kP2pChannels, "PODLINK_NCCL_KEEP_P2P");
+  set_default("NCCL_P2P_NET_CHUNKSIZE", kP2pChunk, "PODLINK_NCCL_KEEP_P2P");
 }
 
 }  // namespace podlink::ncclnet

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "client-lib/nccl/net_socket.h"
 #include "client-lib/nccl/plugin.h"
+#include "client-lib/nccl/step_trace.h"
 #include "common/status_util.h"
 
 namespace podlink::ncclnet {
@@ -91,7 +92,15 @@ Result PodlinkComm::RegMr(void* data, size_t size, int type, Mr** out) {
     } else {
       INFO("regMr: GPU buffer %p is not an exportable cuMem allocation (%s); using a bounce buffer", data,
            why.ToString().c_str());
-      auto buf = s.client->AllocateGpu(size, dev);
+      // On the GPU that holds NCCL's buffer (its CUDA ordinal; NCCL's net
+      // device index need not be it).
+      int gpu = dev;
+      if (s.cuda->PointerGetAttribute != nullptr &&
+          s.cuda->PointerGetAttribute(&gpu, cu::kPointerAttributeDeviceOrdinal,
+                                      reinterpret_cast<cu::DevicePtr>(data)) != cu::kSuccess) {
+        gpu = dev;
+      }
+      auto buf = s.client->AllocateGpu(size, gpu);
       if (!buf.ok()) return FailStatus(kUnhandledCudaError, "regMr: GPU bounce buffer", buf.status());
       mr->gpu_bounce = *std::move(buf);
       region = s.engine->Register(*mr->gpu_bounce);
@@ -135,6 +144,7 @@ Result PodlinkComm::SetupReceiver(Welcome& w) {
   region_->magic = kRegionMagic;
   region_->version = kWireVersion;
   w.ctrl_export = *id;
+  conn_key_ = *id;
   w.ctrl_size = sizeof(CtrlRegion);
   return kSuccess;
 }
@@ -149,6 +159,7 @@ Result PodlinkComm::SetupSender(const Welcome& w) {
   auto map = s.client->Map(*imp);
   if (!map.ok()) return FailStatus(kSystemError, "mapping the receiver's control region", map.status());
   region_map_ = *std::move(map);
+  conn_key_ = w.ctrl_export;
   region_ = static_cast<CtrlRegion*>(region_map_->host_ptr());
   if (region_->magic != kRegionMagic || region_->version != kWireVersion) {
     return Fail(kRemoteError, "the receiver's control region has an unknown format");
@@ -212,6 +223,8 @@ void PodlinkComm::CloseRemotes() {
 Result PodlinkComm::Isend(void* data, size_t size, int tag, Mr* base_mr, void** request) {
   auto* mr = static_cast<PodlinkMr*>(base_mr);
   const size_t asked = size;
+  const bool tracing = trace::On();
+  if (tracing && first_try_ == 0) first_try_ = trace::Now();
   if (!have_cts_) {
     CtsSlot& slot = region_->cts[next_seq_ % kSlots];
     if (slot.ready.load(std::memory_order_acquire) != next_seq_ + 1) {
@@ -243,6 +256,11 @@ Result PodlinkComm::Isend(void* data, size_t size, int tag, Mr* base_mr, void** 
   r->seq = seq;
   r->index = index;
   r->size = size;
+  if (tracing) {
+    r->t_try = first_try_;
+    r->t_post = trace::Now();
+    first_try_ = 0;
+  }
   if (size > cts.sizes[index]) size = r->size = Truncate(size, cts.sizes[index]);
   if (size > 0) {
     uint64_t off = static_cast<char*>(data) - mr->base;
@@ -266,6 +284,7 @@ Result PodlinkComm::Isend(void* data, size_t size, int tag, Mr* base_mr, void** 
     }
     r->batch = *batch;
   }
+  if (tracing) r->t_submit = trace::Now();
   TRACE_OP("trace isend comm=%p peer=%s seq=%lu index=%d tag=%d size=%zu room=%lu type=%d",
            static_cast<void*>(this), peer.c_str(), static_cast<unsigned long>(seq), index, tag, asked,
            static_cast<unsigned long>(cts.sizes[index]), mr->type);
@@ -288,6 +307,7 @@ Result PodlinkComm::Irecv(int n, void** data, const size_t* sizes, const int* ta
   }
   r->seq = next_seq_;
   r->Post(n, data, sizes, mrs);
+  if (trace::On()) r->t_post = trace::Now();
   TRACE_OP("trace irecv comm=%p peer=%s seq=%lu n=%d tag0=%d size0=%zu type0=%d", static_cast<void*>(this),
            peer.c_str(), static_cast<unsigned long>(next_seq_), n, tags[0], sizes[0], mrs[0]->type);
   slot.ready.store(next_seq_ + 1, std::memory_order_release);
@@ -315,6 +335,10 @@ Result PodlinkComm::SendDone(PodlinkRequest& r, int* done, int* sizes) {
   }
   PublishDone(r.seq, r.index, r.size);
   if (sizes != nullptr) sizes[0] = static_cast<int>(r.size);
+  if (r.t_post != 0) {
+    trace::Record({'s', conn_key_, r.seq, r.index, r.size, r.t_try, r.t_post, r.t_submit, trace::Now()});
+    r.t_post = 0;
+  }
   *done = 1;
   Drop(r);
   return kSuccess;
@@ -347,6 +371,11 @@ Result PodlinkComm::ReceiveDone(PodlinkRequest& r, int* done, int* sizes) {
       if (!st.ok()) result = FailStatus(kUnhandledCudaError, "copying a receive out of its bounce buffer", st);
     }
     if (sizes != nullptr) sizes[i] = static_cast<int>(got);
+  }
+  if (r.t_post != 0) {
+    uint64_t now = trace::Now();
+    for (int i = 0; i < r.n; ++i) trace::Record({'r', conn_key_, r.seq, i, r.posted[i], 0, r.t_post, 0, now});
+    r.t_post = 0;
   }
   *done = 1;
   Drop(r);
