@@ -15,6 +15,7 @@
 #include "client-lib/nccl/comm.h"
 #include "client-lib/nccl/handshake.h"
 #include "client-lib/nccl/plugin.h"
+#include "client-lib/nccl/step_trace.h"
 
 namespace podlink::ncclnet {
 
@@ -26,6 +27,7 @@ Result Init(nccl_abi::Logger logger) {
   if (s.client != nullptr || s.tcp_fallback_kept) return kSuccess;  // kept by a finalize that found comms open
   s.nsocks = std::clamp(EnvInt("PODLINK_NCCL_NSOCKS", 4), 1, 16);
   s.trace_left = std::max(0, EnvInt("PODLINK_NCCL_TRACE", 0));
+  trace::Configure();
   s.tcp_only = EnvIs("PODLINK_NCCL_TRANSPORT", "tcp");
   auto addr = ChooseListenAddress(&s.ifname);
   if (!addr.ok()) {
@@ -67,6 +69,7 @@ Result Finalize() {
     std::string().swap(s.node_id);
     std::vector<State::Dev>().swap(s.devs);  // NCCL asks for names again after the next init
   }
+  trace::Flush();
   engine.reset();  // waits for relay copies it still has in flight
   client.reset();  // closes the session; gRPC stops its threads with the last channel
   std::map<int, cu::Context> contexts;

@@ -36,6 +36,7 @@ struct PodlinkMr final : Mr {
 
 struct PodlinkRequest : Request {
   uint64_t batch = 0;  // send: the TransferEngine batch in flight
+  uint64_t t_try = 0, t_post = 0, t_submit = 0;  // step trace (step_trace.h), when on
 };
 
 class PodlinkComm final : public Comm {
@@ -63,6 +64,8 @@ class PodlinkComm final : public Comm {
 
   RequestSlots<PodlinkRequest> reqs_;
   uint64_t next_seq_ = 0;
+  uint64_t conn_key_ = 0;   // the control region's export: names the connection in the step trace
+  uint64_t first_try_ = 0;  // step trace: when NCCL first asked to send the next step
   uint64_t calls_ = 0;                     // for PeerGone's sampling
   std::unique_ptr<HostBuffer> region_buf_;  // receiver: the control region
   uint64_t region_export_ = 0;
