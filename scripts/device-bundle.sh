@@ -31,6 +31,9 @@ if [ ! -d "${IPROUTE_CACHE:=/var/tmp/podlink-iproute}/bin" ]; then
   find "$IPROUTE_CACHE/root" -name "*.so*" -exec cp -P {} "$IPROUTE_CACHE/lib/" \;
 fi
 mkdir -p "$OUT/iproute" && cp -r "$IPROUTE_CACHE/bin" "$IPROUTE_CACHE/lib" "$OUT/iproute/"
+# NVIDIA's nccl-tests built for two pods without MPI (tests/gpu/nccl_tests.sh), when the shared tools are here.
+NT_SRC=${NCCL_TESTS_SRC:-../shared/tools/nccl-tests/bin}
+if [ -d "$NT_SRC" ]; then mkdir -p "$OUT/nccl-tests" && cp "$NT_SRC"/*_perf "$OUT/nccl-tests/" && chmod u+w "$OUT"/nccl-tests/*; fi
 strip --strip-debug "$OUT"/bin/* "$OUT"/lib/* 2>/dev/null || true
 # Which code the bundle holds (a trailing + when the tree had changes).
 { git rev-parse --short HEAD; git diff --quiet HEAD -- . ':!docs' || echo +; } 2>/dev/null | tr -d '\n' > "$OUT/COMMIT"

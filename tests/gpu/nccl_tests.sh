@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# NVIDIA's nccl-tests between two pods on a two-GPU node (the device tool's
+# nvidia-h200-x2), from the repository root, with the bundle made by
+# scripts/device-bundle.sh in .devcarry/ (binaries, libraries, iproute2 and
+# the nccl-tests binaries from ../shared/tools/nccl-tests/bin, which need no
+# MPI: PMI_RANK/PMI_SIZE/MASTER_ADDR are enough):
+#
+#   bash tests/gpu/nccl_tests.sh [OUT_DIR]
+#
+# Every collective of NCCL_TESTS_COLLS (all_reduce all_gather reduce_scatter
+# broadcast reduce alltoall sendrecv) runs with -c 1 (results checked at every
+# size), out-of-place and in-place, in each setup of NCCL_TESTS_SETUPS:
+#   plugin  isolated pods (own PID, UTS, IPC, network and mount namespaces,
+#           private /dev/shm and /tmp, a veth pair, each able to open only its
+#           own /dev/nvidiaN), NCCL_NET_PLUGIN=libnccl-net-podlink.so with
+#           what the device plugin's Allocate sets and nothing else
+#   direct  the same pods, but each can open both GPUs, PODLINK_NCCL_DIRECT=1;
+#           rank 1 runs on CUDA device 1 (its own GPU sorts second, the case
+#           that failed before 2026-11-24)
+#   socket  the isolated pods without the plugin (NCCL's NET/Socket over the
+#           veth; sizes to NCCL_TESTS_SOCKET_MAX, fewer iterations: it is slow)
+#   native  the two ranks in the host namespaces (NCCL's P2P over NVLink)
+# More plugin setups for experiments: NCCL_TESTS_EXTRA="name|podlinkd args|env;..."
+# (each name must start with "plugin"). NCCL_TESTS_TRACE="setup ...": the plugin's
+# step trace on in those setups (OUT_DIR/<setup>/<coll>.steps.md, raw steps beside it). Each plugin setup gets a fresh podlinkd,
+# whose relay metrics are kept. Raw output: OUT_DIR/<setup>/<coll>.rank<r>.log;
+# the table (tests/gpu/nccl_tests_table.py, from that output) is last. Exits 1
+# when any rank fails, any result is wrong or any size is missing.
+set -uo pipefail
+# shellcheck source=scripts/lib/pod.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/pod.sh"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${1:-/tmp/podlink-nccl-tests}
+mkdir -p "$OUT"
+ROOT=$(pwd)
+BIN=$ROOT/.devcarry/bin
+LIB=$ROOT/.devcarry/lib
+NT=${NCCL_TESTS_BIN:-$ROOT/.devcarry/nccl-tests}
+IPR=$ROOT/.devcarry/iproute
+PLUGIN=$LIB/libnccl-net-podlink.so
+COLLS=${NCCL_TESTS_COLLS:-all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv}
+SETUPS=${NCCL_TESTS_SETUPS:-plugin direct socket native}
+ARGS=${NCCL_TESTS_ARGS:--b 1M -e 1G -f 4 -g 1 -c 1 -n 20 -w 5}
+SOCKET_ARGS=${NCCL_TESTS_SOCKET_ARGS:--b 1M -e 256M -f 4 -g 1 -c 1 -n 5 -w 2}
+TIMEOUT=${NCCL_TESTS_TIMEOUT:-240}
+WORK=/var/tmp/podlink-nccl-tests.$$  # not under /tmp: the pods get a private /tmp
+mkdir -p "$WORK/sock"
+POD_IP=(/lib64/ld-linux-x86-64.so.2 --library-path "$IPR/lib" "$IPR/bin/ip")
+"${POD_IP[@]}" -V >/dev/null || { echo "iproute2 bundle missing in $IPR"; exit 1; }
+[ -x "$NT/all_reduce_perf" ] || { echo "nccl-tests binaries missing in $NT (scripts/device-bundle.sh copies them)"; exit 1; }
+# NCCL from the machine's PyTorch (the nccl-tests binaries link it dynamically).
+NCCL_DIR=${NCCL_LIB_DIR:-$(dirname "$(find /opt /usr/local/lib /usr/lib -name 'libnccl.so.2' 2>/dev/null | head -1)")}
+[ -f "$NCCL_DIR/libnccl.so.2" ] || { echo "libnccl.so.2 not found"; exit 1; }
+
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "bundle: $(cat "$ROOT/.devcarry/COMMIT" 2>/dev/null)"
+  echo "nccl: $(readlink -f "$NCCL_DIR/libnccl.so.2")"
+  echo "args: $ARGS"
+  echo "socket args: $SOCKET_ARGS"
+  nvidia-smi -L
+  nvidia-smi topo -m | head -3
+  uname -r
+} | tee "$OUT/machine.txt"
+
+CG=$(pod_cgroup_root)
+CG_OK=0; [ -n "$CG" ] && mkdir -p "$CG/podlink-nt-$$" 2>/dev/null && CG_OK=1
+declare -A POD_UID POD_CG
+for p in a b; do
+  POD_UID[$p]=$(cat /proc/sys/kernel/random/uuid)
+  POD_CG[$p]=""
+  [ $CG_OK = 1 ] && POD_CG[$p]=$(pod_make_cgroup "podlink-nt-$$" "${POD_UID[$p]}" burstable)
+done
+rule() { echo "{\"match\": {\"pod_uid\": \"${POD_UID[$1]}\"}, \"namespace\": \"ml\", \"name\": \"$2\", \"annotations\": {\"podlink.io/peer-group\": \"nccl-job\"}}"; }
+echo "{\"identity\": {\"kubelet_cgroup_roots\": [\"/podlink-nt-$$\"]}, \"pods\": [$(rule a rank0), $(rule b rank1)]}" > "$WORK/config.json"
+
+DPID=""
+FAILED=()
+start_daemon() {
+  stop_daemon
+  local n; n=$(grep -c event=ready "$OUT/podlinkd.log" 2>/dev/null)
+  LD_LIBRARY_PATH=$LIB "$BIN/podlinkd" --socket-dir "$WORK/sock" --config "$WORK/config.json" "$@" \
+    2>> "$OUT/podlinkd.log" &
+  DPID=$!
+  for _ in $(seq 300); do [ "$(grep -c event=ready "$OUT/podlinkd.log")" -gt "${n:-0}" ] && break; sleep 0.1; done
+  [ "$(grep -c event=ready "$OUT/podlinkd.log")" -gt "${n:-0}" ] || { tail -20 "$OUT/podlinkd.log"; exit 1; }
+}
+stop_daemon() {
+  if [ -n "$DPID" ]; then kill "$DPID" 2>/dev/null; wait "$DPID" 2>/dev/null; DPID=""; fi
+}
+metrics() {  # podlinkd's relay counters and latency histogram after a setup
+  python3 -c 'import urllib.request as u; print(u.urlopen("http://127.0.0.1:9477/metrics").read().decode())' \
+    2>/dev/null | grep -E "^podlink_relay" > "$OUT/$1/metrics.txt" || true
+}
+
+# pods SETUP COLL BOTH_GPUS ARGS ENV...: rank 0 in pod a, rank 1 in pod b; BOTH_GPUS=1 lets each open both GPUs
+# (rank r then runs on CUDA device r), otherwise each sees only its own (device 0 in the pod).
+pods() {
+  local setup=$1 coll=$2 both=$3 args=$4; shift 4
+  local port=$((29600 + RANDOM % 1000)) pids=()
+  rm -f "$WORK"/net-ready
+  for r in 0 1; do
+    local p=a mask=/dev/nvidia1 dev=0
+    [ "$r" = 1 ] && p=b mask=/dev/nvidia0
+    [ "$both" = 1 ] && mask="" dev=$r
+    # shellcheck disable=SC2086  # args is a word list
+    pod_exec "${POD_CG[$p]}" --private-tmp --hide "$mask" --hostname "pod-$p" --wait-for "$WORK/net-ready" -- \
+      env PMI_RANK=$r PMI_SIZE=2 MASTER_ADDR=10.79.0.1 MASTER_PORT=$port NCCL_TESTS_DEVICE=$dev \
+          LD_LIBRARY_PATH="$NCCL_DIR" NCCL_SOCKET_IFNAME=pl NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,TUNING "$@" \
+          MPI_SHIM_TIMEOUT=60 timeout -k 5 "$TIMEOUT" "$NT/${coll}_perf" $args \
+      > "$OUT/$setup/$coll.rank$r.log" 2>&1 &
+    pids+=($!)
+  done
+  pod_veth "${pids[0]}" "${pids[1]}" pla plb 10.79.0.1/24 10.79.0.2/24
+  touch "$WORK/net-ready"
+  local rc=0 x
+  for x in "${pids[@]}"; do wait "$x" || rc=$?; done
+  echo "$rc" > "$OUT/$setup/$coll.rc"
+  [ "$rc" = 0 ] || FAILED+=("$setup/$coll (a rank exited $rc)")
+  echo "  $coll: exit $rc $(grep -m1 'Avg bus bandwidth' "$OUT/$setup/$coll.rank0.log" | sed 's/^# *//')"
+}
+
+native() {
+  local setup=$1 coll=$2 args=$3; shift 3
+  local port=$((29600 + RANDOM % 1000)) pids=()
+  for r in 0 1; do
+    # shellcheck disable=SC2086
+    env PMI_RANK=$r PMI_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port NCCL_TESTS_DEVICE=$r \
+        LD_LIBRARY_PATH="$NCCL_DIR" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,TUNING NCCL_NET_PLUGIN=none \
+        MPI_SHIM_TIMEOUT=60 timeout -k 5 "$TIMEOUT" "$NT/${coll}_perf" $args \
+      > "$OUT/$setup/$coll.rank$r.log" 2>&1 &
+    pids+=($!)
+  done
+  local rc=0 x
+  for x in "${pids[@]}"; do wait "$x" || rc=$?; done
+  echo "$rc" > "$OUT/$setup/$coll.rc"
+  [ "$rc" = 0 ] || FAILED+=("$setup/$coll (a rank exited $rc)")
+  echo "  $coll: exit $rc $(grep -m1 'Avg bus bandwidth' "$OUT/$setup/$coll.rank0.log" | sed 's/^# *//')"
+}
+
+# What the device plugin's Allocate sets for the plugin (docs/usage.md); the plugin picks the rest itself.
+PLUGIN_ENV=(NCCL_NET_PLUGIN="$PLUGIN" NCCL_NET=podlink NCCL_NET_GDR_LEVEL=SYS NCCL_NET_GDR_READ=1
+            PODLINK_SOCKET_DIR="$WORK/sock")
+declare -A PSETUP=([plugin]="||0" [direct]="||1")
+IFS=';' read -ra extra <<< "${NCCL_TESTS_EXTRA:-}"
+for e in "${extra[@]}"; do [ -n "$e" ] && PSETUP[${e%%|*}]="${e#*|}|0"; done
+
+for s in $SETUPS; do
+  mkdir -p "$OUT/$s"
+  echo "$s" >> "$OUT/setups.txt"
+  echo "$COLLS" > "$OUT/$s/colls.txt"
+  case $s in
+    socket)
+      echo "== socket: isolated pods, NCCL's NET/Socket over the veth"
+      echo "$SOCKET_ARGS" > "$OUT/socket/args.txt"
+      for c in $COLLS; do pods socket "$c" 0 "$SOCKET_ARGS" NCCL_NET_PLUGIN=none; done
+      ;;
+    native)
+      echo "== native: host namespaces, NCCL's P2P"
+      echo "$ARGS" > "$OUT/native/args.txt"
+      for c in $COLLS; do native native "$c" "$ARGS"; done
+      ;;
+    *)
+      [ -n "${PSETUP[$s]+x}" ] || { echo "unknown setup $s"; FAILED+=("$s (unknown)"); continue; }
+      IFS='|' read -r dargs nenv both <<< "${PSETUP[$s]}"
+      [ "$s" = direct ] && nenv="PODLINK_NCCL_DIRECT=1"
+      echo "== $s: podlinkd ${dargs:-(defaults)}; NCCL env: ${nenv:-(what the device plugin sets)}"
+      echo "podlinkd: ${dargs:-defaults}; env: ${nenv:-none}" > "$OUT/$s/setup.txt"
+      echo "$ARGS" > "$OUT/$s/args.txt"
+      # shellcheck disable=SC2086
+      start_daemon $dargs
+      # shellcheck disable=SC2086
+      for c in $COLLS; do
+        tenv=""
+        if [[ " ${NCCL_TESTS_TRACE:-} " == *" $s "* ]]; then
+          mkdir -p "$WORK/trace/$s/$c" && tenv="PODLINK_NCCL_STEP_TRACE=$WORK/trace/$s/$c"
+        fi
+        pods "$s" "$c" "$both" "$ARGS" "${PLUGIN_ENV[@]}" $nenv $tenv
+        if [ -n "$tenv" ]; then
+          mkdir -p "$OUT/$s/steps-$c" && cp "$WORK/trace/$s/$c"/*.tsv "$OUT/$s/steps-$c/" 2>/dev/null
+          python3 "$ROOT/tests/gpu/nccl_steps.py" "$OUT/$s/steps-$c" > "$OUT/$s/$c.steps.md" 2>&1
+          gzip -f "$OUT/$s/steps-$c"/*.tsv 2>/dev/null
+        fi
+      done
+      metrics "$s"
+      stop_daemon
+      ;;
+  esac
+done
+stop_daemon
+[ $CG_OK = 1 ] && pod_cleanup_cgroups "podlink-nt-$$"
+rm -rf "$WORK"
+
+python3 "$ROOT/tests/gpu/nccl_tests_table.py" "$OUT" | tee "$OUT/table.md"
+[ "${PIPESTATUS[0]}" = 0 ] || FAILED+=("result checks (table.md)")
+if [ ${#FAILED[@]} -gt 0 ]; then
+  echo "FAILED: ${FAILED[*]}"
+  exit 1
+fi
+echo "every rank of every setup passed and every result was checked"
