@@ -100,6 +100,11 @@ Result PodlinkComm::RegMr(void* data, size_t size, int type, Mr** out) {
                                       reinterpret_cast<cu::DevicePtr>(data)) != cu::kSuccess) {
         gpu = dev;
       }
+      // AllocateGpu makes the GPU's primary context current: NCCL's proxy
+      // thread gets its own back.
+      cu::Context caller = nullptr;
+      if (s.cuda->CtxGetCurrent(&caller) != cu::kSuccess) caller = nullptr;
+      cu::ScopedContext keep(*s.cuda, caller);
       auto buf = s.client->AllocateGpu(size, gpu);
       if (!buf.ok()) return FailStatus(kUnhandledCudaError, "regMr: GPU bounce buffer", buf.status());
       mr->gpu_bounce = *std::move(buf);

@@ -9,6 +9,7 @@
 namespace podlink {
 
 InProcessStream::~InProcessStream() {
+  for (cu::Event e : free_events_) cuda_->EventDestroy(e);
   if (stream_ != nullptr) cuda_->StreamDestroy(stream_);
   if (ctx_ != nullptr) cuda_->DevicePrimaryCtxRelease(device_);
 }
@@ -22,8 +23,19 @@ absl::Status InProcessStream::Ensure() {
     PODLINK_RETURN_IF_ERROR(
         cu::CuStatus(cuda_->DevicePrimaryCtxRetain(&ctx_, device_), "cuDevicePrimaryCtxRetain"));
   }
-  PODLINK_RETURN_IF_ERROR(cu::CuStatus(cuda_->CtxSetCurrent(ctx_), "cuCtxSetCurrent"));
+  cu::ScopedContext in(*cuda_, ctx_);  // the caller's context is current again after
+  PODLINK_RETURN_IF_ERROR(in.status());
   return cu::CuStatus(cuda_->StreamCreate(&stream_, cu::kStreamNonBlocking), "cuStreamCreate");
+}
+
+cu::Event InProcessStream::TakeEvent() {
+  if (!free_events_.empty()) {
+    cu::Event e = free_events_.back();
+    free_events_.pop_back();
+    return e;
+  }
+  cu::Event e = nullptr;
+  return cuda_->EventCreate(&e, cu::kEventDisableTiming) == cu::kSuccess ? e : nullptr;
 }
 
 absl::StatusOr<InProcessStream*> InProcessStreams::For(int device) {
@@ -34,17 +46,9 @@ absl::StatusOr<InProcessStream*> InProcessStreams::For(int device) {
   return s.get();
 }
 
-const cu::Driver* InProcessStreams::cuda() const {
-  for (const auto& [device, s] : streams_) {
-    if (s->cuda() != nullptr) return s->cuda();
-  }
-  return nullptr;
-}
-
 MappedBackend::~MappedBackend() {
-  const cu::Driver* cuda = streams_.cuda();
   for (auto& [batch, events] : events_) {
-    for (cu::Event e : events) cuda->EventDestroy(e);
+    for (auto& [s, e] : events) s->cuda()->EventDestroy(e);
   }
 }
 
@@ -57,6 +61,10 @@ absl::Status MappedBackend::Submit(uint64_t batch, const Copy& c) {
     return absl::OkStatus();
   }
   PODLINK_ASSIGN_OR_RETURN(InProcessStream * s, streams_.For(c.device));
+  // In the stream's context, and the caller's (NCCL's proxy thread's) after:
+  // a copy issued in another context than its stream's fails INVALID_VALUE.
+  cu::ScopedContext in(*s->cuda(), s->context());
+  PODLINK_RETURN_IF_ERROR(in.status());
   PODLINK_RETURN_IF_ERROR(cu::CuStatus(s->cuda()->MemcpyAsync(dst, src, c.op->length, s->stream()),
                                        absl::StrCat("cuMemcpyAsync on GPU ", c.device).c_str()));
   queued_[batch].insert(s);
@@ -70,9 +78,9 @@ void MappedBackend::Flush(uint64_t batch) {
   queued_.erase(it);
   for (InProcessStream* s : used) {
     const cu::Driver* cuda = s->cuda();
-    cu::Event e = nullptr;
-    if (cuda->EventCreate(&e, cu::kEventDisableTiming) != cu::kSuccess ||
-        cuda->EventRecord(e, s->stream()) != cu::kSuccess) {
+    cu::ScopedContext in(*cuda, s->context());  // events belong to the stream's context
+    cu::Event e = s->TakeEvent();
+    if (e == nullptr || cuda->EventRecord(e, s->stream()) != cu::kSuccess) {
       // No event: wait for the copies now; this part is then complete (and
       // the batch fails if they did).
       cu::Result r = cuda->StreamSynchronize(s->stream());
@@ -80,20 +88,24 @@ void MappedBackend::Flush(uint64_t batch) {
       if (r != cu::kSuccess && !failed_.contains(batch)) failed_[batch] = cu::CuStatus(r, "in-process copy");
       continue;
     }
-    events_[batch].push_back(e);
+    events_[batch].push_back({s, e});
   }
 }
 
 absl::StatusOr<bool> MappedBackend::Poll(uint64_t batch, absl::Status* result) {
   auto it = events_.find(batch);
   if (it != events_.end()) {
-    const cu::Driver* cuda = streams_.cuda();
-    std::vector<cu::Event>& events = it->second;
+    auto& events = it->second;
     while (!events.empty()) {
-      cu::Result q = cuda->EventQuery(events.back());
+      auto [s, e] = events.back();
+      cu::Result q = s->cuda()->EventQuery(e);
       if (q == cu::kErrorNotReady) return false;
-      if (q != cu::kSuccess && !failed_.contains(batch)) failed_[batch] = cu::CuStatus(q, "in-process copy");
-      cuda->EventDestroy(events.back());
+      if (q == cu::kSuccess) {
+        s->GiveEvent(e);
+      } else {
+        if (!failed_.contains(batch)) failed_[batch] = cu::CuStatus(q, "in-process copy");
+        s->cuda()->EventDestroy(e);  // not trusted again
+      }
       events.pop_back();
     }
     events_.erase(it);
@@ -106,9 +118,10 @@ absl::StatusOr<bool> MappedBackend::Poll(uint64_t batch, absl::Status* result) {
 }
 
 absl::Status MappedBackend::Fence() {
-  const cu::Driver* cuda = streams_.cuda();
   for (auto& [batch, events] : events_) {
-    for (cu::Event e : events) PODLINK_RETURN_IF_ERROR(cu::CuStatus(cuda->EventSynchronize(e), "cuEventSynchronize"));
+    for (auto& [s, e] : events) {
+      PODLINK_RETURN_IF_ERROR(cu::CuStatus(s->cuda()->EventSynchronize(e), "cuEventSynchronize"));
+    }
   }
   return absl::OkStatus();
 }
@@ -118,7 +131,7 @@ void MappedBackend::Abandon(uint64_t batch) {
   failed_.erase(batch);
   auto it = events_.find(batch);
   if (it == events_.end()) return;
-  for (cu::Event e : it->second) streams_.cuda()->EventDestroy(e);
+  for (auto& [s, e] : it->second) s->cuda()->EventDestroy(e);
   events_.erase(it);
 }
 

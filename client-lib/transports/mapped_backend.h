@@ -28,12 +28,18 @@ class InProcessStream {
   absl::Status Ensure();
   const cu::Driver* cuda() const { return cuda_; }
   cu::Stream stream() const { return stream_; }
+  cu::Context context() const { return ctx_; }
+  // An event of this stream's context, from a pool (call with that context
+  // current); null if none can be made. Give it back once it has passed.
+  cu::Event TakeEvent();
+  void GiveEvent(cu::Event e) { free_events_.push_back(e); }
 
  private:
   const int device_;
   const cu::Driver* cuda_ = nullptr;
   cu::Context ctx_ = nullptr;  // retained primary context
   cu::Stream stream_ = nullptr;
+  std::vector<cu::Event> free_events_;
 };
 
 // The in-process streams, one per GPU of this process that copies.
@@ -41,8 +47,6 @@ class InProcessStreams {
  public:
   // The stream of CUDA ordinal `device`, made on first use.
   absl::StatusOr<InProcessStream*> For(int device);
-  // Any stream made so far (for its driver table); null if none.
-  const cu::Driver* cuda() const;
 
  private:
   std::map<int, std::unique_ptr<InProcessStream>> streams_;
@@ -65,7 +69,8 @@ class MappedBackend final : public TransportBackend {
   const Transport id_;
   InProcessStreams& streams_;
   std::map<uint64_t, std::set<InProcessStream*>> queued_;  // batch -> streams with its copies, no event yet
-  std::map<uint64_t, std::vector<cu::Event>> events_;      // batch -> an event after its copies per stream
+  // batch -> per stream with its copies, an event recorded after them
+  std::map<uint64_t, std::vector<std::pair<InProcessStream*, cu::Event>>> events_;
   std::map<uint64_t, absl::Status> failed_;  // batches whose event could not be recorded (waited for instead)
 };
 

@@ -1,5 +1,6 @@
 #include "client-lib/transports/select.h"
 
+#include <optional>
 #include <utility>
 
 #include "common/status_util.h"
@@ -38,6 +39,13 @@ absl::StatusOr<TransportChoice> Transports::Choose(Client& client, const Importe
     return c;
   }
   if (opt_.allow_direct) {
+    // Map makes a GPU's primary context current: put the caller's back (the
+    // engine's user, e.g. NCCL's proxy thread, keeps its device).
+    auto d = cu::LoadDriver();
+    cu::Context caller = nullptr;
+    if (d.ok() && (*d)->CtxGetCurrent(&caller) != cu::kSuccess) caller = nullptr;
+    std::optional<cu::ScopedContext> keep;
+    if (d.ok()) keep.emplace(**d, caller);
     auto m = client.Map(imported, opt_.device);
     if (m.ok()) {
       c.mapping = *std::move(m);
