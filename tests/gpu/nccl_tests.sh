@@ -23,7 +23,8 @@
 # More plugin setups for experiments: NCCL_TESTS_EXTRA="name|podlinkd args|env;..."
 # (each name must start with "plugin"). NCCL_TESTS_TRACE="setup ...": the plugin's
 # step trace on in those setups (OUT_DIR/<setup>/<coll>.steps.md, raw steps beside it). Each plugin setup gets a fresh podlinkd,
-# whose relay metrics are kept. Raw output: OUT_DIR/<setup>/<coll>.rank<r>.log;
+# whose relay metrics are kept. Raw output: OUT_DIR/<setup>/<coll>.rank<r>.log (NCCL's
+# own log beside it, .nccl.log);
 # the table (tests/gpu/nccl_tests_table.py, from that output) is last. Exits 1
 # when any rank fails, any result is wrong or any size is missing.
 set -uo pipefail
@@ -106,7 +107,8 @@ pods() {
     # shellcheck disable=SC2086  # args is a word list
     pod_exec "${POD_CG[$p]}" --private-tmp --hide "$mask" --hostname "pod-$p" --wait-for "$WORK/net-ready" -- \
       env PMI_RANK=$r PMI_SIZE=2 MASTER_ADDR=10.79.0.1 MASTER_PORT=$port NCCL_TESTS_DEVICE=$dev \
-          LD_LIBRARY_PATH="$NCCL_DIR" NCCL_SOCKET_IFNAME=pl NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,TUNING "$@" \
+          LD_LIBRARY_PATH="$NCCL_DIR" NCCL_SOCKET_IFNAME=pl NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,TUNING \
+          NCCL_DEBUG_FILE="$WORK/nccl.$setup.$coll.rank$r.log" "$@" \
           MPI_SHIM_TIMEOUT=60 timeout -k 5 "$TIMEOUT" "$NT/${coll}_perf" $args \
       > "$OUT/$setup/$coll.rank$r.log" 2>&1 &
     pids+=($!)
@@ -115,6 +117,7 @@ pods() {
   touch "$WORK/net-ready"
   local rc=0 x
   for x in "${pids[@]}"; do wait "$x" || rc=$?; done
+  for r in 0 1; do mv "$WORK/nccl.$setup.$coll.rank$r.log" "$OUT/$setup/$coll.rank$r.nccl.log" 2>/dev/null; done
   echo "$rc" > "$OUT/$setup/$coll.rc"
   [ "$rc" = 0 ] || FAILED+=("$setup/$coll (a rank exited $rc)")
   echo "  $coll: exit $rc $(grep -m1 'Avg bus bandwidth' "$OUT/$setup/$coll.rank0.log" | sed 's/^# *//')"
@@ -127,12 +130,14 @@ native() {
     # shellcheck disable=SC2086
     env PMI_RANK=$r PMI_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port NCCL_TESTS_DEVICE=$r \
         LD_LIBRARY_PATH="$NCCL_DIR" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,TUNING NCCL_NET_PLUGIN=none \
+        NCCL_DEBUG_FILE="$WORK/nccl.$setup.$coll.rank$r.log" \
         MPI_SHIM_TIMEOUT=60 timeout -k 5 "$TIMEOUT" "$NT/${coll}_perf" $args \
       > "$OUT/$setup/$coll.rank$r.log" 2>&1 &
     pids+=($!)
   done
   local rc=0 x
   for x in "${pids[@]}"; do wait "$x" || rc=$?; done
+  for r in 0 1; do mv "$WORK/nccl.$setup.$coll.rank$r.log" "$OUT/$setup/$coll.rank$r.nccl.log" 2>/dev/null; done
   echo "$rc" > "$OUT/$setup/$coll.rc"
   [ "$rc" = 0 ] || FAILED+=("$setup/$coll (a rank exited $rc)")
   echo "  $coll: exit $rc $(grep -m1 'Avg bus bandwidth' "$OUT/$setup/$coll.rank0.log" | sed 's/^# *//')"
