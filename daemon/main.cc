@@ -59,6 +59,9 @@ ABSL_FLAG(std::string, host_lib_dir, "/var/lib/podlink/lib",
           "host directory holding libpodlink and the NCCL plugin, mounted into allocated containers");
 ABSL_FLAG(uint32_t, relay_workers, 0, "relay threads; 0: one per GPU (at most 8), 1 without GPUs");
 ABSL_FLAG(uint32_t, relay_streams, 4, "copy streams per GPU per relay thread (1 to 64)");
+ABSL_FLAG(uint32_t, relay_merge_mib, 64,
+          "largest GPU copy the relay makes by merging a client's contiguous requests, MiB (0 to 1024; 0: no "
+          "merging, every request is a copy of its own)");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical or off");
 ABSL_FLAG(std::string, probe, "",
           "do not start: GET this path (/readyz or /healthz) from --metrics-addr and exit 0 if it answers 200 "
@@ -79,7 +82,7 @@ struct Args {
   std::string socket_dir, config, log_level, metrics_addr, device_plugin_dir, pod_source, cri_socket,
       host_lib_dir, probe;
   bool no_gpu = false;
-  uint32_t device_plugin_devices = 0, relay_workers = 0, relay_streams = 0;
+  uint32_t device_plugin_devices = 0, relay_workers = 0, relay_streams = 0, relay_merge_mib = 0;
 };
 
 // Reads the flags into `a`; false with the reason when a value is out of range.
@@ -100,6 +103,7 @@ bool ReadFlags(Args& a, std::string* why) {
   a.host_lib_dir = absl::GetFlag(FLAGS_host_lib_dir);
   a.relay_workers = absl::GetFlag(FLAGS_relay_workers);
   a.relay_streams = absl::GetFlag(FLAGS_relay_streams);
+  a.relay_merge_mib = absl::GetFlag(FLAGS_relay_merge_mib);
   a.probe = absl::GetFlag(FLAGS_probe);
   const std::vector<std::string> levels = {"trace", "debug", "info", "warn", "error", "critical", "off"};
   if (std::find(levels.begin(), levels.end(), a.log_level) == levels.end()) {
@@ -110,6 +114,8 @@ bool ReadFlags(Args& a, std::string* why) {
     *why = "--relay-workers must be 0 (one per GPU) to 64";
   } else if (a.relay_streams == 0 || a.relay_streams > 64) {
     *why = "--relay-streams must be 1 to 64";
+  } else if (a.relay_merge_mib > 1024) {
+    *why = "--relay-merge-mib must be 0 to 1024";
   } else if (a.device_plugin_devices == 0 || a.device_plugin_devices > 100000) {
     *why = "--device-plugin-devices must be 1 to 100000";
   } else if (a.socket_dir.empty() || a.socket_dir[0] != '/') {
@@ -305,6 +311,7 @@ int main(int argc, char** argv) {
   }
   cfg.broker.relay.workers = args.relay_workers;
   cfg.broker.relay.streams_per_gpu = args.relay_streams;
+  cfg.broker.relay.merge_bytes = uint64_t{args.relay_merge_mib} << 20;
   cfg.broker.node_name = cfg.node_name.empty() ? NodeName() : cfg.node_name;
   podlink::Broker broker(cfg.broker, std::move(pods), inv, std::move(backends));
   if (absl::Status st = broker.StartMesh(); !st.ok()) {

@@ -22,6 +22,9 @@ uint64_t NowNs() {
 }  // namespace
 
 bool CopyQueue::HasRunningUpTo(uint64_t seq) const {
+  for (const Merged& m : unissued_) {
+    if (m.first_seq <= seq) return true;
+  }
   for (const auto& [key, q] : streams_) {
     if (!q.sealed.empty() && q.sealed.front().first_seq <= seq) return true;
   }
@@ -29,12 +32,14 @@ bool CopyQueue::HasRunningUpTo(uint64_t seq) const {
 }
 
 CopyExecutor::CopyExecutor(size_t index, const cu::Driver* cuda, std::vector<cu::Context> contexts,
-                           uint32_t streams_per_gpu, uint64_t bytes_per_event, uint64_t host_bytes_per_round)
+                           uint32_t streams_per_gpu, uint64_t bytes_per_event, uint64_t host_bytes_per_round,
+                           uint64_t max_merge)
     : index_(index),
       cuda_(cuda),
       contexts_(std::move(contexts)),
       bytes_per_event_(bytes_per_event),
-      host_bytes_per_round_(host_bytes_per_round) {
+      host_bytes_per_round_(host_bytes_per_round),
+      max_merge_(max_merge) {
   size_t ngpu = cuda_ != nullptr ? contexts_.size() : 0;
   streams_.assign(ngpu, {});
   next_stream_.assign(ngpu, 0);
@@ -85,26 +90,61 @@ absl::Status CopyExecutor::Submit(CopyQueue& q, CopyRequest c) {
   if (gpu < 0 || gpu >= static_cast<int>(streams_.size()) || streams_[gpu].empty()) {
     return absl::InternalError(absl::StrCat("no relay stream on GPU ", gpu));
   }
-  uint32_t si = next_stream_[gpu]++ % streams_[gpu].size();
-  cuda_->CtxSetCurrent(contexts_[gpu]);
-  PODLINK_RETURN_IF_ERROR(
-      cu::CuStatus(cuda_->MemcpyAsync(dst_addr, src_addr, c.length, streams_[gpu][si]), "cuMemcpyAsync"));
-  CopyQueue::StreamQueue& sq = q.streams_[{gpu, si}];
-  CopyQueue::Group& g = sq.building;
   uint64_t seq = q.next_seq_++;
-  if (g.tags.empty()) {
-    g.first_seq = seq;
-    g.start_ns = c.start_ns;
-  }
-  g.tags.push_back(c.tag);
-  g.bytes += c.length;
-  g.keep.push_back(std::move(c.src));
-  g.keep.push_back(std::move(c.dst));
   ++q.pending_;
+  q.gpu_bytes_ += c.length;
+  for (CopyQueue::Merged& m : q.unissued_) {
+    if (m.gpu == gpu && m.src + m.length == src_addr && m.dst + m.length == dst_addr &&
+        m.length + c.length <= max_merge_) {
+      m.length += c.length;
+      m.tags.push_back(c.tag);
+      m.keep.push_back(std::move(c.src));
+      m.keep.push_back(std::move(c.dst));
+      return absl::OkStatus();
+    }
+  }
+  CopyQueue::Merged& m = q.unissued_.emplace_back();
+  m.gpu = gpu;
+  m.first_seq = seq;
+  m.start_ns = c.start_ns;
+  m.src = src_addr;
+  m.dst = dst_addr;
+  m.length = c.length;
+  m.tags.push_back(c.tag);
+  m.keep.push_back(std::move(c.src));
+  m.keep.push_back(std::move(c.dst));
   return absl::OkStatus();
 }
 
+void CopyExecutor::Issue(CopyQueue& q, CopyQueue::Merged& m, OnDone done) {
+  uint32_t si = next_stream_[m.gpu]++ % streams_[m.gpu].size();
+  cuda_->CtxSetCurrent(contexts_[m.gpu]);
+  cu::Result r = cuda_->MemcpyAsync(m.dst, m.src, m.length, streams_[m.gpu][si]);
+  if (r != cu::kSuccess) {
+    absl::Status st = cu::CuStatus(r, "cuMemcpyAsync");
+    for (uint64_t t : m.tags) done(t, st, 0);
+    q.pending_ -= m.tags.size();
+    q.gpu_bytes_ -= m.length;
+    return;
+  }
+  CopyQueue::StreamQueue& sq = q.streams_[{m.gpu, si}];
+  CopyQueue::Group& g = sq.building;
+  if (g.tags.empty()) {
+    g.first_seq = m.first_seq;
+    g.start_ns = m.start_ns;
+  }
+  g.tags.insert(g.tags.end(), m.tags.begin(), m.tags.end());
+  g.bytes += m.length;
+  for (auto& k : m.keep) g.keep.push_back(std::move(k));
+  if (g.bytes >= bytes_per_event_) Seal(q, m.gpu, si, sq, done);
+}
+
 void CopyExecutor::SealFull(CopyQueue& q, OnDone done) {
+  // Without merging, a copy starts as soon as it is taken.
+  if (max_merge_ == 0) {
+    for (CopyQueue::Merged& m : q.unissued_) Issue(q, m, done);
+    q.unissued_.clear();
+  }
   for (auto& [key, sq] : q.streams_) {
     if (sq.building.bytes >= bytes_per_event_) Seal(q, key.first, key.second, sq, done);
   }
@@ -145,6 +185,7 @@ void CopyExecutor::Seal(CopyQueue& q, int gpu, uint32_t si, CopyQueue::StreamQue
     double secs = (NowNs() - g.start_ns) * 1e-9;
     for (uint64_t t : g.tags) done(t, st, secs);
     q.pending_ -= g.tags.size();
+    q.gpu_bytes_ -= g.bytes;
     // An event that failed to record is not trusted again.
     if (g.event != nullptr) cuda_->EventDestroy(g.event);
     return;
@@ -153,6 +194,8 @@ void CopyExecutor::Seal(CopyQueue& q, int gpu, uint32_t si, CopyQueue::StreamQue
 }
 
 void CopyExecutor::SealRound(CopyQueue& q, OnDone done) {
+  for (CopyQueue::Merged& m : q.unissued_) Issue(q, m, done);
+  q.unissued_.clear();
   for (auto& [key, sq] : q.streams_) {
     if (!sq.building.tags.empty()) Seal(q, key.first, key.second, sq, done);
   }
@@ -170,6 +213,7 @@ bool CopyExecutor::PollGpu(CopyQueue& q, OnDone done) {
       double secs = (NowNs() - g.start_ns) * 1e-9;
       for (uint64_t t : g.tags) done(t, st, secs);
       q.pending_ -= g.tags.size();
+      q.gpu_bytes_ -= g.bytes;
       free_events_[key.first].push_back(g.event);
       sq.sealed.pop_front();
     }
@@ -213,7 +257,9 @@ void CopyExecutor::Drain(CopyQueue& q) {
   }
   q.streams_.clear();
   q.host_jobs_.clear();
+  q.unissued_.clear();
   q.pending_ = 0;
+  q.gpu_bytes_ = 0;
 }
 
 }  // namespace podlink

@@ -5,7 +5,12 @@
 //
 // GPU copies: cuMemcpyAsync on the executor's non-blocking streams of the
 // GPU doing the work (several per GPU, round-robin; never a kernel), in that
-// GPU's primary context. Copies of one queue on one stream share a
+// GPU's primary context. Copies submitted in one round are issued when the
+// round is sealed, and a copy that continues another of the round (the next
+// bytes of the same source into the next bytes of the same destination, as
+// NCCL's consecutive steps of one channel are) is merged into it, up to
+// max_merge bytes: a backlog becomes fewer, larger copies, which the copy
+// engines move faster. Copies of one queue on one stream share a
 // completion event until they add up to bytes_per_event, so small copies
 // complete in bulk and large ones one by one; a stream is FIFO, so only its
 // oldest event is ever queried. Events are pooled per GPU (an event works
@@ -45,6 +50,8 @@ class CopyQueue {
  public:
   // Copies taken and not yet completed.
   uint64_t pending() const { return pending_; }
+  // Bytes of GPU copies taken and not yet completed.
+  uint64_t gpu_bytes() const { return gpu_bytes_; }
   // Whether a copy with sequence number <= seq is still running.
   bool HasRunningUpTo(uint64_t seq) const;
 
@@ -62,6 +69,14 @@ class CopyQueue {
     std::deque<Group> sealed;
     Group building;  // copies of the current round not yet under an event
   };
+  struct Merged {  // GPU copies of this round not yet issued; contiguous ones merged
+    int gpu = 0;
+    uint64_t first_seq = 0;
+    uint64_t start_ns = 0;
+    uint64_t src = 0, dst = 0, length = 0;
+    std::vector<uint64_t> tags;
+    std::vector<std::shared_ptr<const ExportRecord>> keep;
+  };
   struct HostJob {  // a host-to-host copy in progress, a slice per round
     uint64_t seq = 0;
     uint64_t tag = 0;
@@ -74,8 +89,10 @@ class CopyQueue {
   };
   std::map<std::pair<int, uint32_t>, StreamQueue> streams_;  // (gpu, stream index)
   std::deque<HostJob> host_jobs_;                            // in submission order
+  std::vector<Merged> unissued_;                             // this round's GPU copies
   uint64_t next_seq_ = 1;
   uint64_t pending_ = 0;
+  uint64_t gpu_bytes_ = 0;
 };
 
 class CopyExecutor {
@@ -85,13 +102,15 @@ class CopyExecutor {
 
   // `contexts`: per daemon GPU ordinal, the retained primary context (null:
   // that GPU is unusable). `cuda` null: host copies only.
+  // max_merge: the largest copy that merging makes (0: no merging).
   CopyExecutor(size_t index, const cu::Driver* cuda, std::vector<cu::Context> contexts, uint32_t streams_per_gpu,
-               uint64_t bytes_per_event, uint64_t host_bytes_per_round);
+               uint64_t bytes_per_event, uint64_t host_bytes_per_round, uint64_t max_merge = 0);
   ~CopyExecutor();
   CopyExecutor(const CopyExecutor&) = delete;
   CopyExecutor& operator=(const CopyExecutor&) = delete;
 
-  // Starts a copy; an error means it was not started.
+  // Takes a copy (GPU copies start when the round is sealed); an error means
+  // it was not taken.
   absl::Status Submit(CopyQueue& q, CopyRequest c);
   // Puts groups that reached bytes_per_event under their event (call after
   // each Submit; `done` runs for copies finished at once when an event
@@ -100,8 +119,9 @@ class CopyExecutor {
   // The sequence number of q's latest copy (0: none yet); a fence waits
   // until HasRunningUpTo(that number) is false.
   static uint64_t LastSeq(const CopyQueue& q) { return q.next_seq_ - 1; }
-  // Puts every GPU copy of this round under an event (or, failing that,
-  // waits for it and completes it at once).
+  // Issues this round's GPU copies and puts them under events (or, failing
+  // that, waits for them and completes them at once; a copy that cannot be
+  // issued completes with its error).
   void SealRound(CopyQueue& q, OnDone done);
   // Completes GPU copies whose events have passed; true if any did.
   bool PollGpu(CopyQueue& q, OnDone done);
@@ -112,6 +132,7 @@ class CopyExecutor {
 
  private:
   void Seal(CopyQueue& q, int gpu, uint32_t si, CopyQueue::StreamQueue& sq, OnDone done);
+  void Issue(CopyQueue& q, CopyQueue::Merged& m, OnDone done);
   cu::Event TakeEvent(int gpu);
 
   const size_t index_;  // for logs
@@ -119,6 +140,7 @@ class CopyExecutor {
   const std::vector<cu::Context> contexts_;
   const uint64_t bytes_per_event_;
   const uint64_t host_bytes_per_round_;
+  const uint64_t max_merge_;
   std::vector<std::vector<cu::Stream>> streams_;  // [gpu][i]
   std::vector<uint32_t> next_stream_;
   std::vector<std::vector<cu::Event>> free_events_;  // [gpu]

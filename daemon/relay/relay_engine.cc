@@ -58,7 +58,8 @@ RelayEngine::RelayEngine(Resolver resolve, const GpuInventory& inventory, RelayO
     ev.data.u64 = kWakeKey;
     ::epoll_ctl(w->epoll.get(), EPOLL_CTL_ADD, w->wake.get(), &ev);
     w->exec = std::make_unique<CopyExecutor>(i, cuda_, contexts_, options_.streams_per_gpu,
-                                             options_.bytes_per_event, options_.host_bytes_per_round);
+                                             options_.bytes_per_event, options_.host_bytes_per_round,
+                                             options_.merge_bytes);
     workers_.push_back(std::move(w));
   }
   {
@@ -294,6 +295,9 @@ bool RelayEngine::ServeRing(Worker& w, Ring& r) {
   uint64_t room = r.layout.cq_entries - cq_used;
   room = room > pending ? room - pending : 0;
   uint64_t cap = options_.inflight_per_ring > pending ? options_.inflight_per_ring - pending : 0;
+  // Let a backlog build in the queue while the copy engines are busy: taken
+  // together later, contiguous requests merge into fewer, larger copies.
+  if (options_.merge_bytes != 0 && r.copies.gpu_bytes() >= options_.inflight_gpu_bytes) cap = 0;
   uint32_t n = static_cast<uint32_t>(std::min<uint64_t>({avail, room, options_.batch_per_ring, cap}));
   w.round_start_ns = NowNs();
   for (uint32_t i = 0; i < n; ++i) {

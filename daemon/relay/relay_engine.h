@@ -42,6 +42,13 @@ struct RelayOptions {
   // this; the next copy starts a new event.
   uint64_t bytes_per_event = uint64_t{1} << 20;
   uint64_t spin_before_sleep_us = 100;
+  // GPU copies: contiguous requests of one ring merge into copies of up to
+  // this many bytes (0: none merge). While a ring has at least
+  // inflight_gpu_bytes of GPU copies running, its further requests wait in
+  // its queue, where they can merge once taken (the copy engines stay busy:
+  // that much is tens of microseconds of copying).
+  uint64_t merge_bytes = uint64_t{64} << 20;
+  uint64_t inflight_gpu_bytes = uint64_t{32} << 20;
   // Host-to-host copies are done by the worker thread in slices: each ring
   // gets at most this many bytes of memcpy per round, so one pod's 2 GiB copy
   // delays another pod's 4 KiB request by one slice, not by the whole copy.
