@@ -120,8 +120,10 @@ void ConnectPodlinkd(State& s) {
 //    flight per peer (23 GB/s between two H200 pods). More channels per peer
 //    and the largest step NCCL_BUFFSIZE allows (NCCL caps a step at
 //    BUFFSIZE / 8) give the copy engines fewer, larger copies and more of
-//    them at once (docs/nccl.md, docs/performance.md).
-constexpr const char* kP2pChannels = "32";
+//    them at once. 16 channels, not 32: with 32, NCCL 2.28.9 kept only about
+//    two connections busy at a time (47 GB/s against 228 with 16; 2×H200,
+//    2026-11-24, docs/performance.md).
+constexpr const char* kP2pChannels = "16";
 constexpr const char* kP2pChunk = "2097152";  // NCCL_BUFFSIZE / 8
 
 void SetRelayDefaults(State& s) {
