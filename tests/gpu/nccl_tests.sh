@@ -64,6 +64,15 @@ NCCL_DIR=${NCCL_LIB_DIR:-$(dirname "$(find /opt /usr/local/lib /usr/lib -name 'l
   uname -r
 } | tee "$OUT/machine.txt"
 
+# One GPU (a single-GPU machine): both pods share GPU 0, nothing to hide; the
+# relay then copies within one GPU (per-request costs, not NVLink), and native
+# is skipped (NCCL refuses two ranks of one host on one GPU).
+NGPU=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+if [ "$NGPU" -lt 2 ]; then
+  echo "one GPU: both pods on GPU 0; native skipped" | tee -a "$OUT/machine.txt"
+  SETUPS=$(echo "$SETUPS" | tr ' ' '\n' | grep -vx native | tr '\n' ' ')
+fi
+
 CG=$(pod_cgroup_root)
 CG_OK=0; [ -n "$CG" ] && mkdir -p "$CG/podlink-nt-$$" 2>/dev/null && CG_OK=1
 declare -A POD_UID POD_CG
@@ -104,6 +113,7 @@ pods() {
     local p=a mask=/dev/nvidia1 dev=0
     [ "$r" = 1 ] && p=b mask=/dev/nvidia0
     [ "$both" = 1 ] && mask="" dev=$r
+    [ "$NGPU" -lt 2 ] && mask="" dev=0
     # shellcheck disable=SC2086  # args is a word list
     pod_exec "${POD_CG[$p]}" --private-tmp --hide "$mask" --hostname "pod-$p" --wait-for "$WORK/net-ready" -- \
       env PMI_RANK=$r PMI_SIZE=2 MASTER_ADDR=10.79.0.1 MASTER_PORT=$port NCCL_TESTS_DEVICE=$dev \
