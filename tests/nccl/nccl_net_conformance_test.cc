@@ -18,10 +18,13 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "client-lib/nccl/nccl_net_abi.h"
@@ -87,18 +90,27 @@ class NcclNet : public ::testing::TestWithParam<Mode> {
                                 absl::StrCat("pln", getpid() % 100000, "b"), "10.77.0.1/24", "10.77.0.2/24", Ip());
     ASSERT_TRUE(veth.ok()) << veth;
     for (Pod* p : {recv_.get(), send_.get()}) {
-      p->Send(R"({"cmd": "init"})");
+      json init = {{"cmd", "init"}};
+      if (!step_trace_.empty()) init["step_trace"] = step_trace_;
+      p->Send(init.dump());
       json r = p->Expect("ready");
       ASSERT_EQ(r["result"], 0) << r.dump();
       ASSERT_EQ(r["gpu"], GetParam().gpu) << r.dump();
       ASSERT_GE(r["ndev"], 1);
-      // With podlinkd the plugin defaults NCCL_PROTO, NCCL_MIN_NCHANNELS and
-      // NCCL_BUFFSIZE for the relay, keeps a user's choice, and leaves them
-      // alone without podlinkd.
+      // With podlinkd the plugin defaults NCCL_PROTO, NCCL_MIN_NCHANNELS,
+      // NCCL_BUFFSIZE and the point-to-point settings for the relay, keeps a
+      // user's choice (PODLINK_NCCL_KEEP_P2P=1: NCCL's own point-to-point),
+      // and leaves them alone without podlinkd.
       bool daemon = GetParam().transport != std::string("TCP");
+      bool p2p = daemon;
+      for (const std::string& e : GetParam().env) p2p &= e != "PODLINK_NCCL_KEEP_P2P=1";
       std::map<std::string, std::string> want = {{"NCCL_PROTO", daemon ? "Simple" : ""},
                                                  {"NCCL_MIN_NCHANNELS", daemon ? "16" : ""},
-                                                 {"NCCL_BUFFSIZE", daemon ? "16777216" : ""}};
+                                                 {"NCCL_BUFFSIZE", daemon ? "16777216" : ""},
+                                                 {"NCCL_NCHANNELS_PER_NET_PEER", p2p ? "16" : ""},
+                                                 {"NCCL_MIN_P2P_NCHANNELS", p2p ? "16" : ""},
+                                                 {"NCCL_MAX_P2P_NCHANNELS", p2p ? "16" : ""},
+                                                 {"NCCL_P2P_NET_CHUNKSIZE", p2p ? "2097152" : ""}};
       for (const std::string& e : GetParam().env) {
         size_t eq = e.find('=');
         if (want.count(e.substr(0, eq))) want[e.substr(0, eq)] = e.substr(eq + 1);
@@ -106,6 +118,10 @@ class NcclNet : public ::testing::TestWithParam<Mode> {
       EXPECT_EQ(r["nccl_proto"], want["NCCL_PROTO"]) << r.dump();
       EXPECT_EQ(r["nccl_min_nchannels"], want["NCCL_MIN_NCHANNELS"]) << r.dump();
       EXPECT_EQ(r["nccl_buffsize"], want["NCCL_BUFFSIZE"]) << r.dump();
+      EXPECT_EQ(r["nccl_nchannels_per_net_peer"], want["NCCL_NCHANNELS_PER_NET_PEER"]) << r.dump();
+      EXPECT_EQ(r["nccl_min_p2p_nchannels"], want["NCCL_MIN_P2P_NCHANNELS"]) << r.dump();
+      EXPECT_EQ(r["nccl_max_p2p_nchannels"], want["NCCL_MAX_P2P_NCHANNELS"]) << r.dump();
+      EXPECT_EQ(r["nccl_p2p_net_chunksize"], want["NCCL_P2P_NET_CHUNKSIZE"]) << r.dump();
     }
   }
 
@@ -148,6 +164,7 @@ class NcclNet : public ::testing::TestWithParam<Mode> {
     EXPECT_EQ(recv_->Expect("closed")["result"], 0);
   }
 
+  std::string step_trace_;  // set before SetUp: PODLINK_NCCL_STEP_TRACE for both pods
   PodCgroup recv_cg_, send_cg_;
   Daemon daemon_;
   std::unique_ptr<Pod> recv_, send_;
@@ -263,12 +280,80 @@ TEST_P(NcclNet, FinalizeReleasesEverything) {
   EXPECT_EQ(daemon_.Metric("podlink_sessions"), 0.0);
 }
 
+// The per-step trace (PODLINK_NCCL_STEP_TRACE): after finalize each pod has
+// written its steps; every send has the receive it filled (same connection,
+// sequence and buffer) and each side's stages are in time order.
+class NcclNetTrace : public NcclNet {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/var/tmp/podlink-steptrace.XXXXXX";  // pods get a private /tmp
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    step_trace_ = tmpl;
+    NcclNet::SetUp();
+  }
+  void TearDown() override { std::filesystem::remove_all(step_trace_); }
+};
+
+TEST_P(NcclNetTrace, StepTraceJoinsEverySendToItsReceive) {
+  Connect();
+  for (const char* scenario : {"grouped", "large"}) {
+    send_->Send(json{{"cmd", "send"}, {"scenario", scenario}}.dump());
+    recv_->Send(json{{"cmd", "recv"}, {"scenario", scenario}}.dump());
+    EXPECT_TRUE(send_->Expect("done", 60000)["ok"]);
+    EXPECT_TRUE(recv_->Expect("done", 60000)["ok"]);
+  }
+  for (Pod* p : {send_.get(), recv_.get()}) {
+    p->Send(R"({"cmd": "close", "listen": true})");
+    EXPECT_EQ(p->Expect("closed")["result"], 0);
+    p->Send(R"({"cmd": "finalize"})");
+    EXPECT_EQ(p->Expect("finalized")["result"], 0);
+  }
+  struct Row {
+    uint64_t size, t_try, t_post, t_submit, t_done;
+  };
+  std::map<std::tuple<uint64_t, uint64_t, int>, Row> sends, recvs;
+  int files = 0;
+  for (const auto& f : std::filesystem::directory_iterator(step_trace_)) {
+    ++files;
+    std::ifstream in(f.path());
+    std::string header;
+    std::getline(in, header);
+    EXPECT_EQ(header, "kind\tconn\tseq\tindex\tsize\tt_try\tt_post\tt_submit\tt_done") << f.path();
+    char kind;
+    uint64_t conn, seq;
+    int index;
+    Row r;
+    while (in >> kind >> conn >> seq >> index >> r.size >> r.t_try >> r.t_post >> r.t_submit >> r.t_done) {
+      (kind == 's' ? sends : recvs)[{conn, seq, index}] = r;
+    }
+  }
+  EXPECT_EQ(files, 2) << "one file per pod";
+  ASSERT_GE(sends.size(), 4u);
+  EXPECT_EQ(sends.size(), recvs.size());
+  for (const auto& [key, s] : sends) {
+    EXPECT_LE(s.t_try, s.t_post);
+    EXPECT_LE(s.t_post, s.t_submit);
+    EXPECT_LE(s.t_submit, s.t_done);
+    auto r = recvs.find(key);
+    ASSERT_NE(r, recvs.end()) << "a send without its receive: seq " << std::get<1>(key);
+    EXPECT_LE(r->second.t_post, s.t_post) << "a send was accepted before its receive was posted";
+    EXPECT_LE(r->second.t_post, r->second.t_done);
+    EXPECT_LE(s.size, r->second.size);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Relay, NcclNetTrace,
+                         ::testing::Values(Mode{"podlink_relay", {"PODLINK_NCCL_FORCE_RELAY=1"}, "podlink", false,
+                                                true}),
+                         [](const ::testing::TestParamInfo<Mode>& i) { return std::string(i.param.name); });
+
 INSTANTIATE_TEST_SUITE_P(
     Modes, NcclNet,
     ::testing::Values(Mode{"podlink", {}, "podlink"},
                       Mode{"podlink_relay", {"PODLINK_NCCL_FORCE_RELAY=1"}, "podlink", false, true},
                       Mode{"tcp", {"PODLINK_NCCL_TRANSPORT=tcp"}, "TCP"},
-                      Mode{"podlink_v8_table", {"NCCL_PROTO=LL,Simple", "NCCL_MIN_NCHANNELS=4"}, "podlink", true}),
+                      Mode{"podlink_v8_table",
+                           {"NCCL_PROTO=LL,Simple", "NCCL_MIN_NCHANNELS=4", "PODLINK_NCCL_KEEP_P2P=1"}, "podlink", true}),
     [](const ::testing::TestParamInfo<Mode>& i) { return std::string(i.param.name); });
 
 // GPU memory: NCCL's own buffers exported as they are (relay between GPU

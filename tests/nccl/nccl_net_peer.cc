@@ -489,6 +489,8 @@ int main(int argc, char** argv) {
     if (cmd.is_discarded()) continue;
     std::string what = cmd.value("cmd", "");
     if (what == "init") {
+      // The plugin reads its step-trace setting at init.
+      if (cmd.contains("step_trace")) ::setenv("PODLINK_NCCL_STEP_TRACE", cmd["step_trace"].get<std::string>().c_str(), 1);
       if (!InitGpu()) {
         Emit({{"event", "error"}, {"error", g_gpu.error}});
         continue;
@@ -509,7 +511,10 @@ int main(int argc, char** argv) {
       };
       Emit({{"event", "ready"}, {"result", r}, {"ndev", n}, {"nccl_proto", env("NCCL_PROTO")},
             {"nccl_min_nchannels", env("NCCL_MIN_NCHANNELS")}, {"nccl_buffsize", env("NCCL_BUFFSIZE")},
-            {"gpu", UseGpu()}});
+            {"nccl_nchannels_per_net_peer", env("NCCL_NCHANNELS_PER_NET_PEER")},
+            {"nccl_min_p2p_nchannels", env("NCCL_MIN_P2P_NCHANNELS")},
+            {"nccl_max_p2p_nchannels", env("NCCL_MAX_P2P_NCHANNELS")},
+            {"nccl_p2p_net_chunksize", env("NCCL_P2P_NET_CHUNKSIZE")}, {"gpu", UseGpu()}});
     } else if (what == "listen") {
       int r = g.Listen(g_handle, &g_listen);
       std::string hex;
