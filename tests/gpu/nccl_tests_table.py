@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The table of a tests/gpu/nccl_tests.sh run, generated from its raw output.
 
-    python3 tests/gpu/nccl_tests_table.py OUT_DIR
+    python3 tests/gpu/nccl_tests_table.py OUT_DIR [--setups a,b,...] [--colls x,y,...]
 
 Reads OUT_DIR/setups.txt and, per setup, args.txt, colls.txt, <coll>.rc and
 rank 0's nccl-tests output (<coll>.rank0.log). Prints one markdown table of
@@ -65,7 +65,13 @@ def human(n):
 
 
 def main():
-    out = sys.argv[1]
+    import argparse
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--setups", help="only these setups, in this order (checks still cover every setup run)")
+    ap.add_argument("--colls", help="only these collectives in the table")
+    a = ap.parse_args()
+    out = a.out
     setups = [s.strip() for s in open(os.path.join(out, "setups.txt")) if s.strip()]
     data, problems, colls = {}, [], []
     for s in setups:
@@ -89,6 +95,10 @@ def main():
                 elif rows[size][2] != 0:
                     problems.append(f"{s}/{c}: {rows[size][2]} wrong values at {human(size)}")
 
+    if a.setups:
+        setups = [s for s in a.setups.split(",") if s in setups]
+    if a.colls:
+        colls = [c for c in a.colls.split(",") if c in colls]
     ratio_of = [s for s in setups if s != "native"] if "native" in setups else []
     print(f"# nccl-tests between two pods: out-of-place bus bandwidth (GB/s), from {out}")
     print()
