@@ -263,7 +263,10 @@ class TransferEngine::Impl {
           if (via == Transport::kDirect) {
             c.device = DirectCopyDevice(op.local->device, c.local_is_host, o.mapping->device(),
                                         o.mapping->access_devices());
-            if (c.device < 0) via = Transport::kRelay;  // this process's GPUs cannot reach both sides
+            // This process's GPUs cannot reach both sides, or the copy is one the relay does better.
+            if (c.device < 0 || (opt_.direct_max_bytes != 0 && op.length > opt_.direct_max_bytes)) {
+              via = Transport::kRelay;
+            }
           } else {
             c.device = HostMappingCopyDevice(op.local->device, c.local_is_host, opt_.device);
           }

@@ -92,6 +92,7 @@ void ConnectPodlinkd(State& s) {
     eo.log_transport = false;
     eo.allow_direct = EnvIs("PODLINK_NCCL_DIRECT", "1");
     eo.force_relay = EnvIs("PODLINK_NCCL_FORCE_RELAY", "1");
+    eo.direct_max_bytes = static_cast<uint64_t>(EnvInt("PODLINK_NCCL_DIRECT_MAX_BYTES", 0));
     auto engine = TransferEngine::Create(**client, eo);
     auto node = (*client)->GetNodeInfo();
     st = engine.ok() ? node.status() : engine.status();

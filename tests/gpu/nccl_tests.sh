@@ -21,7 +21,7 @@
 #           veth; sizes to NCCL_TESTS_SOCKET_MAX, fewer iterations: it is slow)
 #   native  the two ranks in the host namespaces (NCCL's P2P over NVLink)
 # More plugin setups for experiments: NCCL_TESTS_EXTRA="name|podlinkd args|env;..."
-# (each name must start with "plugin"). NCCL_TESTS_TRACE="setup ...": the plugin's
+# (each name must start with "plugin" or "direct"). NCCL_TESTS_TRACE="setup ...": the plugin's
 # step trace on in those setups (OUT_DIR/<setup>/<coll>.steps.md, raw steps beside it). Each plugin setup gets a fresh podlinkd,
 # whose relay metrics are kept. Raw output: OUT_DIR/<setup>/<coll>.rank<r>.log (NCCL's
 # own log beside it, .nccl.log);
@@ -158,7 +158,12 @@ PLUGIN_ENV=(NCCL_NET_PLUGIN="$PLUGIN" NCCL_NET=podlink NCCL_NET_GDR_LEVEL=SYS NC
             PODLINK_SOCKET_DIR="$WORK/sock")
 declare -A PSETUP=([plugin]="||0" [direct]="||1")
 IFS=';' read -ra extra <<< "${NCCL_TESTS_EXTRA:-}"
-for e in "${extra[@]}"; do [ -n "$e" ] && PSETUP[${e%%|*}]="${e#*|}|0"; done
+# (names starting with "direct": pods that can open both GPUs, as in the direct setup)
+for e in "${extra[@]}"; do
+  [ -n "$e" ] || continue
+  b=0; [[ ${e%%|*} == direct* ]] && b=1
+  PSETUP[${e%%|*}]="${e#*|}|$b"
+done
 
 for s in $SETUPS; do
   mkdir -p "$OUT/$s"

@@ -92,6 +92,10 @@ class PODLINK_API TransferEngine {
     absl::Duration timeout = absl::Seconds(30);
     bool log_transport = true;    // one stderr line per transport the first time it is used
     bool force_relay = false;     // always let podlinkd move the bytes (tests, benchmarks)
+    // Direct (in-process) copies only up to this many bytes; larger ones go
+    // through the relay, which merges contiguous requests into larger copies.
+    // 0: no limit.
+    uint64_t direct_max_bytes = 0;
   };
 
   // The client must outlive the engine. A session has one relay ring, so
