@@ -52,6 +52,7 @@ Result StartListen(int dev, void* handle, void** listen_comm) {
   {
     std::lock_guard<std::mutex> l(s.mu);
     std::snprintf(h.node_id, sizeof(h.node_id), "%s", s.node_id.c_str());
+    if (!s.mesh_node.empty()) h.flags |= kHandleFlagMesh;
   }
   std::memset(handle, 0, nccl_abi::kHandleMaxSize);
   std::memcpy(handle, &h, sizeof(h));
@@ -82,7 +83,7 @@ Result ConnectStep(int dev, WireHandle* h, void** send_comm) {
     int nsocks;
     {
       std::lock_guard<std::mutex> l(s.mu);
-      fresh->transport = ChooseTransportLocked(s, peer_node);
+      fresh->transport = ChooseTransportLocked(s, peer_node, (h->flags & kHandleFlagMesh) != 0);
       nsocks = DataSocketsLocked(s, fresh->transport);
       fresh->hello.nonce = h->nonce;
       std::snprintf(fresh->hello.node_id, sizeof(fresh->hello.node_id), "%s", s.node_id.c_str());

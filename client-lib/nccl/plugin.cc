@@ -100,6 +100,15 @@ void ConnectPodlinkd(State& s) {
       s.client = *std::move(client);
       s.engine = *std::move(engine);
       s.node_id = node->node_id;
+      if (!node->mesh_addresses.empty() && !node->node_name.empty() && node->mesh_port != 0) {
+        RegionDescriptor d;
+        d.node_id = node->node_id;
+        d.node_name = node->node_name;
+        d.mesh_port = node->mesh_port;
+        d.mesh_addresses = node->mesh_addresses;
+        d.handle_type = HandleType::kHostMemfd;
+        s.mesh_node = d.Serialize();
+      }
     }
   }
   if (!st.ok()) {

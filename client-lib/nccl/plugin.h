@@ -35,6 +35,9 @@ class State {
 
   // What init found.
   std::string node_id;  // podlinkd's node identity; empty without a daemon
+  // With podlinkd's mesh: this node as a region descriptor without an export
+  // (what a mesh receiver tells its senders); empty without a mesh.
+  std::string mesh_node;
   std::unique_ptr<Client> client;
   std::unique_ptr<TransferEngine> engine;
   const cu::Driver* cuda = nullptr;

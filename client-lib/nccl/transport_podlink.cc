@@ -35,9 +35,13 @@ PodlinkMr::~PodlinkMr() {
 }
 
 Result PodlinkComm::RegMr(void* data, size_t size, int type, Mr** out) {
+  return RegisterExported(this, dev, data, size, type, /*gpu_in_host=*/false, out);
+}
+
+Result RegisterExported(Comm* comm, int dev, void* data, size_t size, int type, bool gpu_in_host, Mr** out) {
   State& s = S();
   auto mr = std::make_unique<PodlinkMr>();
-  mr->comm = this;
+  mr->comm = comm;
   mr->base = static_cast<char*>(data);
   mr->size = size;
   mr->type = type;
@@ -49,7 +53,7 @@ Result PodlinkComm::RegMr(void* data, size_t size, int type, Mr** out) {
   if (type == nccl_abi::kPtrCuda && s.cuda == nullptr) {
     return Fail(kInvalidArgument, "regMr: GPU memory but no CUDA driver in this process");
   }
-  if (type == nccl_abi::kPtrCuda) {
+  if (type == nccl_abi::kPtrCuda && !gpu_in_host) {
     cu::DevicePtr base = 0;
     size_t alloc = 0;
     if (s.cuda->MemGetAddressRange(&base, &alloc, reinterpret_cast<cu::DevicePtr>(data)) == cu::kSuccess) {
@@ -84,7 +88,7 @@ Result PodlinkComm::RegMr(void* data, size_t size, int type, Mr** out) {
   if (mr->alloc_base == 0) {
     // Not exportable as is: a bounce buffer of the same size that is.
     absl::StatusOr<LocalRegion> region;
-    if (type == nccl_abi::kPtrHost) {
+    if (type == nccl_abi::kPtrHost || gpu_in_host) {
       auto buf = s.client->AllocateHost(size);
       if (!buf.ok()) return FailStatus(kSystemError, "regMr: host bounce buffer", buf.status());
       mr->host_bounce = *std::move(buf);

@@ -34,6 +34,12 @@ struct PodlinkMr final : Mr {
   }
 };
 
+// RegMr of the transports whose bytes podlinkd moves: NCCL's cuMem buffer
+// exported as it is, else a bounce buffer of the same size that can be
+// exported (`gpu_in_host`: GPU memory always gets a host bounce buffer, for
+// paths that carry host memory only, as the mesh does today).
+Result RegisterExported(Comm* comm, int dev, void* data, size_t size, int type, bool gpu_in_host, Mr** out);
+
 struct PodlinkRequest : Request {
   uint64_t batch = 0;  // send: the TransferEngine batch in flight
   uint64_t t_try = 0, t_post = 0, t_submit = 0;  // step trace (step_trace.h), when on

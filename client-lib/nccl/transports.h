@@ -17,9 +17,10 @@ namespace podlink::ncclnet {
 class State;
 
 // The transport for a peer whose podlinkd node identity is `peer_node`
-// (empty: none): podlink on the same node when podlinkd is usable here, TCP
-// otherwise. s.mu held.
-TransportId ChooseTransportLocked(const State& s, const std::string& peer_node);
+// (empty: none) and whose podlinkd runs the mesh when `peer_mesh`: podlink on
+// the same node when podlinkd is usable here; mesh to another node when both
+// podlinkd run it (PODLINK_NCCL_MESH=0: never); TCP otherwise. s.mu held.
+TransportId ChooseTransportLocked(const State& s, const std::string& peer_node, bool peer_mesh);
 
 // Data sockets the connector opens besides the control socket. s.mu held.
 int DataSocketsLocked(const State& s, TransportId t);

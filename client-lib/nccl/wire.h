@@ -22,7 +22,11 @@ constexpr uint64_t kSizeError = ~0ull;  // a completion size meaning "this send 
 
 // Which transport a connection uses, as the hello carries it. The transports
 // themselves are classes (transports.h selects and makes them).
-enum class TransportId : uint8_t { kTcp = 1, kPodlink = 2 };
+// kMesh: another node reached through both nodes' podlinkd mesh
+// (transport_mesh.h).
+enum class TransportId : uint8_t { kTcp = 1, kPodlink = 2, kMesh = 3 };
+
+constexpr uint64_t kHandleFlagMesh = 1;  // WireHandle::flags: the listener's podlinkd runs the mesh
 
 // The listen handle NCCL carries to the peer (<= 128 bytes). The last 16
 // bytes are the connecting side's own bookkeeping and never trusted as a
@@ -38,7 +42,7 @@ struct WireHandle {
   uint64_t nonce;
   char node_id[48];
   uint64_t connect_cookie;
-  uint64_t reserved;
+  uint64_t flags;  // kHandleFlag*
 };
 static_assert(sizeof(WireHandle) <= nccl_abi::kHandleMaxSize);
 
@@ -92,6 +96,31 @@ static_assert(sizeof(Frame) == 120);
 // the writer fills an entry, then publishes it with a release store; the
 // reader acquires, copies the entry once and checks it (the peer is not
 // trusted).
+// The mesh transport's control messages, on the control socket.
+enum MeshFrameType : uint32_t { kMeshCts = 1, kMeshDone = 2 };
+struct MeshFrame {
+  uint32_t type;
+  uint32_t index;  // done: which buffer of the grouped receive
+  uint64_t seq;
+  uint32_t n;  // cts: buffers
+  uint32_t pad;
+  int32_t tags[kMaxRecvs];
+  uint64_t sizes[kMaxRecvs];    // cts: room per buffer; done: sizes[0] = bytes written (or kSizeError)
+  uint64_t exports[kMaxRecvs];  // cts: the receiver's export each buffer lies in
+  uint64_t offsets[kMaxRecvs];  // cts: where in it
+};
+static_assert(sizeof(MeshFrame) == 248);
+
+// The first message a mesh receiver sends: its node, as a region descriptor
+// without an export ("podlink2;..."; TransferEngine::RegionDescriptor).
+constexpr uint32_t kMeshNodeMagic = 0x45444f4e;  // "NODE"
+struct MeshNode {
+  uint32_t magic;
+  uint32_t len;
+  char text[1016];
+};
+static_assert(sizeof(MeshNode) == 1024);
+
 struct alignas(64) CtsSlot {
   std::atomic<uint64_t> ready;  // seq + 1 once the entry is complete
   uint32_t n;

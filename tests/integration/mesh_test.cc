@@ -236,6 +236,58 @@ TEST_F(Mesh, PodsOnTwoNodesWriteAndReadEachOtherByteForByte) {
   EXPECT_TRUE(nb->WaitForLog("event=mesh_grant peer=node-a pod=ml/prefill-0"));
 }
 
+// The NCCL plugin between pods on two nodes: clear-to-send and completions on
+// the pods' own connection (a veth between them, as NCCL's bootstrap needs),
+// the bytes written by both podlinkd over their mesh cable. The conformance
+// scenarios of tests/nccl (ordering with 32 receives in flight, large and
+// odd sizes, grouped receives, a receive larger than the send, truncation, a
+// close with requests in flight), every byte checked by the peers.
+TEST_F(Mesh, NcclPluginBetweenPodsOnTwoNodesGoesThroughTheMesh) {
+  std::string a = topo_.Node("a"), b = topo_.Node("b");
+  auto [da, db] = topo_.Cable(a, b, 1);
+  PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable");
+  std::string pods = Rule(pa, "ml", "prefill-0", "job-7") + "," + Rule(pb, "ml", "decode-0", "job-7");
+  auto na = StartNode("node-a", a, {da}, pods);
+  auto nb = StartNode("node-b", b, {db}, pods);
+  Pod send(*na, &pa, {PLUGIN_PATH}, NCCL_NET_PEER_PATH);
+  Pod recv(*nb, &pb, {PLUGIN_PATH}, NCCL_NET_PEER_PATH);
+  absl::Status veth = PodVeth(recv.pid(), send.pid(), absl::StrCat(topo_.tag(), "pr"), absl::StrCat(topo_.tag(), "ps"),
+                              "10.78.9.1/24", "10.78.9.2/24");
+  ASSERT_TRUE(veth.ok()) << veth;
+  for (Pod* p : {&recv, &send}) {
+    p->Send(R"({"cmd": "init"})");
+    json r = p->Expect("ready");
+    ASSERT_EQ(r["result"], 0) << r.dump();
+  }
+  uint64_t cable_before = TxBytes(a, da);
+  for (const char* sc : {"ordering", "large", "grouped", "smaller", "truncate", "inflight-close"}) {
+    SCOPED_TRACE(sc);
+    recv.Send(R"({"cmd": "listen"})");
+    json h = recv.Expect("handle");
+    ASSERT_EQ(h["result"], 0);
+    send.Send(json{{"cmd", "connect"}, {"hex", h["hex"]}}.dump());
+    recv.Send(R"({"cmd": "accept"})");
+    json acc = recv.Expect("accepted", 30000);
+    json con = send.Expect("connected", 30000);
+    ASSERT_TRUE(acc["ok"]) << acc.dump();
+    ASSERT_TRUE(con["ok"]) << con.dump();
+    EXPECT_EQ(con["transport"], "mesh") << con.dump();
+    send.Send(json{{"cmd", "send"}, {"scenario", sc}}.dump());
+    recv.Send(json{{"cmd", "recv"}, {"scenario", sc}}.dump());
+    json sd = send.Expect("done", 120000);
+    json rd = recv.Expect("done", 120000);
+    EXPECT_TRUE(sd["ok"]) << sd.dump() << "\n" << na->Log();
+    EXPECT_TRUE(rd["ok"]) << rd.dump() << "\n" << nb->Log();
+    send.Send(R"({"cmd": "close", "listen": true})");
+    recv.Send(R"({"cmd": "close", "listen": true})");
+    EXPECT_EQ(send.Expect("closed")["result"], 0);
+    EXPECT_EQ(recv.Expect("closed")["result"], 0);
+  }
+  // The bytes went over the daemons' mesh cable, not the pods' veth.
+  EXPECT_GT(TxBytes(a, da) - cable_before, uint64_t{48} << 20) << "the large scenario alone writes 51 MiB";
+  EXPECT_TRUE(nb->WaitForLog("event=mesh_grant peer=node-a pod=ml/prefill-0"));
+}
+
 TEST_F(Mesh, TwoCablesBothCarryATransfer) {
   std::string a = topo_.Node("a"), b = topo_.Node("b");
   auto [a1, b1] = topo_.Cable(a, b, 1);

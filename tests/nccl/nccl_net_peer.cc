@@ -555,6 +555,7 @@ int main(int argc, char** argv) {
       for (size_t i = log_mark; i < g_log.size(); ++i) {
         if (g_log[i].find("via podlink") != std::string::npos) transport = "podlink";
         if (g_log[i].find("via TCP") != std::string::npos) transport = "TCP";
+        if (g_log[i].find("via mesh") != std::string::npos) transport = "mesh";
       }
       Emit({{"event", "connected"}, {"result", r}, {"tries", tries}, {"ok", g_send != nullptr},
             {"transport", transport}});
