@@ -4,7 +4,9 @@
 # joined by one Ethernet cable, each with an rxe device on it and its own
 # podlinkd (mesh.transport "verbs"). A pod on each writes the other's region
 # (RDMA WRITE), reads it back (RDMA READ) and notifies (WRITE WITH
-# IMMEDIATE); each owner checks every byte and the notification.
+# IMMEDIATE); each owner checks every byte and the notification. Then a pod on
+# each runs the NCCL plugin's conformance scenarios with the other (its mesh
+# transport: bytes over the two podlinkd's verbs links; tests/vm/nccl_pair.sh).
 #
 #   tests/vm/mesh_verbs.sh [build dir] [output dir]
 #
@@ -26,7 +28,7 @@ source "$here/../common/mesh_certs.sh"
 vm_prepare
 VM_RUN=$out
 export VM_RUN
-rm -f "$out"/*.rc "$out"/*.desc-* "$out"/*.finished "$out"/*.idx
+rm -f "$out"/*.rc "$out"/*.desc-* "$out"/*.finished "$out"/*.idx "$out"/*.handle.*
 trap vm_stop_all EXIT
 mesh_certs "$out/certs" node-a node-b
 echo "eth0 10.77.1.1/30" > "$out/node-a.net"
@@ -36,9 +38,9 @@ VM_NICS_node_a="listen:$port"
 VM_NICS_node_b="connect:$port"
 t0=$(date +%s)
 vm_log "booting node-a and node-b (kernel $VM_KVER, soft-RoCE); $bytes bytes each way"
-vm_start node_a 1 "PODLINK_VM_GDB=${PODLINK_VM_GDB:-0} PODLINK_VM_NAME=node-a sh $here/node.sh $build pair $bytes node-b"
+vm_start node_a 1 "PODLINK_VM_NCCL=1 PODLINK_VM_GDB=${PODLINK_VM_GDB:-0} PODLINK_VM_NAME=node-a sh $here/node.sh $build pair $bytes node-b"
 sleep 1
-vm_start node_b 2 "PODLINK_VM_GDB=${PODLINK_VM_GDB:-0} PODLINK_VM_NAME=node-b sh $here/node.sh $build pair $bytes node-a"
+vm_start node_b 2 "PODLINK_VM_NCCL=1 PODLINK_VM_GDB=${PODLINK_VM_GDB:-0} PODLINK_VM_NAME=node-b sh $here/node.sh $build pair $bytes node-a"
 rc=0
 vm_wait node_a "$limit" || rc=1
 vm_wait node_b 60 || rc=1
@@ -65,6 +67,11 @@ for me, peer in (("node-a", "node-b"), ("node-b", "node-a")):
 sys.exit(0 if ok else 1)
 PY
 for n in node-a node-b; do
+  if tail -1 "$out/$n.nccl.log" 2>/dev/null | grep -q "nccl: PASS"; then
+    echo "$n: NCCL plugin conformance over the mesh (verbs): $(tail -1 "$out/$n.nccl.log" | sed 's/^.*nccl: //')"
+  else
+    echo "$n: NCCL plugin conformance over the mesh (verbs) FAILED:"; tail -5 "$out/$n.nccl.log" 2>/dev/null; rc=1
+  fi
   grep -q "event=verbs_path_up" "$out/$n.podlinkd.log" 2>/dev/null && echo "$n: verbs path up" ||
     { echo "$n: no verbs path came up"; rc=1; }
 done

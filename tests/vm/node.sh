@@ -8,7 +8,10 @@
 #                                    read back and notify the region each PEER
 #                                    serves us (kv-put --read-back), wait for
 #                                    our regions' notifications and check every
-#                                    byte.
+#                                    byte. With PODLINK_VM_NCCL=1 and one PEER,
+#                                    then the NCCL plugin's conformance
+#                                    scenarios with it (nccl_pair.sh; the node
+#                                    whose name sorts first sends).
 #
 # Every wait is bounded. Results are JSON lines in /mnt/NAME.*.out.
 set -eu
@@ -133,6 +136,13 @@ v=[json.loads(l) for l in open(sys.argv[1]) if "verified" in l]
 sys.exit(0 if v and v[0]["mismatches"] == 0 else 1)' "$out/$name.serve-$peer.out" ||
         { log "the region $peer wrote was not right"; rc=1; }
     done
+    if [ "${PODLINK_VM_NCCL:-0}" = 1 ] && [ "$#" = 1 ]; then
+      nccl_role=recv
+      [ "$name" \< "$1" ] && nccl_role=send
+      log "NCCL conformance with $1 ($nccl_role)"
+      bash "$(dirname "$0")/nccl_pair.sh" "$build" "$nccl_role" "$1" > "$out/$name.nccl.log" 2>&1 || rc=1
+      tail -1 "$out/$name.nccl.log"
+    fi
     # Stay up until every peer has finished with our regions.
     echo "$rc" > "$out/$name.finished"
     for peer in "$@"; do wait_for "$out/$peer.finished" 300 || true; done
