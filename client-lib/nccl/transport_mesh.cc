@@ -136,6 +136,9 @@ Result MeshComm::Progress() {
 absl::StatusOr<RemoteRegion> MeshComm::OpenRemote(uint64_t export_id) {
   if (auto it = opened_.find(export_id); it != opened_.end()) return it->second;
   State& s = S();
+  if (s.engine == nullptr || peer_node_.node_id.empty()) {
+    return absl::FailedPreconditionError("no podlinkd session, or the receiver's node is not known yet");
+  }
   RegionDescriptor d = peer_node_;
   d.export_id = export_id;
   // The first buffer of a node dials its daemon (the engine caches the opening).
