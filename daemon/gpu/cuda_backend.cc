@@ -49,6 +49,7 @@ class CudaObject : public MemoryObject {
       d_->MemUnmap(va_, size_);
       d_->MemAddressFree(va_, size_);
     }
+    if (ctx_ != nullptr) d_->DevicePrimaryCtxRelease(gpu_);
   }
   absl::StatusOr<RelayView> MapForRelay() override {
     absl::MutexLock l(&mu_);
@@ -92,7 +93,31 @@ class CudaObject : public MemoryObject {
     return UniqueFd(fd);
   }
 
+  absl::Status CopyIn(uint64_t offset, const void* src, uint64_t n) override {
+    PODLINK_ASSIGN_OR_RETURN(RelayView view, MapForRelay());
+    PODLINK_ASSIGN_OR_RETURN(cu::Context ctx, Context());
+    cu::ScopedContext in(*d_, ctx);
+    PODLINK_RETURN_IF_ERROR(in.status());
+    return cu::CuStatus(d_->MemcpyHtoD(view.address + offset, src, n), "cuMemcpyHtoD (mesh)");
+  }
+  absl::Status CopyOut(uint64_t offset, void* dst, uint64_t n) override {
+    PODLINK_ASSIGN_OR_RETURN(RelayView view, MapForRelay());
+    PODLINK_ASSIGN_OR_RETURN(cu::Context ctx, Context());
+    cu::ScopedContext in(*d_, ctx);
+    PODLINK_RETURN_IF_ERROR(in.status());
+    return cu::CuStatus(d_->MemcpyDtoH(dst, view.address + offset, n), "cuMemcpyDtoH (mesh)");
+  }
+
  private:
+  // The owning GPU's primary context, retained on first use (released with the object).
+  absl::StatusOr<cu::Context> Context() {
+    absl::MutexLock l(&mu_);
+    if (ctx_ == nullptr) {
+      PODLINK_RETURN_IF_ERROR(cu::CuStatus(d_->DevicePrimaryCtxRetain(&ctx_, gpu_), "cuDevicePrimaryCtxRetain"));
+    }
+    return ctx_;
+  }
+
   HandleKind kind_;
   CuMemHandle handle_;
   UniqueFd fd_;
@@ -103,6 +128,7 @@ class CudaObject : public MemoryObject {
   const std::vector<int> access_;
   absl::Mutex mu_;
   cu::DevicePtr va_ ABSL_GUARDED_BY(mu_) = 0;
+  cu::Context ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 // Maps [0, size) of the allocation into a scratch reservation and unmaps it:

@@ -44,6 +44,12 @@ class MemoryObject {
   // A dma-buf of the whole memory, for an RDMA NIC to register
   // (ibv_reg_dmabuf_mr): GPU memory through the daemon's relay mapping.
   virtual absl::StatusOr<UniqueFd> DmaBuf() { return absl::UnimplementedError("this memory has no dma-buf"); }
+  // Copies n bytes into / out of [offset, offset + n) through the daemon's
+  // own mapping, synchronously (the mesh links serving another node's pods;
+  // the caller checked the range): memcpy for host memory, the GPU's copy
+  // engine in its primary context for GPU memory.
+  virtual absl::Status CopyIn(uint64_t offset, const void* src, uint64_t n);
+  virtual absl::Status CopyOut(uint64_t offset, void* dst, uint64_t n);
 };
 
 // What an exporter claims; a backend checks it against the memory itself.

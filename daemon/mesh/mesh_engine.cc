@@ -134,6 +134,16 @@ absl::StatusOr<UniqueFd> Dial(const Path& path, uint16_t port, absl::Duration ti
 }
 
 // ReadFull with an absolute deadline over the whole read.
+// GPU exports served to other nodes: the bytes pass through a host buffer
+// of the connection's thread, a chunk at a time (MemoryObject::CopyIn/Out).
+constexpr uint64_t kGpuChunk = uint64_t{4} << 20;
+constexpr uint64_t kMaxGpuFrame = uint64_t{64} << 20;
+char* GpuStaging() {
+  thread_local std::unique_ptr<char[]> buf;
+  if (buf == nullptr) buf.reset(new char[kGpuChunk]);
+  return buf.get();
+}
+
 absl::Status ReadFullBefore(int fd, void* buf, size_t len, absl::Time deadline) {
   auto* p = static_cast<char*>(buf);
   while (len > 0) {
@@ -525,9 +535,9 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
     ++remote_denials_;
     return rec.status();
   }
-  if ((*rec)->kind != HandleKind::kHostMemfd) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "export ", (*rec)->id, " is GPU memory: only host-memory exports can be reached from other nodes yet"));
+  if ((*rec)->kind != HandleKind::kHostMemfd && req.verbs()) {
+    return absl::FailedPreconditionError(absl::StrCat("export ", (*rec)->id,
+                                                      " is GPU memory: the verbs links carry host memory only yet"));
   }
   pb::OpenRegionResponse resp;
   {
@@ -726,9 +736,9 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
       } else if (h.offset > (*rec)->size || h.length > (*rec)->size - h.offset) {
         st = absl::OutOfRangeError(absl::StrCat("range [", h.offset, ", +", h.length, ") exceeds export ",
                                                 (*rec)->id, " of ", (*rec)->size, " bytes"));
-      } else if (view->on_gpu) {
-        st = absl::FailedPreconditionError("GPU exports cannot be reached from other nodes yet");
-      } else {
+      } else if (view->on_gpu && h.length > kMaxGpuFrame) {
+        st = absl::InvalidArgumentError(absl::StrCat("a frame for GPU memory carries at most ", kMaxGpuFrame, " bytes"));
+      } else if (!view->on_gpu) {
         // As the local relay does per copy: a range whose pages the owner
         // punched out is refused, never faulted in at podlinkd's expense.
         st = (*rec)->memory->CheckPopulated(h.offset, h.length);
@@ -742,8 +752,23 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
           if (io.ok()) io = SendAck(fd, h.tag, st);
           break;
         }
-        io = ReadFull(fd, reinterpret_cast<char*>(view->address) + h.offset, h.length);
-        if (io.ok()) io = SendAck(fd, h.tag, absl::OkStatus());
+        if (view->on_gpu) {
+          // Through this thread's staging buffer, a chunk at a time, copied
+          // to the GPU by its copy engine; a failed copy still reads the frame.
+          absl::Status copy;
+          for (uint64_t done = 0; done < h.length && io.ok();) {
+            uint64_t n = std::min<uint64_t>(kGpuChunk, h.length - done);
+            char* buf = GpuStaging();
+            io = ReadFull(fd, buf, n);
+            if (io.ok() && copy.ok()) copy = (*rec)->memory->CopyIn(h.offset + done, buf, n);
+            done += n;
+          }
+          if (io.ok()) io = SendAck(fd, h.tag, copy);
+          if (!copy.ok()) break;
+        } else {
+          io = ReadFull(fd, reinterpret_cast<char*>(view->address) + h.offset, h.length);
+          if (io.ok()) io = SendAck(fd, h.tag, absl::OkStatus());
+        }
         if (io.ok()) {
           absl::MutexLock l(&mu_);
           bytes_written_in_ += h.length;
@@ -760,7 +785,28 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
         d.type = static_cast<uint16_t>(FrameType::kData);
         d.length = h.length;
         d.tag = h.tag;
-        io = WriteFrame(fd, d, reinterpret_cast<const char*>(view->address) + h.offset, h.length);
+        if (view->on_gpu) {
+          // The first chunk is copied before the header goes, so an export
+          // that cannot be copied is refused instead of cut off.
+          uint64_t n = std::min<uint64_t>(kGpuChunk, h.length);
+          char* buf = GpuStaging();
+          if (absl::Status c = (*rec)->memory->CopyOut(h.offset, buf, n); !c.ok()) {
+            io = SendAck(fd, h.tag, c);
+            break;
+          }
+          io = WriteFull(fd, &d, sizeof(d));
+          for (uint64_t done = 0; io.ok();) {
+            io = WriteFull(fd, buf, n);
+            done += n;
+            if (!io.ok() || done == h.length) break;
+            n = std::min<uint64_t>(kGpuChunk, h.length - done);
+            if (absl::Status c = (*rec)->memory->CopyOut(h.offset + done, buf, n); !c.ok()) {
+              io = c;  // the peer sees the connection end and sends the slice again elsewhere
+            }
+          }
+        } else {
+          io = WriteFrame(fd, d, reinterpret_cast<const char*>(view->address) + h.offset, h.length);
+        }
         if (io.ok()) {
           absl::MutexLock l(&mu_);
           bytes_read_out_ += h.length;

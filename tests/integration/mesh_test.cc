@@ -23,6 +23,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/cuda_driver.h"
 #include "gtest/gtest.h"
 #include "podlink/mesh/v1/mesh.grpc.pb.h"
 #include "tests/integration/harness.h"
@@ -174,7 +175,8 @@ class Mesh : public ::testing::Test {
   // podlinkd for `node` in namespace `ns`, advertising the listed interfaces.
   std::unique_ptr<Daemon> StartNode(const std::string& node, const std::string& ns,
                                     const std::vector<std::string>& interfaces, const std::string& pods,
-                                    const std::string& cert_dir = "", const std::string& extra_mesh = "") {
+                                    const std::string& cert_dir = "", const std::string& extra_mesh = "",
+                                    bool gpu = false) {
     std::string certs = cert_dir;
     if (certs.empty()) {
       certs = dir_ + "/" + node;
@@ -184,7 +186,7 @@ class Mesh : public ::testing::Test {
     std::string cfg = absl::StrCat(R"({"node": {"name": ")", node, R"(", "id": ")", node, R"("}, "mesh": {"enabled": true, "cert_dir": ")",
                                    certs, R"(", "interfaces": )", ifs.dump(), R"(, "io_timeout_seconds": 2)",
                                    extra_mesh, R"(}, "pods": [)", pods, "]}");
-    return std::make_unique<Daemon>(cfg, std::vector<std::string>{}, false, ns);
+    return std::make_unique<Daemon>(cfg, std::vector<std::string>{}, gpu, ns);
   }
 
   static std::string Rule(const PodCgroup& cg, const std::string& ns, const std::string& name,
@@ -202,8 +204,10 @@ class Mesh : public ::testing::Test {
 // A pod on `from` writes a region of a pod on `to` whole (one-sided, through
 // both daemons), notifies, reads it back; both sides check every byte.
 void KvAcrossNodes(Daemon& to, const PodCgroup& server_cg, Daemon& from, const PodCgroup& client_cg,
-                   uint64_t size, int seed) {
-  Pod server(to, &server_cg, {"kv-serve", "--size", std::to_string(size), "--verify", std::to_string(seed)});
+                   uint64_t size, int seed, const std::vector<std::string>& server_extra = {}) {
+  std::vector<std::string> serve = {"kv-serve", "--size", std::to_string(size), "--verify", std::to_string(seed)};
+  serve.insert(serve.end(), server_extra.begin(), server_extra.end());
+  Pod server(to, &server_cg, serve);
   json s = server.Expect("serving");
   ASSERT_EQ(s["event"], "serving") << s.dump();
   std::string desc = s["descriptor"];
@@ -285,6 +289,23 @@ TEST_F(Mesh, NcclPluginBetweenPodsOnTwoNodesGoesThroughTheMesh) {
   }
   // The bytes went over the daemons' mesh cable, not the pods' veth.
   EXPECT_GT(TxBytes(a, da) - cable_before, uint64_t{48} << 20) << "the large scenario alone writes 51 MiB";
+  EXPECT_TRUE(nb->WaitForLog("event=mesh_grant peer=node-a pod=ml/prefill-0"));
+}
+
+// A pod on another node writes and reads a GPU export (the owner's daemon
+// copies each slice between the wire and the GPU by the copy engine).
+// Needs a GPU: tests/gpu/run_one_gpu.sh runs it on the device machine.
+TEST_F(Mesh, APodWritesAndReadsAGpuExportOfAnotherNode) {
+  auto d = cu::LoadDriver();
+  int n = 0;
+  if (!d.ok() || (*d)->DeviceGetCount(&n) != cu::kSuccess || n == 0) GTEST_SKIP() << "no GPU";
+  std::string a = topo_.Node("a"), b = topo_.Node("b");
+  auto [da, db] = topo_.Cable(a, b, 1);
+  PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable");
+  std::string pods = Rule(pa, "ml", "prefill-0", "job-7") + "," + Rule(pb, "ml", "decode-0", "job-7");
+  auto na = StartNode("node-a", a, {da}, pods);
+  auto nb = StartNode("node-b", b, {db}, pods, "", "", /*gpu=*/true);
+  KvAcrossNodes(*nb, pb, *na, pa, 24 << 20, 51, {"--gpu", "0"});  // host on a -> GPU on b
   EXPECT_TRUE(nb->WaitForLog("event=mesh_grant peer=node-a pod=ml/prefill-0"));
 }
 
