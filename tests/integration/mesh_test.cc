@@ -587,15 +587,22 @@ TEST_F(MeshHostile, HostileVerbsRequestsAreRefusedAndLeakNothing) {
 
 // Raw data connections to node b's data port.
 int DialData(const std::string& addr) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(7447);
   ::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
-    ::close(fd);
-    return -1;
+  // A cable just brought up may not pass packets yet (seen under TSan on a
+  // loaded machine): a few tries, 5 s at most.
+  int fd = -1;
+  for (int tries = 0; fd < 0 && tries < 50; ++tries) {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+      ::close(fd);
+      fd = -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
   }
+  if (fd < 0) return -1;
   timeval tv{5, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   return fd;
