@@ -24,7 +24,9 @@ struct MeshTransfer {
   uint64_t remote_offset = 0;
   uint64_t length = 0;
   char* local = nullptr;    // the daemon's host mapping of the local export, at the local offset
+                            // (GPU exports: a host staging buffer the relay copies through)
   std::shared_ptr<const ExportRecord> keep;  // the local export stays alive until Done
+  std::shared_ptr<char[]> staging;           // and the staging buffer, if any
 };
 
 class MeshPort {

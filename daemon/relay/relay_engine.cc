@@ -468,10 +468,6 @@ absl::Status RelayEngine::MeshCopy(Worker& w, Ring& r, const RelaySqe& e) {
   // Pages the pod punched out are refused, never faulted in by podlinkd (the
   // mesh's connections read and write this range for the whole transfer).
   PODLINK_RETURN_IF_ERROR(local->memory->CheckPopulated(e.local_offset, e.length));
-  if (lv.on_gpu) {
-    return absl::FailedPreconditionError(
-        "transfers between GPU memory and other nodes are not supported yet: use a host-memory region");
-  }
   MeshTransfer t;
   t.write = static_cast<RelayOp>(e.opcode) == RelayOp::kWrite;
   t.session = r.session;
@@ -479,14 +475,53 @@ absl::Status RelayEngine::MeshCopy(Worker& w, Ring& r, const RelaySqe& e) {
   t.remote_offset = e.remote_offset;
   t.length = e.length;
   t.local = reinterpret_cast<char*>(lv.address) + e.local_offset;
-  t.keep = std::move(local);
   uint64_t seq = r.mesh_seq + 1;
+  MeshPort::Done done = MeshCompleter(r, seq, e.user_data);
+  uint64_t staged = 0;  // bytes of r.mesh_staged this transfer holds until its completion
+  if (lv.on_gpu) {
+    // GPU memory: through a host buffer of the transfer's size (the mesh
+    // links move host memory), copied by the GPU's copy engine before a
+    // write starts and after a read completes. Bounded per ring.
+    uint64_t cap = options_.mesh_staging_bytes;
+    if (e.length > cap) {
+      return absl::InvalidArgumentError(absl::StrCat("a transfer between GPU memory and another node moves at most ",
+                                                     cap, " bytes (split it)"));
+    }
+    if (r.mesh_staged.fetch_add(e.length) + e.length > cap) {
+      r.mesh_staged.fetch_sub(e.length);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "this session has ", cap, " bytes of GPU transfers to other nodes in flight already; wait for some"));
+    }
+    std::shared_ptr<Ring> ring = r.self.lock();
+    std::shared_ptr<char[]> staging(new (std::nothrow) char[e.length]);
+    absl::Status st = staging == nullptr ? absl::ResourceExhaustedError("no memory for GPU staging")
+                      : t.write          ? local->memory->CopyOut(e.local_offset, staging.get(), e.length)
+                                         : absl::OkStatus();
+    if (!st.ok()) {
+      r.mesh_staged.fetch_sub(e.length);
+      return st;
+    }
+    t.local = staging.get();
+    t.staging = staging;
+    staged = e.length;
+    done = [inner = std::move(done), ring, staging, local, write = t.write, off = e.local_offset,
+            len = e.length](const absl::Status& st) {
+      absl::Status out = st;
+      if (out.ok() && !write) out = local->memory->CopyIn(off, staging.get(), len);
+      ring->mesh_staged.fetch_sub(len);
+      inner(out);
+    };
+  }
+  t.keep = std::move(local);
   {
     absl::ReaderMutexLock l(&mesh_port_mu_);
-    if (mesh_ == nullptr) {
-      return absl::UnavailableError("region lives on another node and this podlinkd runs without the mesh");
+    absl::Status st = mesh_ == nullptr
+                          ? absl::UnavailableError("region lives on another node and this podlinkd runs without the mesh")
+                          : mesh_->Start(std::move(t), std::move(done));
+    if (!st.ok()) {
+      r.mesh_staged.fetch_sub(staged);  // not started: its completion never runs
+      return st;
     }
-    PODLINK_RETURN_IF_ERROR(mesh_->Start(std::move(t), MeshCompleter(r, seq, e.user_data)));
   }
   r.mesh_seq = seq;
   r.mesh_running.insert(seq);

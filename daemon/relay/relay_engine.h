@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <new>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -48,6 +49,9 @@ struct RelayOptions {
   // its queue, where they can merge once taken (the copy engines stay busy:
   // that much is tens of microseconds of copying).
   uint64_t merge_bytes = uint64_t{64} << 20;
+  // GPU memory to or from other nodes goes through host staging in podlinkd:
+  // at most this many bytes per transfer and per ring at a time.
+  uint64_t mesh_staging_bytes = uint64_t{256} << 20;
   uint64_t inflight_gpu_bytes = uint64_t{32} << 20;
   // Host-to-host copies are done by the worker thread in slices: each ring
   // gets at most this many bytes of memcpy per round, so one pod's 2 GiB copy
@@ -119,6 +123,9 @@ class RelayEngine {
     CopyQueue copies;  // taken off the SQ, completion not yet posted
     std::deque<PendingNotify> notifies;
     uint64_t mesh_seq = 0;             // mesh ops started (their sequence numbers)
+    // Host staging of this ring's GPU transfers to other nodes in flight
+    // (bounded: RelayOptions::mesh_staging_bytes); released on mesh threads.
+    std::atomic<uint64_t> mesh_staged{0};
     std::set<uint64_t> mesh_running;   // started, completion not yet posted
     // Mesh completions arrive on the mesh's threads; the worker posts them.
     struct MeshDone {

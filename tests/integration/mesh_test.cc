@@ -204,7 +204,8 @@ class Mesh : public ::testing::Test {
 // A pod on `from` writes a region of a pod on `to` whole (one-sided, through
 // both daemons), notifies, reads it back; both sides check every byte.
 void KvAcrossNodes(Daemon& to, const PodCgroup& server_cg, Daemon& from, const PodCgroup& client_cg,
-                   uint64_t size, int seed, const std::vector<std::string>& server_extra = {}) {
+                   uint64_t size, int seed, const std::vector<std::string>& server_extra = {},
+                   const std::vector<std::string>& client_extra = {}) {
   std::vector<std::string> serve = {"kv-serve", "--size", std::to_string(size), "--verify", std::to_string(seed)};
   serve.insert(serve.end(), server_extra.begin(), server_extra.end());
   Pod server(to, &server_cg, serve);
@@ -212,7 +213,9 @@ void KvAcrossNodes(Daemon& to, const PodCgroup& server_cg, Daemon& from, const P
   ASSERT_EQ(s["event"], "serving") << s.dump();
   std::string desc = s["descriptor"];
   ASSERT_EQ(desc.rfind("podlink2;", 0), 0u) << desc;
-  Pod client(from, &client_cg, {"kv-put", "--desc", desc, "--seed", std::to_string(seed), "--read-back"});
+  std::vector<std::string> args = {"kv-put", "--desc", desc, "--seed", std::to_string(seed), "--read-back"};
+  args.insert(args.end(), client_extra.begin(), client_extra.end());
+  Pod client(from, &client_cg, args);
   json put = client.Expect("put", 60000);
   ASSERT_EQ(put["event"], "put") << put.dump() << "\n" << from.Log();
   EXPECT_EQ(put["transport"], "podlink/mesh");
@@ -293,7 +296,8 @@ TEST_F(Mesh, NcclPluginBetweenPodsOnTwoNodesGoesThroughTheMesh) {
 }
 
 // A pod on another node writes and reads a GPU export (the owner's daemon
-// copies each slice between the wire and the GPU by the copy engine).
+// copies each slice between the wire and the GPU by the copy engine), from
+// host memory and from GPU memory of its own (its daemon stages that).
 // Needs a GPU: tests/gpu/run_one_gpu.sh runs it on the device machine.
 TEST_F(Mesh, APodWritesAndReadsAGpuExportOfAnotherNode) {
   auto d = cu::LoadDriver();
@@ -303,9 +307,11 @@ TEST_F(Mesh, APodWritesAndReadsAGpuExportOfAnotherNode) {
   auto [da, db] = topo_.Cable(a, b, 1);
   PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable");
   std::string pods = Rule(pa, "ml", "prefill-0", "job-7") + "," + Rule(pb, "ml", "decode-0", "job-7");
-  auto na = StartNode("node-a", a, {da}, pods);
+  auto na = StartNode("node-a", a, {da}, pods, "", "", /*gpu=*/true);
   auto nb = StartNode("node-b", b, {db}, pods, "", "", /*gpu=*/true);
-  KvAcrossNodes(*nb, pb, *na, pa, 24 << 20, 51, {"--gpu", "0"});  // host on a -> GPU on b
+  KvAcrossNodes(*nb, pb, *na, pa, 24 << 20, 51, {"--gpu", "0"});              // host on a -> GPU on b
+  KvAcrossNodes(*nb, pb, *na, pa, 24 << 20, 52, {"--gpu", "0"}, {"--gpu", "0"});  // GPU on a -> GPU on b
+  KvAcrossNodes(*na, pa, *nb, pb, 24 << 20, 53, {}, {"--gpu", "0"});          // GPU on b -> host on a
   EXPECT_TRUE(nb->WaitForLog("event=mesh_grant peer=node-a pod=ml/prefill-0"));
 }
 
