@@ -256,8 +256,17 @@ TEST_F(Mesh, NcclPluginBetweenPodsOnTwoNodesGoesThroughTheMesh) {
   std::string pods = Rule(pa, "ml", "prefill-0", "job-7") + "," + Rule(pb, "ml", "decode-0", "job-7");
   auto na = StartNode("node-a", a, {da}, pods);
   auto nb = StartNode("node-b", b, {db}, pods);
-  Pod send(*na, &pa, {PLUGIN_PATH}, NCCL_NET_PEER_PATH);
-  Pod recv(*nb, &pb, {PLUGIN_PATH}, NCCL_NET_PEER_PATH);
+  // As built, unless the environment points elsewhere (a carried bundle on the GPU machine, where
+  // PODLINK_TEST_MEM=cuda puts NCCL's buffers in GPU memory).
+  auto env = [](const char* name, const char* dflt) {
+    const char* v = std::getenv(name);
+    return std::string(v != nullptr && *v != '\0' ? v : dflt);
+  };
+  std::string plugin = env("PODLINK_NCCL_PLUGIN_PATH", PLUGIN_PATH), peer = env("PODLINK_NCCL_PEER_PATH", NCCL_NET_PEER_PATH);
+  std::vector<std::string> args = {plugin};
+  if (const char* mem = std::getenv("PODLINK_TEST_MEM"); mem != nullptr) args.push_back(std::string("PODLINK_TEST_MEM=") + mem);
+  Pod send(*na, &pa, args, peer);
+  Pod recv(*nb, &pb, args, peer);
   absl::Status veth = PodVeth(recv.pid(), send.pid(), absl::StrCat(topo_.tag(), "pr"), absl::StrCat(topo_.tag(), "ps"),
                               "10.78.9.1/24", "10.78.9.2/24");
   ASSERT_TRUE(veth.ok()) << veth;
