@@ -274,6 +274,7 @@ TEST_F(Mesh, NcclPluginBetweenPodsOnTwoNodesGoesThroughTheMesh) {
     p->Send(R"({"cmd": "init"})");
     json r = p->Expect("ready");
     ASSERT_EQ(r["result"], 0) << r.dump();
+    EXPECT_EQ(r["gpu"], std::getenv("PODLINK_TEST_MEM") != nullptr) << r.dump();
   }
   uint64_t cable_before = TxBytes(a, da);
   for (const char* sc : {"ordering", "large", "grouped", "smaller", "truncate", "inflight-close"}) {
