@@ -475,7 +475,7 @@ uint64_t MeshEngine::GrantForTesting(const std::string& node, std::shared_ptr<co
   absl::MutexLock l(&mu_);
   uint64_t g = 0;
   while (g == 0 || grants_.contains(g)) g = RandomU64();
-  grants_[g] = Grant{node, rec};
+  grants_[g] = Grant{node, rec, node + "/test"};
   ++grants_per_node_[node];
   return g;
 }
@@ -1411,11 +1411,10 @@ absl::StatusOr<std::shared_ptr<verbs::VerbsLinks>> MeshEngine::ConnectVerbs(cons
                                                                             const std::vector<Path>& paths,
                                                                             const OpenVerbsCall& open) {
   PODLINK_ASSIGN_OR_RETURN(const verbs::VerbsApi* api, verbs::LoadVerbs());
-  verbs::Nics* nics = nullptr;
   {
+    // The NIC table ConnectVerbsPath opens devices from, made once.
     absl::MutexLock l(&verbs_mu_);
     if (nics_ == nullptr) nics_ = std::make_unique<verbs::Nics>(api);
-    nics = nics_.get();
   }
   verbs::VerbsOptions vo = options_.verbs;
   vo.qps_per_path = options_.connections_per_path;

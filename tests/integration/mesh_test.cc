@@ -117,6 +117,10 @@ class Topology {
   Topology() {
     std::random_device rd;
     tag_ = absl::StrCat("plm", rd() % 100000);
+    // Host cables share this test's (the host's) namespace with every other
+    // test ctest runs at the same time: a subnet of their own (two hostile
+    // tests on one subnet reached each other's nodes).
+    host_net_ = absl::StrCat("10.", 100 + rd() % 100, ".", rd() % 250);
   }
   ~Topology() {
     for (const std::string& ns : namespaces_) Sh("ip netns del " + ns);
@@ -141,21 +145,23 @@ class Topology {
     return {da, db};
   }
   // A cable from this test's own namespace to `node` (the test's hostile
-  // clients come through it): host side .1, node side .2.
+  // clients come through it) on a /30 of this topology's own host subnet
+  // (`sub` picks which): host side .1, node side .2.
   std::string HostCable(const std::string& node, int sub) {
     std::string dh = absl::StrCat(tag_, "h", sub), dn = absl::StrCat(tag_, "h", sub, "n");
     EXPECT_EQ(Sh(absl::StrCat("ip link add ", dh, " type veth peer name ", dn, " netns ", node)), 0);
-    Sh(absl::StrCat("ip addr add 10.77.", sub, ".1/30 dev ", dh));
-    Sh(absl::StrCat("ip -n ", node, " addr add 10.77.", sub, ".2/30 dev ", dn));
+    Sh(absl::StrCat("ip addr add ", host_net_, ".", (sub % 64) * 4 + 1, "/30 dev ", dh));
+    Sh(absl::StrCat("ip -n ", node, " addr add ", host_net_, ".", (sub % 64) * 4 + 2, "/30 dev ", dn));
     Sh(absl::StrCat("ip link set ", dh, " up"));
     Sh(absl::StrCat("ip -n ", node, " link set ", dn, " up"));
     host_devs_.push_back(dh);
-    return absl::StrCat("10.77.", sub, ".2");
+    return absl::StrCat(host_net_, ".", (sub % 64) * 4 + 2);
   }
   const std::string& tag() const { return tag_; }
 
  private:
   std::string tag_;
+  std::string host_net_;  // "10.x.y": the first three octets of this topology's host cables
   std::vector<std::string> namespaces_, host_devs_;
 };
 
@@ -705,7 +711,9 @@ TEST_F(MeshHostile, ForgedDataConnectionsAreClosedUnanswered) {
   ASSERT_EQ(::send(fd, link.cookies(0).data(), 32, MSG_NOSIGNAL), 32);
   auto ack = [&](const Frame& f, const std::string& payload) {
     EXPECT_EQ(::send(fd, &f, sizeof(f), MSG_NOSIGNAL), 40);
-    if (!payload.empty()) EXPECT_EQ(::send(fd, payload.data(), payload.size(), MSG_NOSIGNAL), (ssize_t)payload.size());
+    if (!payload.empty()) {
+      EXPECT_EQ(::send(fd, payload.data(), payload.size(), MSG_NOSIGNAL), (ssize_t)payload.size());
+    }
     Frame r;
     if (::recv(fd, &r, sizeof(r), MSG_WAITALL) != 40) return -1;
     std::string text(r.length, '\0');
