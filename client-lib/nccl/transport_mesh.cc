@@ -260,21 +260,9 @@ Result MeshComm::ReceiveDone(MeshRequest& r, int* done, int* sizes) {
     if (!peer_closed_.empty()) return FailComm(kRemoteError, "mesh: the sender went away: " + peer_closed_);
     return kSuccess;
   }
-  Result result = kSuccess;
-  for (int i = 0; i < r.n; ++i) {
-    uint64_t got = r.got[i];
-    if (got == kSizeError) {
-      result = Fail(kInvalidUsage, absl::StrCat("receive from ", peer, ": the matching send failed (see the sender's log)"));
-      continue;
-    }
-    auto* mr = static_cast<PodlinkMr*>(r.mr[i]);
-    if (mr->bounce() && got > 0) {
-      uint64_t off = static_cast<char*>(r.data[i]) - mr->base;
-      absl::Status st = copies_.CopyFor(mr->type, r.data[i], reinterpret_cast<void*>(mr->bounce_ptr() + off), got);
-      if (!st.ok()) result = FailStatus(kUnhandledCudaError, "mesh: copying a receive out of its bounce buffer", st);
-    }
-    if (sizes != nullptr) sizes[i] = static_cast<int>(got);
-  }
+  uint64_t got[kMaxRecvs];
+  for (int i = 0; i < r.n; ++i) got[i] = r.got[i];
+  Result result = FinishReceive(copies_, peer, r, got, sizes);
   *done = 1;
   r.in_use = false;
   return result;

@@ -360,27 +360,9 @@ Result PodlinkComm::ReceiveDone(PodlinkRequest& r, int* done, int* sizes) {
     if (PeerGone()) return FailComm(kRemoteError, "the sender went away");
     return kSuccess;
   }
-  Result result = kSuccess;
-  for (int i = 0; i < r.n; ++i) {
-    uint64_t got = d.sizes[i];
-    if (got == kSizeError) {
-      result = Fail(kInvalidUsage, absl::StrCat("receive from ", peer, ": the matching send failed (see the "
-                                                "sender's log; a send larger than the receive is an error)"));
-      continue;
-    }
-    if (got > r.posted[i]) {
-      result = Fail(kRemoteError, absl::StrCat("receive from ", peer, ": peer reports ", got, " bytes for a ",
-                                               r.posted[i], "-byte buffer"));
-      continue;
-    }
-    auto* mr = static_cast<PodlinkMr*>(r.mr[i]);
-    if (mr->bounce() && got > 0) {
-      uint64_t off = static_cast<char*>(r.data[i]) - mr->base;
-      absl::Status st = copies_.CopyFor(mr->type, r.data[i], reinterpret_cast<void*>(mr->bounce_ptr() + off), got);
-      if (!st.ok()) result = FailStatus(kUnhandledCudaError, "copying a receive out of its bounce buffer", st);
-    }
-    if (sizes != nullptr) sizes[i] = static_cast<int>(got);
-  }
+  uint64_t got[kMaxRecvs];
+  for (int i = 0; i < r.n; ++i) got[i] = d.sizes[i];  // one read of the shared slot
+  Result result = FinishReceive(copies_, peer, r, got, sizes);
   if (r.t_post != 0) {
     uint64_t now = trace::Now();
     for (int i = 0; i < r.n; ++i) trace::Record({'r', conn_key_, r.seq, i, r.posted[i], 0, r.t_post, 0, now});
@@ -388,6 +370,30 @@ Result PodlinkComm::ReceiveDone(PodlinkRequest& r, int* done, int* sizes) {
   }
   *done = 1;
   Drop(r);
+  return result;
+}
+
+Result FinishReceive(CopyStream& copies, const std::string& peer, const Request& r, const uint64_t* got, int* sizes) {
+  Result result = kSuccess;
+  for (int i = 0; i < r.n; ++i) {
+    if (got[i] == kSizeError) {
+      result = Fail(kInvalidUsage, absl::StrCat("receive from ", peer, ": the matching send failed (see the "
+                                                "sender's log; a send larger than the receive is an error)"));
+      continue;
+    }
+    if (got[i] > r.posted[i]) {
+      result = Fail(kRemoteError, absl::StrCat("receive from ", peer, ": peer reports ", got[i], " bytes for a ",
+                                               r.posted[i], "-byte buffer"));
+      continue;
+    }
+    auto* mr = static_cast<PodlinkMr*>(r.mr[i]);
+    if (mr->bounce() && got[i] > 0) {
+      uint64_t off = static_cast<char*>(r.data[i]) - mr->base;
+      absl::Status st = copies.CopyFor(mr->type, r.data[i], reinterpret_cast<void*>(mr->bounce_ptr() + off), got[i]);
+      if (!st.ok()) result = FailStatus(kUnhandledCudaError, "copying a receive out of its bounce buffer", st);
+    }
+    if (sizes != nullptr) sizes[i] = static_cast<int>(got[i]);
+  }
   return result;
 }
 

@@ -40,6 +40,12 @@ struct PodlinkMr final : Mr {
 // paths that carry host memory only, as the mesh does today).
 Result RegisterExported(Comm* comm, int dev, void* data, size_t size, int type, bool gpu_in_host, Mr** out);
 
+// The end of a receive whose buffers got `got[i]` bytes (kSizeError: that
+// send failed), for the transports built on PodlinkMr: checks each size
+// against the posted buffer, copies bounce buffers out (the comm's copy
+// stream) and fills `sizes`. The request's result; it is complete either way.
+Result FinishReceive(CopyStream& copies, const std::string& peer, const Request& r, const uint64_t* got, int* sizes);
+
 struct PodlinkRequest : Request {
   uint64_t batch = 0;  // send: the TransferEngine batch in flight
   uint64_t t_try = 0, t_post = 0, t_submit = 0;  // step trace (step_trace.h), when on
