@@ -103,6 +103,16 @@ metrics() {  # podlinkd's relay counters and latency histogram after a setup
     2>/dev/null | grep -E "^podlink_relay" > "$OUT/$1/metrics.txt" || true
 }
 
+# finish SETUP COLL PID...: waits for the ranks, keeps NCCL's logs beside theirs, records the outcome.
+finish() {
+  local setup=$1 coll=$2 rc=0 x r; shift 2
+  for x in "$@"; do wait "$x" || rc=$?; done
+  for r in 0 1; do mv "$WORK/nccl.$setup.$coll.rank$r.log" "$OUT/$setup/$coll.rank$r.nccl.log" 2>/dev/null; done
+  echo "$rc" > "$OUT/$setup/$coll.rc"
+  [ "$rc" = 0 ] || FAILED+=("$setup/$coll (a rank exited $rc)")
+  echo "  $coll: exit $rc $(grep -m1 'Avg bus bandwidth' "$OUT/$setup/$coll.rank0.log" | sed 's/^# *//')"
+}
+
 # pods SETUP COLL BOTH_GPUS ARGS ENV...: rank 0 in pod a, rank 1 in pod b; BOTH_GPUS=1 lets each open both GPUs
 # (rank r then runs on CUDA device r), otherwise each sees only its own (device 0 in the pod).
 pods() {
@@ -125,12 +135,7 @@ pods() {
   done
   pod_veth "${pids[0]}" "${pids[1]}" pla plb 10.79.0.1/24 10.79.0.2/24
   touch "$WORK/net-ready"
-  local rc=0 x
-  for x in "${pids[@]}"; do wait "$x" || rc=$?; done
-  for r in 0 1; do mv "$WORK/nccl.$setup.$coll.rank$r.log" "$OUT/$setup/$coll.rank$r.nccl.log" 2>/dev/null; done
-  echo "$rc" > "$OUT/$setup/$coll.rc"
-  [ "$rc" = 0 ] || FAILED+=("$setup/$coll (a rank exited $rc)")
-  echo "  $coll: exit $rc $(grep -m1 'Avg bus bandwidth' "$OUT/$setup/$coll.rank0.log" | sed 's/^# *//')"
+  finish "$setup" "$coll" "${pids[@]}"
 }
 
 native() {
@@ -145,12 +150,7 @@ native() {
       > "$OUT/$setup/$coll.rank$r.log" 2>&1 &
     pids+=($!)
   done
-  local rc=0 x
-  for x in "${pids[@]}"; do wait "$x" || rc=$?; done
-  for r in 0 1; do mv "$WORK/nccl.$setup.$coll.rank$r.log" "$OUT/$setup/$coll.rank$r.nccl.log" 2>/dev/null; done
-  echo "$rc" > "$OUT/$setup/$coll.rc"
-  [ "$rc" = 0 ] || FAILED+=("$setup/$coll (a rank exited $rc)")
-  echo "  $coll: exit $rc $(grep -m1 'Avg bus bandwidth' "$OUT/$setup/$coll.rank0.log" | sed 's/^# *//')"
+  finish "$setup" "$coll" "${pids[@]}"
 }
 
 # What the device plugin's Allocate sets for the plugin (docs/usage.md); the plugin picks the rest itself.
