@@ -71,6 +71,36 @@ absl::Status ParseMeshConfig(const nlohmann::json& m, mesh::MeshOptions* o) {
     } else if (k == "verbs_retry_count") {
       PODLINK_RETURN_IF_ERROR(number(v, k, 0, 7, &n));
       o->verbs.retry_count = static_cast<uint8_t>(n);
+    } else if (k == "peers") {
+      // [{"node": "node-c", "addresses": ["10.0.3.2/30"], "port": 7446}]
+      if (!v.is_array() || v.size() > 1024) return bad(k, "an array of at most 1024 {node, addresses, port} objects");
+      for (const auto& e : v) {
+        mesh::PeerEntry p;
+        if (!e.is_object() || !e.contains("node") || !e["node"].is_string() || e["node"].get<std::string>().empty() ||
+            !e.contains("addresses")) {
+          return bad(k, "objects with \"node\" and \"addresses\"");
+        }
+        for (auto f = e.begin(); f != e.end(); ++f) {
+          if (f.key() != "node" && f.key() != "addresses" && f.key() != "port") {
+            return absl::InvalidArgumentError(absl::StrCat("config: unknown key mesh.peers[].", f.key()));
+          }
+        }
+        p.node = e["node"].get<std::string>();
+        PODLINK_RETURN_IF_ERROR(strings(e["addresses"], "peers[].addresses", &p.addresses));
+        for (const std::string& a : p.addresses) {
+          if (absl::StatusOr<mesh::IpPrefix> ip = mesh::IpPrefix::Parse(a); !ip.ok()) {
+            return absl::InvalidArgumentError(absl::StrCat("config: mesh.peers[] of ", p.node, ": ", ip.status().message()));
+          }
+        }
+        if (e.contains("port")) {
+          PODLINK_RETURN_IF_ERROR(number(e["port"], "peers[].port", 1, 65535, &n));
+          p.port = static_cast<uint32_t>(n);
+        }
+        o->peers.push_back(std::move(p));
+      }
+    } else if (k == "relay_staging_mib") {
+      PODLINK_RETURN_IF_ERROR(number(v, k, 16, 65536, &n));
+      o->relay_staging_bytes = n << 20;
     } else if (k == "io_timeout_seconds") {
       PODLINK_RETURN_IF_ERROR(number(v, k, 1, 600, &n));
       o->io_timeout = absl::Seconds(static_cast<int64_t>(n));

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -21,6 +22,8 @@
 #include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/status_util.h"
+#include "daemon/mesh/origin_sign.h"
+#include "daemon/mesh/routes.h"
 #include "daemon/metrics/metrics.h"
 #include "podlink/mesh/v1/mesh.grpc.pb.h"
 
@@ -188,6 +191,37 @@ absl::Status SendAck(int fd, uint64_t tag, const absl::Status& st) {
 }  // namespace
 
 // ---------------------------------------------------------------------------
+// Answers on a data connection. Frames of the serving thread and of
+// completions of forwarded requests (other threads) never interleave, and
+// nothing is written once the serving thread has let the connection go (its
+// descriptor is closed and its number may be reused).
+class MeshEngine::ConnWriter {
+ public:
+  explicit ConnWriter(int fd) : fd_(fd) {}
+  absl::Status Ack(uint64_t tag, const absl::Status& st) {
+    absl::MutexLock l(&mu_);
+    if (closed_) return absl::UnavailableError("connection closed");
+    return SendAck(fd_, tag, st);
+  }
+  absl::Status Frame(const FrameHeader& h, const void* payload, size_t len) {
+    absl::MutexLock l(&mu_);
+    if (closed_) return absl::UnavailableError("connection closed");
+    return WriteFrame(fd_, h, payload, len);
+  }
+  // Held while the serving thread writes a frame in pieces.
+  absl::Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }
+  void Close() {
+    absl::MutexLock l(&mu_);
+    closed_ = true;
+  }
+
+ private:
+  absl::Mutex mu_;
+  const int fd_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// ---------------------------------------------------------------------------
 // The control service: authenticates by the TLS peer and calls the engine.
 
 class MeshEngine::Service final : public pb::Mesh::CallbackService {
@@ -201,6 +235,8 @@ class MeshEngine::Service final : public pb::Mesh::CallbackService {
       resp->set_version(PODLINK_VERSION);
       resp->set_instance(e_->instance_);
       resp->set_data_port(e_->data_port_);
+      for (const std::string& a : e_->AdvertisedAddresses()) resp->add_addresses(a);
+      resp->set_control_port(e_->control_port_);
       return absl::OkStatus();
     });
   }
@@ -216,10 +252,33 @@ class MeshEngine::Service final : public pb::Mesh::CallbackService {
   }
   grpc::ServerUnaryReactor* OpenRegion(grpc::CallbackServerContext* ctx, const pb::OpenRegionRequest* req,
                                        pb::OpenRegionResponse* resp) override {
-    return Run(ctx, [&](const std::string& node) -> absl::Status {
-      PODLINK_ASSIGN_OR_RETURN(*resp, e_->OpenRegion(node, *req));
-      return absl::OkStatus();
+    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    absl::StatusOr<std::string> node = PeerNode(ctx);
+    if (!node.ok()) {
+      r->Finish(ToGrpc(node.status()));
+      return r;
+    }
+    // A relayed open is answered later, from a mesh thread; if its task is
+    // dropped (the engine stopping), the answer's owner still finishes it.
+    struct Answer {
+      Answer(grpc::ServerUnaryReactor* r, pb::OpenRegionResponse* resp) : r(r), resp(resp) {}
+      Answer(const Answer&) = delete;
+      Answer& operator=(const Answer&) = delete;
+      ~Answer() {
+        if (!done) r->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the daemon is stopping"));
+      }
+      grpc::ServerUnaryReactor* const r;
+      pb::OpenRegionResponse* const resp;
+      bool done = false;
+    };
+    auto answer = std::make_shared<Answer>(r, resp);
+    e_->OpenRegionFor(*node, *req, [answer](absl::StatusOr<pb::OpenRegionResponse> out) {
+      if (answer->done) return;
+      answer->done = true;
+      if (out.ok()) *answer->resp = *std::move(out);
+      answer->r->Finish(ToGrpc(out.status()));
     });
+    return r;
   }
   grpc::ServerUnaryReactor* OpenVerbs(grpc::CallbackServerContext* ctx, const pb::OpenVerbsRequest* req,
                                       pb::OpenVerbsResponse* resp) override {
@@ -238,19 +297,19 @@ class MeshEngine::Service final : public pb::Mesh::CallbackService {
 
  private:
   // The peer's node name: the identity of its verified certificate.
-  template <typename F>
-  grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx, F&& f) {
-    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  static absl::StatusOr<std::string> PeerNode(grpc::CallbackServerContext* ctx) {
     std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
     std::vector<grpc::string_ref> ids;
     if (auth != nullptr && auth->IsPeerAuthenticated()) ids = auth->GetPeerIdentity();
-    if (ids.empty()) {
-      r->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "mesh peers must present a node certificate"));
-      return r;
-    }
+    if (ids.empty()) return absl::UnauthenticatedError("mesh peers must present a node certificate");
     // A certificate names exactly one node (its first SAN, else its CN).
-    std::string node(ids.front().data(), ids.front().size());
-    r->Finish(ToGrpc(f(node)));
+    return std::string(ids.front().data(), ids.front().size());
+  }
+  template <typename F>
+  grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx, F&& f) {
+    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    absl::StatusOr<std::string> node = PeerNode(ctx);
+    r->Finish(ToGrpc(node.ok() ? f(*node) : node.status()));
     return r;
   }
   MeshEngine* const e_;
@@ -426,6 +485,7 @@ absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions option
     return absl::InvalidArgumentError(absl::StrCat("mesh.transport '", o.transport, "': tcp or verbs"));
   }
   e->repair_thread_ = std::thread([p = e.get()] { p->RepairLoop(); });
+  for (const PeerEntry& peer : o.peers) e->Learn(peer.node, peer.addresses, peer.port);
   std::vector<std::string> adv;
   for (const IpPrefix& a : e->advertised_) adv.push_back(a.ToString());
   Log()->info("event=mesh_ready node={} control={} data_port={} addresses={} transport={}", e->node_name_, o.listen,
@@ -457,6 +517,27 @@ MeshEngine::~MeshEngine() {
   for (auto& [node, p] : peers) p->Stop();
   for (auto& [node, p] : peers) p->set_links(nullptr);
   peers.clear();
+  // Relay grants hold their next node; it was one of the peers above.
+  std::map<uint64_t, Grant> grants;
+  {
+    absl::MutexLock l(&mu_);
+    grants.swap(grants_);
+  }
+  grants.clear();
+}
+
+void MeshEngine::Learn(const std::string& node, const std::vector<std::string>& addresses, uint32_t port) {
+  constexpr size_t kMaxKnown = 1024;
+  if (!ValidNodeName(node) || node == node_name_ || port == 0 || port > 65535 || addresses.empty() ||
+      addresses.size() > 64) {
+    return;
+  }
+  for (const std::string& a : addresses) {
+    if (!IpPrefix::Parse(a).ok()) return;
+  }
+  absl::MutexLock l(&mu_);
+  if (!known_.contains(node) && known_.size() >= kMaxKnown) return;
+  known_[node] = Known{addresses, port};
 }
 
 std::vector<std::string> MeshEngine::AdvertisedAddresses() const {
@@ -505,13 +586,96 @@ absl::StatusOr<std::vector<std::string>> MeshEngine::IssueCookies(const std::str
   return out;
 }
 
+void MeshEngine::OpenRegionFor(const std::string& node, const pb::OpenRegionRequest& req, RegionDone done) {
+  if (!req.has_route()) return done(OpenRegion(node, req));
+  absl::StatusOr<pb::OriginClaim> claim = CheckClaim(node, req.route());
+  if (!claim.ok()) {
+    Log()->warn("event=mesh_deny peer={} reason={}", node, LogQuoted(claim.status().message()));
+    {
+      absl::MutexLock l(&mu_);
+      ++remote_denials_;
+    }
+    return done(claim.status());
+  }
+  if (claim->destination().node() == node_name_) return done(OpenRegion(node, req));
+  Relay(node, *claim, req, std::move(done));
+}
+
+absl::StatusOr<pb::OriginClaim> MeshEngine::CheckClaim(const std::string& caller, const pb::Route& route) const {
+  constexpr size_t kMaxClaim = 64 << 10;
+  pb::OriginClaim claim;
+  if (route.claim().size() > kMaxClaim || !claim.ParseFromString(route.claim())) {
+    return absl::PermissionDeniedError("the route's claim does not parse");
+  }
+  if (!ValidNodeName(claim.origin()) || !ValidNodeName(claim.destination().node())) {
+    return absl::PermissionDeniedError("the claim names no valid origin or destination");
+  }
+  PODLINK_RETURN_IF_ERROR(VerifyNodeSignature(ca_pem_, route.origin_cert(), claim.origin(), route.claim(),
+                                              route.signature()));
+  // Fresh: a claim is used within seconds of being made (a minute for
+  // clocks that differ).
+  const int64_t now = absl::ToUnixSeconds(absl::Now());
+  if (claim.issued_unix_seconds() < now - 60 || claim.issued_unix_seconds() > now + 60) {
+    return absl::PermissionDeniedError(absl::StrCat("the claim of node ", claim.origin(), " is stale or from the future"));
+  }
+  if (claim.importer().node() != claim.origin()) {
+    return absl::PermissionDeniedError(absl::StrCat("node ", claim.origin(), " cannot open regions for pods of node '",
+                                                    claim.importer().node(), "'"));
+  }
+  const auto& via = claim.via();
+  if (via.empty() || static_cast<size_t>(via.size()) > kMaxRelays) {
+    return absl::PermissionDeniedError(absl::StrCat("a route has 1 to ", kMaxRelays, " relays"));
+  }
+  std::set<std::string> seen = {claim.origin(), claim.destination().node()};
+  if (seen.size() != 2) return absl::PermissionDeniedError("a route's origin is its destination");
+  for (const std::string& v : via) {
+    if (!seen.insert(v).second) return absl::PermissionDeniedError("a route names a node twice");
+  }
+  // This node's place on the route, and the caller must be the node before it.
+  std::string before;
+  if (claim.destination().node() == node_name_) {
+    before = via.Get(via.size() - 1);
+  } else {
+    int at = 0;
+    while (at < via.size() && via.Get(at) != node_name_) ++at;
+    if (at == via.size()) {
+      return absl::PermissionDeniedError(absl::StrCat("node ", node_name_, " is not on the route of node ",
+                                                      claim.origin(), "'s claim"));
+    }
+    before = at == 0 ? claim.origin() : via.Get(at - 1);
+  }
+  if (caller != before) {
+    return absl::PermissionDeniedError(absl::StrCat("node ", caller, " is not the hop before this node on node ",
+                                                    claim.origin(), "'s route (", before, " is)"));
+  }
+  return claim;
+}
+
 absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string& node,
-                                                              const pb::OpenRegionRequest& req) {
-  const pb::ForwardedIdentity& who = req.importer();
+                                                              const pb::OpenRegionRequest& plain) {
   if (node == node_name_) {
     return absl::PermissionDeniedError(absl::StrCat("a peer presented this node's own name '", node, "'"));
   }
-  if (who.node() != node) {
+  // Relayed: the importer and the target are what the origin signed (its
+  // claim was checked by OpenRegionFor), and the pod is the origin's.
+  std::string origin = node;
+  pb::OpenRegionRequest req = plain;
+  if (plain.has_route()) {
+    pb::OriginClaim claim;
+    if (!claim.ParseFromString(plain.route().claim())) return absl::PermissionDeniedError("unparsable claim");
+    origin = claim.origin();
+    *req.mutable_importer() = claim.importer();
+    if (claim.target_case() == pb::OriginClaim::kName) {
+      req.set_name(claim.name());
+    } else {
+      req.set_export_id(claim.export_id());
+    }
+    if (origin == node_name_) {
+      return absl::PermissionDeniedError("a relay presented a claim of this node's own pods");
+    }
+  }
+  const pb::ForwardedIdentity& who = req.importer();
+  if (who.node() != origin) {
     Log()->warn("event=mesh_deny peer={} claimed_node={} reason=\"a daemon speaks only for its own node's pods\"",
                 node, LogQuoted(who.node()));
     absl::MutexLock l(&mu_);
@@ -523,12 +687,12 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
     return absl::InvalidArgumentError("the forwarded identity needs key, namespace and pod name");
   }
   PodInfo pod;
-  pod.key = absl::StrCat("mesh/", node, "/", who.key());  // never the same pod as a local one
+  pod.key = absl::StrCat("mesh/", origin, "/", who.key());  // never the same pod as a local one
   pod.uid = who.pod_uid();
   pod.namespace_ = who.namespace_();
   pod.name = who.pod_name();
   pod.annotations.insert(who.annotations().begin(), who.annotations().end());
-  pod.source = "mesh:" + node;
+  pod.source = origin == node ? "mesh:" + node : absl::StrCat("mesh:", origin, " via ", node);
   absl::StatusOr<std::shared_ptr<const ExportRecord>> rec = host_->AuthorizeRemote(pod, req);
   if (!rec.ok()) {
     absl::MutexLock l(&mu_);
@@ -570,9 +734,201 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
   resp.set_owner_namespace((*rec)->owner.namespace_);
   resp.set_owner_name((*rec)->owner.name);
   resp.set_instance(instance_);
-  Log()->info("event=mesh_grant peer={} pod={}/{} export={} grant={}", node, pod.namespace_, pod.name, (*rec)->id,
-              resp.grant());
+  Log()->info("event=mesh_grant peer={} pod={}/{} export={} grant={} origin={}", node, pod.namespace_, pod.name,
+              (*rec)->id, resp.grant(), origin);
   return resp;
+}
+
+void MeshEngine::Relay(const std::string& caller, const pb::OriginClaim& claim, const pb::OpenRegionRequest& req,
+                       RegionDone done) {
+  if (req.verbs()) {
+    return done(absl::FailedPreconditionError("relayed regions ride TCP links (mesh.transport tcp on the importer)"));
+  }
+  // The next node: the relay after this one, or the destination (whose
+  // addresses the origin signed). A relay after this one must be known here.
+  const auto& via = claim.via();
+  int at = 0;
+  while (via.Get(at) != node_name_) ++at;  // CheckClaim found it
+  RemoteTarget next;
+  if (at + 1 < via.size()) {
+    next.node_name = via.Get(at + 1);
+    absl::MutexLock l(&mu_);
+    auto it = known_.find(next.node_name);
+    if (it == known_.end()) {
+      return done(absl::FailedPreconditionError(
+          absl::StrCat("relay ", node_name_, " does not know node ", next.node_name, " (mesh.peers)")));
+    }
+    next.addresses = it->second.addresses;
+    next.port = it->second.port;
+  } else {
+    next.node_name = claim.destination().node();
+    next.addresses.assign(claim.destination().addresses().begin(), claim.destination().addresses().end());
+    next.port = claim.destination().port();
+  }
+  if (next.port == 0 || next.port > 65535 || next.addresses.size() > 64) {
+    return done(absl::InvalidArgumentError("the route's next node has no valid port or too many addresses"));
+  }
+  const std::string pod = absl::StrCat("mesh/", claim.origin(), "/", claim.importer().key());
+  {
+    absl::MutexLock l(&mu_);
+    if (grants_per_node_[caller] >= options_.max_grants_per_peer || grants_per_pod_[pod] >= options_.max_grants_per_pod) {
+      return done(absl::ResourceExhaustedError(absl::StrCat("node ", caller, " or its pod holds its limit of grants")));
+    }
+  }
+  std::shared_ptr<Peer> peer = PeerFor(next);
+  if (peer == nullptr) return done(absl::ResourceExhaustedError("this podlinkd talks to too many other nodes already"));
+  auto answer = std::make_shared<RegionDone>(std::move(done));
+  Peer* p = peer.get();
+  bool posted = p->Post([this, p, caller, next, req, pod, answer, origin = claim.origin()] {
+    std::shared_ptr<Peer> peer = p->shared_from_this();
+    RegionDone done = std::move(*answer);
+    *answer = nullptr;
+    // Onward as for this node's own pods: direct paths (the kernel's routing
+    // only where mesh.fallback says so).
+    if (absl::Status st = Connect(peer, next); !st.ok()) return done(st);
+    if (std::dynamic_pointer_cast<PeerLinks>(peer->links()) == nullptr) {
+      return done(absl::FailedPreconditionError("this relay reaches the next node over verbs, which relays do not carry yet"));
+    }
+    pb::OpenRegionResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
+    if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, req, &resp), next.node_name); !st.ok()) return done(st);
+    auto fwd = std::make_shared<Forward>(Forward{peer, resp.grant(), resp.size(), resp.instance()});
+    bool over = false;
+    uint64_t g = 0;
+    {
+      absl::MutexLock l(&mu_);
+      uint32_t& count = grants_per_node_[caller];
+      uint32_t& mine = grants_per_pod_[pod];
+      if (count >= options_.max_grants_per_peer || mine >= options_.max_grants_per_pod) {
+        over = true;
+      } else {
+        ++count;
+        ++mine;
+        while (g == 0 || grants_.contains(g)) g = RandomU64();
+        grants_[g] = Grant{caller, {}, pod, fwd};
+        ++relayed_opens_;
+      }
+    }
+    if (over) {
+      grpc::ClientContext c2;
+      c2.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+      pb::CloseRegionRequest close;
+      close.set_grant(resp.grant());
+      pb::CloseRegionResponse ignored;
+      (void)stub->CloseRegion(&c2, close, &ignored);
+      return done(absl::ResourceExhaustedError(absl::StrCat("node ", caller, " or its pod holds its limit of grants")));
+    }
+    Log()->info("event=mesh_relay_grant peer={} origin={} next={} grant={}", caller, origin, next.node_name, g);
+    resp.set_grant(g);
+    resp.set_instance(instance_);
+    resp.clear_verbs_keys();
+    done(std::move(resp));
+  });
+  if (!posted) {
+    (*answer)(absl::ResourceExhaustedError(absl::StrCat("too many opens toward node ", next.node_name, " wait already")));
+  }
+}
+
+std::shared_ptr<const MeshEngine::Forward> MeshEngine::ForwardOf(const std::string& node, uint64_t grant) const {
+  absl::MutexLock l(&mu_);
+  auto it = grants_.find(grant);
+  if (it == grants_.end() || it->second.node != node) return nullptr;
+  return it->second.forward;
+}
+
+bool MeshEngine::ReserveRelay(const std::string& node, uint64_t n) {
+  absl::MutexLock l(&mu_);
+  const uint64_t cap = options_.relay_staging_bytes, per_node = std::max<uint64_t>(cap / 2, kMaxFramePayload);
+  auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_.load(std::memory_order_acquire) ||
+           (relay_staged_ + n <= std::max(cap, n) && relay_staged_by_node_[node] + n <= per_node);
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&room), options_.answer_timeout) ||
+      stopping_.load(std::memory_order_acquire)) {
+    return false;
+  }
+  relay_staged_ += n;
+  relay_staged_by_node_[node] += n;
+  return true;
+}
+
+void MeshEngine::ReleaseRelay(const std::string& node, uint64_t n) {
+  absl::MutexLock l(&mu_);
+  relay_staged_ -= n;
+  if ((relay_staged_by_node_[node] -= n) == 0) relay_staged_by_node_.erase(node);
+}
+
+absl::Status MeshEngine::ServeForward(const std::shared_ptr<ConnWriter>& writer, int fd, const FrameHeader& h,
+                                      const std::string& node, uint64_t link_instance, const Forward& fwd) {
+  const auto type = static_cast<FrameType>(h.type);
+  const LinkKey key{node, link_instance};
+  const uint32_t transfer = TransferOfTag(h.tag);
+  const uint64_t n = type == FrameType::kNotify ? 0 : h.length;
+  // A write was registered by the caller (BeginWrite); whatever happens, it
+  // ends once, here or in its completion.
+  auto end = [this, key, transfer, type] {
+    if (type == FrameType::kWrite) EndWrite(key, transfer);
+  };
+  absl::Status st;
+  if (type != FrameType::kNotify &&
+      (h.length == 0 || h.offset > fwd.size || h.length > fwd.size - h.offset)) {
+    st = absl::OutOfRangeError(absl::StrCat("range [", h.offset, ", +", h.length, ") exceeds the region of ",
+                                            fwd.size, " bytes"));
+  } else if (fwd.peer->instance.load(std::memory_order_acquire) != fwd.instance) {
+    st = absl::UnavailableError(absl::StrCat("node ", fwd.peer->node(), "'s podlinkd restarted: open the region again"));
+  } else if (auto links = fwd.peer->links(); links == nullptr || links->live() == 0) {
+    st = absl::UnavailableError(absl::StrCat("this relay has no link up to node ", fwd.peer->node()));
+  } else if (n > 0 && !ReserveRelay(node, n)) {
+    st = absl::ResourceExhaustedError("the relay's staging stayed full");
+  }
+  if (!st.ok()) {
+    absl::Status io = type == FrameType::kWrite ? Discard(fd, h.length) : absl::OkStatus();
+    end();
+    return io.ok() ? writer->Ack(h.tag, st) : io;
+  }
+  std::shared_ptr<char[]> buf(n > 0 ? new char[n] : nullptr);
+  if (type == FrameType::kWrite) {
+    if (absl::Status io = ReadFull(fd, buf.get(), n); !io.ok()) {
+      ReleaseRelay(node, n);
+      end();
+      return io;
+    }
+  }
+  LinkOp op;
+  op.type = type;
+  op.grant = fwd.grant;
+  op.offset = h.offset;
+  op.length = n;
+  op.local = buf.get();
+  op.keep = buf;
+  const uint64_t tag = h.tag;
+  op.done = [this, writer, buf, tag, type, n, node, key, transfer, end](const absl::Status& result) {
+    if (type == FrameType::kRead && result.ok()) {
+      FrameHeader d{};
+      d.magic = kFrameMagic;
+      d.type = static_cast<uint16_t>(FrameType::kData);
+      d.length = static_cast<uint32_t>(n);
+      d.tag = tag;
+      (void)writer->Frame(d, buf.get(), n);
+    } else {
+      if (type == FrameType::kNotify && result.ok()) MarkFinished(key, transfer);
+      (void)writer->Ack(tag, result);
+    }
+    if (n > 0) ReleaseRelay(node, n);
+    if (result.ok()) {
+      absl::MutexLock l(&mu_);
+      relay_forwarded_bytes_ += n;
+    }
+    end();
+  };
+  std::shared_ptr<DataLinks> links = fwd.peer->links();
+  absl::Status submitted = links == nullptr ? absl::UnavailableError("the relay's link went down") : absl::OkStatus();
+  auto failed = op.done;
+  if (submitted.ok()) submitted = links->Submit(std::move(op));
+  if (!submitted.ok()) failed(submitted);  // Submit calls `done` only when it queued the request
+  return absl::OkStatus();
 }
 
 void MeshEngine::CloseRegion(const std::string& node, uint64_t grant) {
@@ -580,14 +936,32 @@ void MeshEngine::CloseRegion(const std::string& node, uint64_t grant) {
     absl::MutexLock l(&verbs_mu_);
     if (verbs_server_ != nullptr) verbs_server_->Unregister(grant, node);
   }
-  absl::MutexLock l(&mu_);
-  auto it = grants_.find(grant);
-  if (it == grants_.end() || it->second.node != node) return;
-  --grants_per_node_[node];
-  if (auto p = grants_per_pod_.find(it->second.pod); p != grants_per_pod_.end() && --p->second == 0) {
-    grants_per_pod_.erase(p);
+  std::shared_ptr<const Forward> fwd;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = grants_.find(grant);
+    if (it == grants_.end() || it->second.node != node) return;
+    --grants_per_node_[node];
+    if (auto p = grants_per_pod_.find(it->second.pod); p != grants_per_pod_.end() && --p->second == 0) {
+      grants_per_pod_.erase(p);
+    }
+    fwd = std::move(it->second.forward);
+    grants_.erase(it);
   }
-  grants_.erase(it);
+  if (fwd == nullptr) return;
+  // A relay closes its own grant onward, best effort (grants also die with
+  // their export).
+  Peer* peer = fwd->peer.get();
+  (void)peer->Post([peer, grant = fwd->grant] {
+    std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
+    if (stub == nullptr) return;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::CloseRegionRequest req;
+    req.set_grant(grant);
+    pb::CloseRegionResponse ignored;
+    (void)stub->CloseRegion(&ctx, req, &ignored);
+  });
 }
 
 absl::StatusOr<std::shared_ptr<const ExportRecord>> MeshEngine::GrantedExport(const std::string& node,
@@ -672,6 +1046,12 @@ void MeshEngine::ServeConnection(int fd) {
 }
 
 void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_instance) {
+  auto writer = std::make_shared<ConnWriter>(fd);
+  // Completions of forwarded requests write nothing after this returns.
+  struct CloseOnExit {
+    ConnWriter* w;
+    ~CloseOnExit() { w->Close(); }
+  } close_on_exit{writer.get()};
   FrameHeader h;
   auto refuse = [&](const char* why) {
     absl::MutexLock l(&mu_);
@@ -698,7 +1078,7 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
       MarkFinished(key, transfer);
       // Writes of this transfer already past the check finish first.
       if (!AwaitWrites(key, transfer, 2 * options_.io_timeout)) return refuse("DONE while writes still hang");
-      if (!SendAck(fd, h.tag, absl::OkStatus()).ok()) return;
+      if (!writer->Ack(h.tag, absl::OkStatus()).ok()) return;
       continue;
     }
     // A write of an unfinished transfer is registered before its bytes land,
@@ -714,8 +1094,13 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
         ++(type == FrameType::kWrite ? late_slices_dropped_ : duplicate_notifies_);
       }
       absl::Status io = type == FrameType::kWrite ? Discard(fd, h.length) : absl::OkStatus();
-      if (io.ok()) io = SendAck(fd, h.tag, absl::OkStatus());
+      if (io.ok()) io = writer->Ack(h.tag, absl::OkStatus());
       if (!io.ok()) return;
+      continue;
+    }
+    // A grant of a relay: the frame goes on to the next node.
+    if (std::shared_ptr<const Forward> fwd = ForwardOf(node, h.grant)) {
+      if (!ServeForward(writer, fd, h, node, link_instance, *fwd).ok()) return;
       continue;
     }
     struct EndWriteOnExit {
@@ -749,7 +1134,7 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
       case FrameType::kWrite:
         if (!st.ok()) {
           io = Discard(fd, h.length);
-          if (io.ok()) io = SendAck(fd, h.tag, st);
+          if (io.ok()) io = writer->Ack(h.tag, st);
           break;
         }
         if (view->on_gpu) {
@@ -763,11 +1148,11 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
             if (io.ok() && copy.ok()) copy = (*rec)->memory->CopyIn(h.offset + done, buf, n);
             done += n;
           }
-          if (io.ok()) io = SendAck(fd, h.tag, copy);
+          if (io.ok()) io = writer->Ack(h.tag, copy);
           if (!copy.ok()) break;
         } else {
           io = ReadFull(fd, reinterpret_cast<char*>(view->address) + h.offset, h.length);
-          if (io.ok()) io = SendAck(fd, h.tag, absl::OkStatus());
+          if (io.ok()) io = writer->Ack(h.tag, absl::OkStatus());
         }
         if (io.ok()) {
           absl::MutexLock l(&mu_);
@@ -777,7 +1162,7 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
         break;
       case FrameType::kRead: {
         if (!st.ok()) {
-          io = SendAck(fd, h.tag, st);
+          io = writer->Ack(h.tag, st);
           break;
         }
         FrameHeader d{};
@@ -791,9 +1176,10 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
           uint64_t n = std::min<uint64_t>(kGpuChunk, h.length);
           char* buf = GpuStaging();
           if (absl::Status c = (*rec)->memory->CopyOut(h.offset, buf, n); !c.ok()) {
-            io = SendAck(fd, h.tag, c);
+            io = writer->Ack(h.tag, c);
             break;
           }
+          absl::MutexLock whole_frame(&writer->mu());
           io = WriteFull(fd, &d, sizeof(d));
           for (uint64_t done = 0; io.ok();) {
             io = WriteFull(fd, buf, n);
@@ -805,7 +1191,7 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
             }
           }
         } else {
-          io = WriteFrame(fd, d, reinterpret_cast<const char*>(view->address) + h.offset, h.length);
+          io = writer->Frame(d, reinterpret_cast<const char*>(view->address) + h.offset, h.length);
         }
         if (io.ok()) {
           absl::MutexLock l(&mu_);
@@ -817,7 +1203,7 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
       default:  // kNotify
         if (st.ok()) st = host_->NotifyOwner(**rec, h.offset);
         if (st.ok()) MarkFinished(key, transfer);
-        io = SendAck(fd, h.tag, st);
+        io = writer->Ack(h.tag, st);
         break;
     }
     if (!io.ok()) return;
@@ -884,6 +1270,9 @@ std::shared_ptr<MeshEngine::Peer> MeshEngine::PeerFor(const RemoteTarget& target
     // (names pods asked for that never answered, for example).
     std::set<const Peer*> in_use;
     for (const auto& [id, h] : handles_) in_use.insert(h.peer.get());
+    for (const auto& [id, g] : grants_) {
+      if (g.forward != nullptr) in_use.insert(g.forward->peer.get());
+    }
     for (auto it = peers_.begin(); it != peers_.end();) {
       std::shared_ptr<DataLinks> links = it->second->links();
       if (it->second->idle() && !in_use.count(it->second.get()) && (links == nullptr || links->live() == 0)) {
@@ -939,6 +1328,9 @@ absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const Remote
     return absl::PermissionDeniedError(absl::StrCat("the daemon at ", endpoint, " is node '", hello.node_name(),
                                                     "', not '", target.node_name, "'"));
   }
+  // Said by the node itself (its certificate names it): routes may go
+  // through it to the nodes it is cabled to.
+  Learn(target.node_name, {hello.addresses().begin(), hello.addresses().end()}, hello.control_port());
   if (options_.transport == "verbs") {
     auto open = [&](const pb::OpenVerbsRequest& req) -> absl::StatusOr<pb::OpenVerbsResponse> {
       grpc::ClientContext ctx;
@@ -1005,10 +1397,6 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
   if (!ValidNodeName(target.node_name)) {
     return done(absl::InvalidArgumentError("a node name is 1 to 253 of a-z, 0-9, '-' and '.'"));
   }
-  std::shared_ptr<Peer> peer = PeerFor(target);
-  if (peer == nullptr) {
-    return done(absl::ResourceExhaustedError("this podlinkd talks to too many other nodes already (256)"));
-  }
   pb::OpenRegionRequest req;
   pb::ForwardedIdentity* who = req.mutable_importer();
   who->set_node(node_name_);
@@ -1023,16 +1411,84 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
   } else {
     req.set_export_id(target.export_id);
   }
+  // The node to call: the owner when a cable reaches it, else the first
+  // relay of the shortest route through nodes this one knows, else (only if
+  // configured) the owner through the kernel's routing.
+  RemoteTarget hop = target;
+  std::vector<IpPrefix> local = options_.addresses.empty() ? LocalAddresses(options_.interfaces) : advertised_;
+  std::vector<IpPrefix> remote;
+  for (const std::string& a : target.addresses) {
+    if (absl::StatusOr<IpPrefix> ip = IpPrefix::Parse(a); ip.ok()) remote.push_back(*ip);
+  }
+  if (ChoosePaths(local, remote, false).empty()) {
+    std::map<std::string, std::vector<IpPrefix>> graph;
+    std::map<std::string, Known> known;
+    {
+      absl::MutexLock l(&mu_);
+      known = known_;
+    }
+    for (const auto& [name, k] : known) {
+      for (const std::string& a : k.addresses) {
+        if (absl::StatusOr<IpPrefix> ip = IpPrefix::Parse(a); ip.ok()) graph[name].push_back(*ip);
+      }
+    }
+    graph[target.node_name] = remote;  // the descriptor's word, for this open only
+    std::optional<std::vector<std::string>> via = RelayPath(node_name_, local, graph, target.node_name);
+    if (via.has_value() && !via->empty()) {
+      if (options_.transport != "tcp") {
+        return done(absl::FailedPreconditionError(absl::StrCat(
+            "node ", target.node_name, " is reached only through relays, which carry TCP links (mesh.transport tcp)")));
+      }
+      pb::OriginClaim claim;
+      claim.set_origin(node_name_);
+      *claim.mutable_importer() = req.importer();
+      claim.mutable_destination()->set_node(target.node_name);
+      for (const std::string& a : target.addresses) claim.mutable_destination()->add_addresses(a);
+      claim.mutable_destination()->set_port(target.port);
+      for (const std::string& v : *via) claim.add_via(v);
+      if (!target.name.empty()) {
+        claim.set_name(target.name);
+      } else {
+        claim.set_export_id(target.export_id);
+      }
+      claim.set_issued_unix_seconds(absl::ToUnixSeconds(absl::Now()));
+      claim.set_nonce(RandomU64());
+      pb::Route* route = req.mutable_route();
+      claim.SerializeToString(route->mutable_claim());
+      absl::StatusOr<std::string> sig = SignWithKey(key_pem_, route->claim());
+      if (!sig.ok()) return done(sig.status());
+      route->set_signature(*std::move(sig));
+      route->set_origin_cert(cert_pem_);
+      hop.node_name = via->front();
+      hop.addresses = known[hop.node_name].addresses;
+      hop.port = known[hop.node_name].port;
+      Log()->info("event=mesh_route destination={} via={}", target.node_name, absl::StrJoin(*via, ","));
+      absl::MutexLock l(&mu_);
+      ++routed_opens_;
+    } else if (!options_.fallback) {
+      std::vector<std::string> mine;
+      for (const IpPrefix& a : local) mine.push_back(a.ToString());
+      return done(absl::FailedPreconditionError(absl::StrCat(
+          "no direct link reaches node ", target.node_name, ": it advertises [", absl::StrJoin(target.addresses, ", "),
+          "], this node has [", absl::StrJoin(mine, ", "),
+          "], and no node this one knows (mesh.peers, or a daemon it talked to) relays to it (set mesh.fallback to "
+          "let the kernel route)")));
+    }
+  }
+  std::shared_ptr<Peer> peer = PeerFor(hop);
+  if (peer == nullptr) {
+    return done(absl::ResourceExhaustedError("this podlinkd talks to too many other nodes already (256)"));
+  }
   // The task holds no reference to the peer (it runs on the peer's own
   // worker, which the peer outlives), and shares `done` so that a task that
   // is dropped (engine stopping) or refused still answers.
   auto answer = std::make_shared<OpenDone>(std::move(done));
   Peer* p = peer.get();
-  bool posted = p->Post([this, p, session, target, req, answer] {
+  bool posted = p->Post([this, p, session, hop, req, answer] {
     std::shared_ptr<Peer> peer = p->shared_from_this();
     OpenDone done = std::move(*answer);
     *answer = nullptr;
-    if (absl::Status st = Connect(peer, target); !st.ok()) return done(st);
+    if (absl::Status st = Connect(peer, hop); !st.ok()) return done(st);
     std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
     std::shared_ptr<verbs::VerbsLinks> vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links());
     pb::OpenRegionRequest open = req;
@@ -1040,7 +1496,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
     pb::OpenRegionResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, open, &resp), target.node_name); !st.ok()) {
+    if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, open, &resp), hop.node_name); !st.ok()) {
       return done(st);
     }
     if (vl != nullptr) {
@@ -1079,7 +1535,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
     done(info);
   });
   if (!posted) {
-    (*answer)(absl::ResourceExhaustedError(absl::StrCat("too many opens of node ", target.node_name, " wait already")));
+    (*answer)(absl::ResourceExhaustedError(absl::StrCat("too many opens of node ", hop.node_name, " wait already")));
   }
 }
 
@@ -1577,6 +2033,22 @@ std::string MeshEngine::RenderMetrics() const {
     absl::MutexLock l(&mu_);
     refused_notifies = refused_notifies_;
   }
+  uint64_t relayed = 0, routed = 0, forwarded = 0, staged = 0;
+  {
+    absl::MutexLock l(&mu_);
+    relayed = relayed_opens_;
+    routed = routed_opens_;
+    forwarded = relay_forwarded_bytes_;
+    staged = relay_staged_;
+  }
+  one("podlink_mesh_relayed_opens_total", "counter", "regions this node opened onward for other nodes (as a relay)",
+      static_cast<double>(relayed));
+  one("podlink_mesh_routed_opens_total", "counter", "regions this node's pods opened through relays",
+      static_cast<double>(routed));
+  one("podlink_mesh_relay_forwarded_bytes_total", "counter", "bytes this node forwarded as a relay",
+      static_cast<double>(forwarded));
+  one("podlink_mesh_relay_staged_bytes", "gauge", "bytes of forwarded requests held in this node's relay staging",
+      static_cast<double>(staged));
   one("podlink_mesh_refused_notifies_total", "counter",
       "notifications from peers not delivered (grant not theirs, export gone)", static_cast<double>(refused_notifies));
   absl::MutexLock l(&verbs_mu_);

@@ -45,6 +45,14 @@ class Server;
 
 namespace podlink::mesh {
 
+// Another node as configuration names it (mesh.peers): what routes through
+// relays are computed from, besides what peers say of themselves.
+struct PeerEntry {
+  std::string node;
+  std::vector<std::string> addresses;  // "addr/prefix"
+  uint32_t port = 7446;                // its control port
+};
+
 struct MeshOptions {
   bool enabled = false;
   std::string listen = "0.0.0.0:7446";  // control plane (gRPC, mutual TLS)
@@ -71,6 +79,11 @@ struct MeshOptions {
   // daemon serves both to its peers.
   std::string transport = "tcp";
   verbs::VerbsOptions verbs;
+  // Nodes known before any has been talked to (routes through relays).
+  std::vector<PeerEntry> peers;
+  // Relaying for other nodes: bytes of forwarded requests held in this
+  // daemon at once (one upstream node at most half of it).
+  uint64_t relay_staging_bytes = 64ull << 20;
 };
 
 struct RemoteTarget {
@@ -108,6 +121,11 @@ class MeshEngine final : public MeshPort {
   void ServeFramesForTesting(int fd, const std::string& node, uint64_t link_instance) {
     ServeFrames(fd, node, link_instance);
   }
+  // Opens a region on behalf of `node` (a relayed request goes on toward its
+  // destination on a mesh thread); `done` runs once, on some thread.
+  using RegionDone = std::function<void(absl::StatusOr<podlink::mesh::v1::OpenRegionResponse>)>;
+  void OpenRegionFor(const std::string& node, const podlink::mesh::v1::OpenRegionRequest& req, RegionDone done)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // --- importing side --------------------------------------------------
   // Opens `target` for `pod` (session `session`) in the background; `done`
@@ -134,11 +152,38 @@ class MeshEngine final : public MeshPort {
   MeshEngine(MeshOptions options, std::string node_name, MeshHost* host);
 
   // Exporting side (the Service and the data server call these).
+  // A relay's grant: requests on it go on to the next node.
+  struct Forward {
+    std::shared_ptr<Peer> peer;  // the next node
+    uint64_t grant = 0;          // its grant
+    uint64_t size = 0;
+    uint64_t instance = 0;       // its daemon instance that issued the grant
+  };
   struct Grant {
     std::string node;
     std::weak_ptr<const ExportRecord> record;
-    std::string pod;  // node + "/" + the importing pod's identity key
+    std::string pod;  // "mesh/" + origin node + "/" + the importing pod's identity key
+    std::shared_ptr<const Forward> forward;  // set on a relay
   };
+  // A relayed request's signed claim, checked for this node's place on its
+  // route and the calling node's (PERMISSION_DENIED otherwise).
+  absl::StatusOr<podlink::mesh::v1::OriginClaim> CheckClaim(const std::string& caller,
+                                                            const podlink::mesh::v1::Route& route) const;
+  // This node relays `req` (its claim checked) to the next node of its route.
+  void Relay(const std::string& caller, const podlink::mesh::v1::OriginClaim& claim,
+             const podlink::mesh::v1::OpenRegionRequest& req, RegionDone done) ABSL_LOCKS_EXCLUDED(mu_);
+  std::shared_ptr<const Forward> ForwardOf(const std::string& node, uint64_t grant) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Serves one frame on a relay grant; an error ends the connection.
+  class ConnWriter;
+  absl::Status ServeForward(const std::shared_ptr<ConnWriter>& writer, int fd, const FrameHeader& h,
+                            const std::string& node, uint64_t link_instance, const Forward& fwd);
+  // Staging for forwarded frames, bounded in all and per upstream node.
+  bool ReserveRelay(const std::string& node, uint64_t n) ABSL_LOCKS_EXCLUDED(mu_);
+  void ReleaseRelay(const std::string& node, uint64_t n) ABSL_LOCKS_EXCLUDED(mu_);
+  // What this node knows of others' addresses (routes), from configuration
+  // and from their own Hello answers.
+  void Learn(const std::string& node, const std::vector<std::string>& addresses, uint32_t port)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::vector<std::string>> IssueCookies(const std::string& node, uint32_t n) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<podlink::mesh::v1::OpenRegionResponse> OpenRegion(const std::string& node,
                                                                    const podlink::mesh::v1::OpenRegionRequest& req)
@@ -260,6 +305,16 @@ class MeshEngine final : public MeshPort {
   absl::Time last_prune_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   size_t unauthenticated_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Repair> repairs_ ABSL_GUARDED_BY(mu_);
+  struct Known {
+    std::vector<std::string> addresses;
+    uint32_t port = 0;
+  };
+  std::map<std::string, Known> known_ ABSL_GUARDED_BY(mu_);
+  uint64_t relay_staged_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, uint64_t> relay_staged_by_node_ ABSL_GUARDED_BY(mu_);
+  uint64_t relay_forwarded_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t relayed_opens_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t routed_opens_ ABSL_GUARDED_BY(mu_) = 0;
   // Verbs state, apart from mu_ (device calls can be slow).
   mutable absl::Mutex verbs_mu_;
   std::unique_ptr<verbs::Nics> nics_ ABSL_GUARDED_BY(verbs_mu_);

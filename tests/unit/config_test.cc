@@ -36,6 +36,19 @@ TEST(DaemonConfig, MeshTransport) {
   EXPECT_EQ(ParseDaemonConfig("{}")->broker.mesh.transport, "tcp");
 }
 
+TEST(DaemonConfig, MeshPeersAndRelayStaging) {
+  auto c = ParseDaemonConfig(R"({"mesh": {"peers": [{"node": "node-c", "addresses": ["10.0.3.2/30", "10.0.4.1/30"],
+      "port": 7500}, {"node": "node-d", "addresses": ["fd00::4/64"]}], "relay_staging_mib": 32}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->broker.mesh.peers.size(), 2u);
+  EXPECT_EQ(c->broker.mesh.peers[0].node, "node-c");
+  EXPECT_EQ(c->broker.mesh.peers[0].addresses, (std::vector<std::string>{"10.0.3.2/30", "10.0.4.1/30"}));
+  EXPECT_EQ(c->broker.mesh.peers[0].port, 7500u);
+  EXPECT_EQ(c->broker.mesh.peers[1].port, 7446u);
+  EXPECT_EQ(c->broker.mesh.relay_staging_bytes, 32ull << 20);
+  EXPECT_EQ(ParseDaemonConfig("{}")->broker.mesh.relay_staging_bytes, 64ull << 20);
+}
+
 TEST(DaemonConfig, RejectsBadInputWithReason) {
   struct Case {
     const char* json;
@@ -58,6 +71,12 @@ TEST(DaemonConfig, RejectsBadInputWithReason) {
             "annotationz"},
            {R"({"identity": {"kubelet_cgroup_rootz": ["/"]}})", "kubelet_cgroup_rootz"},
            {R"({"mesh": {"transport": "udp"}})", "transport"},
+           {R"({"mesh": {"peers": {"node": "c"}}})", "peers"},
+           {R"({"mesh": {"peers": [{"node": "c"}]}})", "peers"},
+           {R"({"mesh": {"peers": [{"node": "c", "addresses": ["10.0.0.300/30"]}]}})", "peers[] of c"},
+           {R"({"mesh": {"peers": [{"node": "c", "addresses": ["10.0.0.1/30"], "port": 0}]}})", "peers[].port"},
+           {R"({"mesh": {"peers": [{"node": "c", "addresses": ["10.0.0.1/30"], "via": "b"}]}})", "peers[].via"},
+           {R"({"mesh": {"relay_staging_mib": 1}})", "relay_staging_mib"},
            {R"({"mesh": {"verbs_timeout": 40}})", "verbs_timeout"},
            {R"({"mesh": {"verbs_retry_count": 8}})", "verbs_retry_count"},
            {R"({"mesh": {"verbs_gid_index": -2}})", "verbs_gid_index"},
