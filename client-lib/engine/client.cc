@@ -707,6 +707,11 @@ absl::StatusOr<Client::MeshStatus> Client::GetMeshStatus() {
   out.refused_connections = m.refused_connections();
   out.refused_frames = m.refused_frames();
   out.denials = m.denials();
+  for (const auto& r : m.routes()) {
+    out.routes.push_back({r.destination(), {r.via().begin(), r.via().end()}, r.remote_handles()});
+  }
+  out.relayed_grants = m.relayed_grants();
+  out.relay_forwarded_bytes = m.relay_forwarded_bytes();
   return out;
 }
 

@@ -31,6 +31,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 #include "client-lib/tools/yaml_output.h"
@@ -63,7 +64,8 @@ constexpr char kUsage[] = R"(usage: kubectl podlink COMMAND [options]
   status               node, GPUs, NVLink matrix, sessions, exports, relay counters
   exports              every export on this node
   peers                the NVLink matrix between this node's GPUs
-  links                the mesh to other nodes: per peer node its connections, paths, bytes, failures
+  links                the mesh to other nodes: per peer node its connections, paths, bytes, failures;
+                       the route to each node whose regions pods hold (direct, or via relays)
   doctor POD           what keeps POD from using podlink, in plain words, with fixes
   bench POD_A POD_B    one-sided write of --size bytes from POD_B into POD_A (through podlink-demo in
                        the pods, which the device plugin's mount provides), then the bandwidth
@@ -441,8 +443,13 @@ int Links(const Args& a) {
                        {"resent_slices", p.resent_slices}, {"remote_handles", p.remote_handles},
                        {"connections", conns}});
     }
+    json routes = json::array();
+    for (const auto& r : m->routes) {
+      routes.push_back({{"destination", r.destination}, {"via", r.via}, {"remote_handles", r.remote_handles}});
+    }
     Print(a, {{"enabled", m->enabled}, {"node", m->node_name}, {"addresses", m->addresses}, {"port", m->port},
-              {"data_port", m->data_port}, {"peers", peers}, {"grants", m->grants},
+              {"data_port", m->data_port}, {"peers", peers}, {"routes", routes}, {"grants", m->grants},
+              {"relayed_grants", m->relayed_grants}, {"relay_forwarded_bytes", m->relay_forwarded_bytes},
               {"served_write_bytes", m->served_write_bytes}, {"served_read_bytes", m->served_read_bytes},
               {"refused_connections", m->refused_connections}, {"refused_frames", m->refused_frames},
               {"denials", m->denials}});
@@ -460,6 +467,18 @@ int Links(const Args& a) {
                                "connections, %d frames, %d opens\n\n",
                                m->grants, Human(m->served_write_bytes), Human(m->served_read_bytes),
                                m->refused_connections, m->refused_frames, m->denials);
+  if (m->relayed_grants > 0 || m->relay_forwarded_bytes > 0) {
+    std::cout << absl::StrFormat("relaying for other nodes: %d regions, %s forwarded\n\n", m->relayed_grants,
+                                 Human(m->relay_forwarded_bytes));
+  }
+  if (!m->routes.empty()) {
+    std::cout << absl::StrFormat("%-24s %-32s %s\n", "DESTINATION", "ROUTE", "REGIONS");
+    for (const auto& r : m->routes) {
+      std::cout << absl::StrFormat("%-24s %-32s %d\n", r.destination,
+                                   r.via.empty() ? "direct" : "via " + absl::StrJoin(r.via, ","), r.remote_handles);
+    }
+    std::cout << "\n";
+  }
   if (m->peers.empty()) {
     std::cout << "no peer node contacted yet\n";
     return 0;

@@ -1484,7 +1484,13 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
   // is dropped (engine stopping) or refused still answers.
   auto answer = std::make_shared<OpenDone>(std::move(done));
   Peer* p = peer.get();
-  bool posted = p->Post([this, p, session, hop, req, answer] {
+  std::vector<std::string> via;
+  if (req.has_route()) {
+    pb::OriginClaim claim;
+    claim.ParseFromString(req.route().claim());
+    via.assign(claim.via().begin(), claim.via().end());
+  }
+  bool posted = p->Post([this, p, session, hop, req, answer, destination = target.node_name, via] {
     std::shared_ptr<Peer> peer = p->shared_from_this();
     OpenDone done = std::move(*answer);
     *answer = nullptr;
@@ -1514,7 +1520,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
       } else {
         ++mine;
         info.handle = kRemoteHandleBit | next_handle_++;
-        handles_[info.handle] = Handle{session, peer, resp.grant(), resp.size(), resp.instance()};
+        handles_[info.handle] = Handle{session, peer, resp.grant(), resp.size(), resp.instance(), destination, via};
       }
     }
     if (over) {
@@ -1937,16 +1943,30 @@ podlink::v1::MeshStatus MeshEngine::Status() const {
   st.set_data_port(data_port_);
   std::map<std::string, std::shared_ptr<Peer>> peers;
   std::map<std::string, uint32_t> handles;
+  std::map<std::pair<std::string, std::vector<std::string>>, uint32_t> routes;
   {
     absl::MutexLock l(&mu_);
     peers = peers_;
-    for (const auto& [id, h] : handles_) ++handles[h.peer->node()];
+    for (const auto& [id, h] : handles_) {
+      ++handles[h.peer->node()];
+      ++routes[{h.destination, h.via}];
+    }
+    for (const auto& [id, g] : grants_) {
+      if (g.forward != nullptr) st.set_relayed_grants(st.relayed_grants() + 1);
+    }
+    st.set_relay_forwarded_bytes(relay_forwarded_bytes_);
     st.set_grants(grants_.size());
     st.set_served_write_bytes(bytes_written_in_);
     st.set_served_read_bytes(bytes_read_out_);
     st.set_refused_connections(refused_connections_);
     st.set_refused_frames(refused_frames_);
     st.set_denials(remote_denials_);
+  }
+  for (const auto& [route, n] : routes) {
+    podlink::v1::MeshStatus::Route* r = st.add_routes();
+    r->set_destination(route.first);
+    for (const std::string& v : route.second) r->add_via(v);
+    r->set_remote_handles(n);
   }
   for (const auto& [node, p] : peers) {
     podlink::v1::MeshStatus::Peer* out = st.add_peers();

@@ -236,6 +236,8 @@ class MeshEngine final : public MeshPort {
     uint64_t grant = 0;
     uint64_t size = 0;
     uint64_t instance = 0;  // the peer daemon's instance that issued the grant
+    std::string destination;        // the owner's node (peer is the first relay when via is set)
+    std::vector<std::string> via;   // relays, first hop first
   };
   absl::Status CheckInstance(const Handle& h) const;
   // A data connection over `path` to `port`, AUTH sent with `cookie`.

@@ -506,6 +506,26 @@ TEST_F(Mesh, ARelayCarriesNodesWithoutACableAndItsDeathFailsCleanly) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  {
+    // What operators see meanwhile: on A the route to D through C, on C the
+    // region it relays.
+    int rc = 0;
+    std::string text = RunCommand(absl::StrCat(KUBECTL_PODLINK_PATH, " links -o json --socket ", na->dir()), &rc);
+    json links = json::parse(text, nullptr, false);
+    ASSERT_TRUE(links.is_object()) << text;
+    bool via_c = false;
+    for (const json& r : links["routes"]) {
+      if (r["destination"] == "node-d" && r["via"] == json::array({"node-c"}) && r["remote_handles"] == 1) via_c = true;
+    }
+    EXPECT_TRUE(via_c) << text;
+    text = RunCommand(absl::StrCat(KUBECTL_PODLINK_PATH, " links -o json --socket ", nc->dir()), &rc);
+    links = json::parse(text, nullptr, false);
+    ASSERT_TRUE(links.is_object()) << text;
+    EXPECT_EQ(links["relayed_grants"], 1) << text;
+    EXPECT_GT(links["relay_forwarded_bytes"].get<uint64_t>(), 2ull * size) << text;
+    text = RunCommand(absl::StrCat(KUBECTL_PODLINK_PATH, " links --socket ", na->dir()), &rc);
+    EXPECT_NE(text.find("via node-c"), std::string::npos) << text;
+  }
   auto t0 = std::chrono::steady_clock::now();
   ::kill(nc->pid(), SIGKILL);
   json e = client.Expect("put", 30000);

@@ -281,6 +281,11 @@ class PODLINK_API Client {
     std::vector<MeshConnection> connections;  // TCP connections, or RC queue pairs (verbs)
     std::string transport;                     // "tcp" or "verbs"
   };
+  struct MeshRoute {
+    std::string destination;       // a node whose regions this node's pods hold
+    std::vector<std::string> via;  // relays, first hop first; empty: direct
+    uint32_t remote_handles = 0;
+  };
   struct MeshStatus {
     bool enabled = false;
     std::string node_name;
@@ -289,6 +294,8 @@ class PODLINK_API Client {
     std::vector<MeshPeer> peers;
     uint64_t grants = 0, served_write_bytes = 0, served_read_bytes = 0, refused_connections = 0,
              refused_frames = 0, denials = 0;
+    std::vector<MeshRoute> routes;
+    uint64_t relayed_grants = 0, relay_forwarded_bytes = 0;  // as a relay for other nodes
   };
   absl::StatusOr<MeshStatus> GetMeshStatus();
 
