@@ -15,6 +15,9 @@
 #                                                process on node b through both daemons
 #                                                (podlink-demo kv-put --repeat, the last write
 #                                                timed; bytes checked by kv-serve)
+#   podlink_relay                                the same from node a to node b through node c's
+#                                                daemon: a third node cabled to both (cables 3
+#                                                and 4, shaped alike), a and b using only those
 # Raw results: <output dir>/raw.jsonl (one JSON object per run) and the
 # daemons' logs; the table: tests/mesh/table.py <output dir>/raw.jsonl.
 # Needs root, iproute2 (ip, tc), openssl and python3. Reports; asserts only
@@ -37,6 +40,7 @@ out=$(cd "$out" && pwd)
 tag=plmb$$
 a=${tag}a
 b=${tag}b
+c=${tag}c
 tmp=$(mktemp -d /tmp/podlink-mesh-bench-XXXXXX)
 pids=()
 cleanup() {
@@ -44,32 +48,39 @@ cleanup() {
   wait 2>/dev/null || true
   ip netns del "$a" 2>/dev/null || true
   ip netns del "$b" 2>/dev/null || true
+  ip netns del "$c" 2>/dev/null || true
   rm -rf "$tmp"
 }
 trap cleanup EXIT
 
 log() { echo "== mesh bench: $*" >&2; }
 
-ip netns add "$a"
-ip netns add "$b"
-ip -n "$a" link set lo up
-ip -n "$b" link set lo up
-for c in 1 2; do
-  ip link add "${tag}c${c}a" netns "$a" type veth peer name "${tag}c${c}b" netns "$b"
-  ip -n "$a" addr add "10.78.$c.1/30" dev "${tag}c${c}a"
-  ip -n "$b" addr add "10.78.$c.2/30" dev "${tag}c${c}b"
-  ip -n "$a" link set "${tag}c${c}a" up
-  ip -n "$b" link set "${tag}c${c}b" up
-  if [ "$rate" != none ]; then
-    ip netns exec "$a" tc qdisc add dev "${tag}c${c}a" root tbf rate "$rate" burst 256kb latency 50ms
-  fi
+for ns in "$a" "$b" "$c"; do
+  ip netns add "$ns"
+  ip -n "$ns" link set lo up
 done
-log "two cables of $rate between $a and $b; $bytes bytes per run, $reps runs per case"
+# cable <number> <node x> <node y>: 10.78.<number>.1 on x, .2 on y, shaped on x's side (the writer's).
+cable() {
+  local k=$1 x=$2 y=$3
+  ip link add "${tag}c${k}x" netns "$x" type veth peer name "${tag}c${k}y" netns "$y"
+  ip -n "$x" addr add "10.78.$k.1/30" dev "${tag}c${k}x"
+  ip -n "$y" addr add "10.78.$k.2/30" dev "${tag}c${k}y"
+  ip -n "$x" link set "${tag}c${k}x" up
+  ip -n "$y" link set "${tag}c${k}y" up
+  if [ "$rate" != none ]; then
+    ip netns exec "$x" tc qdisc add dev "${tag}c${k}x" root tbf rate "$rate" burst 256kb latency 50ms
+  fi
+}
+cable 1 "$a" "$b"
+cable 2 "$a" "$b"
+cable 3 "$a" "$c"
+cable 4 "$c" "$b"
+log "two cables of $rate between $a and $b, one each from both to $c; $bytes bytes per run, $reps runs per case"
 
 # A CA for this run and a certificate per node.
 source "$(dirname "$0")/../common/mesh_certs.sh"
-mesh_certs "$tmp/certs" node-a node-b
-for n in node-a node-b; do mkdir -p "$tmp/$n"; ln -s "$tmp/certs/$n" "$tmp/$n/certs"; done
+mesh_certs "$tmp/certs" node-a node-b node-c
+for n in node-a node-b node-c; do mkdir -p "$tmp/$n"; ln -s "$tmp/certs/$n" "$tmp/$n/certs"; done
 
 record() {  # case rep json-from-a-tool
   python3 -c 'import json,sys; d=json.loads(sys.argv[3]); d["case"]=sys.argv[1]; d["rep"]=int(sys.argv[2]); print(json.dumps(d))' \
@@ -107,24 +118,25 @@ raw_tcp() {  # case conns addresses...
   done
 }
 
-start_daemons() {  # interfaces-of-a (JSON list) interfaces-of-b
-  for n in a b; do
-    local ns=${tag}$n ifs=$1
-    [ "$n" = b ] && ifs=$2
-    mkdir -p "$tmp/node-$n/run"
-    cat > "$tmp/node-$n/config.json" <<EOF
+start_node() {  # a|b|c interfaces (JSON list) [more mesh keys]
+  local n=$1 ifs=$2 extra=${3:-}
+  local ns=${tag}$n
+  mkdir -p "$tmp/node-$n/run"
+  cat > "$tmp/node-$n/config.json" <<EOF
 {"node": {"name": "node-$n", "id": "node-$n"},
- "mesh": {"enabled": true, "cert_dir": "$tmp/node-$n/certs", "interfaces": $ifs},
+ "mesh": {"enabled": true, "cert_dir": "$tmp/node-$n/certs", "interfaces": $ifs $extra},
  "pods": [{"match": {"uid": 0}, "namespace": "bench", "name": "writer",
            "annotations": {"podlink.io/peer-group": "bench"}}]}
 EOF
-    ip netns exec "$ns" "$build/daemon/podlinkd" --socket-dir "$tmp/node-$n/run" --config "$tmp/node-$n/config.json" \
-      --no-gpu --metrics-addr 127.0.0.1:0 2>> "$out/podlinkd-node-$n.log" &
-    pids+=($!)
-  done
-  for n in a b; do
-    for _ in $(seq 1 500); do [ -S "$tmp/node-$n/run/podlink.fd.sock" ] && break; sleep 0.01; done
-  done
+  ip netns exec "$ns" "$build/daemon/podlinkd" --socket-dir "$tmp/node-$n/run" --config "$tmp/node-$n/config.json" \
+    --no-gpu --metrics-addr 127.0.0.1:0 2>> "$out/podlinkd-node-$n.log" &
+  pids+=($!)
+  for _ in $(seq 1 500); do [ -S "$tmp/node-$n/run/podlink.fd.sock" ] && break; sleep 0.01; done
+}
+
+start_daemons() {  # interfaces-of-a (JSON list) interfaces-of-b
+  start_node a "$1"
+  start_node b "$2"
 }
 
 stop_daemons() {
@@ -164,11 +176,19 @@ raw_tcp raw_tcp_1cable_1conn 1 10.78.1.2
 raw_tcp raw_tcp_1cable_4conn 4 10.78.1.2
 raw_tcp raw_tcp_2cables_4conn 4 10.78.1.2 10.78.2.2
 
-start_daemons "[\"${tag}c1a\"]" "[\"${tag}c1b\"]"
+start_daemons "[\"${tag}c1x\"]" "[\"${tag}c1y\"]"
 podlink_case podlink_1cable
 stop_daemons
-start_daemons "[\"${tag}c1a\", \"${tag}c2a\"]" "[\"${tag}c1b\", \"${tag}c2b\"]"
+start_daemons "[\"${tag}c1x\", \"${tag}c2x\"]" "[\"${tag}c1y\", \"${tag}c2y\"]"
 podlink_case podlink_2cables
+stop_daemons
+# Through a relay: a knows c from configuration (every address of c, so its
+# cable to b shows); b is reached only through c.
+start_node a "[\"${tag}c3x\"]" ', "peers": [{"node": "node-c", "addresses": ["10.78.3.2/30", "10.78.4.1/30"]}]'
+start_node c "[\"${tag}c3y\", \"${tag}c4x\"]"
+start_node b "[\"${tag}c4y\"]"
+podlink_case podlink_relay
+grep -q "event=mesh_relay_grant" "$out/podlinkd-node-c.log" || { echo "mesh bench: node c relayed nothing" >&2; exit 1; }
 stop_daemons
 
 {

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Markdown table from tests/mesh/bench.sh's raw.jsonl: median Gbit/s per case and the ratios the mesh issue
-sets targets for (one link / raw TCP, two links / one link)."""
+sets targets for (one link / raw TCP, two links / one link, one relay hop / one link)."""
 import json
 import statistics
 import sys
@@ -32,6 +32,7 @@ def main(path):
     ratio("one link vs raw TCP (1 conn)", "podlink_1cable", "raw_tcp_1cable_1conn", 0.9)
     ratio("two links vs one", "podlink_2cables", "podlink_1cable", 1.8)
     ratio("two links vs raw TCP on both", "podlink_2cables", "raw_tcp_2cables_4conn", 0.9)
+    ratio("one relay hop vs one link", "podlink_relay", "podlink_1cable", 0.9)
 
 
 if __name__ == "__main__":
