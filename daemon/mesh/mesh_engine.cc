@@ -228,9 +228,10 @@ class MeshEngine::Service final : public pb::Mesh::CallbackService {
  public:
   explicit Service(MeshEngine* e) : e_(e) {}
 
-  grpc::ServerUnaryReactor* Hello(grpc::CallbackServerContext* ctx, const pb::HelloRequest*,
+  grpc::ServerUnaryReactor* Hello(grpc::CallbackServerContext* ctx, const pb::HelloRequest* req,
                                   pb::HelloResponse* resp) override {
-    return Run(ctx, [&](const std::string&) {
+    return Run(ctx, [&](const std::string& node) {
+      if (node != e_->node_name_) e_->SeenInstance(node, req->instance());
       resp->set_node_name(e_->node_name_);
       resp->set_version(PODLINK_VERSION);
       resp->set_instance(e_->instance_);
@@ -526,6 +527,25 @@ MeshEngine::~MeshEngine() {
   grants.clear();
 }
 
+void MeshEngine::SeenInstance(const std::string& node, uint64_t instance) {
+  if (instance == 0) return;  // an older daemon: it does not say
+  std::vector<uint64_t> stale;
+  {
+    absl::MutexLock l(&mu_);
+    uint64_t& seen = caller_instances_[node];
+    if (seen == instance) return;
+    const bool restarted = seen != 0;
+    seen = instance;
+    if (!restarted) return;
+    for (const auto& [g, grant] : grants_) {
+      if (grant.node == node && grant.caller_instance != 0 && grant.caller_instance != instance) stale.push_back(g);
+    }
+    restarted_peer_grants_dropped_ += stale.size();
+  }
+  Log()->info("event=mesh_peer_restarted node={} dropped_grants={}", node, stale.size());
+  for (uint64_t g : stale) CloseRegion(node, g);
+}
+
 void MeshEngine::Learn(const std::string& node, const std::vector<std::string>& addresses, uint32_t port) {
   constexpr size_t kMaxKnown = 1024;
   if (!ValidNodeName(node) || node == node_name_ || port == 0 || port > 65535 || addresses.empty() ||
@@ -587,6 +607,7 @@ absl::StatusOr<std::vector<std::string>> MeshEngine::IssueCookies(const std::str
 }
 
 void MeshEngine::OpenRegionFor(const std::string& node, const pb::OpenRegionRequest& req, RegionDone done) {
+  if (node != node_name_) SeenInstance(node, req.caller_instance());
   if (!req.has_route()) return done(OpenRegion(node, req));
   absl::StatusOr<pb::OriginClaim> claim = CheckClaim(node, req.route());
   if (!claim.ok()) {
@@ -718,7 +739,7 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
     ++mine;
     uint64_t g = 0;
     while (g == 0 || grants_.contains(g)) g = RandomU64();  // unguessable, never reused across restarts
-    grants_[g] = Grant{node, *rec, pod.key};
+    grants_[g] = Grant{node, *rec, pod.key, nullptr, req.caller_instance()};
     resp.set_grant(g);
   }
   if (req.verbs()) {
@@ -793,7 +814,9 @@ void MeshEngine::Relay(const std::string& caller, const pb::OriginClaim& claim, 
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
-    if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, req, &resp), next.node_name); !st.ok()) return done(st);
+    pb::OpenRegionRequest onward = req;
+    onward.set_caller_instance(instance_);
+    if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, onward, &resp), next.node_name); !st.ok()) return done(st);
     auto fwd = std::make_shared<Forward>(Forward{peer, resp.grant(), resp.size(), resp.instance()});
     bool over = false;
     uint64_t g = 0;
@@ -807,7 +830,7 @@ void MeshEngine::Relay(const std::string& caller, const pb::OriginClaim& claim, 
         ++count;
         ++mine;
         while (g == 0 || grants_.contains(g)) g = RandomU64();
-        grants_[g] = Grant{caller, {}, pod, fwd};
+        grants_[g] = Grant{caller, {}, pod, fwd, req.caller_instance()};
         ++relayed_opens_;
       }
     }
@@ -1322,6 +1345,7 @@ absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const Remote
     ctx.set_deadline(deadline());
     pb::HelloRequest req;
     req.set_version(PODLINK_VERSION);
+    req.set_instance(instance_);
     PODLINK_RETURN_IF_ERROR(FromGrpc(stub->Hello(&ctx, req, &hello), target.node_name));
   }
   if (hello.node_name() != target.node_name) {
@@ -1499,6 +1523,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
     std::shared_ptr<verbs::VerbsLinks> vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links());
     pb::OpenRegionRequest open = req;
     open.set_verbs(vl != nullptr);
+    open.set_caller_instance(instance_);
     pb::OpenRegionResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
@@ -2061,6 +2086,14 @@ std::string MeshEngine::RenderMetrics() const {
     forwarded = relay_forwarded_bytes_;
     staged = relay_staged_;
   }
+  uint64_t restarted_dropped = 0;
+  {
+    absl::MutexLock l(&mu_);
+    restarted_dropped = restarted_peer_grants_dropped_;
+  }
+  one("podlink_mesh_restarted_peer_grants_dropped_total", "counter",
+      "grants dropped because the daemon holding them restarted (a new instance said so)",
+      static_cast<double>(restarted_dropped));
   one("podlink_mesh_relayed_opens_total", "counter", "regions this node opened onward for other nodes (as a relay)",
       static_cast<double>(relayed));
   one("podlink_mesh_routed_opens_total", "counter", "regions this node's pods opened through relays",

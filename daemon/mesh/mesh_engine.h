@@ -164,7 +164,11 @@ class MeshEngine final : public MeshPort {
     std::weak_ptr<const ExportRecord> record;
     std::string pod;  // "mesh/" + origin node + "/" + the importing pod's identity key
     std::shared_ptr<const Forward> forward;  // set on a relay
+    uint64_t caller_instance = 0;            // the holder daemon's instance (0: it did not say)
   };
+  // A node's daemon said its instance: when it changed (a restart), the
+  // grants the old instance held are dropped.
+  void SeenInstance(const std::string& node, uint64_t instance) ABSL_LOCKS_EXCLUDED(mu_);
   // A relayed request's signed claim, checked for this node's place on its
   // route and the calling node's (PERMISSION_DENIED otherwise).
   absl::StatusOr<podlink::mesh::v1::OriginClaim> CheckClaim(const std::string& caller,
@@ -312,6 +316,8 @@ class MeshEngine final : public MeshPort {
     uint32_t port = 0;
   };
   std::map<std::string, Known> known_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> caller_instances_ ABSL_GUARDED_BY(mu_);
+  uint64_t restarted_peer_grants_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t relay_staged_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, uint64_t> relay_staged_by_node_ ABSL_GUARDED_BY(mu_);
   uint64_t relay_forwarded_bytes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -1067,6 +1067,47 @@ TEST_F(Mesh, ACutCableOrAKilledPeerFailsTransfersWithinTheBound) {
   EXPECT_TRUE(na->Alive());
 }
 
+// An importing daemon that dies leaves its grants on the owner (nothing
+// tells the owner); when it comes back, its new instance says so and the owner
+// drops what the old one held instead of keeping it until the export goes.
+TEST_F(Mesh, ARestartedImportersOldGrantsAreDropped) {
+  std::string a = topo_.Node("a"), b = topo_.Node("b");
+  auto [da, db] = topo_.Cable(a, b, 1);
+  Sh(absl::StrCat("ip netns exec ", a, " tc qdisc add dev ", da, " root tbf rate 200mbit burst 256kb latency 50ms"));
+  PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable");
+  std::string pods = Rule(pa, "ml", "prefill-0", "job-7") + "," + Rule(pb, "ml", "decode-0", "job-7");
+  auto na = StartNode("node-a", a, {da}, pods);
+  auto nb = StartNode("node-b", b, {db}, pods);
+  auto grants = [&]() -> int {
+    int rc = 0;
+    json j = json::parse(RunCommand(absl::StrCat(KUBECTL_PODLINK_PATH, " links -o json --socket ", nb->dir()), &rc),
+                         nullptr, false);
+    return j.is_object() ? j["grants"].get<int>() : -1;
+  };
+  Pod big(*nb, &pb, {"kv-serve", "--size", std::to_string(256 << 20), "--verify", "5"});
+  json s = big.Expect("serving");
+  ASSERT_EQ(s["event"], "serving") << s.dump();
+  {
+    Pod client(*na, &pa, {"kv-put", "--desc", s["descriptor"], "--seed", "5"});
+    ASSERT_TRUE(WaitForGrants(*nb, 1)) << nb->Log();
+    ::kill(na->pid(), SIGKILL);  // mid-transfer: node a's podlinkd dies holding the grant
+    client.Kill(SIGKILL);
+    client.Wait();
+  }
+  na.reset();
+  EXPECT_EQ(grants(), 1) << "the dead importer's grant is still there (nothing told node b)";
+  // Node a's daemon comes back (a new instance) and its pod opens another region of b.
+  na = StartNode("node-a", a, {da}, pods);
+  KvAcrossNodes(*nb, pb, *na, pa, 65536, 6);
+  EXPECT_TRUE(nb->WaitForLog("event=mesh_peer_restarted node=node-a dropped_grants=1")) << nb->Log();
+  // The new pod's grant closed when it was done; the old one went at the restart.
+  for (int waited = 0; waited < 5000 && grants() != 0; waited += 50) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(grants(), 0);
+  big.Kill(SIGKILL);
+}
+
 TEST_F(Mesh, ACutCableCostsNoDataWhenAnotherRemains) {
   std::string a = topo_.Node("a"), b = topo_.Node("b");
   auto [a1, b1] = topo_.Cable(a, b, 1);
