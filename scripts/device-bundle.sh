@@ -9,7 +9,7 @@ OUT=.devcarry
 rm -rf "$OUT" && mkdir -p "$OUT/bin" "$OUT/lib"
 bins=("$BUILD/daemon/podlinkd" "$BUILD/client-lib/tools/podlink-demo" "$BUILD/client-lib/tools/podlink-bench"
       "$BUILD/tests/gpu_broker_test" "$BUILD/tests/gpu_dmabuf_test" "$BUILD/tests/nccl_net_conformance_test" "$BUILD/tests/nccl_net_peer" "$BUILD/tests/mesh_test"
-      "$BUILD/client-lib/tools/kubectl-podlink")
+      "$BUILD/client-lib/tools/kubectl-podlink" "$BUILD/tests/tcp_blast")
 cp "${bins[@]}" "$OUT/bin/"
 ldd "${bins[@]}" | awk '/=> \// {print $3}' | sort -u | while read -r lib; do
   case "$(basename "$lib")" in

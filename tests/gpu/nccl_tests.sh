@@ -20,12 +20,17 @@
 #   socket  the isolated pods without the plugin (NCCL's NET/Socket over the
 #           veth; sizes to NCCL_TESTS_SOCKET_MAX, fewer iterations: it is slow)
 #   native  the two ranks in the host namespaces (NCCL's P2P over NVLink)
+#   mesh    (issue 15) the pods on two emulated nodes: each podlinkd in a network namespace of its own with the
+#           mesh on, the two joined by one veth cable (10.80.1.0/30; certificates from a CA made for the run);
+#           pod a uses node a's daemon, pod b node b's, and the plugin sends through both daemons' TCP link
+#           (its MeshComm). Sizes and iterations as socket (compare with NCCL_TESTS_BASE=socket). Raw TCP on
+#           the cable (tests/tcp_blast, 4 connections each way at once) is measured beside it: mesh/raw_tcp.json.
 # More plugin setups for experiments: NCCL_TESTS_EXTRA="name|podlinkd args|env;..."
 # (each name must start with "plugin" or "direct"). NCCL_TESTS_TRACE="setup ...": the plugin's
 # step trace on in those setups (OUT_DIR/<setup>/<coll>.steps.md, raw steps beside it). Each plugin setup gets a fresh podlinkd,
 # whose relay metrics are kept. Raw output: OUT_DIR/<setup>/<coll>.rank<r>.log (NCCL's
 # own log beside it, .nccl.log);
-# the table (tests/gpu/nccl_tests_table.py, from that output) is last. Exits 1
+# the table (tests/gpu/nccl_tests_table.py, from that output; ratios to NCCL_TESTS_BASE, default native) is last. Exits 1
 # when any rank fails, any result is wrong or any size is missing.
 set -uo pipefail
 # shellcheck source=scripts/lib/pod.sh
@@ -86,6 +91,7 @@ echo "{\"identity\": {\"kubelet_cgroup_roots\": [\"/podlink-nt-$$\"]}, \"pods\":
 
 DPID=""
 FAILED=()
+POD_ENV=()  # per rank, after the setup's environment (the mesh setup: each pod its own node's daemon)
 start_daemon() {
   stop_daemon
   local n; n=$(grep -c event=ready "$OUT/podlinkd.log" 2>/dev/null)
@@ -101,6 +107,65 @@ stop_daemon() {
 metrics() {  # podlinkd's relay counters and latency histogram after a setup
   python3 -c 'import urllib.request as u; print(u.urlopen("http://127.0.0.1:9477/metrics").read().decode())' \
     2>/dev/null | grep -E "^podlink_relay" > "$OUT/$1/metrics.txt" || true
+}
+
+# The mesh setup's two emulated nodes, each with its own podlinkd (mesh on), and one cable between them.
+MESH_NS=(plnt$$a plnt$$b)
+MESH_DPIDS=()
+mesh_up() {
+  local n i=0
+  # shellcheck source=tests/common/mesh_certs.sh
+  source "$ROOT/tests/common/mesh_certs.sh"
+  mesh_certs "$WORK/certs" node-a node-b || return 1
+  for n in a b; do
+    "${POD_IP[@]}" netns add "${MESH_NS[$i]}" && "${POD_IP[@]}" -n "${MESH_NS[$i]}" link set lo up || return 1
+    i=$((i + 1))
+  done
+  "${POD_IP[@]}" link add plc$$a netns "${MESH_NS[0]}" type veth peer name plc$$b netns "${MESH_NS[1]}" || return 1
+  "${POD_IP[@]}" -n "${MESH_NS[0]}" addr add 10.80.1.1/30 dev plc$$a
+  "${POD_IP[@]}" -n "${MESH_NS[1]}" addr add 10.80.1.2/30 dev plc$$b
+  "${POD_IP[@]}" -n "${MESH_NS[0]}" link set plc$$a up
+  "${POD_IP[@]}" -n "${MESH_NS[1]}" link set plc$$b up
+  i=0
+  for n in a b; do
+    mkdir -p "$WORK/sock-$n"
+    cat > "$WORK/config-$n.json" <<EOF
+{"node": {"name": "node-$n", "id": "node-$n"},
+ "identity": {"kubelet_cgroup_roots": ["/podlink-nt-$$"]}, "pods": [$(rule a rank0), $(rule b rank1)],
+ "mesh": {"enabled": true, "cert_dir": "$WORK/certs/node-$n", "interfaces": ["plc$$$n"]}}
+EOF
+    "${POD_IP[@]}" netns exec "${MESH_NS[$i]}" env LD_LIBRARY_PATH="$LIB" "$BIN/podlinkd" --socket-dir "$WORK/sock-$n" \
+      --config "$WORK/config-$n.json" 2>> "$OUT/mesh/podlinkd-node-$n.log" &
+    MESH_DPIDS+=($!)
+    i=$((i + 1))
+  done
+  for n in a b; do
+    for _ in $(seq 300); do grep -q event=ready "$OUT/mesh/podlinkd-node-$n.log" 2>/dev/null && break; sleep 0.1; done
+    grep -q event=ready "$OUT/mesh/podlinkd-node-$n.log" || { tail -20 "$OUT/mesh/podlinkd-node-$n.log"; return 1; }
+  done
+}
+mesh_raw_tcp() {  # raw TCP both ways at once on the cable, 4 connections each: what the cable carries without podlink
+  local bytes=$((1 << 30)) t0 t1
+  "${POD_IP[@]}" netns exec "${MESH_NS[1]}" "$BIN/tcp_blast" serve 9100 4 > "$WORK/raw.b" &
+  local sb=$!
+  "${POD_IP[@]}" netns exec "${MESH_NS[0]}" "$BIN/tcp_blast" serve 9101 4 > "$WORK/raw.a" &
+  local sa=$!
+  sleep 0.5
+  t0=$(date +%s.%N)
+  "${POD_IP[@]}" netns exec "${MESH_NS[0]}" "$BIN/tcp_blast" send 10.80.1.2 9100 $bytes 4 > /dev/null &
+  local x=$!
+  "${POD_IP[@]}" netns exec "${MESH_NS[1]}" "$BIN/tcp_blast" send 10.80.1.1 9101 $bytes 4 > /dev/null
+  wait $x
+  t1=$(date +%s.%N)
+  wait $sa $sb
+  python3 -c "import json,sys; b=$bytes; s=$t1-$t0; print(json.dumps({'bytes_each_way': b, 'seconds': s, 'GB_per_s_each_way': b/s/1e9}))" \
+    | tee "$OUT/mesh/raw_tcp.json"
+}
+mesh_down() {
+  local p ns
+  for p in "${MESH_DPIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  MESH_DPIDS=()
+  for ns in "${MESH_NS[@]}"; do "${POD_IP[@]}" netns del "$ns" 2>/dev/null; done
 }
 
 # finish SETUP COLL PID...: waits for the ranks, keeps NCCL's logs beside theirs, records the outcome.
@@ -128,7 +193,7 @@ pods() {
     pod_exec "${POD_CG[$p]}" --private-tmp --hide "$mask" --hostname "pod-$p" --wait-for "$WORK/net-ready" -- \
       env PMI_RANK=$r PMI_SIZE=2 MASTER_ADDR=10.79.0.1 MASTER_PORT=$port NCCL_TESTS_DEVICE=$dev \
           LD_LIBRARY_PATH="$NCCL_DIR" NCCL_SOCKET_IFNAME=pl NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,TUNING \
-          NCCL_DEBUG_FILE="$WORK/nccl.$setup.$coll.rank$r.log" "$@" \
+          NCCL_DEBUG_FILE="$WORK/nccl.$setup.$coll.rank$r.log" "$@" ${POD_ENV[$r]:-} \
           MPI_SHIM_TIMEOUT=60 timeout -k 5 "$TIMEOUT" "$NT/${coll}_perf" $args \
       > "$OUT/$setup/$coll.rank$r.log" 2>&1 &
     pids+=($!)
@@ -170,6 +235,25 @@ for s in $SETUPS; do
   echo "$s" >> "$OUT/setups.txt"
   echo "$COLLS" > "$OUT/$s/colls.txt"
   case $s in
+    mesh)
+      echo "== mesh: pods on two emulated nodes, bytes through both daemons' mesh link"
+      echo "$SOCKET_ARGS" > "$OUT/mesh/args.txt"
+      echo "two network namespaces, one veth cable (unshaped), a podlinkd with the mesh on in each" > "$OUT/mesh/setup.txt"
+      if mesh_up; then
+        mesh_raw_tcp
+        POD_ENV=("PODLINK_SOCKET_DIR=$WORK/sock-a" "PODLINK_SOCKET_DIR=$WORK/sock-b")
+        for c in $COLLS; do pods mesh "$c" 0 "$SOCKET_ARGS" "${PLUGIN_ENV[@]}"; done
+        POD_ENV=()
+        for n in a b; do
+          "${POD_IP[@]}" netns exec "${MESH_NS[$([ $n = a ] && echo 0 || echo 1)]}" python3 -c \
+            'import urllib.request as u; print(u.urlopen("http://127.0.0.1:9477/metrics").read().decode())' \
+            2>/dev/null | grep -E "^podlink_(mesh|relay)" > "$OUT/mesh/metrics-node-$n.txt" || true
+        done
+      else
+        FAILED+=("mesh (emulated nodes did not come up)")
+      fi
+      mesh_down
+      ;;
     socket)
       echo "== socket: isolated pods, NCCL's NET/Socket over the veth"
       echo "$SOCKET_ARGS" > "$OUT/socket/args.txt"
@@ -211,7 +295,7 @@ stop_daemon
 [ $CG_OK = 1 ] && pod_cleanup_cgroups "podlink-nt-$$"
 rm -rf "$WORK"
 
-python3 "$ROOT/tests/gpu/nccl_tests_table.py" "$OUT" | tee "$OUT/table.md"
+python3 "$ROOT/tests/gpu/nccl_tests_table.py" "$OUT" --base "${NCCL_TESTS_BASE:-native}" | tee "$OUT/table.md"
 [ "${PIPESTATUS[0]}" = 0 ] || FAILED+=("result checks (table.md)")
 if [ ${#FAILED[@]} -gt 0 ]; then
   echo "FAILED: ${FAILED[*]}"

@@ -70,6 +70,7 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--setups", help="only these setups, in this order (checks still cover every setup run)")
     ap.add_argument("--colls", help="only these collectives in the table")
+    ap.add_argument("--base", default="native", help="the setup ratios are taken to (default native)")
     a = ap.parse_args()
     out = a.out
     setups = [s.strip() for s in open(os.path.join(out, "setups.txt")) if s.strip()]
@@ -99,10 +100,11 @@ def main():
         setups = [s for s in a.setups.split(",") if s in setups]
     if a.colls:
         colls = [c for c in a.colls.split(",") if c in colls]
-    ratio_of = [s for s in setups if s != "native"] if "native" in setups else []
+    base = a.base
+    ratio_of = [s for s in setups if s != base] if base in setups else []
     print(f"# nccl-tests between two pods: out-of-place bus bandwidth (GB/s), from {out}")
     print()
-    head = ["collective", "size"] + setups + [f"{s}/native" for s in ratio_of]
+    head = ["collective", "size"] + setups + [f"{s}/{base}" for s in ratio_of]
     if "plugin" in setups and "direct" in setups:
         head.append("direct/plugin")
     print("| " + " | ".join(head) + " |")
@@ -119,7 +121,7 @@ def main():
             for s in setups:
                 v = bw(s, c, size)
                 cells.append("-" if v is None else f"{v:.1f}")
-            n = bw("native", c, size)
+            n = bw(base, c, size)
             for s in ratio_of:
                 v = bw(s, c, size)
                 cells.append(f"{v / n:.2f}" if v is not None and n else "-")
