@@ -1,5 +1,7 @@
 #include "client-lib/nccl/transport_mesh.h"
 
+#include <sys/socket.h>
+
 #include <poll.h>
 
 #include <chrono>
@@ -10,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "client-lib/nccl/net_socket.h"
 #include "client-lib/nccl/plugin.h"
+#include "client-lib/nccl/step_trace.h"
 
 namespace podlink::ncclnet {
 
@@ -150,9 +153,26 @@ absl::StatusOr<RemoteRegion> MeshComm::OpenRemote(uint64_t export_id) {
   return *r;
 }
 
+uint64_t MeshComm::ConnKey() {
+  if (conn_key_ != 0) return conn_key_;
+  // The control socket's two endpoints, in an order both sides agree on.
+  sockaddr_storage a{}, b{};
+  socklen_t la = sizeof(a), lb = sizeof(b);
+  ::getsockname(ctrl.get(), reinterpret_cast<sockaddr*>(&a), &la);
+  ::getpeername(ctrl.get(), reinterpret_cast<sockaddr*>(&b), &lb);
+  std::string x(reinterpret_cast<const char*>(&a), la), y(reinterpret_cast<const char*>(&b), lb);
+  if (y < x) std::swap(x, y);
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (char ch : x + y) h = (h ^ static_cast<uint8_t>(ch)) * 1099511628211ull;
+  conn_key_ = h == 0 ? 1 : h;
+  return conn_key_;
+}
+
 Result MeshComm::Isend(void* data, size_t size, int tag, Mr* base_mr, void** request) {
   auto* mr = static_cast<PodlinkMr*>(base_mr);
   if (Result p = Progress(); p != kSuccess) return p;
+  const bool tracing = trace::On();
+  if (tracing && first_try_ == 0) first_try_ = trace::Now();
   if (cts_.empty()) {
     if (!peer_closed_.empty()) return FailComm(kRemoteError, "mesh: the receiver went away: " + peer_closed_);
     return kSuccess;  // *request stays NULL: not now
@@ -173,6 +193,11 @@ Result MeshComm::Isend(void* data, size_t size, int tag, Mr* base_mr, void** req
   r->seq = cts.seq;
   r->index = index;
   r->size = size > cts.sizes[index] ? Truncate(size, cts.sizes[index]) : size;
+  if (tracing) {
+    r->t_try = first_try_;
+    r->t_post = trace::Now();
+    first_try_ = 0;
+  }
   if (r->size > 0) {
     uint64_t off = static_cast<char*>(data) - mr->base;
     if (mr->bounce()) {
@@ -195,6 +220,7 @@ Result MeshComm::Isend(void* data, size_t size, int tag, Mr* base_mr, void** req
     }
     r->batch = *batch;
   }
+  if (tracing) r->t_submit = trace::Now();
   *request = r;
   return kSuccess;
 }
@@ -217,6 +243,7 @@ Result MeshComm::Irecv(int n, void** data, const size_t* sizes, const int* tags,
   }
   r->seq = next_seq_++;
   r->Post(n, data, sizes, mrs);
+  if (trace::On()) r->t_post = trace::Now();
   Queue(&f, sizeof(f));
   *request = r;
   return Progress();
@@ -246,6 +273,7 @@ Result MeshComm::SendDone(MeshRequest& r, int* done, int* sizes) {
   }
   // The bytes are in the receiver's memory (its daemon acknowledged them): say so.
   Queue(&f, sizeof(f));
+  if (trace::On()) trace::Record({'s', ConnKey(), r.seq, r.index, r.size, r.t_try, r.t_post, r.t_submit, trace::Now()});
   if (Result p = Progress(); p != kSuccess && result == kSuccess) result = p;
   if (sizes != nullptr) sizes[0] = static_cast<int>(r.size);
   *done = 1;
@@ -263,6 +291,10 @@ Result MeshComm::ReceiveDone(MeshRequest& r, int* done, int* sizes) {
   uint64_t got[kMaxRecvs];
   for (int i = 0; i < r.n; ++i) got[i] = r.got[i];
   Result result = FinishReceive(copies_, peer, r, got, sizes);
+  if (trace::On()) {
+    uint64_t now = trace::Now();
+    for (int i = 0; i < r.n; ++i) trace::Record({'r', ConnKey(), r.seq, i, r.posted[i], 0, r.t_post, 0, now});
+  }
   *done = 1;
   r.in_use = false;
   return result;

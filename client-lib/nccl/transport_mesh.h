@@ -22,6 +22,7 @@ namespace podlink::ncclnet {
 struct MeshRequest : Request {
   uint64_t batch = 0;    // send: the TransferEngine batch in flight
   uint32_t done_mask = 0;  // receive: buffers whose completion arrived
+  uint64_t t_try = 0, t_post = 0, t_submit = 0;  // step trace (step_trace.h), when on
 };
 
 class MeshComm final : public Comm {
@@ -59,6 +60,11 @@ class MeshComm final : public Comm {
   uint32_t cts_consumed_ = 0;  // buffers of cts_.front() already sent to
   std::map<uint64_t, RemoteRegion> opened_;  // sender: the receiver's export -> its opening here
   std::string peer_closed_;    // why the control stream ended; empty while open
+  // Step trace: the control socket's two ends name the connection alike
+  // (made on first use), and when NCCL first asked to send the next step.
+  uint64_t ConnKey();
+  uint64_t conn_key_ = 0;
+  uint64_t first_try_ = 0;
 };
 
 }  // namespace podlink::ncclnet

@@ -25,6 +25,7 @@
 #           pod a uses node a's daemon, pod b node b's, and the plugin sends through both daemons' TCP link
 #           (its MeshComm). Sizes and iterations as socket (compare with NCCL_TESTS_BASE=socket). Raw TCP on
 #           the cable (tests/tcp_blast, 4 connections each way at once) is measured beside it: mesh/raw_tcp.json.
+#           NCCL_TESTS_MESH_CONFIG adds keys to both daemons' mesh section (', "connections_per_path": 8').
 # More plugin setups for experiments: NCCL_TESTS_EXTRA="name|podlinkd args|env;..."
 # (each name must start with "plugin" or "direct"). NCCL_TESTS_TRACE="setup ...": the plugin's
 # step trace on in those setups (OUT_DIR/<setup>/<coll>.steps.md, raw steps beside it). Each plugin setup gets a fresh podlinkd,
@@ -132,7 +133,7 @@ mesh_up() {
     cat > "$WORK/config-$n.json" <<EOF
 {"node": {"name": "node-$n", "id": "node-$n"},
  "identity": {"kubelet_cgroup_roots": ["/podlink-nt-$$"]}, "pods": [$(rule a rank0), $(rule b rank1)],
- "mesh": {"enabled": true, "cert_dir": "$WORK/certs/node-$n", "interfaces": ["plc$$$n"]}}
+ "mesh": {"enabled": true, "cert_dir": "$WORK/certs/node-$n", "interfaces": ["plc$$$n"]${NCCL_TESTS_MESH_CONFIG:-}}}
 EOF
     "${POD_IP[@]}" netns exec "${MESH_NS[$i]}" env LD_LIBRARY_PATH="$LIB" "$BIN/podlinkd" --socket-dir "$WORK/sock-$n" \
       --config "$WORK/config-$n.json" 2>> "$OUT/mesh/podlinkd-node-$n.log" &
@@ -166,6 +167,20 @@ mesh_down() {
   for p in "${MESH_DPIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
   MESH_DPIDS=()
   for ns in "${MESH_NS[@]}"; do "${POD_IP[@]}" netns del "$ns" 2>/dev/null; done
+}
+
+# The plugin's step trace for SETUP/COLL when NCCL_TESTS_TRACE names SETUP: trace_env prints the variable for
+# the pods (nothing otherwise), trace_keep joins both pods' steps into OUT/SETUP/COLL.steps.md.
+trace_env() {
+  if [[ " ${NCCL_TESTS_TRACE:-} " == *" $1 "* ]]; then
+    mkdir -p "$WORK/trace/$1/$2" && echo "PODLINK_NCCL_STEP_TRACE=$WORK/trace/$1/$2"
+  fi
+}
+trace_keep() {
+  [ -d "$WORK/trace/$1/$2" ] || return 0
+  mkdir -p "$OUT/$1/steps-$2" && cp "$WORK/trace/$1/$2"/*.tsv "$OUT/$1/steps-$2/" 2>/dev/null
+  python3 "$ROOT/tests/gpu/nccl_steps.py" "$OUT/$1/steps-$2" > "$OUT/$1/$2.steps.md" 2>&1
+  gzip -f "$OUT/$1/steps-$2"/*.tsv 2>/dev/null
 }
 
 # finish SETUP COLL PID...: waits for the ranks, keeps NCCL's logs beside theirs, records the outcome.
@@ -242,7 +257,11 @@ for s in $SETUPS; do
       if mesh_up; then
         mesh_raw_tcp
         POD_ENV=("PODLINK_SOCKET_DIR=$WORK/sock-a" "PODLINK_SOCKET_DIR=$WORK/sock-b")
-        for c in $COLLS; do pods mesh "$c" 0 "$SOCKET_ARGS" "${PLUGIN_ENV[@]}"; done
+        for c in $COLLS; do
+          # shellcheck disable=SC2046  # the trace variable, or nothing
+          pods mesh "$c" 0 "$SOCKET_ARGS" "${PLUGIN_ENV[@]}" $(trace_env mesh "$c")
+          trace_keep mesh "$c"
+        done
         POD_ENV=()
         for n in a b; do
           "${POD_IP[@]}" netns exec "${MESH_NS[$([ $n = a ] && echo 0 || echo 1)]}" python3 -c \
@@ -275,16 +294,9 @@ for s in $SETUPS; do
       start_daemon $dargs
       # shellcheck disable=SC2086
       for c in $COLLS; do
-        tenv=""
-        if [[ " ${NCCL_TESTS_TRACE:-} " == *" $s "* ]]; then
-          mkdir -p "$WORK/trace/$s/$c" && tenv="PODLINK_NCCL_STEP_TRACE=$WORK/trace/$s/$c"
-        fi
-        pods "$s" "$c" "$both" "$ARGS" "${PLUGIN_ENV[@]}" $nenv $tenv
-        if [ -n "$tenv" ]; then
-          mkdir -p "$OUT/$s/steps-$c" && cp "$WORK/trace/$s/$c"/*.tsv "$OUT/$s/steps-$c/" 2>/dev/null
-          python3 "$ROOT/tests/gpu/nccl_steps.py" "$OUT/$s/steps-$c" > "$OUT/$s/$c.steps.md" 2>&1
-          gzip -f "$OUT/$s/steps-$c"/*.tsv 2>/dev/null
-        fi
+        # shellcheck disable=SC2046
+        pods "$s" "$c" "$both" "$ARGS" "${PLUGIN_ENV[@]}" $nenv $(trace_env "$s" "$c")
+        trace_keep "$s" "$c"
       done
       metrics "$s"
       stop_daemon

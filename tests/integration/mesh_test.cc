@@ -8,9 +8,13 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
+#include <map>
+#include <tuple>
 #include <cstdlib>
 #include <fstream>
 #include <random>
@@ -279,8 +283,12 @@ TEST_F(Mesh, NcclPluginBetweenPodsOnTwoNodesGoesThroughTheMesh) {
   absl::Status veth = PodVeth(recv.pid(), send.pid(), absl::StrCat(topo_.tag(), "pr"), absl::StrCat(topo_.tag(), "ps"),
                               "10.78.9.1/24", "10.78.9.2/24");
   ASSERT_TRUE(veth.ok()) << veth;
+  // With the step trace on (PODLINK_NCCL_STEP_TRACE): checked at the end.
+  char trace_dir[] = "/var/tmp/podlink-mesh-steps.XXXXXX";
+  ASSERT_NE(::mkdtemp(trace_dir), nullptr);
+  ::chmod(trace_dir, 0777);  // the pods' processes may run as another uid
   for (Pod* p : {&recv, &send}) {
-    p->Send(R"({"cmd": "init"})");
+    p->Send(json{{"cmd", "init"}, {"step_trace", trace_dir}}.dump());
     json r = p->Expect("ready");
     ASSERT_EQ(r["result"], 0) << r.dump();
     EXPECT_EQ(r["gpu"], std::getenv("PODLINK_TEST_MEM") != nullptr) << r.dump();
@@ -312,6 +320,36 @@ TEST_F(Mesh, NcclPluginBetweenPodsOnTwoNodesGoesThroughTheMesh) {
   // The bytes went over the daemons' mesh cable, not the pods' veth.
   EXPECT_GT(TxBytes(a, da) - cable_before, uint64_t{48} << 20) << "the large scenario alone writes 51 MiB";
   EXPECT_TRUE(nb->WaitForLog("event=mesh_grant peer=node-a pod=ml/prefill-0"));
+  // The step trace: both pods wrote their steps at finalize, and the sends
+  // join their receives across the pods (both ends name each connection alike).
+  for (Pod* p : {&send, &recv}) {
+    p->Send(R"({"cmd": "finalize"})");
+    EXPECT_EQ(p->Expect("finalized")["result"], 0);
+  }
+  std::map<std::tuple<uint64_t, uint64_t, int>, std::pair<uint64_t, uint64_t>> sends, recvs;  // size, t_post
+  for (const auto& f : std::filesystem::directory_iterator(trace_dir)) {
+    std::ifstream in(f.path());
+    std::string header;
+    std::getline(in, header);
+    char kind;
+    uint64_t conn, seq, size, t_try, t_post, t_submit, t_done;
+    int index;
+    while (in >> kind >> conn >> seq >> index >> size >> t_try >> t_post >> t_submit >> t_done) {
+      (kind == 's' ? sends : recvs)[{conn, seq, index}] = {size, t_post};
+    }
+  }
+  std::filesystem::remove_all(trace_dir);
+  size_t joined = 0;
+  for (const auto& [key, s] : sends) {
+    auto r = recvs.find(key);
+    if (r == recvs.end()) continue;
+    ++joined;
+    EXPECT_LE(s.first, r->second.first) << "a send larger than the receive it filled";
+    EXPECT_LE(r->second.second, s.second) << "a send accepted before its receive was posted";
+  }
+  EXPECT_GE(sends.size(), 32u);
+  // Sends of the close-in-flight scenario may never find their receive.
+  EXPECT_GE(joined * 10, sends.size() * 9) << joined << " of " << sends.size() << " sends joined a receive";
 }
 
 // A pod on another node writes and reads a GPU export (the owner's daemon
