@@ -43,6 +43,10 @@
 {{- if or (eq $mp $dp) (eq $mp (int .Values.metrics.port)) (eq $dp (int .Values.metrics.port)) -}}
 {{- fail "mesh.port, mesh.dataPort and metrics.port must differ (the mesh puts podlinkd on the host network)" -}}
 {{- end -}}
+{{- $rs := int .Values.mesh.relayStagingMib -}}
+{{- if or (lt $rs 16) (gt $rs 65536) -}}
+{{- fail "mesh.relayStagingMib must be in 16..65536" -}}
+{{- end -}}
 {{- if not (isAbs (toString .Values.mesh.certHostPath)) -}}
 {{- fail "mesh.certHostPath must be an absolute path on the node (it holds ca.crt, tls.crt, tls.key)" -}}
 {{- end -}}
