@@ -325,7 +325,7 @@ class MeshEngine::Peer : public std::enable_shared_from_this<MeshEngine::Peer> {
  public:
   static constexpr size_t kMaxQueued = 256;
 
-  explicit Peer(std::string node) : node_(std::move(node)), worker_([this] { Run(); }) {}
+  Peer(std::string node, bool tcp) : node_(std::move(node)), tcp_(tcp), worker_([this] { Run(); }) {}
   // Tasks never hold a reference to their peer, so this never runs on the
   // peer's own worker; the engine stops every peer before it goes away.
   ~Peer() {
@@ -350,6 +350,7 @@ class MeshEngine::Peer : public std::enable_shared_from_this<MeshEngine::Peer> {
     }
   }
   const std::string& node() const { return node_; }
+  bool tcp() const { return tcp_; }
   // False when stopping or too many tasks wait already.
   bool Post(std::function<void()> task) {
     absl::MutexLock l(&mu_);
@@ -404,6 +405,7 @@ class MeshEngine::Peer : public std::enable_shared_from_this<MeshEngine::Peer> {
     }
   }
   const std::string node_;
+  const bool tcp_;
   mutable absl::Mutex mu_;
   std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
@@ -796,7 +798,8 @@ void MeshEngine::Relay(const std::string& caller, const pb::OriginClaim& claim, 
       return done(absl::ResourceExhaustedError(absl::StrCat("node ", caller, " or its pod holds its limit of grants")));
     }
   }
-  std::shared_ptr<Peer> peer = PeerFor(next);
+  // The hop to another relay is TCP (a relay's grant has no memory to register).
+  std::shared_ptr<Peer> peer = PeerFor(next, /*tcp=*/at + 1 < via.size());
   if (peer == nullptr) return done(absl::ResourceExhaustedError("this podlinkd talks to too many other nodes already"));
   auto answer = std::make_shared<RegionDone>(std::move(done));
   Peer* p = peer.get();
@@ -807,16 +810,22 @@ void MeshEngine::Relay(const std::string& caller, const pb::OriginClaim& claim, 
     // Onward as for this node's own pods: direct paths (the kernel's routing
     // only where mesh.fallback says so).
     if (absl::Status st = Connect(peer, next); !st.ok()) return done(st);
-    if (std::dynamic_pointer_cast<PeerLinks>(peer->links()) == nullptr) {
-      return done(absl::FailedPreconditionError("this relay reaches the next node over verbs, which relays do not carry yet"));
-    }
+    // Onward over this node's own transport: over verbs the owner registers
+    // the export for this node's queue pairs, as for its own pods.
+    std::shared_ptr<verbs::VerbsLinks> vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links());
     pb::OpenRegionResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
     pb::OpenRegionRequest onward = req;
     onward.set_caller_instance(instance_);
+    onward.set_verbs(vl != nullptr);
     if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, onward, &resp), next.node_name); !st.ok()) return done(st);
+    if (vl != nullptr) {
+      std::vector<verbs::RegionKey> keys;
+      for (const pb::VerbsKey& k : resp.verbs_keys()) keys.push_back(verbs::RegionKey{k.device(), k.rkey(), k.base()});
+      vl->AddRegion(resp.grant(), std::move(keys));
+    }
     auto fwd = std::make_shared<Forward>(Forward{peer, resp.grant(), resp.size(), resp.instance()});
     bool over = false;
     uint64_t g = 0;
@@ -835,6 +844,7 @@ void MeshEngine::Relay(const std::string& caller, const pb::OriginClaim& claim, 
       }
     }
     if (over) {
+      if (vl != nullptr) vl->DropRegion(resp.grant());
       grpc::ClientContext c2;
       c2.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
       pb::CloseRegionRequest close;
@@ -975,6 +985,7 @@ void MeshEngine::CloseRegion(const std::string& node, uint64_t grant) {
   // A relay closes its own grant onward, best effort (grants also die with
   // their export).
   Peer* peer = fwd->peer.get();
+  if (auto vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links())) vl->DropRegion(fwd->grant);
   (void)peer->Post([peer, grant = fwd->grant] {
     std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
     if (stub == nullptr) return;
@@ -1283,11 +1294,13 @@ void MeshEngine::MarkFinished(const LinkKey& key, uint32_t transfer) {
 
 // --- importing side ----------------------------------------------------------
 
-std::shared_ptr<MeshEngine::Peer> MeshEngine::PeerFor(const RemoteTarget& target) {
+std::shared_ptr<MeshEngine::Peer> MeshEngine::PeerFor(const RemoteTarget& target, bool tcp) {
+  tcp = tcp && options_.transport != "tcp";  // with TCP links anyway, one peer serves both
+  const std::string key = tcp ? target.node_name + "/tcp" : target.node_name;
   constexpr size_t kMaxPeers = 256;
   std::vector<std::shared_ptr<Peer>> evicted;  // destroyed outside the lock (their workers are joined)
   absl::MutexLock l(&mu_);
-  if (auto it = peers_.find(target.node_name); it != peers_.end()) return it->second;
+  if (auto it = peers_.find(key); it != peers_.end()) return it->second;
   if (peers_.size() >= kMaxPeers) {
     // Forget peers that are idle, hold no connection and back no handle
     // (names pods asked for that never answered, for example).
@@ -1307,8 +1320,8 @@ std::shared_ptr<MeshEngine::Peer> MeshEngine::PeerFor(const RemoteTarget& target
     }
     if (peers_.size() >= kMaxPeers) return nullptr;
   }
-  std::shared_ptr<Peer>& p = peers_[target.node_name];
-  p = std::make_shared<Peer>(target.node_name);
+  std::shared_ptr<Peer>& p = peers_[key];
+  p = std::make_shared<Peer>(target.node_name, tcp);
   return p;
 }
 
@@ -1355,7 +1368,7 @@ absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const Remote
   // Said by the node itself (its certificate names it): routes may go
   // through it to the nodes it is cabled to.
   Learn(target.node_name, {hello.addresses().begin(), hello.addresses().end()}, hello.control_port());
-  if (options_.transport == "verbs") {
+  if (options_.transport == "verbs" && !p.tcp()) {
     auto open = [&](const pb::OpenVerbsRequest& req) -> absl::StatusOr<pb::OpenVerbsResponse> {
       grpc::ClientContext ctx;
       // The owner may open its device and make QPs first: more than a
@@ -1459,10 +1472,6 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
     graph[target.node_name] = remote;  // the descriptor's word, for this open only
     std::optional<std::vector<std::string>> via = RelayPath(node_name_, local, graph, target.node_name);
     if (via.has_value() && !via->empty()) {
-      if (options_.transport != "tcp") {
-        return done(absl::FailedPreconditionError(absl::StrCat(
-            "node ", target.node_name, " is reached only through relays, which carry TCP links (mesh.transport tcp)")));
-      }
       pb::OriginClaim claim;
       claim.set_origin(node_name_);
       *claim.mutable_importer() = req.importer();
@@ -1499,7 +1508,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
           "let the kernel route)")));
     }
   }
-  std::shared_ptr<Peer> peer = PeerFor(hop);
+  std::shared_ptr<Peer> peer = PeerFor(hop, /*tcp=*/hop.node_name != target.node_name);
   if (peer == nullptr) {
     return done(absl::ResourceExhaustedError("this podlinkd talks to too many other nodes already (256)"));
   }
@@ -1973,7 +1982,7 @@ podlink::v1::MeshStatus MeshEngine::Status() const {
     absl::MutexLock l(&mu_);
     peers = peers_;
     for (const auto& [id, h] : handles_) {
-      ++handles[h.peer->node()];
+      ++handles[h.peer->tcp() ? h.peer->node() + "/tcp" : h.peer->node()];
       ++routes[{h.destination, h.via}];
     }
     for (const auto& [id, g] : grants_) {
@@ -1993,10 +2002,10 @@ podlink::v1::MeshStatus MeshEngine::Status() const {
     for (const std::string& v : route.second) r->add_via(v);
     r->set_remote_handles(n);
   }
-  for (const auto& [node, p] : peers) {
+  for (const auto& [key, p] : peers) {
     podlink::v1::MeshStatus::Peer* out = st.add_peers();
-    out->set_node(node);
-    out->set_remote_handles(handles[node]);
+    out->set_node(p->node());
+    out->set_remote_handles(handles[key]);
     std::shared_ptr<DataLinks> links = p->links();
     if (links == nullptr) continue;
     LinkStats s = links->Stats();
@@ -2039,11 +2048,13 @@ std::string MeshEngine::RenderMetrics() const {
   for (const auto& p : peers) {
     std::shared_ptr<DataLinks> l = p->links();
     LinkStats s = l != nullptr ? l->Stats() : LinkStats{};
-    up[p->node()] = static_cast<double>(s.connections_up);
-    sent[p->node()] = static_cast<double>(s.bytes_sent);
-    received[p->node()] = static_cast<double>(s.bytes_received);
-    failures[p->node()] = static_cast<double>(s.connection_failures);
-    resent[p->node()] = static_cast<double>(s.resent_slices);
+    // A node reached both over the configured transport and, as a relay,
+    // over TCP: its counters add up.
+    up[p->node()] += static_cast<double>(s.connections_up);
+    sent[p->node()] += static_cast<double>(s.bytes_sent);
+    received[p->node()] += static_cast<double>(s.bytes_received);
+    failures[p->node()] += static_cast<double>(s.connection_failures);
+    resent[p->node()] += static_cast<double>(s.resent_slices);
   }
   RenderFamily(&out, "podlink_mesh_connections_up", "gauge", "data connections up, per peer node", up, "peer");
   RenderFamily(&out, "podlink_mesh_sent_bytes_total", "counter", "bytes written to peer nodes", sent, "peer");

@@ -232,7 +232,10 @@ class MeshEngine final : public MeshPort {
   static constexpr size_t kMaxUnauthenticated = 64;
 
   // Importing side.
-  std::shared_ptr<Peer> PeerFor(const RemoteTarget& target) ABSL_LOCKS_EXCLUDED(mu_);
+  // `tcp`: TCP links whatever mesh.transport says (a relay's grant has no
+  // memory for RDMA to land in, so the hop to a relay is TCP); such a peer is
+  // kept apart from the node's peer of the configured transport.
+  std::shared_ptr<Peer> PeerFor(const RemoteTarget& target, bool tcp = false) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Connect(const std::shared_ptr<Peer>& p, const RemoteTarget& target);
   struct Handle {
     uint64_t session = 0;

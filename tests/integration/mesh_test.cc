@@ -1105,6 +1105,26 @@ TEST_F(Mesh, ACutCableOrAKilledPeerFailsTransfersWithinTheBound) {
   EXPECT_TRUE(na->Alive());
 }
 
+// A node whose links are RDMA (mesh.transport verbs) reaches a relay over
+// TCP: a relay's grant has no memory for RDMA to land in. Node a here has no
+// RDMA device at all, so anything but TCP to c would fail.
+TEST_F(Mesh, AVerbsNodeReachesItsRelayOverTcp) {
+  std::string a = topo_.Node("a"), c = topo_.Node("c"), d = topo_.Node("d");
+  auto [ac_a, ac_c] = topo_.Cable(a, c, 3);
+  auto [cd_c, cd_d] = topo_.Cable(c, d, 4);
+  PodCgroup pa(RandomPodUid(), "burstable"), pd(RandomPodUid(), "burstable");
+  std::string pods = Rule(pa, "ml", "a", "job-7") + "," + Rule(pd, "ml", "d", "job-7");
+  auto na = StartNode("node-a", a, {ac_a}, pods, "",
+                      R"(, "transport": "verbs", "peers": [{"node": "node-c", "addresses": ["10.77.3.2/30", "10.77.4.1/30"]}])");
+  if (!na->WaitForLog("event=mesh_ready", 5000)) GTEST_SKIP() << "no libibverbs here: " << na->Log();
+  auto nc = StartNode("node-c", c, {ac_c, cd_c}, pods);
+  auto nd = StartNode("node-d", d, {cd_d}, pods);
+  KvAcrossNodes(*nd, pd, *na, pa, 8 << 20, 91);
+  EXPECT_NE(na->Log().find("event=mesh_peer_connected node=node-c control=10.77.3.2:7446 paths=1 connections="),
+            std::string::npos)
+      << na->Log();
+}
+
 // An importing daemon that dies leaves its grants on the owner (nothing
 // tells the owner); when it comes back, its new instance says so and the owner
 // drops what the old one held instead of keeping it until the export goes.

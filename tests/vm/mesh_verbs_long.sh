@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The longer soft-RoCE run (not in CI): three QEMU guests cabled as a triangle,
-# node-a and node-b by two cables, each node with its own podlinkd over the
-# verbs transport. Every node serves a region and writes, reads back and
-# notifies the other two nodes' regions (six directed transfers over direct
-# paths). While node-a writes to node-b, node-a's second cable to node-b goes
+# node-a and node-b by two cables, and a fourth, node-d, cabled only to node-c;
+# each node with its own podlinkd over the verbs transport. Every node of the
+# triangle serves a region and writes, reads back and notifies the other two
+# nodes' regions (six directed transfers over direct paths); node-a and node-d
+# do the same through node-c's daemon as a relay (node-a reaches node-c over
+# TCP, as every hop to a relay goes; node-c reaches node-d over verbs), and
+# node-c and node-d directly. While node-a writes to node-b, node-a's second cable to node-b goes
 # down: the QPs on it fail, their slices go over the first cable, and no byte
 # may be lost. The cable comes back PODLINK_VM_CUT_BACK seconds later (default
 # 3) and node-a's daemon makes new QPs on it (the owner drops the failed
@@ -11,17 +14,17 @@
 #
 #   tests/vm/mesh_verbs_long.sh [build dir] [output dir]
 #
-# PODLINK_VM_BYTES (default 16 MiB), PODLINK_VM_CUT_AFTER (seconds into the
-# write, default 1), PODLINK_VM_TIMEOUT (default 900 s).
+# PODLINK_VM_BYTES (default 16 MiB), PODLINK_VM_CUT_AFTER (seconds after node-a connected to node-b, the
+# write then under way; default 0.5: four guests share the host's cores), PODLINK_VM_TIMEOUT (default 900 s).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "${1:-build}" && pwd)
-out=${2:-docs/results/verbs-softroce-triangle-$(date -u +%Y-%m-%d)-local}
+out=${2:-docs/results/verbs-softroce-relay-$(date -u +%Y-%m-%d)-local}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 bytes=${PODLINK_VM_BYTES:-16777216}
 limit=${PODLINK_VM_TIMEOUT:-900}
-cut_after=${PODLINK_VM_CUT_AFTER:-2}
+cut_after=${PODLINK_VM_CUT_AFTER:-0.5}
 cut_back=${PODLINK_VM_CUT_BACK:-3}
 source "$here/lib.sh"
 source "$here/../common/mesh_certs.sh"
@@ -31,32 +34,50 @@ VM_RUN=$out
 export VM_RUN
 rm -rf "$out"/*
 trap vm_stop_all EXIT
-mesh_certs "$out/certs" node-a node-b node-c
-# a.eth0-b.eth0, a.eth1-b.eth1 (the one that is cut), b.eth2-c.eth0, a.eth2-c.eth1
+mesh_certs "$out/certs" node-a node-b node-c node-d
+# a.eth0-b.eth0, a.eth1-b.eth1 (the one that is cut), b.eth2-c.eth0, a.eth2-c.eth1, c.eth2-d.eth0
 printf 'eth0 10.77.1.1/30\neth1 10.77.2.1/30\neth2 10.77.4.1/30\n' > "$out/node-a.net"
 printf 'eth0 10.77.1.2/30\neth1 10.77.2.2/30\neth2 10.77.3.1/30\n' > "$out/node-b.net"
-printf 'eth0 10.77.3.2/30\neth1 10.77.4.2/30\n' > "$out/node-c.net"
+printf 'eth0 10.77.3.2/30\neth1 10.77.4.2/30\neth2 10.77.5.1/30\n' > "$out/node-c.net"
+printf 'eth0 10.77.5.2/30\n' > "$out/node-d.net"
 p=$((20000 + $$ % 20000))
 VM_NICS_node_a="listen:$p listen:$((p + 1)) listen:$((p + 3))"
 VM_NICS_node_b="connect:$p connect:$((p + 1)) listen:$((p + 2))"
-VM_NICS_node_c="connect:$((p + 2)) connect:$((p + 3))"
+VM_NICS_node_c="connect:$((p + 2)) connect:$((p + 3)) listen:$((p + 4))"
+VM_NICS_node_d="connect:$((p + 4))"
 env="PODLINK_VM_VERBS_TIMEOUT=${PODLINK_VM_VERBS_TIMEOUT:-16}"
 t0=$(date +%s)
-vm_log "booting node-a, node-b, node-c (kernel $VM_KVER, soft-RoCE); $bytes bytes per transfer"
-vm_start node_a 1 "$env PODLINK_VM_CUT='node-b eth1 $cut_after $cut_back' PODLINK_VM_NAME=node-a sh $here/node.sh $build pair $bytes node-b node-c"
+vm_log "booting node-a, node-b, node-c, node-d (kernel $VM_KVER, soft-RoCE); $bytes bytes per transfer"
+# Peer order matters for node-a and node-d: each talks to node-c first and so
+# learns node-c's addresses (its Hello), through which it routes to the other.
+vm_start node_a 1 "$env PODLINK_VM_CUT='node-b eth1 $cut_after $cut_back' PODLINK_VM_NAME=node-a sh $here/node.sh $build pair $bytes node-b node-c node-d"
 sleep 1
 vm_start node_b 2 "$env PODLINK_VM_NAME=node-b sh $here/node.sh $build pair $bytes node-a node-c"
 sleep 1
-vm_start node_c 3 "$env PODLINK_VM_NAME=node-c sh $here/node.sh $build pair $bytes node-a node-b"
+vm_start node_c 3 "$env PODLINK_VM_NAME=node-c sh $here/node.sh $build pair $bytes node-a node-b node-d"
+sleep 1
+vm_start node_d 4 "$env PODLINK_VM_NAME=node-d sh $here/node.sh $build pair $bytes node-c node-a"
 rc=0
-for n in node_a node_b node_c; do vm_wait "$n" "$limit" || rc=1; done
+for n in node_a node_b node_c node_d; do vm_wait "$n" "$limit" || rc=1; done
 vm_log "guests done in $(( $(date +%s) - t0 )) s"
-for n in node_a node_b node_c; do
+for n in node_a node_b node_c node_d; do
   echo "---- $n"
   cat "$out/$n.log" 2>/dev/null || tail -n 20 "$out/$n.console"
 done
-python3 "$here/summary.py" "$out" node-a:node-b node-a:node-c node-b:node-a node-b:node-c node-c:node-a node-c:node-b ||
-  rc=1
+python3 "$here/summary.py" "$out" node-a:node-b node-a:node-c node-b:node-a node-b:node-c node-c:node-a node-c:node-b \
+  node-c:node-d node-d:node-c node-a:node-d node-d:node-a || rc=1
+# node-a and node-d reached each other through node-c's daemon, not around it.
+for pair in "node-a node-d" "node-d node-a"; do
+  set -- $pair
+  if grep -q "event=mesh_route destination=$2 via=node-c" "$out/$1.podlinkd.log"; then
+    echo "$1: routed to $2 via node-c"
+  else
+    echo "$1 did not route to $2 through node-c"; rc=1
+  fi
+done
+relayed=$(grep -c 'event=mesh_relay_grant' "$out/node-c.podlinkd.log" || true)
+echo "node-c: relayed $relayed regions"
+[ "$relayed" -ge 2 ] || { echo "node-c relayed $relayed regions, expected 2"; rc=1; }
 # The cut must have cost QPs (and so resent slices), not data.
 failed=$(grep -c 'event=verbs_qp_failed' "$out/node-a.podlinkd.log" || true)
 echo "node-a: $failed queue pairs failed after the cut"
@@ -75,9 +96,9 @@ grep -h 'podlink_mesh' "$out/node-a.metrics" 2>/dev/null | grep -E 'resent|failu
 {
   echo "machine: $(nproc) cores, host kernel $(uname -r), guests: Debian $VM_KVER under QEMU TCG, 1 vCPU, ${VM_MEM_MB} MiB each"
   echo "date: $(date -u +%Y-%m-%dT%H:%MZ); commit: $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  echo "command: tests/vm/mesh_verbs_long.sh; $bytes bytes per transfer; node-a's eth1 to node-b cut ${cut_after} s into its write, back ${cut_back} s later"
+  echo "command: tests/vm/mesh_verbs_long.sh; $bytes bytes per transfer; node-a's eth1 to node-b cut ${cut_after} s into its write, back ${cut_back} s later; node-a and node-d through node-c"
 } > "$out/machine.txt"
 rm -rf "$out/certs" "$out"/*.pid "$out"/*.desc-* "$out"/*.idx
-[ "$rc" = 0 ] && echo "triangle + cut cable over verbs (soft-RoCE, three guests): PASS" ||
-  echo "triangle + cut cable over verbs (soft-RoCE, three guests): FAIL"
+[ "$rc" = 0 ] && echo "triangle + cut cable + a node through a relay over verbs (soft-RoCE, four guests): PASS" ||
+  echo "triangle + cut cable + a node through a relay over verbs (soft-RoCE, four guests): FAIL"
 exit "$rc"
