@@ -578,7 +578,7 @@ uint64_t MeshEngine::GrantForTesting(const std::string& node, std::shared_ptr<co
   absl::MutexLock l(&mu_);
   uint64_t g = 0;
   while (g == 0 || grants_.contains(g)) g = RandomU64();
-  grants_[g] = Grant{node, rec, node + "/test"};
+  grants_[g] = Grant{node, rec, node + "/test", nullptr, 0};
   ++grants_per_node_[node];
   return g;
 }
@@ -2045,9 +2045,16 @@ std::string MeshEngine::RenderMetrics() const {
     late = late_slices_dropped_;
     dup_notifies = duplicate_notifies_;
   }
+  std::map<std::pair<std::string, std::string>, double> path_up, path_sent;
   for (const auto& p : peers) {
     std::shared_ptr<DataLinks> l = p->links();
     LinkStats s = l != nullptr ? l->Stats() : LinkStats{};
+    if (l != nullptr) {
+      for (const auto& [path, conn_up, conn_sent] : l->Connections()) {
+        path_up[{p->node(), path}] += conn_up ? 1 : 0;
+        path_sent[{p->node(), path}] += static_cast<double>(conn_sent);
+      }
+    }
     // A node reached both over the configured transport and, as a relay,
     // over TCP: its counters add up.
     up[p->node()] += static_cast<double>(s.connections_up);
@@ -2063,6 +2070,11 @@ std::string MeshEngine::RenderMetrics() const {
                "peer");
   RenderFamily(&out, "podlink_mesh_resent_slices_total", "counter",
                "slices sent again over another connection after theirs failed", resent, "peer");
+  RenderFamily2(&out, "podlink_mesh_path_connections_up", "gauge",
+                "data connections (TCP) or queue pairs (verbs) up, per peer node and path (local->remote address)",
+                path_up, "peer", "path");
+  RenderFamily2(&out, "podlink_mesh_path_sent_bytes_total", "counter", "bytes written to a peer node, per path",
+                path_sent, "peer", "path");
   auto one = [&](const char* name, const char* type, const char* help, double v) {
     RenderFamily(&out, name, type, help, {{"", v}});
   };

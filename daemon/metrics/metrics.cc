@@ -34,6 +34,24 @@ std::map<std::string, uint64_t> LabeledCounter::Snapshot() const {
   return counts_;
 }
 
+namespace {
+// A label value as the text format wants it: backslash, quote and newline escaped.
+std::string LabelValue(const std::string& v) {
+  std::string out;
+  for (char ch : v) {
+    if (ch == '\\' || ch == '"') {
+      out += '\\';
+      out += ch;
+    } else if (ch == '\n') {
+      out += "\\n";
+    } else {
+      out += ch;
+    }
+  }
+  return out;
+}
+}  // namespace
+
 void RenderFamily(std::string* out, const std::string& name, const char* type, const std::string& help,
                   const std::map<std::string, double>& values, const std::string& label_name) {
   absl::StrAppend(out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
@@ -41,8 +59,18 @@ void RenderFamily(std::string* out, const std::string& name, const char* type, c
     if (label_name.empty()) {
       absl::StrAppend(out, name, " ", absl::StrFormat("%.17g", v), "\n");
     } else {
-      absl::StrAppend(out, name, "{", label_name, "=\"", label, "\"} ", absl::StrFormat("%.17g", v), "\n");
+      absl::StrAppend(out, name, "{", label_name, "=\"", LabelValue(label), "\"} ", absl::StrFormat("%.17g", v), "\n");
     }
+  }
+}
+
+void RenderFamily2(std::string* out, const std::string& name, const char* type, const std::string& help,
+                   const std::map<std::pair<std::string, std::string>, double>& values, const std::string& label1,
+                   const std::string& label2) {
+  absl::StrAppend(out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
+  for (const auto& [labels, v] : values) {
+    absl::StrAppend(out, name, "{", label1, "=\"", LabelValue(labels.first), "\",", label2, "=\"",
+                    LabelValue(labels.second), "\"} ", absl::StrFormat("%.17g", v), "\n");
   }
 }
 

@@ -43,5 +43,9 @@ class LabeledCounter {
 // Appends one metric family (HELP, TYPE, value lines).
 void RenderFamily(std::string* out, const std::string& name, const char* type, const std::string& help,
                   const std::map<std::string, double>& labeled_values, const std::string& label_name = "");
+// The same with two labels per sample.
+void RenderFamily2(std::string* out, const std::string& name, const char* type, const std::string& help,
+                   const std::map<std::pair<std::string, std::string>, double>& values, const std::string& label1,
+                   const std::string& label2);
 
 }  // namespace podlink

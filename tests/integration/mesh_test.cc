@@ -417,6 +417,18 @@ TEST_F(Mesh, TwoCablesBothCarryATransfer) {
   EXPECT_NE(text.find("8/8"), std::string::npos) << text;
   EXPECT_NE(text.find("10.77.2.1->10.77.2.2"), std::string::npos) << text;
   std::cerr << text;
+  // The same per path on /metrics (read inside node a's namespace).
+  std::string metrics = RunCommand(absl::StrCat(
+      "ip netns exec ", a, " python3 -c 'import urllib.request as u; print(u.urlopen(\"http://127.0.0.1:",
+      na->metrics_port(), "/metrics\").read().decode())'"));
+  for (const char* path : {"10.77.1.1->10.77.1.2", "10.77.2.1->10.77.2.2"}) {
+    EXPECT_NE(metrics.find(absl::StrCat("podlink_mesh_path_connections_up{peer=\"node-b\",path=\"", path, "\"} 4")),
+              std::string::npos)
+        << metrics;
+    size_t at = metrics.find(absl::StrCat("podlink_mesh_path_sent_bytes_total{peer=\"node-b\",path=\"", path, "\"} "));
+    ASSERT_NE(at, std::string::npos) << metrics;
+    EXPECT_GT(std::strtod(metrics.c_str() + metrics.find("} ", at) + 2, nullptr), 0.0) << metrics;
+  }
 }
 
 // The seed's triangle (every pair of nodes its own cable and subnet) plus a
