@@ -34,6 +34,10 @@ Buffer& B() {
   return *b;
 }
 
+struct FlushAtUnload {
+  ~FlushAtUnload() { Flush(); }
+};
+
 }  // namespace
 
 void Configure() {
@@ -48,7 +52,11 @@ void Configure() {
   b.on.store(true, std::memory_order_release);
   if (!b.at_exit) {
     b.at_exit = true;
-    std::atexit([] { Flush(); });
+    // Written at exit, or when the plugin is unloaded before: a static's
+    // destructor is tied to this library (std::atexit is not, under
+    // ThreadSanitizer's interceptor, which then calls into unloaded code).
+    static FlushAtUnload flush_at_unload;
+    (void)flush_at_unload;
   }
 }
 

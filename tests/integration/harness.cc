@@ -251,6 +251,19 @@ void Pod::Send(const std::string& line) {
 
 void Pod::Kill(int sig) { kill(pid_, sig); }
 
+std::optional<int> Pod::WaitFor(int timeout_ms) {
+  for (int waited = 0; !waited_; waited += 20) {
+    pid_t r = waitpid(pid_, &status_, WNOHANG);
+    if (r == pid_) {
+      waited_ = true;
+      break;
+    }
+    if (r < 0 || waited >= timeout_ms) return std::nullopt;
+    usleep(20000);
+  }
+  return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
+}
+
 int Pod::Wait() {
   if (!waited_) {
     waitpid(pid_, &status_, 0);

@@ -77,6 +77,8 @@ class Pod {
   void Send(const std::string& line);
   void Kill(int sig);
   int Wait();  // exit status (128+sig when killed)
+  // The exit status once the pod ended within `timeout_ms`; nullopt if it is still running.
+  std::optional<int> WaitFor(int timeout_ms);
   pid_t pid() const { return pid_; }
 
  private:

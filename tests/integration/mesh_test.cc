@@ -320,12 +320,13 @@ TEST_F(Mesh, NcclPluginBetweenPodsOnTwoNodesGoesThroughTheMesh) {
   // The bytes went over the daemons' mesh cable, not the pods' veth.
   EXPECT_GT(TxBytes(a, da) - cable_before, uint64_t{48} << 20) << "the large scenario alone writes 51 MiB";
   EXPECT_TRUE(nb->WaitForLog("event=mesh_grant peer=node-a pod=ml/prefill-0"));
-  // The step trace: both pods wrote their steps at finalize, and the sends
+  // The step trace: both pods write their steps as they exit, and the sends
   // join their receives across the pods (both ends name each connection alike).
-  for (Pod* p : {&send, &recv}) {
-    p->Send(R"({"cmd": "finalize"})");
-    EXPECT_EQ(p->Expect("finalized")["result"], 0);
-  }
+  for (Pod* p : {&send, &recv}) p->Send(R"({"cmd": "exit"})");
+  for (Pod* p : {&send, &recv}) EXPECT_EQ(p->WaitFor(30000), std::optional<int>(0)) << "a pod did not exit cleanly";
+  size_t files = 0;
+  for ([[maybe_unused]] const auto& f : std::filesystem::directory_iterator(trace_dir)) ++files;
+  ASSERT_EQ(files, 2u) << "one step file per pod";
   std::map<std::tuple<uint64_t, uint64_t, int>, std::pair<uint64_t, uint64_t>> sends, recvs;  // size, t_post
   for (const auto& f : std::filesystem::directory_iterator(trace_dir)) {
     std::ifstream in(f.path());
