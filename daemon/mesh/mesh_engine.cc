@@ -864,13 +864,6 @@ void MeshEngine::Relay(const std::string& caller, const pb::OriginClaim& claim, 
   }
 }
 
-std::shared_ptr<const MeshEngine::Forward> MeshEngine::ForwardOf(const std::string& node, uint64_t grant) const {
-  absl::MutexLock l(&mu_);
-  auto it = grants_.find(grant);
-  if (it == grants_.end() || it->second.node != node) return nullptr;
-  return it->second.forward;
-}
-
 bool MeshEngine::ReserveRelay(const std::string& node, uint64_t n) {
   absl::MutexLock l(&mu_);
   const uint64_t cap = options_.relay_staging_bytes, per_node = std::max<uint64_t>(cap / 2, kMaxFramePayload);
@@ -998,22 +991,34 @@ void MeshEngine::CloseRegion(const std::string& node, uint64_t grant) {
   });
 }
 
-absl::StatusOr<std::shared_ptr<const ExportRecord>> MeshEngine::GrantedExport(const std::string& node,
-                                                                              uint64_t grant) {
-  std::shared_ptr<const ExportRecord> rec;
+absl::StatusOr<MeshEngine::Granted> MeshEngine::LookupGrant(const std::string& node, uint64_t grant) {
+  Granted g;
   {
     absl::MutexLock l(&mu_);
     auto it = grants_.find(grant);
     if (it == grants_.end() || it->second.node != node) {
       return absl::NotFoundError(absl::StrCat("no grant ", grant, " for node ", node));
     }
-    rec = it->second.record.lock();
+    if (it->second.forward != nullptr) {
+      g.forward = it->second.forward;
+      return g;
+    }
+    g.record = it->second.record.lock();
   }
-  if (rec == nullptr || !host_->ExportLive(*rec)) {
+  if (g.record == nullptr || !host_->ExportLive(*g.record)) {
     CloseRegion(node, grant);
     return absl::NotFoundError(absl::StrCat("the export behind grant ", grant, " was withdrawn"));
   }
-  return rec;
+  return g;
+}
+
+absl::StatusOr<std::shared_ptr<const ExportRecord>> MeshEngine::GrantedExport(const std::string& node,
+                                                                              uint64_t grant) {
+  PODLINK_ASSIGN_OR_RETURN(Granted g, LookupGrant(node, grant));
+  if (g.forward != nullptr) {
+    return absl::NotFoundError(absl::StrCat("grant ", grant, " is a relay's: no export of this node behind it"));
+  }
+  return g.record;
 }
 
 void MeshEngine::AcceptLoop() {
@@ -1132,9 +1137,10 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
       if (!io.ok()) return;
       continue;
     }
-    // A grant of a relay: the frame goes on to the next node.
-    if (std::shared_ptr<const Forward> fwd = ForwardOf(node, h.grant)) {
-      if (!ServeForward(writer, fd, h, node, link_instance, *fwd).ok()) return;
+    // One look at the grant: a relay's goes on to the next node.
+    absl::StatusOr<Granted> granted = LookupGrant(node, h.grant);
+    if (granted.ok() && granted->forward != nullptr) {
+      if (!ServeForward(writer, fd, h, node, link_instance, *granted->forward).ok()) return;
       continue;
     }
     struct EndWriteOnExit {
@@ -1146,7 +1152,8 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
         if (active) e->EndWrite(key, transfer);
       }
     } end_write{this, key, transfer, type == FrameType::kWrite};
-    absl::StatusOr<std::shared_ptr<const ExportRecord>> rec = GrantedExport(node, h.grant);
+    absl::StatusOr<std::shared_ptr<const ExportRecord>> rec =
+        granted.ok() ? absl::StatusOr<std::shared_ptr<const ExportRecord>>(granted->record) : granted.status();
     absl::StatusOr<RelayView> view = rec.ok() ? (*rec)->memory->MapForRelay() : rec.status();
     absl::Status st = view.status();
     if (st.ok() && type != FrameType::kNotify) {

@@ -176,7 +176,6 @@ class MeshEngine final : public MeshPort {
   // This node relays `req` (its claim checked) to the next node of its route.
   void Relay(const std::string& caller, const podlink::mesh::v1::OriginClaim& claim,
              const podlink::mesh::v1::OpenRegionRequest& req, RegionDone done) ABSL_LOCKS_EXCLUDED(mu_);
-  std::shared_ptr<const Forward> ForwardOf(const std::string& node, uint64_t grant) const ABSL_LOCKS_EXCLUDED(mu_);
   // Serves one frame on a relay grant; an error ends the connection.
   class ConnWriter;
   absl::Status ServeForward(const std::shared_ptr<ConnWriter>& writer, int fd, const FrameHeader& h,
@@ -212,6 +211,15 @@ class MeshEngine final : public MeshPort {
   // `replaces`).
   absl::Status ConnectVerbsPath(verbs::VerbsLinks& links, const Path& path, const OpenVerbsCall& open,
                                 const std::vector<uint32_t>& replaces);
+  // What a grant this node gave `node` stands for: an export here, or (on a
+  // relay) the next node's grant. NOT_FOUND for no such grant, or one whose
+  // export is gone (the grant is closed then).
+  struct Granted {
+    std::shared_ptr<const ExportRecord> record;
+    std::shared_ptr<const Forward> forward;
+  };
+  absl::StatusOr<Granted> LookupGrant(const std::string& node, uint64_t grant) ABSL_LOCKS_EXCLUDED(mu_);
+  // The export only (a relay's grant is NOT_FOUND here).
   absl::StatusOr<std::shared_ptr<const ExportRecord>> GrantedExport(const std::string& node, uint64_t grant)
       ABSL_LOCKS_EXCLUDED(mu_);
   void AcceptLoop();
