@@ -415,6 +415,27 @@ class MeshEngine::Peer : public std::enable_shared_from_this<MeshEngine::Peer> {
   std::thread worker_;
 };
 
+namespace {
+
+// Gives back a grant this node holds from `peer`: its verbs keys at once, the
+// grant itself on the peer's worker, best effort (grants also die with their
+// export).
+void ReleaseRemoteGrant(MeshEngine::Peer* peer, uint64_t grant) {
+  if (auto vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links())) vl->DropRegion(grant);
+  (void)peer->Post([peer, grant] {
+    std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
+    if (stub == nullptr) return;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::CloseRegionRequest req;
+    req.set_grant(grant);
+    pb::CloseRegionResponse ignored;
+    (void)stub->CloseRegion(&ctx, req, &ignored);
+  });
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------------------
 
 MeshEngine::MeshEngine(MeshOptions options, std::string node_name, MeshHost* host)
@@ -844,13 +865,7 @@ void MeshEngine::Relay(const std::string& caller, const pb::OriginClaim& claim, 
       }
     }
     if (over) {
-      if (vl != nullptr) vl->DropRegion(resp.grant());
-      grpc::ClientContext c2;
-      c2.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-      pb::CloseRegionRequest close;
-      close.set_grant(resp.grant());
-      pb::CloseRegionResponse ignored;
-      (void)stub->CloseRegion(&c2, close, &ignored);
+      ReleaseRemoteGrant(peer.get(), resp.grant());
       return done(absl::ResourceExhaustedError(absl::StrCat("node ", caller, " or its pod holds its limit of grants")));
     }
     Log()->info("event=mesh_relay_grant peer={} origin={} next={} grant={}", caller, origin, next.node_name, g);
@@ -974,21 +989,8 @@ void MeshEngine::CloseRegion(const std::string& node, uint64_t grant) {
     fwd = std::move(it->second.forward);
     grants_.erase(it);
   }
-  if (fwd == nullptr) return;
-  // A relay closes its own grant onward, best effort (grants also die with
-  // their export).
-  Peer* peer = fwd->peer.get();
-  if (auto vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links())) vl->DropRegion(fwd->grant);
-  (void)peer->Post([peer, grant = fwd->grant] {
-    std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
-    if (stub == nullptr) return;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    pb::CloseRegionRequest req;
-    req.set_grant(grant);
-    pb::CloseRegionResponse ignored;
-    (void)stub->CloseRegion(&ctx, req, &ignored);
-  });
+  // A relay closes its own grant onward.
+  if (fwd != nullptr) ReleaseRemoteGrant(fwd->peer.get(), fwd->grant);
 }
 
 absl::StatusOr<MeshEngine::Granted> MeshEngine::LookupGrant(const std::string& node, uint64_t grant) {
@@ -1565,12 +1567,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
       }
     }
     if (over) {
-      grpc::ClientContext c2;
-      c2.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
-      pb::CloseRegionRequest close;
-      close.set_grant(resp.grant());
-      pb::CloseRegionResponse ignored;
-      (void)stub->CloseRegion(&c2, close, &ignored);
+      ReleaseRemoteGrant(peer.get(), resp.grant());  // its verbs keys too
       return done(absl::ResourceExhaustedError(
           absl::StrCat("this session holds ", options_.max_handles_per_session, " remote regions (the limit)")));
     }
@@ -1598,18 +1595,7 @@ absl::Status MeshEngine::DropHandle(uint64_t session, uint64_t handle) {
     handles_.erase(it);
     if (--handles_per_session_[session] == 0) handles_per_session_.erase(session);
   }
-  Peer* peer = h.peer.get();
-  if (auto vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links())) vl->DropRegion(h.grant);
-  (void)peer->Post([peer, grant = h.grant] {  // best effort: a grant also dies with its export
-    std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
-    if (stub == nullptr) return;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    pb::CloseRegionRequest req;
-    req.set_grant(grant);
-    pb::CloseRegionResponse ignored;
-    (void)stub->CloseRegion(&ctx, req, &ignored);
-  });
+  ReleaseRemoteGrant(h.peer.get(), h.grant);
   return absl::OkStatus();
 }
 
