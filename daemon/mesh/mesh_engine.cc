@@ -583,6 +583,10 @@ void MeshEngine::Learn(const std::string& node, const std::vector<std::string>& 
   known_[node] = Known{addresses, port};
 }
 
+std::vector<IpPrefix> MeshEngine::LocalForPaths() const {
+  return options_.addresses.empty() ? LocalAddresses(options_.interfaces) : advertised_;
+}
+
 std::vector<std::string> MeshEngine::AdvertisedAddresses() const {
   std::vector<std::string> out;
   for (const IpPrefix& a : advertised_) out.push_back(a.ToString());
@@ -632,7 +636,7 @@ absl::StatusOr<std::vector<std::string>> MeshEngine::IssueCookies(const std::str
 void MeshEngine::OpenRegionFor(const std::string& node, const pb::OpenRegionRequest& req, RegionDone done) {
   if (node != node_name_) SeenInstance(node, req.caller_instance());
   if (!req.has_route()) return done(OpenRegion(node, req));
-  absl::StatusOr<pb::OriginClaim> claim = CheckClaim(node, req.route());
+  absl::StatusOr<CheckedClaim> claim = CheckClaim(node, req.route());
   if (!claim.ok()) {
     Log()->warn("event=mesh_deny peer={} reason={}", node, LogQuoted(claim.status().message()));
     {
@@ -641,13 +645,15 @@ void MeshEngine::OpenRegionFor(const std::string& node, const pb::OpenRegionRequ
     }
     return done(claim.status());
   }
-  if (claim->destination().node() == node_name_) return done(OpenRegion(node, req));
+  if (claim->next.empty()) return done(OpenRegion(node, req, &claim->claim));
   Relay(node, *claim, req, std::move(done));
 }
 
-absl::StatusOr<pb::OriginClaim> MeshEngine::CheckClaim(const std::string& caller, const pb::Route& route) const {
+absl::StatusOr<MeshEngine::CheckedClaim> MeshEngine::CheckClaim(const std::string& caller,
+                                                                const pb::Route& route) const {
   constexpr size_t kMaxClaim = 64 << 10;
-  pb::OriginClaim claim;
+  CheckedClaim out;
+  pb::OriginClaim& claim = out.claim;
   if (route.claim().size() > kMaxClaim || !claim.ParseFromString(route.claim())) {
     return absl::PermissionDeniedError("the route's claim does not parse");
   }
@@ -687,32 +693,34 @@ absl::StatusOr<pb::OriginClaim> MeshEngine::CheckClaim(const std::string& caller
                                                       claim.origin(), "'s claim"));
     }
     before = at == 0 ? claim.origin() : via.Get(at - 1);
+    out.next_is_relay = at + 1 < via.size();
+    out.next = out.next_is_relay ? via.Get(at + 1) : claim.destination().node();
   }
   if (caller != before) {
     return absl::PermissionDeniedError(absl::StrCat("node ", caller, " is not the hop before this node on node ",
                                                     claim.origin(), "'s route (", before, " is)"));
   }
-  return claim;
+  return out;
 }
 
 absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string& node,
-                                                              const pb::OpenRegionRequest& plain) {
+                                                              const pb::OpenRegionRequest& plain,
+                                                              const pb::OriginClaim* claim) {
   if (node == node_name_) {
     return absl::PermissionDeniedError(absl::StrCat("a peer presented this node's own name '", node, "'"));
   }
+  if (plain.has_route() && claim == nullptr) return absl::PermissionDeniedError("a relayed open without its checked claim");
   // Relayed: the importer and the target are what the origin signed (its
   // claim was checked by OpenRegionFor), and the pod is the origin's.
   std::string origin = node;
   pb::OpenRegionRequest req = plain;
-  if (plain.has_route()) {
-    pb::OriginClaim claim;
-    if (!claim.ParseFromString(plain.route().claim())) return absl::PermissionDeniedError("unparsable claim");
-    origin = claim.origin();
-    *req.mutable_importer() = claim.importer();
-    if (claim.target_case() == pb::OriginClaim::kName) {
-      req.set_name(claim.name());
+  if (claim != nullptr) {
+    origin = claim->origin();
+    *req.mutable_importer() = claim->importer();
+    if (claim->target_case() == pb::OriginClaim::kName) {
+      req.set_name(claim->name());
     } else {
-      req.set_export_id(claim.export_id());
+      req.set_export_id(claim->export_id());
     }
     if (origin == node_name_) {
       return absl::PermissionDeniedError("a relay presented a claim of this node's own pods");
@@ -783,29 +791,31 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
   return resp;
 }
 
-void MeshEngine::Relay(const std::string& caller, const pb::OriginClaim& claim, const pb::OpenRegionRequest& req,
+void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, const pb::OpenRegionRequest& req,
                        RegionDone done) {
   if (req.verbs()) {
     return done(absl::FailedPreconditionError("relayed regions ride TCP links (mesh.transport tcp on the importer)"));
   }
-  // The next node: the relay after this one, or the destination (whose
-  // addresses the origin signed). A relay after this one must be known here.
-  const auto& via = claim.via();
-  int at = 0;
-  while (via.Get(at) != node_name_) ++at;  // CheckClaim found it
+  // The next node: the relay after this one (it must be known here), or the
+  // destination (whose addresses the origin signed).
+  const pb::OriginClaim& claim = checked.claim;
   RemoteTarget next;
-  if (at + 1 < via.size()) {
-    next.node_name = via.Get(at + 1);
-    absl::MutexLock l(&mu_);
-    auto it = known_.find(next.node_name);
-    if (it == known_.end()) {
+  next.node_name = checked.next;
+  if (checked.next_is_relay) {
+    bool known = false;
+    {
+      absl::MutexLock l(&mu_);
+      if (auto it = known_.find(next.node_name); it != known_.end()) {
+        known = true;
+        next.addresses = it->second.addresses;
+        next.port = it->second.port;
+      }
+    }
+    if (!known) {
       return done(absl::FailedPreconditionError(
           absl::StrCat("relay ", node_name_, " does not know node ", next.node_name, " (mesh.peers)")));
     }
-    next.addresses = it->second.addresses;
-    next.port = it->second.port;
   } else {
-    next.node_name = claim.destination().node();
     next.addresses.assign(claim.destination().addresses().begin(), claim.destination().addresses().end());
     next.port = claim.destination().port();
   }
@@ -820,7 +830,7 @@ void MeshEngine::Relay(const std::string& caller, const pb::OriginClaim& claim, 
     }
   }
   // The hop to another relay is TCP (a relay's grant has no memory to register).
-  std::shared_ptr<Peer> peer = PeerFor(next, /*tcp=*/at + 1 < via.size());
+  std::shared_ptr<Peer> peer = PeerFor(next, /*tcp=*/checked.next_is_relay);
   if (peer == nullptr) return done(absl::ResourceExhaustedError("this podlinkd talks to too many other nodes already"));
   auto answer = std::make_shared<RegionDone>(std::move(done));
   Peer* p = peer.get();
@@ -1342,7 +1352,7 @@ absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const Remote
     absl::StatusOr<IpPrefix> ip = IpPrefix::Parse(a);
     if (ip.ok()) remote.push_back(*ip);
   }
-  std::vector<IpPrefix> local = options_.addresses.empty() ? LocalAddresses(options_.interfaces) : advertised_;
+  std::vector<IpPrefix> local = LocalForPaths();
   std::vector<Path> paths = ChoosePaths(local, remote, options_.fallback);
   if (paths.empty()) {
     std::vector<std::string> mine;
@@ -1461,7 +1471,8 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
   // relay of the shortest route through nodes this one knows, else (only if
   // configured) the owner through the kernel's routing.
   RemoteTarget hop = target;
-  std::vector<IpPrefix> local = options_.addresses.empty() ? LocalAddresses(options_.interfaces) : advertised_;
+  std::vector<std::string> relays;  // the route's, first hop first; empty: direct
+  std::vector<IpPrefix> local = LocalForPaths();
   std::vector<IpPrefix> remote;
   for (const std::string& a : target.addresses) {
     if (absl::StatusOr<IpPrefix> ip = IpPrefix::Parse(a); ip.ok()) remote.push_back(*ip);
@@ -1501,6 +1512,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
       if (!sig.ok()) return done(sig.status());
       route->set_signature(*std::move(sig));
       route->set_origin_cert(cert_pem_);
+      relays = *via;
       hop.node_name = via->front();
       hop.addresses = known[hop.node_name].addresses;
       hop.port = known[hop.node_name].port;
@@ -1526,13 +1538,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
   // is dropped (engine stopping) or refused still answers.
   auto answer = std::make_shared<OpenDone>(std::move(done));
   Peer* p = peer.get();
-  std::vector<std::string> via;
-  if (req.has_route()) {
-    pb::OriginClaim claim;
-    claim.ParseFromString(req.route().claim());
-    via.assign(claim.via().begin(), claim.via().end());
-  }
-  bool posted = p->Post([this, p, session, hop, req, answer, destination = target.node_name, via] {
+  bool posted = p->Post([this, p, session, hop, req, answer, destination = target.node_name, via = relays] {
     std::shared_ptr<Peer> peer = p->shared_from_this();
     OpenDone done = std::move(*answer);
     *answer = nullptr;

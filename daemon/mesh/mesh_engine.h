@@ -169,13 +169,21 @@ class MeshEngine final : public MeshPort {
   // A node's daemon said its instance: when it changed (a restart), the
   // grants the old instance held are dropped.
   void SeenInstance(const std::string& node, uint64_t instance) ABSL_LOCKS_EXCLUDED(mu_);
-  // A relayed request's signed claim, checked for this node's place on its
-  // route and the calling node's (PERMISSION_DENIED otherwise).
-  absl::StatusOr<podlink::mesh::v1::OriginClaim> CheckClaim(const std::string& caller,
-                                                            const podlink::mesh::v1::Route& route) const;
+  // A relayed request's signed claim, checked, with this node's place on its
+  // route: `next` is the relay after this one, or (this node being the last
+  // relay) the destination; empty when this node is the destination. The
+  // caller must be the node before this one (PERMISSION_DENIED otherwise).
+  struct CheckedClaim {
+    podlink::mesh::v1::OriginClaim claim;
+    std::string next;
+    bool next_is_relay = false;
+  };
+  absl::StatusOr<CheckedClaim> CheckClaim(const std::string& caller, const podlink::mesh::v1::Route& route) const;
   // This node relays `req` (its claim checked) to the next node of its route.
-  void Relay(const std::string& caller, const podlink::mesh::v1::OriginClaim& claim,
-             const podlink::mesh::v1::OpenRegionRequest& req, RegionDone done) ABSL_LOCKS_EXCLUDED(mu_);
+  void Relay(const std::string& caller, const CheckedClaim& checked, const podlink::mesh::v1::OpenRegionRequest& req,
+             RegionDone done) ABSL_LOCKS_EXCLUDED(mu_);
+  // This node's addresses for choosing paths.
+  std::vector<IpPrefix> LocalForPaths() const;
   // Serves one frame on a relay grant; an error ends the connection.
   class ConnWriter;
   absl::Status ServeForward(const std::shared_ptr<ConnWriter>& writer, int fd, const FrameHeader& h,
@@ -188,8 +196,11 @@ class MeshEngine final : public MeshPort {
   void Learn(const std::string& node, const std::vector<std::string>& addresses, uint32_t port)
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::vector<std::string>> IssueCookies(const std::string& node, uint32_t n) ABSL_LOCKS_EXCLUDED(mu_);
+  // `claim`: the checked claim of a relayed request (importer and target are
+  // taken from it), or nullptr.
   absl::StatusOr<podlink::mesh::v1::OpenRegionResponse> OpenRegion(const std::string& node,
-                                                                   const podlink::mesh::v1::OpenRegionRequest& req)
+                                                                   const podlink::mesh::v1::OpenRegionRequest& req,
+                                                                   const podlink::mesh::v1::OriginClaim* claim = nullptr)
       ABSL_LOCKS_EXCLUDED(mu_);
   void CloseRegion(const std::string& node, uint64_t grant) ABSL_LOCKS_EXCLUDED(mu_);
   // The verbs backend's exporting side, made on first use (FAILED_PRECONDITION
