@@ -74,18 +74,37 @@ uint64_t TxBytes(const std::string& ns, const std::string& dev) {
                        nullptr, 10);
 }
 
-// True once `d` has granted `n` regions to peers (its log says so).
-bool WaitForGrants(const Daemon& d, size_t n, int timeout_ms = 30000) {
+// How often `text` occurs in `d`'s log.
+size_t CountInLog(const Daemon& d, const std::string& text) {
+  std::string log = d.Log();
+  size_t count = 0;
+  for (size_t at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) ++count;
+  return count;
+}
+
+// True once `text` occurs at least `n` times in `d`'s log.
+bool WaitForCount(const Daemon& d, const std::string& text, size_t n, int timeout_ms = 30000) {
   for (int waited = 0; waited <= timeout_ms; waited += 20) {
-    std::string log = d.Log();
-    size_t count = 0;
-    for (size_t at = log.find("event=mesh_grant "); at != std::string::npos; at = log.find("event=mesh_grant ", at + 1)) {
-      ++count;
-    }
-    if (count >= n) return true;
+    if (CountInLog(d, text) >= n) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return false;
+}
+
+// True once `d` has granted `n` regions to peers (its log says so).
+bool WaitForGrants(const Daemon& d, size_t n, int timeout_ms = 30000) {
+  return WaitForCount(d, "event=mesh_grant ", n, timeout_ms);
+}
+
+// What `kubectl podlink links -o json` says on `d`'s node (not an object: it failed).
+json LinksOf(const Daemon& d) {
+  return json::parse(RunCommand(absl::StrCat(KUBECTL_PODLINK_PATH, " links -o json --socket ", d.dir())), nullptr, false);
+}
+
+// Shapes `dev` of namespace `ns` to 200 Mbit/s (tc tbf): the cable, not the
+// CPU, is then the limit, and a large transfer lasts long enough to cut.
+void Shape(const std::string& ns, const std::string& dev) {
+  Sh(absl::StrCat("ip netns exec ", ns, " tc qdisc add dev ", dev, " root tbf rate 200mbit burst 256kb latency 50ms"));
 }
 
 // A CA and node certificates (SAN DNS:<node>), made with the openssl CLI.
@@ -509,7 +528,7 @@ TEST_F(Mesh, ARelayCarriesNodesWithoutACableAndItsDeathFailsCleanly) {
   auto [cd_c, cd_d] = topo_.Cable(c, d, 4);
   for (const auto& [ns, dev] : std::vector<std::pair<std::string, std::string>>{
            {a, ac_a}, {c, ac_c}, {c, cd_c}, {d, cd_d}}) {
-    Sh(absl::StrCat("ip netns exec ", ns, " tc qdisc add dev ", dev, " root tbf rate 200mbit burst 256kb latency 50ms"));
+    Shape(ns, dev);
   }
   PodCgroup pa(RandomPodUid(), "burstable"), pc(RandomPodUid(), "burstable"), pd(RandomPodUid(), "burstable");
   std::string pods = Rule(pa, "ml", "a", "job-7") + "," + Rule(pc, "ml", "c", "job-7") + "," + Rule(pd, "ml", "d", "job-7");
@@ -540,41 +559,26 @@ TEST_F(Mesh, ARelayCarriesNodesWithoutACableAndItsDeathFailsCleanly) {
   Pod server(*nd, &pd, {"kv-serve", "--size", std::to_string(256 << 20), "--verify", "5"});
   json s = server.Expect("serving");
   ASSERT_EQ(s["event"], "serving") << s.dump();
-  size_t grants_before = 0;
-  for (size_t at = nc->Log().find("event=mesh_relay_grant "); at != std::string::npos;
-       at = nc->Log().find("event=mesh_relay_grant ", at + 1)) {
-    ++grants_before;
-  }
+  const size_t grants_before = CountInLog(*nc, "event=mesh_relay_grant ");
   Pod client(*na, &pa, {"kv-put", "--desc", s["descriptor"], "--seed", "5"});
-  for (int waited = 0; waited < 30000; waited += 20) {
-    size_t n = 0;
-    std::string log = nc->Log();
-    for (size_t at = log.find("event=mesh_relay_grant "); at != std::string::npos;
-         at = log.find("event=mesh_relay_grant ", at + 1)) {
-      ++n;
-    }
-    if (n > grants_before) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  ASSERT_TRUE(WaitForCount(*nc, "event=mesh_relay_grant ", grants_before + 1)) << nc->Log();
   std::this_thread::sleep_for(std::chrono::milliseconds(1000));
   {
     // What operators see meanwhile: on A the route to D through C, on C the
     // region it relays.
-    int rc = 0;
-    std::string text = RunCommand(absl::StrCat(KUBECTL_PODLINK_PATH, " links -o json --socket ", na->dir()), &rc);
-    json links = json::parse(text, nullptr, false);
-    ASSERT_TRUE(links.is_object()) << text;
+    json links = LinksOf(*na);
+    ASSERT_TRUE(links.is_object()) << links.dump();
     bool via_c = false;
     for (const json& r : links["routes"]) {
       if (r["destination"] == "node-d" && r["via"] == json::array({"node-c"}) && r["remote_handles"] == 1) via_c = true;
     }
-    EXPECT_TRUE(via_c) << text;
-    text = RunCommand(absl::StrCat(KUBECTL_PODLINK_PATH, " links -o json --socket ", nc->dir()), &rc);
-    links = json::parse(text, nullptr, false);
-    ASSERT_TRUE(links.is_object()) << text;
-    EXPECT_EQ(links["relayed_grants"], 1) << text;
-    EXPECT_GT(links["relay_forwarded_bytes"].get<uint64_t>(), 2ull * size) << text;
-    text = RunCommand(absl::StrCat(KUBECTL_PODLINK_PATH, " links --socket ", na->dir()), &rc);
+    EXPECT_TRUE(via_c) << links.dump();
+    links = LinksOf(*nc);
+    ASSERT_TRUE(links.is_object()) << links.dump();
+    EXPECT_EQ(links["relayed_grants"], 1) << links.dump();
+    EXPECT_GT(links["relay_forwarded_bytes"].get<uint64_t>(), 2ull * size) << links.dump();
+    int rc = 0;
+    std::string text = RunCommand(absl::StrCat(KUBECTL_PODLINK_PATH, " links --socket ", na->dir()), &rc);
     EXPECT_NE(text.find("via node-c"), std::string::npos) << text;
   }
   auto t0 = std::chrono::steady_clock::now();
@@ -1082,7 +1086,7 @@ TEST_F(Mesh, ACutCableOrAKilledPeerFailsTransfersWithinTheBound) {
   std::string a = topo_.Node("a"), b = topo_.Node("b");
   auto [da, db] = topo_.Cable(a, b, 1);
   // Shape the cable so a 256 MiB write takes long enough to cut it midway.
-  Sh(absl::StrCat("ip netns exec ", a, " tc qdisc add dev ", da, " root tbf rate 200mbit burst 256kb latency 50ms"));
+  Shape(a, da);
   PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable");
   std::string pods = Rule(pa, "ml", "prefill-0", "job-7") + "," + Rule(pb, "ml", "decode-0", "job-7");
   auto na = StartNode("node-a", a, {da}, pods);
@@ -1144,15 +1148,13 @@ TEST_F(Mesh, AVerbsNodeReachesItsRelayOverTcp) {
 TEST_F(Mesh, ARestartedImportersOldGrantsAreDropped) {
   std::string a = topo_.Node("a"), b = topo_.Node("b");
   auto [da, db] = topo_.Cable(a, b, 1);
-  Sh(absl::StrCat("ip netns exec ", a, " tc qdisc add dev ", da, " root tbf rate 200mbit burst 256kb latency 50ms"));
+  Shape(a, da);
   PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable");
   std::string pods = Rule(pa, "ml", "prefill-0", "job-7") + "," + Rule(pb, "ml", "decode-0", "job-7");
   auto na = StartNode("node-a", a, {da}, pods);
   auto nb = StartNode("node-b", b, {db}, pods);
   auto grants = [&]() -> int {
-    int rc = 0;
-    json j = json::parse(RunCommand(absl::StrCat(KUBECTL_PODLINK_PATH, " links -o json --socket ", nb->dir()), &rc),
-                         nullptr, false);
+    json j = LinksOf(*nb);
     return j.is_object() ? j["grants"].get<int>() : -1;
   };
   Pod big(*nb, &pb, {"kv-serve", "--size", std::to_string(256 << 20), "--verify", "5"});
@@ -1184,7 +1186,7 @@ TEST_F(Mesh, ACutCableCostsNoDataWhenAnotherRemains) {
   auto [a1, b1] = topo_.Cable(a, b, 1);
   auto [a2, b2] = topo_.Cable(a, b, 2);
   for (const std::string& dev : {a1, a2}) {
-    Sh(absl::StrCat("ip netns exec ", a, " tc qdisc add dev ", dev, " root tbf rate 200mbit burst 256kb latency 50ms"));
+    Shape(a, dev);
   }
   PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable");
   std::string pods = Rule(pa, "ml", "prefill-0", "job-7") + "," + Rule(pb, "ml", "decode-0", "job-7");
@@ -1225,8 +1227,7 @@ TEST_F(Mesh, ACutCableCostsNoDataWhenAnotherRemains) {
   int up = 0;
   for (int i = 0; i < 100 && up != 8; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    json links = json::parse(RunCommand(absl::StrCat(KUBECTL_PODLINK_PATH, " links -o json --socket ", na->dir())), nullptr,
-                             false);
+    json links = LinksOf(*na);
     if (links.is_object() && links["peers"].size() == 1) up = links["peers"][0]["connections_up"].get<int>();
   }
   ASSERT_EQ(up, 8) << na->Log();
