@@ -474,7 +474,18 @@ TEST(CriSource, ClientsWaitingForTheRuntimeAreBoundedPerPod) {
   TestRuntime rt(sock);
   PodCgroup pod(RandomPodUid(), "besteffort");
   rt.AddContainer(rt.Add(pod.pod_uid(), "ml", "many-0", ""), pod.container_id());
+  PodCgroup other(RandomPodUid(), "besteffort");
+  rt.AddContainer(rt.Add(other.pod_uid(), "ml", "warm-0", ""), other.container_id());
   Daemon d("{}", {"--pod-source", "cri", "--cri-socket", sock});
+  {
+    // A client of another pod served first: the runtime's connection and
+    // what gRPC makes on first use are then open before counting (without it
+    // the count raced the first connection to the runtime).
+    Pod warm(d, &other, {"info"});
+    EXPECT_EQ(warm.Expect("info")["identity"]["pod"], "warm-0");
+    warm.Wait();
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const int fds_before = d.OpenFds();
   rt.Stall(true);
   std::vector<std::unique_ptr<Pod>> clients;
