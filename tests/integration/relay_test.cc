@@ -196,7 +196,10 @@ TEST_P(Relay, BadRequestsFailThatOpOnly) {
   for (const char* bad : {"", "podlink1;x", "podlink2;n;1;2;1;", "podlink1;n;x;2;1;", "podlink1;n;1;2;9;"}) {
     EXPECT_EQ(RegionDescriptor::Parse(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
-  RegionDescriptor other{"another-node", a.region.export_id, kSize, HandleType::kHostMemfd, ""};
+  RegionDescriptor other;
+  other.node_id = "another-node";
+  other.export_id = a.region.export_id;
+  other.size = kSize;
   // Another node, and a descriptor without the owner's mesh addresses.
   EXPECT_EQ(b.engine->Open(other).status().code(), absl::StatusCode::kFailedPrecondition);
 }
