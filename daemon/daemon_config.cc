@@ -43,6 +43,13 @@ absl::Status ParseMeshConfig(const nlohmann::json& m, mesh::MeshOptions* o) {
     } else if (k == "listen" || k == "cert_dir") {
       if (!v.is_string() || v.get<std::string>().empty()) return bad(k, "a non-empty string");
       (k == "listen" ? o->listen : o->cert_dir) = v.get<std::string>();
+    } else if (k == "sysfs") {
+      // Where the host's /sys is mounted (its NICs, GPUs and RDMA devices).
+      if (!v.is_string() || v.get<std::string>().empty() || v.get<std::string>()[0] != '/') {
+        return bad(k, "an absolute path");
+      }
+      o->sysfs = v.get<std::string>();
+      o->verbs.sysfs = o->sysfs + "/class/infiniband";
     } else if (k == "interfaces" || k == "addresses") {
       PODLINK_RETURN_IF_ERROR(strings(v, k, k == "interfaces" ? &o->interfaces : &o->addresses));
     } else if (k == "data_port") {

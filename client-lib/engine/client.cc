@@ -682,8 +682,13 @@ absl::StatusOr<std::vector<ExportInfo>> Client::ListAll() {
 absl::StatusOr<Client::MeshStatus> Client::GetMeshStatus() {
   PODLINK_ASSIGN_OR_RETURN(v1::MeshStatus m, (impl_->Call<v1::GetMeshStatusRequest, v1::MeshStatus>(
                                                  &v1::Broker::Stub::GetMeshStatus, v1::GetMeshStatusRequest())));
+  auto link = [](const v1::MeshStatus::Link& l) {
+    return MeshLink{l.address(), l.netdev(),      l.speed_mbps(), l.pci_path(), l.numa_node(),
+                    l.rdma_device(), l.gid_index(), l.gid_type()};
+  };
   MeshStatus out;
   out.enabled = m.enabled();
+  for (const auto& l : m.links()) out.links.push_back(link(l));
   out.node_name = m.node_name();
   out.addresses.assign(m.addresses().begin(), m.addresses().end());
   out.port = m.port();
@@ -698,6 +703,7 @@ absl::StatusOr<Client::MeshStatus> Client::GetMeshStatus() {
     peer.connection_failures = p.connection_failures();
     peer.resent_slices = p.resent_slices();
     peer.transport = p.transport();
+    for (const auto& l : p.links()) peer.links.push_back(link(l));
     for (const auto& c : p.connections()) peer.connections.push_back({c.path(), c.up(), c.bytes_sent()});
     out.peers.push_back(std::move(peer));
   }

@@ -432,6 +432,24 @@ int Links(const Args& a) {
   if (!c.ok()) return Fail("connect", c.status());
   auto m = (*c)->GetMeshStatus();
   if (!m.ok()) return Fail("mesh status", m.status());
+  auto links_json = [](const std::vector<podlink::Client::MeshLink>& links) {
+    json out = json::array();
+    for (const auto& l : links) {
+      out.push_back({{"address", l.address}, {"netdev", l.netdev}, {"speed_mbps", l.speed_mbps},
+                     {"pci_path", l.pci_path}, {"numa_node", l.numa_node}, {"rdma_device", l.rdma_device},
+                     {"gid_index", l.gid_index}, {"gid_type", l.gid_type}});
+    }
+    return out;
+  };
+  // "eth1 100 Gb/s NUMA 0 mlx5_0 GID 3 (RoCE v2)"
+  auto link_text = [](const podlink::Client::MeshLink& l) {
+    std::string t = absl::StrCat(l.address, " ", l.netdev.empty() ? "-" : l.netdev);
+    absl::StrAppend(&t, l.speed_mbps > 0 ? absl::StrFormat(" %g Gb/s", l.speed_mbps / 1000.0) : " speed ?");
+    if (!l.pci_path.empty()) absl::StrAppend(&t, " ", l.pci_path.substr(l.pci_path.rfind('/') + 1));
+    if (l.numa_node >= 0) absl::StrAppend(&t, " NUMA ", l.numa_node);
+    if (!l.rdma_device.empty()) absl::StrAppend(&t, " ", l.rdma_device, " GID ", l.gid_index, " (", l.gid_type, ")");
+    return t;
+  };
   if (a.structured()) {
     json peers = json::array();
     for (const auto& p : m->peers) {
@@ -441,13 +459,14 @@ int Links(const Args& a) {
                        {"bytes_sent", p.bytes_sent},
                        {"bytes_received", p.bytes_received}, {"connection_failures", p.connection_failures},
                        {"resent_slices", p.resent_slices}, {"remote_handles", p.remote_handles},
-                       {"connections", conns}});
+                       {"connections", conns}, {"links", links_json(p.links)}});
     }
     json routes = json::array();
     for (const auto& r : m->routes) {
       routes.push_back({{"destination", r.destination}, {"via", r.via}, {"remote_handles", r.remote_handles}});
     }
-    Print(a, {{"enabled", m->enabled}, {"node", m->node_name}, {"addresses", m->addresses}, {"port", m->port},
+    Print(a, {{"enabled", m->enabled}, {"node", m->node_name}, {"addresses", m->addresses},
+              {"links", links_json(m->links)}, {"port", m->port},
               {"data_port", m->data_port}, {"peers", peers}, {"routes", routes}, {"grants", m->grants},
               {"relayed_grants", m->relayed_grants}, {"relay_forwarded_bytes", m->relay_forwarded_bytes},
               {"served_write_bytes", m->served_write_bytes}, {"served_read_bytes", m->served_read_bytes},
@@ -463,6 +482,7 @@ int Links(const Args& a) {
             << ", addresses";
   for (const auto& x : m->addresses) std::cout << " " << x;
   std::cout << "\n";
+  for (const auto& l : m->links) std::cout << "  link " << link_text(l) << "\n";
   std::cout << absl::StrFormat("peers hold %d regions of this node; served %s written, %s read; refused %d "
                                "connections, %d frames, %d opens\n\n",
                                m->grants, Human(m->served_write_bytes), Human(m->served_read_bytes),
@@ -490,6 +510,7 @@ int Links(const Args& a) {
                                  p.transport.empty() ? "-" : p.transport,
                                  absl::StrCat(p.connections_up, "/", p.connections.size()), Human(p.bytes_sent),
                                  Human(p.bytes_received), p.connection_failures, p.resent_slices, p.remote_handles);
+    for (const auto& l : p.links) std::cout << "    its link " << link_text(l) << "\n";
     for (const auto& x : p.connections) {
       std::cout << absl::StrFormat("    %-40s %-5s %s\n", x.path, x.up ? "up" : "down", Human(x.bytes_sent));
     }

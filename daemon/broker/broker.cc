@@ -827,6 +827,12 @@ absl::Status Broker::NotifyOwner(const ExportRecord& rec, uint64_t value) {
   return relay_->PostNotification(rec.owner_session, rec.id, value, 0);
 }
 
+std::string Broker::GpuBusId(const ExportRecord& rec) const {
+  if (rec.kind == HandleKind::kHostMemfd || rec.gpu_uuid.empty()) return {};
+  const GpuDevice* g = inventory_.FindByUuid(rec.gpu_uuid);
+  return g != nullptr ? g->pci_bus_id : std::string();
+}
+
 BrokerStats Broker::Stats() const {
   BrokerStats st;
   {

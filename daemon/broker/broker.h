@@ -114,6 +114,7 @@ class Broker final : public mesh::MeshHost {
       const PodInfo& importer, const podlink::mesh::v1::OpenRegionRequest& req) override;
   bool ExportLive(const ExportRecord& rec) const override;
   absl::Status NotifyOwner(const ExportRecord& rec, uint64_t value) override;
+  std::string GpuBusId(const ExportRecord& rec) const override;
 
   BrokerStats Stats() const;
   // Prometheus text: sessions, exports, imports, denials by reason, relay.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "daemon/mesh/nic_rank.h"
 #include "daemon/mesh/wire.h"
 
 namespace podlink::mesh {
@@ -24,6 +25,8 @@ struct LinkOp {
   char* local = nullptr;               // source (kWrite) or destination (kRead)
   std::shared_ptr<const void> keep;    // keeps `local` mapped until done
   std::function<void(const absl::Status&)> done;
+  // Which paths to use (nic_rank.h: MayUse); nullptr: any.
+  std::shared_ptr<const PathPreference> prefer;
 };
 
 struct LinkStats {

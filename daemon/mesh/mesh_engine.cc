@@ -222,6 +222,23 @@ class MeshEngine::ConnWriter {
 };
 
 // ---------------------------------------------------------------------------
+std::vector<pb::LinkInfo> MeshEngine::PeerLinkInfo(const pb::HelloResponse& hello) {
+  std::vector<pb::LinkInfo> out;
+  for (const pb::LinkInfo& l : hello.links()) {
+    if (out.size() == 64) break;
+    pb::LinkInfo c = l;
+    for (std::string* f :
+         {c.mutable_address(), c.mutable_netdev(), c.mutable_pci_path(), c.mutable_rdma_device(), c.mutable_gid_type()}) {
+      if (f->size() > 256) f->resize(256);
+      for (char& ch : *f) {
+        if (ch < 0x20 || ch == 0x7f) ch = '?';
+      }
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 // The control service: authenticates by the TLS peer and calls the engine.
 
 class MeshEngine::Service final : public pb::Mesh::CallbackService {
@@ -238,6 +255,7 @@ class MeshEngine::Service final : public pb::Mesh::CallbackService {
       resp->set_data_port(e_->data_port_);
       for (const std::string& a : e_->AdvertisedAddresses()) resp->add_addresses(a);
       resp->set_control_port(e_->control_port_);
+      for (pb::LinkInfo& l : e_->LocalLinks()) *resp->add_links() = std::move(l);
       return absl::OkStatus();
     });
   }
@@ -386,6 +404,33 @@ class MeshEngine::Peer : public std::enable_shared_from_this<MeshEngine::Peer> {
   // The peer daemon's instance as of the last Hello: a new one means it
   // restarted, and grants from before are void.
   std::atomic<uint64_t> instance{0};
+  // The direct paths its links run over, and what it says of its NICs.
+  void set_paths(std::vector<Path> paths, std::vector<pb::LinkInfo> advertised) {
+    absl::MutexLock l(&mu_);
+    paths_ = std::move(paths);
+    advertised_ = std::move(advertised);
+    prefs_.clear();
+  }
+  std::vector<Path> paths() const {
+    absl::MutexLock l(&mu_);
+    return paths_;
+  }
+  std::vector<pb::LinkInfo> advertised() const {
+    absl::MutexLock l(&mu_);
+    return advertised_;
+  }
+  // Which of the paths a transfer from or to memory at `place` (a GPU's PCI
+  // bus id; empty: host memory) uses; made once per place and path set.
+  std::shared_ptr<const PathPreference> Preference(
+      const std::string& place, const std::function<PathPreference(const std::vector<Path>&)>& rank) {
+    absl::MutexLock l(&mu_);
+    auto it = prefs_.find(place);
+    if (it != prefs_.end()) return it->second;
+    if (prefs_.size() >= 64) prefs_.clear();  // GPUs of this node: a handful
+    auto p = std::make_shared<const PathPreference>(rank(paths_));
+    prefs_[place] = p;
+    return p;
+  }
 
  private:
   void Run() {
@@ -412,6 +457,9 @@ class MeshEngine::Peer : public std::enable_shared_from_this<MeshEngine::Peer> {
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
   std::shared_ptr<DataLinks> links_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<pb::Mesh::Stub> stub_ ABSL_GUARDED_BY(mu_);
+  std::vector<Path> paths_ ABSL_GUARDED_BY(mu_);
+  std::vector<pb::LinkInfo> advertised_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<const PathPreference>> prefs_ ABSL_GUARDED_BY(mu_);
   std::thread worker_;
 };
 
@@ -455,6 +503,11 @@ absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions option
   if (!o.addresses.empty()) {
     for (const std::string& a : o.addresses) {
       PODLINK_ASSIGN_OR_RETURN(IpPrefix p, IpPrefix::Parse(a));
+      // The netdev that holds the address, if one does (its NIC is ranked
+      // and shown); an address no interface holds stays without.
+      for (const IpPrefix& mine : LocalAddresses({})) {
+        if (mine.family == p.family && mine.addr == p.addr) p.netdev = mine.netdev;
+      }
       e->advertised_.push_back(p);
     }
   } else {
@@ -591,6 +644,34 @@ std::vector<std::string> MeshEngine::AdvertisedAddresses() const {
   std::vector<std::string> out;
   for (const IpPrefix& a : advertised_) out.push_back(a.ToString());
   return out;
+}
+
+std::vector<pb::LinkInfo> MeshEngine::LocalLinks() const {
+  std::vector<pb::LinkInfo> out;
+  for (const IpPrefix& a : advertised_) {
+    NicInfo nic = ReadNic(options_.sysfs, a.netdev);
+    pb::LinkInfo l;
+    l.set_address(a.ToString());
+    l.set_netdev(nic.netdev);
+    l.set_speed_mbps(nic.speed_mbps);
+    l.set_pci_path(nic.pci_path);
+    l.set_numa_node(nic.numa_node);
+    l.set_gid_index(-1);
+    if (absl::StatusOr<verbs::GidChoice> gid = verbs::ChooseGid(options_.verbs.sysfs, a); gid.ok()) {
+      l.set_rdma_device(gid->device);
+      l.set_gid_index(gid->index);
+      l.set_gid_type(gid->roce_v2 ? "RoCE v2" : "RoCE v1");
+    }
+    out.push_back(std::move(l));
+  }
+  return out;
+}
+
+PathPreference MeshEngine::RankFor(const std::vector<Path>& paths, const std::string& gpu_bus_id) const {
+  std::vector<RankedPath> ranked;
+  for (const Path& p : paths) ranked.push_back({PathName(p), ReadNic(options_.sysfs, p.local.netdev)});
+  MemoryPlace place = gpu_bus_id.empty() ? MemoryPlace{} : GpuPlace(options_.sysfs, gpu_bus_id);
+  return RankPaths(ranked, place);
 }
 
 // --- exporting side ----------------------------------------------------------
@@ -1387,6 +1468,7 @@ absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const Remote
   // Said by the node itself (its certificate names it): routes may go
   // through it to the nodes it is cabled to.
   Learn(target.node_name, {hello.addresses().begin(), hello.addresses().end()}, hello.control_port());
+  p.set_paths(paths, PeerLinkInfo(hello));
   if (options_.transport == "verbs" && !p.tcp()) {
     auto open = [&](const pb::OpenVerbsRequest& req) -> absl::StatusOr<pb::OpenVerbsResponse> {
       grpc::ClientContext ctx;
@@ -1777,6 +1859,8 @@ absl::Status MeshEngine::Start(MeshTransfer t, Done done) {
   op.local = t.local;
   op.keep = t.keep;
   op.done = std::move(done);
+  const std::string place = t.keep != nullptr ? host_->GpuBusId(*t.keep) : std::string();
+  op.prefer = h.peer->Preference(place, [&](const std::vector<Path>& paths) { return RankFor(paths, place); });
   return links->Submit(std::move(op));
 }
 
@@ -2001,10 +2085,22 @@ podlink::v1::MeshStatus MeshEngine::Status() const {
     for (const std::string& v : route.second) r->add_via(v);
     r->set_remote_handles(n);
   }
+  auto copy_link = [](const pb::LinkInfo& from, podlink::v1::MeshStatus::Link* to) {
+    to->set_address(from.address());
+    to->set_netdev(from.netdev());
+    to->set_speed_mbps(from.speed_mbps());
+    to->set_pci_path(from.pci_path());
+    to->set_numa_node(from.numa_node());
+    to->set_rdma_device(from.rdma_device());
+    to->set_gid_index(from.gid_index());
+    to->set_gid_type(from.gid_type());
+  };
+  for (const pb::LinkInfo& l : LocalLinks()) copy_link(l, st.add_links());
   for (const auto& [key, p] : peers) {
     podlink::v1::MeshStatus::Peer* out = st.add_peers();
     out->set_node(p->node());
     out->set_remote_handles(handles[key]);
+    for (const pb::LinkInfo& l : p->advertised()) copy_link(l, out->add_links());
     std::shared_ptr<DataLinks> links = p->links();
     if (links == nullptr) continue;
     LinkStats s = links->Stats();

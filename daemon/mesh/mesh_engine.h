@@ -34,6 +34,7 @@
 #include "daemon/identity/pod_source.h"
 #include "daemon/mesh/addresses.h"
 #include "daemon/mesh/mesh_host.h"
+#include "daemon/mesh/nic_rank.h"
 #include "daemon/mesh/tcp_link.h"
 #include "daemon/mesh/verbs/verbs_link.h"
 #include "daemon/relay/mesh_port.h"
@@ -84,6 +85,8 @@ struct MeshOptions {
   // Relaying for other nodes: bytes of forwarded requests held in this
   // daemon at once (one upstream node at most half of it).
   uint64_t relay_staging_bytes = 64ull << 20;
+  // Where the host's sysfs is (its NICs and GPUs: nic_rank.h).
+  std::string sysfs = "/sys";
 };
 
 struct RemoteTarget {
@@ -144,6 +147,9 @@ class MeshEngine final : public MeshPort {
   uint32_t data_port() const { return data_port_; }
   std::string RenderMetrics() const ABSL_LOCKS_EXCLUDED(mu_);
   podlink::v1::MeshStatus Status() const ABSL_LOCKS_EXCLUDED(mu_);
+  // What a peer daemon says of its NICs, kept for operators: at most 64
+  // entries, strings cut to 256 bytes, control characters replaced.
+  static std::vector<podlink::mesh::v1::LinkInfo> PeerLinkInfo(const podlink::mesh::v1::HelloResponse& hello);
 
   class Service;
   class Peer;
@@ -184,6 +190,11 @@ class MeshEngine final : public MeshPort {
              RegionDone done) ABSL_LOCKS_EXCLUDED(mu_);
   // This node's addresses for choosing paths.
   std::vector<IpPrefix> LocalForPaths() const;
+  // This node's advertised addresses and the NICs under them (sysfs).
+  std::vector<podlink::mesh::v1::LinkInfo> LocalLinks() const;
+  // Which of `paths` a transfer of memory on GPU `gpu_bus_id` (empty: host
+  // memory) uses (nic_rank.h).
+  PathPreference RankFor(const std::vector<Path>& paths, const std::string& gpu_bus_id) const;
   // Serves one frame on a relay grant; an error ends the connection.
   class ConnWriter;
   absl::Status ServeForward(const std::shared_ptr<ConnWriter>& writer, int fd, const FrameHeader& h,

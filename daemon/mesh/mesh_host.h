@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "daemon/identity/pod_source.h"
@@ -24,6 +25,12 @@ class MeshHost {
   virtual bool ExportLive(const ExportRecord& rec) const = 0;
   // Queues a notification for the export's owner (its relay ring's NQ).
   virtual absl::Status NotifyOwner(const ExportRecord& rec, uint64_t value) = 0;
+  // The PCI bus id ("0000:18:00.0") of the GPU holding `rec`'s memory; empty
+  // for host memory (which paths a transfer prefers: nic_rank.h).
+  virtual std::string GpuBusId(const ExportRecord& rec) const {
+    (void)rec;
+    return {};
+  }
 };
 
 }  // namespace podlink::mesh

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <random>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -109,6 +110,7 @@ absl::Status PeerLinks::Submit(LinkOp op) {
   auto st = std::make_shared<OpState>();
   uint64_t n = op.length == 0 ? 1 : (op.length + slice_bytes_ - 1) / slice_bytes_;
   st->remaining.store(n, std::memory_order_relaxed);
+  st->slices = n;
   st->op = std::move(op);
   if (n >= kDoneSlice) return absl::InvalidArgumentError("transfer too large for one mesh operation");
   {
@@ -167,16 +169,35 @@ void PeerLinks::Finish(const Slice& s, const absl::Status& st) {
   s.op->op.done(result);
 }
 
+std::deque<PeerLinks::Slice>::iterator PeerLinks::NextFor(const Conn& c) {
+  std::set<std::string> up;
+  for (const auto& other : conns_) {
+    if (!other->dead) up.insert(other->path);
+  }
+  // Near the front only: a slice that prefers other paths waits there for
+  // their connections, and this one for a slice it may carry.
+  constexpr size_t kScan = 256;
+  size_t seen = 0;
+  for (auto it = queue_.begin(); it != queue_.end() && seen < kScan; ++it, ++seen) {
+    const LinkOp& op = it->op->op;
+    if (it->index == kDoneSlice || MayUse(op.prefer.get(), it->op->slices == 1, c.path, up)) return it;
+  }
+  return queue_.end();
+}
+
 void PeerLinks::Send(Conn& c) {
   for (;;) {
     Slice s;
     FrameHeader h{};
     {
       absl::MutexLock l(&mu_);
-      while (!stop_ && !c.dead && (queue_.empty() || c.unacked.size() >= slices_in_flight_)) cv_.Wait(&mu_);
+      auto next = queue_.end();
+      while (!stop_ && !c.dead && (c.unacked.size() >= slices_in_flight_ || (next = NextFor(c)) == queue_.end())) {
+        cv_.Wait(&mu_);
+      }
       if (stop_ || c.dead) return;
-      s = std::move(queue_.front());
-      queue_.pop_front();
+      s = std::move(*next);
+      queue_.erase(next);
       const LinkOp& op = s.op->op;
       const bool done = s.index == kDoneSlice;
       h.magic = kFrameMagic;

@@ -3,7 +3,10 @@
 // `connections_per_path` authenticated TCP connections; a transfer is cut
 // into slices that the connections *pull* from one queue while they have
 // fewer than `slices_in_flight` unanswered, so a faster cable takes more
-// slices and unequal links balance themselves (multi-rail striping).
+// slices and unequal links balance themselves (multi-rail striping). A
+// transfer that prefers some paths (nic_rank.h: those nearest its memory,
+// and for one slice the fastest of them) is carried by their connections
+// while any of them is up.
 // A transfer completes when every slice is answered, with the first error.
 //
 // A connection that fails (reset, TCP_USER_TIMEOUT, protocol error) hands
@@ -69,6 +72,7 @@ class PeerLinks final : public DataLinks {
   struct OpState {
     LinkOp op;
     uint32_t number = 0;                // the transfer's number in tags
+    uint64_t slices = 0;                // how many it was cut into
     std::atomic<uint64_t> remaining{0};
     std::atomic<bool> resent{false};    // a slice went out twice: DONE before completing
     bool done_sent = false;             // only the thread that finished the last slice touches it
@@ -93,6 +97,9 @@ class PeerLinks final : public DataLinks {
     std::thread tx, rx;
   };
 
+  // The first queued slice connection c may carry (its op's path
+  // preference, nic_rank.h), or queue_.end().
+  std::deque<Slice>::iterator NextFor(const Conn& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Send(Conn& c);
   void Receive(Conn& c);
   // Fails connection c; its unanswered slices, and `owned` (one the caller

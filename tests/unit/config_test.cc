@@ -49,6 +49,14 @@ TEST(DaemonConfig, MeshPeersAndRelayStaging) {
   EXPECT_EQ(ParseDaemonConfig("{}")->broker.mesh.relay_staging_bytes, 64ull << 20);
 }
 
+TEST(DaemonConfig, MeshSysfsRoot) {
+  auto c = ParseDaemonConfig(R"({"mesh": {"sysfs": "/host/sys"}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->broker.mesh.sysfs, "/host/sys");
+  EXPECT_EQ(c->broker.mesh.verbs.sysfs, "/host/sys/class/infiniband");
+  EXPECT_EQ(ParseDaemonConfig("{}")->broker.mesh.sysfs, "/sys");
+}
+
 TEST(DaemonConfig, RejectsBadInputWithReason) {
   struct Case {
     const char* json;
@@ -77,6 +85,8 @@ TEST(DaemonConfig, RejectsBadInputWithReason) {
            {R"({"mesh": {"peers": [{"node": "c", "addresses": ["10.0.0.1/30"], "port": 0}]}})", "peers[].port"},
            {R"({"mesh": {"peers": [{"node": "c", "addresses": ["10.0.0.1/30"], "via": "b"}]}})", "peers[].via"},
            {R"({"mesh": {"relay_staging_mib": 1}})", "relay_staging_mib"},
+           {R"({"mesh": {"sysfs": "host/sys"}})", "sysfs"},
+           {R"({"mesh": {"sysfs": ""}})", "sysfs"},
            {R"({"mesh": {"verbs_timeout": 40}})", "verbs_timeout"},
            {R"({"mesh": {"verbs_retry_count": 8}})", "verbs_retry_count"},
            {R"({"mesh": {"verbs_gid_index": -2}})", "verbs_gid_index"},

@@ -330,10 +330,12 @@ class VerbsFake : public ::testing::Test {
     EXPECT_TRUE(keys.ok()) << keys.status();
     return keys.ok() ? *keys : std::vector<RegionKey>{};
   }
-  absl::Status Run(VerbsLinks& links, FrameType type, uint64_t grant, uint64_t offset, char* local, uint64_t len) {
+  absl::Status Run(VerbsLinks& links, FrameType type, uint64_t grant, uint64_t offset, char* local, uint64_t len,
+                   std::shared_ptr<const PathPreference> prefer = nullptr) {
     absl::Notification done;
     absl::Status result;
     LinkOp op;
+    op.prefer = std::move(prefer);
     op.type = type;
     op.grant = grant;
     op.offset = offset;
@@ -547,6 +549,53 @@ TEST_F(VerbsFake, GrantsOfOneExportShareItsRegistration) {
   server_->Unregister(2, "node-a");  // the last one drops it
   EXPECT_EQ(server_->registrations(), 0u);
   EXPECT_FALSE(Run(*links, FrameType::kWrite, 2, 0, src.data(), src.size()).ok());
+}
+
+// A transfer that prefers some paths (nic_rank.h: those nearest its
+// memory) goes over their queue pairs while any of them is up, then over the
+// others, and completes either way.
+TEST_F(VerbsFake, PreferredPathsCarryTheTransferWhileTheyAreUp) {
+  auto links = std::make_unique<VerbsLinks>("node-a", options_);
+  GidChoice mine;
+  mine.device = "fake0";
+  mine.index = 1;
+  auto nic = nics_.Get(mine);
+  ASSERT_TRUE(nic.ok());
+  for (const char* name : {"far", "near"}) {
+    auto prepared = links->PreparePath(*nic, mine, name);
+    ASSERT_TRUE(prepared.ok()) << prepared.status();
+    auto owner = server_->Accept("node-a", links->instance(), *IpPrefix::Parse("10.0.0.2/30"), prepared->second);
+    ASSERT_TRUE(owner.ok()) << owner.status();
+    ASSERT_TRUE(links->ConnectPath(prepared->first, *owner).ok());
+  }
+  links->AddRegion(5, Register("node-a", 5));
+  auto pref = std::make_shared<PathPreference>();
+  pref->tier = {"near"};
+  pref->fastest = {"near"};
+  auto sent = [&](const std::string& path) {
+    uint64_t n = 0;
+    for (const auto& [name, up, bytes] : links->Connections()) n += name.rfind(path + " ", 0) == 0 ? bytes : 0;
+    return n;
+  };
+  std::vector<char> src = Pattern(1 << 20, 3);
+  ASSERT_TRUE(Run(*links, FrameType::kWrite, 5, 0, src.data(), src.size(), pref).ok());
+  EXPECT_EQ(sent("near"), src.size());
+  EXPECT_EQ(sent("far"), 0u);
+  // Both of near's QPs break after a few more posts: the rest goes far.
+  std::vector<uint32_t> near;
+  for (const auto& [name, up, bytes] : links->Connections()) {
+    if (name.rfind("near ", 0) == 0) near.push_back(static_cast<uint32_t>(std::stoul(name.substr(name.rfind(' ') + 1))));
+  }
+  ASSERT_EQ(near.size(), 2u);
+  {
+    std::lock_guard<std::recursive_mutex> l(fabric->mu);
+    for (uint32_t qpn : near) fabric->qps.at(qpn)->fail_after = 2;
+  }
+  std::vector<char> next = Pattern(1 << 20, 4);
+  ASSERT_TRUE(Run(*links, FrameType::kWrite, 5, 0, next.data(), next.size(), pref).ok());
+  EXPECT_EQ(0, std::memcmp(region_.data(), next.data(), next.size()));
+  EXPECT_GT(sent("far"), 0u);
+  EXPECT_EQ(links->Stats().connections_up, 2u);  // far's two
 }
 
 TEST_F(VerbsFake, OwnerLimitsQueuePairsPerPeer) {

@@ -274,8 +274,19 @@ class PODLINK_API Client {
     bool up = false;
     uint64_t bytes_sent = 0;
   };
+  // An address of a node's mesh and the NIC under it (sysfs).
+  struct MeshLink {
+    std::string address, netdev;
+    uint32_t speed_mbps = 0;  // 0: unknown
+    std::string pci_path;     // empty for virtual devices
+    int numa_node = -1;
+    std::string rdma_device;  // empty: no RDMA device holds the address
+    int gid_index = -1;
+    std::string gid_type;
+  };
   struct MeshPeer {
     std::string node;
+    std::vector<MeshLink> links;  // as that node's daemon advertised them
     uint32_t connections_up = 0, remote_handles = 0;
     uint64_t bytes_sent = 0, bytes_received = 0, connection_failures = 0, resent_slices = 0;
     std::vector<MeshConnection> connections;  // TCP connections, or RC queue pairs (verbs)
@@ -296,6 +307,7 @@ class PODLINK_API Client {
              refused_frames = 0, denials = 0;
     std::vector<MeshRoute> routes;
     uint64_t relayed_grants = 0, relay_forwarded_bytes = 0;  // as a relay for other nodes
+    std::vector<MeshLink> links;                              // this node's
   };
   absl::StatusOr<MeshStatus> GetMeshStatus();
 

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -210,6 +211,7 @@ absl::StatusOr<std::shared_ptr<Nic>> Nics::Get(const GidChoice& gid) {
 
 struct VerbsLinks::OpState {
   LinkOp op;
+  uint64_t slices = 0;  // how many it was cut into
   std::atomic<uint64_t> remaining{0};
   absl::Mutex mu;
   absl::Status first_error ABSL_GUARDED_BY(mu);
@@ -407,6 +409,7 @@ absl::Status VerbsLinks::Submit(LinkOp op) {
   const uint64_t n = op.type == FrameType::kNotify ? 1 : (op.length + options_.slice_bytes - 1) / options_.slice_bytes;
   if (n == 0) return absl::InvalidArgumentError("length must be > 0");
   st->remaining.store(n, std::memory_order_relaxed);
+  st->slices = n;
   st->op = std::move(op);
   {
     absl::MutexLock l(&mu_);
@@ -445,15 +448,26 @@ void VerbsLinks::Pump() {
         if (lane->up && !lane->dead) lanes.push_back(lane.get());
       }
     }
-    while (!queue_.empty() && !lanes.empty()) {
-      Slice& s = queue_.front();
+    std::set<std::string> up;
+    for (Lane* lane : lanes) up.insert(lane->path->name);
+    // Near the front only: a slice whose preferred paths (nic_rank.h) have
+    // no room waits for them while later ones go.
+    constexpr size_t kScan = 256;
+    size_t scanned = 0;
+    for (auto it = queue_.begin(); it != queue_.end() && !lanes.empty() && scanned < kScan;) {
+      Slice& s = *it;
       const bool notify = s.op->op.type == FrameType::kNotify;
       // The lane with the most room takes the slice (faster lanes drain
       // their slots sooner, so they take more: striping by pull).
       Lane* best = nullptr;
       size_t room = 0;
+      bool restricted = false;
       for (size_t k = 0; k < lanes.size(); ++k) {
         Lane* lane = lanes[(next_lane_ + k) % lanes.size()];
+        if (!MayUse(s.op->op.prefer.get(), s.op->slices == 1, lane->path->name, up)) {
+          restricted = true;
+          continue;
+        }
         size_t r = 0;
         if (notify) {
           size_t out = 0;
@@ -467,7 +481,12 @@ void VerbsLinks::Pump() {
           best = lane;
         }
       }
-      if (best == nullptr) break;
+      if (best == nullptr) {
+        if (!restricted) break;  // no lane has room
+        ++it;
+        ++scanned;
+        continue;
+      }
       next_lane_ = (next_lane_ + 1) % lanes.size();
       Ready r{};
       r.post.lane = best;
@@ -490,7 +509,7 @@ void VerbsLinks::Pump() {
           failed.emplace_back(std::move(s), absl::FailedPreconditionError(absl::StrCat(
                                                 "the remote region is not registered on device ",
                                                 best->path->remote_device, " of node ", node_)));
-          queue_.pop_front();
+          it = queue_.erase(it);
           continue;
         }
         r.post.slot = best->free_slots.back();
@@ -499,7 +518,7 @@ void VerbsLinks::Pump() {
         r.rkey = key->rkey;
       }
       r.post.slice = std::move(s);
-      queue_.pop_front();
+      it = queue_.erase(it);
       best->pending[r.post.wr_id] = Pending{r.post.slice, r.post.slot};
       ready.push_back(std::move(r));
     }
