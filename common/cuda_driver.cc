@@ -91,6 +91,8 @@ Loaded* DoLoad() {
   std::string optional;
   Resolve(lib, "cuMemGetHandleForAddressRange", d.MemGetHandleForAddressRange, optional);
   Resolve(lib, "cuPointerGetAttribute", d.PointerGetAttribute, optional);
+  Resolve(lib, "cuMemcpyHtoD_v2_ptds", d.MemcpyHtoDPerThread, optional);
+  Resolve(lib, "cuMemcpyDtoH_v2_ptds", d.MemcpyDtoHPerThread, optional);
   Resolve(lib, "cuMemHostAlloc", d.MemHostAlloc, missing);
   Resolve(lib, "cuMemFreeHost", d.MemFreeHost, missing);
   Resolve(lib, "cuMemHostRegister_v2", d.MemHostRegister, missing);

@@ -127,6 +127,11 @@ struct Driver {
   Result (*MemFreeHost)(void*);
   Result (*MemcpyHtoD)(DevicePtr, const void*, size_t);
   Result (*MemcpyDtoH)(void*, DevicePtr, size_t);
+  // Optional: the same on the calling thread's own default stream, so that
+  // copies of several threads of one context run at once instead of in turn
+  // on the context's legacy stream.
+  Result (*MemcpyHtoDPerThread)(DevicePtr, const void*, size_t);
+  Result (*MemcpyDtoHPerThread)(void*, DevicePtr, size_t);
   Result (*MemsetD8)(DevicePtr, unsigned char, size_t);
   Result (*StreamCreate)(Stream*, unsigned);
   Result (*StreamDestroy)(Stream);

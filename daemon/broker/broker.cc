@@ -762,6 +762,14 @@ std::string Broker::RenderMetrics() const {
   absl::StrAppend(&out, "# HELP podlink_relay_op_latency_seconds relay request from ring to completion\n",
                   "# TYPE podlink_relay_op_latency_seconds histogram\n");
   relay_->latency().Render("podlink_relay_op_latency_seconds", &out);
+  if (MeshStager* st = relay_->stager(); st != nullptr) {
+    absl::StrAppend(&out, "# HELP podlink_mesh_gpu_staging_copy_seconds copies between a pod's GPU memory and ",
+                    "host staging for other nodes (importing side)\n",
+                    "# TYPE podlink_mesh_gpu_staging_copy_seconds histogram\n");
+    st->copy_latency().Render("podlink_mesh_gpu_staging_copy_seconds", &out);
+    one("podlink_mesh_gpu_staging_queued", "gauge", "staging copies and mesh starts waiting for a stager thread",
+        static_cast<double>(st->queued()));
+  }
   absl::StrAppend(&out, pods_->RenderMetrics());
   if (mesh_ != nullptr) absl::StrAppend(&out, mesh_->RenderMetrics());
   return out;

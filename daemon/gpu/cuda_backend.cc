@@ -98,14 +98,16 @@ class CudaObject : public MemoryObject {
     PODLINK_ASSIGN_OR_RETURN(cu::Context ctx, Context());
     cu::ScopedContext in(*d_, ctx);
     PODLINK_RETURN_IF_ERROR(in.status());
-    return cu::CuStatus(d_->MemcpyHtoD(view.address + offset, src, n), "cuMemcpyHtoD (mesh)");
+    auto copy = d_->MemcpyHtoDPerThread != nullptr ? d_->MemcpyHtoDPerThread : d_->MemcpyHtoD;
+    return cu::CuStatus(copy(view.address + offset, src, n), "cuMemcpyHtoD (mesh)");
   }
   absl::Status CopyOut(uint64_t offset, void* dst, uint64_t n) override {
     PODLINK_ASSIGN_OR_RETURN(RelayView view, MapForRelay());
     PODLINK_ASSIGN_OR_RETURN(cu::Context ctx, Context());
     cu::ScopedContext in(*d_, ctx);
     PODLINK_RETURN_IF_ERROR(in.status());
-    return cu::CuStatus(d_->MemcpyDtoH(dst, view.address + offset, n), "cuMemcpyDtoH (mesh)");
+    auto copy = d_->MemcpyDtoHPerThread != nullptr ? d_->MemcpyDtoHPerThread : d_->MemcpyDtoH;
+    return cu::CuStatus(copy(dst, view.address + offset, n), "cuMemcpyDtoH (mesh)");
   }
 
  private:

@@ -1279,7 +1279,7 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
             uint64_t n = std::min<uint64_t>(kGpuChunk, h.length - done);
             char* buf = GpuStaging();
             io = ReadFull(fd, buf, n);
-            if (io.ok() && copy.ok()) copy = (*rec)->memory->CopyIn(h.offset + done, buf, n);
+            if (io.ok() && copy.ok()) copy = TimedGpuCopy([&] { return (*rec)->memory->CopyIn(h.offset + done, buf, n); });
             done += n;
           }
           if (io.ok()) io = writer->Ack(h.tag, copy);
@@ -1309,7 +1309,7 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
           // that cannot be copied is refused instead of cut off.
           uint64_t n = std::min<uint64_t>(kGpuChunk, h.length);
           char* buf = GpuStaging();
-          if (absl::Status c = (*rec)->memory->CopyOut(h.offset, buf, n); !c.ok()) {
+          if (absl::Status c = TimedGpuCopy([&] { return (*rec)->memory->CopyOut(h.offset, buf, n); }); !c.ok()) {
             io = writer->Ack(h.tag, c);
             break;
           }
@@ -1320,7 +1320,8 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
             done += n;
             if (!io.ok() || done == h.length) break;
             n = std::min<uint64_t>(kGpuChunk, h.length - done);
-            if (absl::Status c = (*rec)->memory->CopyOut(h.offset + done, buf, n); !c.ok()) {
+            if (absl::Status c = TimedGpuCopy([&] { return (*rec)->memory->CopyOut(h.offset + done, buf, n); });
+                !c.ok()) {
               io = c;  // the peer sees the connection end and sends the slice again elsewhere
             }
           }
@@ -2231,7 +2232,20 @@ std::string MeshEngine::RenderMetrics() const {
     one("podlink_mesh_verbs_notifies_total", "counter", "notifications received by RDMA WRITE WITH IMMEDIATE",
         static_cast<double>(verbs_server_->notifies()));
   }
+  if (gpu_copies_.count() > 0) {
+    absl::StrAppend(&out, "# HELP podlink_mesh_gpu_served_copy_seconds copies between a GPU export and a data ",
+                    "connection's host buffer (exporting side)\n",
+                    "# TYPE podlink_mesh_gpu_served_copy_seconds histogram\n");
+    gpu_copies_.Render("podlink_mesh_gpu_served_copy_seconds", &out);
+  }
   return out;
+}
+
+absl::Status MeshEngine::TimedGpuCopy(const std::function<absl::Status()>& copy) {
+  const absl::Time t0 = absl::Now();
+  absl::Status st = copy();
+  if (st.ok()) gpu_copies_.Observe(absl::ToDoubleSeconds(absl::Now() - t0));
+  return st;
 }
 
 }  // namespace podlink::mesh

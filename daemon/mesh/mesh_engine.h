@@ -35,6 +35,7 @@
 #include "daemon/mesh/addresses.h"
 #include "daemon/mesh/mesh_host.h"
 #include "daemon/mesh/nic_rank.h"
+#include "daemon/metrics/metrics.h"
 #include "daemon/mesh/tcp_link.h"
 #include "daemon/mesh/verbs/verbs_link.h"
 #include "daemon/relay/mesh_port.h"
@@ -244,6 +245,8 @@ class MeshEngine final : public MeshPort {
   // The export only (a relay's grant is NOT_FOUND here).
   absl::StatusOr<std::shared_ptr<const ExportRecord>> GrantedExport(const std::string& node, uint64_t grant)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // A copy between a GPU export and a connection's buffer, timed.
+  absl::Status TimedGpuCopy(const std::function<absl::Status()>& copy);
   void AcceptLoop();
   void ServeConnection(int fd);
   // The frames of an authenticated data connection (wire.h).
@@ -349,6 +352,7 @@ class MeshEngine final : public MeshPort {
     uint32_t port = 0;
   };
   std::map<std::string, Known> known_ ABSL_GUARDED_BY(mu_);
+  LatencyHistogram gpu_copies_;  // TimedGpuCopy
   std::map<std::string, uint64_t> caller_instances_ ABSL_GUARDED_BY(mu_);
   uint64_t restarted_peer_grants_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t relay_staged_ ABSL_GUARDED_BY(mu_) = 0;

@@ -22,6 +22,7 @@ class LatencyHistogram {
   void Observe(double seconds);
   // Appends "name_bucket{le=...}", "name_sum", "name_count" lines.
   void Render(const std::string& name, std::string* out) const;
+  uint64_t count() const { return count_.load(std::memory_order_relaxed); }
 
  private:
   std::array<std::atomic<uint64_t>, kBounds.size() + 1> buckets_{};

@@ -46,6 +46,7 @@ RelayEngine::RelayEngine(Resolver resolve, const GpuInventory& inventory, RelayO
       }
     }
   }
+  if (cuda_ != nullptr) stager_ = std::make_unique<MeshStager>(options_.mesh_staging_threads, options_.mesh_staging_bytes);
   size_t n = options_.workers;
   if (n == 0) n = std::clamp<size_t>(static_cast<size_t>(ngpu), 1, 8);
   for (size_t i = 0; i < n; ++i) {
@@ -73,6 +74,7 @@ RelayEngine::RelayEngine(Resolver resolve, const GpuInventory& inventory, RelayO
 }
 
 RelayEngine::~RelayEngine() {
+  stager_.reset();  // its jobs hold rings and call back into this engine
   stop_.store(true, std::memory_order_release);
   for (auto& w : workers_) Wake(*w);
   for (auto& w : workers_) w->thread.join();
@@ -477,51 +479,14 @@ absl::Status RelayEngine::MeshCopy(Worker& w, Ring& r, const RelaySqe& e) {
   t.local = reinterpret_cast<char*>(lv.address) + e.local_offset;
   uint64_t seq = r.mesh_seq + 1;
   MeshPort::Done done = MeshCompleter(r, seq, e.user_data);
-  uint64_t staged = 0;  // bytes of r.mesh_staged this transfer holds until its completion
-  if (lv.on_gpu) {
-    // GPU memory: through a host buffer of the transfer's size (the mesh
-    // links move host memory), copied by the GPU's copy engine before a
-    // write starts and after a read completes. Bounded per ring.
-    uint64_t cap = options_.mesh_staging_bytes;
-    if (e.length > cap) {
-      return absl::InvalidArgumentError(absl::StrCat("a transfer between GPU memory and another node moves at most ",
-                                                     cap, " bytes (split it)"));
-    }
-    if (r.mesh_staged.fetch_add(e.length) + e.length > cap) {
-      r.mesh_staged.fetch_sub(e.length);
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "this session has ", cap, " bytes of GPU transfers to other nodes in flight already; wait for some"));
-    }
-    std::shared_ptr<Ring> ring = r.self.lock();
-    std::shared_ptr<char[]> staging(new (std::nothrow) char[e.length]);
-    absl::Status st = staging == nullptr ? absl::ResourceExhaustedError("no memory for GPU staging")
-                      : t.write          ? local->memory->CopyOut(e.local_offset, staging.get(), e.length)
-                                         : absl::OkStatus();
-    if (!st.ok()) {
-      r.mesh_staged.fetch_sub(e.length);
-      return st;
-    }
-    t.local = staging.get();
-    t.staging = staging;
-    staged = e.length;
-    done = [inner = std::move(done), ring, staging, local, write = t.write, off = e.local_offset,
-            len = e.length](const absl::Status& st) {
-      absl::Status out = st;
-      if (out.ok() && !write) out = local->memory->CopyIn(off, staging.get(), len);
-      ring->mesh_staged.fetch_sub(len);
-      inner(out);
-    };
-  }
+  if (lv.on_gpu) return MeshCopyGpu(r, e, std::move(local), std::move(t), seq, std::move(done));
   t.keep = std::move(local);
   {
     absl::ReaderMutexLock l(&mesh_port_mu_);
     absl::Status st = mesh_ == nullptr
                           ? absl::UnavailableError("region lives on another node and this podlinkd runs without the mesh")
                           : mesh_->Start(std::move(t), std::move(done));
-    if (!st.ok()) {
-      r.mesh_staged.fetch_sub(staged);  // not started: its completion never runs
-      return st;
-    }
+    if (!st.ok()) return st;
   }
   r.mesh_seq = seq;
   r.mesh_running.insert(seq);
@@ -529,6 +494,79 @@ absl::Status RelayEngine::MeshCopy(Worker& w, Ring& r, const RelaySqe& e) {
   bytes_.fetch_add(e.length, std::memory_order_relaxed);
   (void)w;
   return absl::OkStatus();
+}
+
+// GPU memory: through a host buffer of the transfer's size (the mesh links
+// move host memory), copied by the GPU's copy engine before a write starts
+// and after a read completes. The copies run on the stager's threads, not on
+// this worker (its other rings go on meanwhile) nor on a mesh link's thread;
+// bounded per ring. The request counts as running from here, so a later
+// notify of the ring waits for it.
+absl::Status RelayEngine::MeshCopyGpu(Ring& r, const RelaySqe& e, std::shared_ptr<const ExportRecord> local,
+                                      MeshTransfer t, uint64_t seq, MeshPort::Done done) {
+  const uint64_t cap = options_.mesh_staging_bytes;
+  if (e.length > cap) {
+    return absl::InvalidArgumentError(absl::StrCat("a transfer between GPU memory and another node moves at most ",
+                                                   cap, " bytes (split it)"));
+  }
+  if (stager_ == nullptr) return absl::FailedPreconditionError("GPU memory without CUDA in podlinkd");
+  if (r.mesh_staged.fetch_add(e.length) + e.length > cap) {
+    r.mesh_staged.fetch_sub(e.length);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this session has ", cap, " bytes of GPU transfers to other nodes in flight already; wait for some"));
+  }
+  std::shared_ptr<char[]> staging = stager_->Buffer(e.length);
+  if (staging == nullptr) {
+    r.mesh_staged.fetch_sub(e.length);
+    return absl::ResourceExhaustedError("no memory for GPU staging");
+  }
+  std::shared_ptr<Ring> ring = r.self.lock();
+  const bool write = t.write;
+  const uint64_t off = e.local_offset, len = e.length;
+  t.local = staging.get();
+  t.staging = staging;
+  t.keep = local;
+  // Completion: the staging budget back, and for a read its copy to the GPU
+  // first (on a stager thread).
+  auto complete = [ring, len, done = std::move(done)](const absl::Status& st) {
+    ring->mesh_staged.fetch_sub(len);
+    done(st);
+  };
+  MeshPort::Done finish = [this, complete, local, staging, write, off, len](const absl::Status& st) {
+    if (!st.ok() || write) return complete(st);
+    if (!stager_->Post([this, complete, local, staging, off, len] {
+          complete(StagingCopy(true, *local, off, staging.get(), len));
+        })) {
+      complete(absl::UnavailableError("podlinkd is stopping"));
+    }
+  };
+  auto start = [this, t = std::move(t), finish, local, staging, write, off, len]() mutable {
+    absl::Status st = write ? StagingCopy(false, *local, off, staging.get(), len) : absl::OkStatus();
+    if (st.ok()) {
+      absl::ReaderMutexLock l(&mesh_port_mu_);
+      st = mesh_ == nullptr
+               ? absl::UnavailableError("region lives on another node and this podlinkd runs without the mesh")
+               : mesh_->Start(std::move(t), finish);
+    }
+    if (!st.ok()) finish(st);  // not started: its completion is ours to post
+  };
+  if (!stager_->Post(std::move(start))) {
+    r.mesh_staged.fetch_sub(e.length);
+    return absl::UnavailableError("podlinkd is stopping");
+  }
+  r.mesh_seq = seq;
+  r.mesh_running.insert(seq);
+  ops_.fetch_add(1, std::memory_order_relaxed);
+  bytes_.fetch_add(e.length, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::Status RelayEngine::StagingCopy(bool to_gpu, const ExportRecord& rec, uint64_t offset, char* buf,
+                                      uint64_t length) {
+  const uint64_t t0 = NowNs();
+  absl::Status st = to_gpu ? rec.memory->CopyIn(offset, buf, length) : rec.memory->CopyOut(offset, buf, length);
+  if (st.ok()) stager_->copy_latency().Observe(static_cast<double>(NowNs() - t0) * 1e-9);
+  return st;
 }
 
 MeshPort::Done RelayEngine::MeshCompleter(Ring& r, uint64_t seq, uint64_t tag) {

@@ -29,6 +29,7 @@
 #include "daemon/metrics/metrics.h"
 #include "daemon/relay/copy_executor.h"
 #include "daemon/relay/mesh_port.h"
+#include "daemon/relay/mesh_stager.h"
 #include "daemon/registry/registry.h"
 
 namespace podlink {
@@ -52,6 +53,8 @@ struct RelayOptions {
   // GPU memory to or from other nodes goes through host staging in podlinkd:
   // at most this many bytes per transfer and per ring at a time.
   uint64_t mesh_staging_bytes = uint64_t{256} << 20;
+  // Threads copying between GPUs and that staging (mesh_stager.h).
+  uint32_t mesh_staging_threads = 4;
   uint64_t inflight_gpu_bytes = uint64_t{32} << 20;
   // Host-to-host copies are done by the worker thread in slices: each ring
   // gets at most this many bytes of memcpy per round, so one pod's 2 GiB copy
@@ -99,6 +102,8 @@ class RelayEngine {
   RelayCounters Counters() const;
   // Time from a request being taken off its ring to its completion.
   const LatencyHistogram& latency() const { return latency_; }
+  // Copies between GPUs and their staging for other nodes (nullptr without CUDA).
+  MeshStager* stager() const { return stager_.get(); }
 
  private:
   struct PendingNotify {
@@ -168,6 +173,10 @@ class RelayEngine {
   absl::Status DeliverNotify(Ring& from, const RelaySqe& e) ABSL_LOCKS_EXCLUDED(mu_);
   // A write or read whose remote side is another node's region.
   absl::Status MeshCopy(Worker& w, Ring& r, const RelaySqe& e);
+  absl::Status MeshCopyGpu(Ring& r, const RelaySqe& e, std::shared_ptr<const ExportRecord> local, MeshTransfer t,
+                           uint64_t seq, MeshPort::Done done);
+  // Between `rec` (GPU memory) at `offset` and `buf`, on a stager thread, timed.
+  absl::Status StagingCopy(bool to_gpu, const ExportRecord& rec, uint64_t offset, char* buf, uint64_t length);
   // The completion callback of a mesh op of ring r.
   MeshPort::Done MeshCompleter(Ring& r, uint64_t seq, uint64_t tag);
   bool DrainMesh(Ring& r);
@@ -199,6 +208,7 @@ class RelayEngine {
 
   std::atomic<uint64_t> ops_{0}, bytes_{0}, failed_{0}, notifies_{0}, broken_{0}, rings_count_{0};
   LatencyHistogram latency_;
+  std::unique_ptr<MeshStager> stager_;  // with CUDA only
 };
 
 }  // namespace podlink
