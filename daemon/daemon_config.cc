@@ -108,6 +108,12 @@ absl::Status ParseMeshConfig(const nlohmann::json& m, mesh::MeshOptions* o) {
     } else if (k == "relay_staging_mib") {
       PODLINK_RETURN_IF_ERROR(number(v, k, 16, 65536, &n));
       o->relay_staging_bytes = n << 20;
+    } else if (k == "grant_idle_seconds") {
+      PODLINK_RETURN_IF_ERROR(number(v, k, 1, 7 * 86400, &n));
+      o->grant_idle_timeout = absl::Seconds(static_cast<int64_t>(n));
+    } else if (k == "keepalive_seconds") {
+      PODLINK_RETURN_IF_ERROR(number(v, k, 1, 3600, &n));
+      o->keepalive = absl::Seconds(static_cast<int64_t>(n));
     } else if (k == "io_timeout_seconds") {
       PODLINK_RETURN_IF_ERROR(number(v, k, 1, 600, &n));
       o->io_timeout = absl::Seconds(static_cast<int64_t>(n));

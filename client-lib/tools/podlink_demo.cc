@@ -50,6 +50,9 @@ ABSL_FLAG(bool, relay, false, "kv-put: force podlinkd's relay instead of mapping
 ABSL_FLAG(std::string, desc, "", "kv-put: the peer region's descriptor, as kv-serve printed it (required)");
 ABSL_FLAG(bool, read_back, false, "kv-put: read the peer region back after writing it and check every byte");
 ABSL_FLAG(uint64_t, count, 100, "cycle: export/import/close rounds");
+ABSL_FLAG(uint64_t, idle_ms, 0,
+          "kv-put: hold the opened peer region this long before writing (an idle holder: its daemons must keep the "
+          "grant alive)");
 ABSL_FLAG(uint64_t, repeat, 1,
           "kv-put: write the whole region this many times and report the last (steady state: mappings and "
           "connections warm) beside the first");
@@ -90,6 +93,7 @@ struct Opts {
   std::string desc;
   uint64_t count = 100;
   uint64_t repeat = 1;
+  uint64_t idle_ms = 0;
 };
 
 // One JSON object per line; whole lines even when the watch thread and the
@@ -203,6 +207,7 @@ absl::StatusOr<Opts> OptsFromFlags(const std::vector<std::string>& args) {
   o.desc = absl::GetFlag(FLAGS_desc);
   o.count = absl::GetFlag(FLAGS_count);
   o.repeat = std::max<uint64_t>(1, absl::GetFlag(FLAGS_repeat));
+  o.idle_ms = std::min<uint64_t>(absl::GetFlag(FLAGS_idle_ms), 600000);
   if (o.size == 0) return absl::InvalidArgumentError("--size must be a positive integer (got '0')");
   if (o.count == 0) return absl::InvalidArgumentError("--count must be a positive integer (got '0')");
   if (o.gpu < -1) {
@@ -461,6 +466,10 @@ int KvPut(podlink::Client& c, const Opts& o) {
   KvRegion k = MakeKvRegion(c, o, desc->size, o.relay, [&](const Region& r) { Fill(r, 0, r.size, o.seed); });
   auto remote = k.engine->Open(*desc);
   if (!remote.ok()) Die("open", remote.status());
+  if (o.idle_ms > 0) {
+    Emit({{"event", "idle"}, {"ms", o.idle_ms}});
+    std::this_thread::sleep_for(std::chrono::milliseconds(o.idle_ms));
+  }
   std::vector<podlink::TransferOp> ops;
   for (uint64_t off = 0; off < desc->size; off += kChunk) {
     ops.push_back({&k.local, off, &*remote, off, std::min(kChunk, desc->size - off)});

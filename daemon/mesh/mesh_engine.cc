@@ -328,7 +328,12 @@ class MeshEngine::Service final : public pb::Mesh::CallbackService {
   grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx, F&& f) {
     grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
     absl::StatusOr<std::string> node = PeerNode(ctx);
-    r->Finish(ToGrpc(node.ok() ? f(*node) : node.status()));
+    // Alive at the start and at the end of a call that may take long (an
+    // owner registering memory for RDMA), while its keepalives wait behind it.
+    if (node.ok() && *node != e_->node_name_) e_->Touch(*node);
+    absl::Status st = node.ok() ? f(*node) : node.status();
+    if (node.ok() && *node != e_->node_name_) e_->Touch(*node);
+    r->Finish(ToGrpc(st));
     return r;
   }
   MeshEngine* const e_;
@@ -1174,7 +1179,75 @@ void MeshEngine::ServeConnection(int fd) {
   }
   TuneDataSocket(fd, options_.io_timeout);
   Log()->info("event=mesh_data_connection peer={}", node);
+  {
+    absl::MutexLock l(&mu_);
+    ++data_conns_of_[node];
+  }
   ServeFrames(fd, node, link_instance);
+  absl::MutexLock l(&mu_);
+  if (--data_conns_of_[node] == 0) data_conns_of_.erase(node);
+  last_seen_[node] = absl::Now();
+}
+
+void MeshEngine::Touch(const std::string& node) {
+  absl::MutexLock l(&mu_);
+  if (last_seen_.contains(node) || last_seen_.size() < 4096) last_seen_[node] = absl::Now();
+}
+
+void MeshEngine::SweepIdleImporters() {
+  const absl::Time now = absl::Now();
+  std::map<std::string, std::vector<uint64_t>> idle;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [g, grant] : grants_) {
+      if (data_conns_of_.contains(grant.node)) continue;
+      auto seen = last_seen_.find(grant.node);
+      // A grant is given in a control call, which counts as seen.
+      if (seen != last_seen_.end() && now - seen->second < options_.grant_idle_timeout) continue;
+      idle[grant.node].push_back(g);
+    }
+    for (const auto& [node, gs] : idle) {
+      idle_peer_grants_dropped_ += gs.size();
+      last_seen_.erase(node);
+    }
+  }
+  for (const auto& [node, gs] : idle) {
+    Log()->warn("event=mesh_importer_gone node={} dropped_grants={} idle_for=\"more than {}\"", node, gs.size(),
+                absl::FormatDuration(options_.grant_idle_timeout));
+    for (uint64_t g : gs) CloseRegion(node, g);
+  }
+}
+
+void MeshEngine::KeepAlive() {
+  std::set<std::shared_ptr<Peer>> peers;
+  {
+    absl::MutexLock l(&mu_);
+    if (absl::Now() - last_keepalive_ < options_.keepalive) return;
+    last_keepalive_ = absl::Now();
+    for (const auto& [id, h] : handles_) peers.insert(h.peer);
+    for (const auto& [id, g] : grants_) {
+      if (g.forward != nullptr) peers.insert(g.forward->peer);  // a relay holds grants onward too
+    }
+  }
+  // Asynchronous calls on the peers' channels: never queued behind a peer
+  // worker's long task, never blocking this thread.
+  struct Call {
+    std::shared_ptr<pb::Mesh::Stub> stub;
+    grpc::ClientContext ctx;
+    pb::HelloRequest req;
+    pb::HelloResponse resp;
+  };
+  for (const std::shared_ptr<Peer>& p : peers) {
+    std::shared_ptr<pb::Mesh::Stub> stub = p->stub();
+    if (stub == nullptr) continue;
+    auto call = std::make_shared<Call>();
+    call->stub = stub;
+    call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.connect_timeout));
+    call->req.set_version(PODLINK_VERSION);
+    call->req.set_instance(instance_);
+    Call* c = call.get();
+    stub->async()->Hello(&c->ctx, &c->req, &c->resp, [call](grpc::Status) mutable { call.reset(); });
+  }
 }
 
 void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_instance) {
@@ -1754,6 +1827,8 @@ void MeshEngine::RepairLoop() {
       }
     }
     SweepVerbs();
+    SweepIdleImporters();
+    KeepAlive();
     for (Repair& r : due) {
       std::shared_ptr<DataLinks> links = r.links.lock();
       // Gone, or the whole peer is down (the next open dials it again).
@@ -2205,14 +2280,18 @@ std::string MeshEngine::RenderMetrics() const {
     forwarded = relay_forwarded_bytes_;
     staged = relay_staged_;
   }
-  uint64_t restarted_dropped = 0;
+  uint64_t restarted_dropped = 0, idle_dropped = 0;
   {
     absl::MutexLock l(&mu_);
     restarted_dropped = restarted_peer_grants_dropped_;
+    idle_dropped = idle_peer_grants_dropped_;
   }
   one("podlink_mesh_restarted_peer_grants_dropped_total", "counter",
       "grants dropped because the daemon holding them restarted (a new instance said so)",
       static_cast<double>(restarted_dropped));
+  one("podlink_mesh_idle_peer_grants_dropped_total", "counter",
+      "grants dropped because the node holding them was silent longer than mesh.grant_idle_seconds",
+      static_cast<double>(idle_dropped));
   one("podlink_mesh_relayed_opens_total", "counter", "regions this node opened onward for other nodes (as a relay)",
       static_cast<double>(relayed));
   one("podlink_mesh_routed_opens_total", "counter", "regions this node's pods opened through relays",

@@ -88,6 +88,12 @@ struct MeshOptions {
   uint64_t relay_staging_bytes = 64ull << 20;
   // Where the host's sysfs is (its NICs and GPUs: nic_rank.h).
   std::string sysfs = "/sys";
+  // Grants of a node that has had no data connection and no control call
+  // here for this long are dropped (an importing daemon that died and never
+  // came back); importers say hello every `keepalive` while they hold
+  // handles, so a live one keeps its grants even without traffic.
+  absl::Duration grant_idle_timeout = absl::Minutes(10);
+  absl::Duration keepalive = absl::Seconds(60);
 };
 
 struct RemoteTarget {
@@ -225,6 +231,13 @@ class MeshEngine final : public MeshPort {
   void DeliverVerbsNotify(const std::string& node, uint64_t grant, uint64_t value);
   // Registrations whose grant closed or whose export went away are dropped.
   void SweepVerbs();
+  // A call or connection from `node` (it is alive).
+  void Touch(const std::string& node) ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops the grants of nodes idle longer than grant_idle_timeout.
+  void SweepIdleImporters() ABSL_LOCKS_EXCLUDED(mu_);
+  // Says hello to every peer whose regions this node's pods hold, every
+  // `keepalive` (on the peers' workers).
+  void KeepAlive() ABSL_LOCKS_EXCLUDED(mu_);
   using OpenVerbsCall = std::function<absl::StatusOr<podlink::mesh::v1::OpenVerbsResponse>(
       const podlink::mesh::v1::OpenVerbsRequest&)>;
   absl::StatusOr<std::shared_ptr<verbs::VerbsLinks>> ConnectVerbs(const std::string& node,
@@ -355,6 +368,12 @@ class MeshEngine final : public MeshPort {
   LatencyHistogram gpu_copies_;  // TimedGpuCopy
   std::map<std::string, uint64_t> caller_instances_ ABSL_GUARDED_BY(mu_);
   uint64_t restarted_peer_grants_dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  // Importing nodes' signs of life: data connections being served, and the
+  // last control call or connection end.
+  std::map<std::string, uint32_t> data_conns_of_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, absl::Time> last_seen_ ABSL_GUARDED_BY(mu_);
+  uint64_t idle_peer_grants_dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_keepalive_ ABSL_GUARDED_BY(mu_) = absl::Now();
   uint64_t relay_staged_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, uint64_t> relay_staged_by_node_ ABSL_GUARDED_BY(mu_);
   uint64_t relay_forwarded_bytes_ ABSL_GUARDED_BY(mu_) = 0;

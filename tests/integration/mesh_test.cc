@@ -1253,6 +1253,46 @@ TEST_F(Mesh, ARestartedImportersOldGrantsAreDropped) {
   big.Kill(SIGKILL);
 }
 
+// An importing daemon that dies and never comes back: the owner drops its
+// grants once the node has had no data connection and no control call for
+// mesh.grant_idle_seconds (2 here); a live importer's transfer that lasts
+// longer than that keeps its grant.
+TEST_F(Mesh, ADeadImportersGrantsGoWhenItNeverReturns) {
+  std::string a = topo_.Node("a"), b = topo_.Node("b");
+  auto [da, db] = topo_.Cable(a, b, 1);
+  Shape(a, da);
+  PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable");
+  std::string pods = Rule(pa, "ml", "prefill-0", "job-7") + "," + Rule(pb, "ml", "decode-0", "job-7");
+  auto na = StartNode("node-a", a, {da}, pods);
+  auto nb = StartNode("node-b", b, {db}, pods, "", R"(, "grant_idle_seconds": 2)");
+  auto grants = [&]() -> int {
+    json j = LinksOf(*nb);
+    return j.is_object() ? j["grants"].get<int>() : -1;
+  };
+  // 96 MiB over the shaped cable: about 4 s, twice the idle limit.
+  KvAcrossNodes(*nb, pb, *na, pa, 96 << 20, 7);
+  EXPECT_EQ(nb->Log().find("event=mesh_importer_gone"), std::string::npos) << nb->Log();
+
+  Pod big(*nb, &pb, {"kv-serve", "--size", std::to_string(256 << 20), "--verify", "8"});
+  json s = big.Expect("serving");
+  ASSERT_EQ(s["event"], "serving") << s.dump();
+  std::chrono::steady_clock::time_point killed;
+  {
+    Pod client(*na, &pa, {"kv-put", "--desc", s["descriptor"], "--seed", "8"});
+    ASSERT_TRUE(WaitForGrants(*nb, 2)) << nb->Log();  // the first transfer's, and this one's
+    killed = std::chrono::steady_clock::now();
+    ::kill(na->pid(), SIGKILL);  // node a's podlinkd dies holding the grant, for good
+    client.Kill(SIGKILL);
+    client.Wait();
+  }
+  na.reset();
+  EXPECT_TRUE(nb->WaitForLog("event=mesh_importer_gone node=node-a dropped_grants=1", 15000)) << nb->Log();
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  EXPECT_EQ(grants(), 0);
+  EXPECT_GE(waited, 1.9) << "dropped before the idle limit";
+  big.Kill(SIGKILL);
+}
+
 TEST_F(Mesh, ACutCableCostsNoDataWhenAnotherRemains) {
   std::string a = topo_.Node("a"), b = topo_.Node("b");
   auto [a1, b1] = topo_.Cable(a, b, 1);

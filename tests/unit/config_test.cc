@@ -49,6 +49,16 @@ TEST(DaemonConfig, MeshPeersAndRelayStaging) {
   EXPECT_EQ(ParseDaemonConfig("{}")->broker.mesh.relay_staging_bytes, 64ull << 20);
 }
 
+TEST(DaemonConfig, MeshGrantIdleAndKeepalive) {
+  auto c = ParseDaemonConfig(R"({"mesh": {"grant_idle_seconds": 900, "keepalive_seconds": 30}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->broker.mesh.grant_idle_timeout, absl::Seconds(900));
+  EXPECT_EQ(c->broker.mesh.keepalive, absl::Seconds(30));
+  auto d = ParseDaemonConfig("{}");
+  EXPECT_EQ(d->broker.mesh.grant_idle_timeout, absl::Minutes(10));
+  EXPECT_EQ(d->broker.mesh.keepalive, absl::Seconds(60));
+}
+
 TEST(DaemonConfig, MeshSysfsRoot) {
   auto c = ParseDaemonConfig(R"({"mesh": {"sysfs": "/host/sys"}})");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -86,6 +96,8 @@ TEST(DaemonConfig, RejectsBadInputWithReason) {
            {R"({"mesh": {"peers": [{"node": "c", "addresses": ["10.0.0.1/30"], "via": "b"}]}})", "peers[].via"},
            {R"({"mesh": {"relay_staging_mib": 1}})", "relay_staging_mib"},
            {R"({"mesh": {"sysfs": "host/sys"}})", "sysfs"},
+           {R"({"mesh": {"grant_idle_seconds": 0}})", "grant_idle_seconds"},
+           {R"({"mesh": {"keepalive_seconds": 7200}})", "keepalive_seconds"},
            {R"({"mesh": {"sysfs": ""}})", "sysfs"},
            {R"({"mesh": {"verbs_timeout": 40}})", "verbs_timeout"},
            {R"({"mesh": {"verbs_retry_count": 8}})", "verbs_retry_count"},

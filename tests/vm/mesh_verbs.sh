@@ -36,11 +36,15 @@ echo "eth0 10.77.1.2/30" > "$out/node-b.net"
 port=$((20000 + $$ % 20000))
 VM_NICS_node_a="listen:$port"
 VM_NICS_node_b="connect:$port"
+# Each pod holds the other's region idle for 5 s before writing, while the
+# owners drop grants of nodes silent for 3 s: only the importers' keepalives
+# (every second; verbs leaves no TCP connection to count) keep the grants.
+idle="PODLINK_VM_IDLE_MS=5000 PODLINK_VM_GRANT_IDLE=3 PODLINK_VM_KEEPALIVE=1"
 t0=$(date +%s)
 vm_log "booting node-a and node-b (kernel $VM_KVER, soft-RoCE); $bytes bytes each way"
-vm_start node_a 1 "PODLINK_VM_NCCL=1 PODLINK_VM_GDB=${PODLINK_VM_GDB:-0} PODLINK_VM_NAME=node-a sh $here/node.sh $build pair $bytes node-b"
+vm_start node_a 1 "PODLINK_VM_NCCL=1 $idle PODLINK_VM_GDB=${PODLINK_VM_GDB:-0} PODLINK_VM_NAME=node-a sh $here/node.sh $build pair $bytes node-b"
 sleep 1
-vm_start node_b 2 "PODLINK_VM_NCCL=1 PODLINK_VM_GDB=${PODLINK_VM_GDB:-0} PODLINK_VM_NAME=node-b sh $here/node.sh $build pair $bytes node-a"
+vm_start node_b 2 "PODLINK_VM_NCCL=1 $idle PODLINK_VM_GDB=${PODLINK_VM_GDB:-0} PODLINK_VM_NAME=node-b sh $here/node.sh $build pair $bytes node-a"
 rc=0
 vm_wait node_a "$limit" || rc=1
 vm_wait node_b 60 || rc=1
@@ -74,6 +78,13 @@ for n in node-a node-b; do
   fi
   grep -q "event=verbs_path_up" "$out/$n.podlinkd.log" 2>/dev/null && echo "$n: verbs path up" ||
     { echo "$n: no verbs path came up"; rc=1; }
+  if grep -q '"event":"idle"' "$out"/"$n".put-*.out 2>/dev/null &&
+     ! grep -q "event=mesh_importer_gone" "$out/$n.podlinkd.log" 2>/dev/null; then
+    echo "$n: held its peer's region idle for 5 s (grants dropped after 3 s of silence): kept by keepalives"
+  else
+    echo "$n: the idle hold did not happen, or a live importer's grants were dropped:"
+    grep "event=mesh_importer_gone" "$out/$n.podlinkd.log" 2>/dev/null | tail -2; rc=1
+  fi
 done
 {
   echo "machine: $(nproc) cores, host kernel $(uname -r), guests: Debian $VM_KVER under QEMU TCG, 1 vCPU, ${VM_MEM_MB} MiB each"

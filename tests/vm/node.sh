@@ -8,7 +8,11 @@
 #                                    read back and notify the region each PEER
 #                                    serves us (kv-put --read-back), wait for
 #                                    our regions' notifications and check every
-#                                    byte. With PODLINK_VM_NCCL=1 and one PEER,
+#                                    byte (PODLINK_VM_IDLE_MS: hold each peer
+#                                    region that long before writing, with
+#                                    PODLINK_VM_GRANT_IDLE / _KEEPALIVE as the
+#                                    daemons' grant_idle / keepalive seconds).
+#                                    With PODLINK_VM_NCCL=1 and one PEER,
 #                                    then the NCCL plugin's conformance
 #                                    scenarios with it (nccl_pair.sh; the node
 #                                    whose name sorts first sends).
@@ -39,7 +43,8 @@ mkdir -p /run/podlink-test
 cat > /run/podlink-test/config.json <<CFG
 {"node": {"name": "$name", "id": "$name"},
  "mesh": {"enabled": true, "transport": "verbs", "cert_dir": "$out/certs/$name", "interfaces": [$ifs],
-          "connections_per_path": 2, "slice_kib": 256, "verbs_timeout": ${PODLINK_VM_VERBS_TIMEOUT:-18}},
+          "connections_per_path": 2, "slice_kib": 256, "verbs_timeout": ${PODLINK_VM_VERBS_TIMEOUT:-18},
+          "grant_idle_seconds": ${PODLINK_VM_GRANT_IDLE:-600}, "keepalive_seconds": ${PODLINK_VM_KEEPALIVE:-60}},
  "pods": [{"match": {"uid": 0}, "namespace": "vmtest", "name": "pod-$name",
            "annotations": {"podlink.io/peer-group": "vmtest"}}]}
 CFG
@@ -121,6 +126,7 @@ case "$role" in
         ) &
       fi
       if ! timeout 300 "$demo" kv-put --desc "$(cat "$out/$peer.desc-$name")" --seed "$peer_idx" --read-back \
+          --idle_ms "${PODLINK_VM_IDLE_MS:-0}" \
           > "$out/$name.put-$peer.out" 2> "$out/$name.put-$peer.err"; then
         log "kv-put to $peer failed: $(tail -3 "$out/$name.put-$peer.err") $(grep error "$out/$name.put-$peer.out")"
         rc=1
