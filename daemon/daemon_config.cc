@@ -111,6 +111,9 @@ absl::Status ParseMeshConfig(const nlohmann::json& m, mesh::MeshOptions* o) {
     } else if (k == "grant_idle_seconds") {
       PODLINK_RETURN_IF_ERROR(number(v, k, 1, 7 * 86400, &n));
       o->grant_idle_timeout = absl::Seconds(static_cast<int64_t>(n));
+    } else if (k == "cert_refresh_seconds") {
+      PODLINK_RETURN_IF_ERROR(number(v, k, 1, 3600, &n));
+      o->cert_refresh = absl::Seconds(static_cast<int64_t>(n));
     } else if (k == "keepalive_seconds") {
       PODLINK_RETURN_IF_ERROR(number(v, k, 1, 3600, &n));
       o->keepalive = absl::Seconds(static_cast<int64_t>(n));

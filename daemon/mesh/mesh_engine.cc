@@ -1,5 +1,9 @@
 #include "daemon/mesh/mesh_engine.h"
 
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_certificate_verifier.h>
+#include <grpcpp/security/tls_credentials_options.h>
+
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -502,9 +506,15 @@ absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions option
   }
   std::unique_ptr<MeshEngine> e(new MeshEngine(std::move(options), std::move(node_name), host));
   const MeshOptions& o = e->options_;
-  PODLINK_ASSIGN_OR_RETURN(e->ca_pem_, ReadPem(o.cert_dir, "ca.crt"));
-  PODLINK_ASSIGN_OR_RETURN(e->cert_pem_, ReadPem(o.cert_dir, "tls.crt"));
-  PODLINK_ASSIGN_OR_RETURN(e->key_pem_, ReadPem(o.cert_dir, "tls.key"));
+  {
+    Pems p;
+    PODLINK_ASSIGN_OR_RETURN(p.ca, ReadPem(o.cert_dir, "ca.crt"));
+    PODLINK_ASSIGN_OR_RETURN(p.cert, ReadPem(o.cert_dir, "tls.crt"));
+    PODLINK_ASSIGN_OR_RETURN(p.key, ReadPem(o.cert_dir, "tls.key"));
+    absl::MutexLock l(&e->pem_mu_);
+    e->pems_ = std::move(p);
+    e->pems_read_ = absl::Now();
+  }
   if (!o.addresses.empty()) {
     for (const std::string& a : o.addresses) {
       PODLINK_ASSIGN_OR_RETURN(IpPrefix p, IpPrefix::Parse(a));
@@ -541,14 +551,20 @@ absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions option
   ::getsockname(e->listen_fd_.get(), reinterpret_cast<sockaddr*>(&sa), &slen);
   e->data_port_ = ntohs(sa.sin6_port);
 
-  // Control plane: gRPC over mutual TLS.
-  grpc::SslServerCredentialsOptions tls(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  tls.pem_root_certs = e->ca_pem_;
-  tls.pem_key_cert_pairs.push_back({e->key_pem_, e->cert_pem_});
+  // Control plane: gRPC over mutual TLS. The files are watched (a
+  // cert-manager secret rotated in place, or a new CA bundle, takes effect
+  // for new connections within cert_refresh, without a restart).
+  e->cert_files_ = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      o.cert_dir + "/tls.key", o.cert_dir + "/tls.crt", o.cert_dir + "/ca.crt",
+      static_cast<unsigned>(std::max<int64_t>(1, absl::ToInt64Seconds(o.cert_refresh))));
+  grpc::experimental::TlsServerCredentialsOptions tls(e->cert_files_);
+  tls.watch_root_certs();
+  tls.watch_identity_key_cert_pairs();
+  tls.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
   e->service_ = std::make_unique<Service>(e.get());
   grpc::ServerBuilder b;
   int port = 0;
-  b.AddListeningPort(o.listen, grpc::SslServerCredentials(tls), &port);
+  b.AddListeningPort(o.listen, grpc::experimental::TlsServerCredentials(tls), &port);
   b.RegisterService(e->service_.get());
   b.AddChannelArgument(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 1 << 20);
   b.AddChannelArgument("grpc.server_handshake_timeout_ms", 5000);
@@ -746,7 +762,7 @@ absl::StatusOr<MeshEngine::CheckedClaim> MeshEngine::CheckClaim(const std::strin
   if (!ValidNodeName(claim.origin()) || !ValidNodeName(claim.destination().node())) {
     return absl::PermissionDeniedError("the claim names no valid origin or destination");
   }
-  PODLINK_RETURN_IF_ERROR(VerifyNodeSignature(ca_pem_, route.origin_cert(), claim.origin(), route.claim(),
+  PODLINK_RETURN_IF_ERROR(VerifyNodeSignature(CurrentPems().ca, route.origin_cert(), claim.origin(), route.claim(),
                                               route.signature()));
   // Fresh: a claim is used within seconds of being made (a minute for
   // clocks that differ).
@@ -1189,6 +1205,39 @@ void MeshEngine::ServeConnection(int fd) {
   last_seen_[node] = absl::Now();
 }
 
+MeshEngine::Pems MeshEngine::CurrentPems() const {
+  absl::MutexLock l(&pem_mu_);
+  return pems_;
+}
+
+void MeshEngine::ReloadPems() {
+  {
+    absl::MutexLock l(&pem_mu_);
+    if (absl::Now() - pems_read_ < options_.cert_refresh) return;
+    pems_read_ = absl::Now();
+  }
+  Pems p;
+  absl::StatusOr<std::string> ca = ReadPem(options_.cert_dir, "ca.crt"), cert = ReadPem(options_.cert_dir, "tls.crt"),
+                              key = ReadPem(options_.cert_dir, "tls.key");
+  if (!ca.ok() || !cert.ok() || !key.ok()) {
+    // Half-written or missing (a rotation in progress): keep what works.
+    return;
+  }
+  p.ca = *std::move(ca);
+  p.cert = *std::move(cert);
+  p.key = *std::move(key);
+  // The key must sign what the certificate vouches for, or claims made with
+  // it would be refused everywhere: keep the old pair until both match.
+  if (!SignWithKey(p.key, "podlink").ok() || !KeyMatchesCertificate(p.key, p.cert)) return;
+  bool changed = false;
+  {
+    absl::MutexLock l(&pem_mu_);
+    changed = p.ca != pems_.ca || p.cert != pems_.cert || p.key != pems_.key;
+    if (changed) pems_ = std::move(p);
+  }
+  if (changed) Log()->info("event=mesh_certificates_reloaded dir={}", options_.cert_dir);
+}
+
 void MeshEngine::Touch(const std::string& node) {
   absl::MutexLock l(&mu_);
   if (last_seen_.contains(node) || last_seen_.size() < 4096) last_seen_[node] = absl::Now();
@@ -1516,15 +1565,18 @@ absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const Remote
         "no direct link reaches node ", target.node_name, ": it advertises [", absl::StrJoin(target.addresses, ", "),
         "], this node has [", absl::StrJoin(mine, ", "), "] (set mesh.fallback to let the kernel route)"));
   }
-  grpc::SslCredentialsOptions tls;
-  tls.pem_root_certs = ca_pem_;
-  tls.pem_private_key = key_pem_;
-  tls.pem_cert_chain = cert_pem_;
+  grpc::experimental::TlsChannelCredentialsOptions tls;
+  tls.set_certificate_provider(cert_files_);
+  tls.watch_root_certs();
+  tls.watch_identity_key_cert_pairs();
+  tls.set_verify_server_certs(true);
+  // The certificate must name the node we mean (the target name below).
+  tls.set_certificate_verifier(std::make_shared<grpc::experimental::HostNameCertificateVerifier>());
   grpc::ChannelArguments args;
-  args.SetSslTargetNameOverride(target.node_name);  // the certificate must name the node we mean
+  args.SetSslTargetNameOverride(target.node_name);
   std::string endpoint = HostPort(paths.front().remote, target.port);
   std::shared_ptr<pb::Mesh::Stub> stub =
-      pb::Mesh::NewStub(grpc::CreateCustomChannel(endpoint, grpc::SslCredentials(tls), args));
+      pb::Mesh::NewStub(grpc::CreateCustomChannel(endpoint, grpc::experimental::TlsCredentials(tls), args));
   auto deadline = [this] { return absl::ToChronoTime(absl::Now() + options_.connect_timeout); };
   pb::HelloResponse hello;
   {
@@ -1664,10 +1716,11 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
       claim.set_nonce(RandomU64());
       pb::Route* route = req.mutable_route();
       claim.SerializeToString(route->mutable_claim());
-      absl::StatusOr<std::string> sig = SignWithKey(key_pem_, route->claim());
+      const Pems pems = CurrentPems();
+      absl::StatusOr<std::string> sig = SignWithKey(pems.key, route->claim());
       if (!sig.ok()) return done(sig.status());
       route->set_signature(*std::move(sig));
-      route->set_origin_cert(cert_pem_);
+      route->set_origin_cert(pems.cert);
       relays = *via;
       hop.node_name = via->front();
       hop.addresses = known[hop.node_name].addresses;
@@ -1827,6 +1880,7 @@ void MeshEngine::RepairLoop() {
       }
     }
     SweepVerbs();
+    ReloadPems();
     SweepIdleImporters();
     KeepAlive();
     for (Repair& r : due) {

@@ -43,7 +43,10 @@
 
 namespace grpc {
 class Server;
+namespace experimental {
+class CertificateProviderInterface;
 }
+}  // namespace grpc
 
 namespace podlink::mesh {
 
@@ -94,6 +97,8 @@ struct MeshOptions {
   // handles, so a live one keeps its grants even without traffic.
   absl::Duration grant_idle_timeout = absl::Minutes(10);
   absl::Duration keepalive = absl::Seconds(60);
+  // How often the certificate files are looked at again (rotation).
+  absl::Duration cert_refresh = absl::Seconds(60);
 };
 
 struct RemoteTarget {
@@ -322,7 +327,18 @@ class MeshEngine final : public MeshPort {
   MeshHost* const host_;
   const uint64_t instance_;
   std::vector<IpPrefix> advertised_;
-  std::string ca_pem_, cert_pem_, key_pem_;
+  // The certificate files: gRPC watches them for its TLS (cert_files_);
+  // the node key and CA for signing and checking claims are read again
+  // every cert_refresh (ReloadPems).
+  struct Pems {
+    std::string ca, cert, key;
+  };
+  Pems CurrentPems() const ABSL_LOCKS_EXCLUDED(pem_mu_);
+  void ReloadPems() ABSL_LOCKS_EXCLUDED(pem_mu_);
+  mutable absl::Mutex pem_mu_;
+  Pems pems_ ABSL_GUARDED_BY(pem_mu_);
+  absl::Time pems_read_ ABSL_GUARDED_BY(pem_mu_);
+  std::shared_ptr<grpc::experimental::CertificateProviderInterface> cert_files_;
   uint32_t control_port_ = 0, data_port_ = 0;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;

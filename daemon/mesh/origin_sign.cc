@@ -91,6 +91,15 @@ absl::StatusOr<std::string> SignWithKey(const std::string& key_pem, absl::string
   return sig;
 }
 
+bool KeyMatchesCertificate(const std::string& key_pem, absl::string_view cert_pem) {
+  std::vector<Ptr<X509>> certs = ReadCerts(cert_pem);
+  Ptr<BIO> bio = MemBio(key_pem);
+  Ptr<EVP_PKEY> key(bio == nullptr ? nullptr : PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
+  const bool ok = !certs.empty() && key != nullptr && X509_check_private_key(certs.front().get(), key.get()) == 1;
+  ERR_clear_error();
+  return ok;
+}
+
 absl::StatusOr<std::string> CertificateNode(absl::string_view cert_pem) {
   std::vector<Ptr<X509>> certs = ReadCerts(cert_pem);
   if (certs.empty()) return absl::PermissionDeniedError("no certificate in the PEM text");

@@ -22,6 +22,9 @@ inline constexpr size_t kMaxSignature = 1024;
 // A SHA-256 signature of `data` by the PEM private key (EC or RSA).
 absl::StatusOr<std::string> SignWithKey(const std::string& key_pem, absl::string_view data);
 
+// Whether the PEM private key belongs to the first certificate of `cert_pem`.
+bool KeyMatchesCertificate(const std::string& key_pem, absl::string_view cert_pem);
+
 // The node a PEM certificate names, as the mesh's TLS does: its first DNS
 // subject alternative name, else its common name.
 absl::StatusOr<std::string> CertificateNode(absl::string_view cert_pem);
