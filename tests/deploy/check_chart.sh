@@ -163,7 +163,8 @@ podSource: standalone
 criSocket: ""
 devicePlugin: {enabled: false}
 mesh: {enabled: true, port: 7456, dataPort: 7457, certHostPath: /var/lib/podlink-mesh, interfaces: [ens1f0],
-       connectionsPerPath: 2, transport: verbs, relayStagingMib: 32,
+       connectionsPerPath: 2, transport: verbs, relayStagingMib: 32, grantIdleSeconds: 300, keepaliveSeconds: 20,
+       certRefreshSeconds: 30,
        peers: [{node: node-c, addresses: [10.0.3.2/30, 10.0.4.1/30], port: 7446}]}
 VALUES
 "$render" -f "$tmp/mesh.yaml" charts/podlink > "$tmp/mesh-render.yaml" || fail "the chart with the mesh on does not render"
@@ -180,7 +181,8 @@ cm = next(d for d in docs if d["kind"] == "ConfigMap")
 mesh = json.loads(cm["data"]["config.json"])["mesh"]
 assert mesh == {"enabled": True, "listen": "0.0.0.0:7456", "data_port": 7457, "cert_dir": "/etc/podlink-mesh",
                 "interfaces": ["ens1f0"], "fallback": False, "connections_per_path": 2,
-                "transport": "verbs", "relay_staging_mib": 32,
+                "transport": "verbs", "relay_staging_mib": 32, "grant_idle_seconds": 300, "keepalive_seconds": 20,
+                "cert_refresh_seconds": 30,
                 "peers": [{"node": "node-c", "addresses": ["10.0.3.2/30", "10.0.4.1/30"], "port": 7446}]}, mesh
 print("mesh render: host network, ports", ports, "config", mesh)
 PY
@@ -258,6 +260,8 @@ mesh: {enabled: true, certHostPath: certs}|mesh.certHostPath must be an absolute
 mesh: {enabled: true, connectionsPerPath: 17}|mesh.connectionsPerPath must be in 1..16
 mesh: {enabled: true, transport: udp}|mesh.transport must be tcp or verbs
 mesh: {enabled: true, relayStagingMib: 8}|mesh.relayStagingMib must be in 16..65536
+mesh: {enabled: true, keepaliveSeconds: 0}|mesh.grantIdleSeconds must be in 1..604800
+mesh: {enabled: true, grantIdleSeconds: 60, keepaliveSeconds: 60}|at least twice mesh.keepaliveSeconds
 EOF
 echo "chart renders its cluster defaults, values-standalone.yaml and every node-agent value, lints, and refuses" \
   "$nbad bad combinations"

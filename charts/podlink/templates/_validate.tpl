@@ -47,6 +47,14 @@
 {{- if or (lt $rs 16) (gt $rs 65536) -}}
 {{- fail "mesh.relayStagingMib must be in 16..65536" -}}
 {{- end -}}
+{{- $gi := int .Values.mesh.grantIdleSeconds -}}
+{{- $ka := int .Values.mesh.keepaliveSeconds -}}
+{{- if or (lt $gi 1) (gt $gi 604800) (lt $ka 1) (gt $ka 3600) (lt (int .Values.mesh.certRefreshSeconds) 1) (gt (int .Values.mesh.certRefreshSeconds) 3600) -}}
+{{- fail "mesh.grantIdleSeconds must be in 1..604800, mesh.keepaliveSeconds and mesh.certRefreshSeconds in 1..3600" -}}
+{{- end -}}
+{{- if lt $gi (mul 2 $ka) -}}
+{{- fail "mesh.grantIdleSeconds must be at least twice mesh.keepaliveSeconds (live importers would lose their grants)" -}}
+{{- end -}}
 {{- if not (isAbs (toString .Values.mesh.certHostPath)) -}}
 {{- fail "mesh.certHostPath must be an absolute path on the node (it holds ca.crt, tls.crt, tls.key)" -}}
 {{- end -}}
