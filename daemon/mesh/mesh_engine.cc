@@ -532,6 +532,12 @@ absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions option
     return absl::FailedPreconditionError("the mesh has no address to advertise (no interface is up, or "
                                          "mesh.interfaces names none that has an address)");
   }
+  {
+    std::vector<pb::LinkInfo> links = e->ReadLocalLinks();  // before the first Hello is answered
+    absl::MutexLock l(&e->links_mu_);
+    e->local_links_ = std::move(links);
+    e->local_links_read_ = absl::Now();
+  }
 
   // Data port: plain TCP, every connection authenticated by its first frame.
   e->listen_fd_ = UniqueFd(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -668,6 +674,24 @@ std::vector<std::string> MeshEngine::AdvertisedAddresses() const {
 }
 
 std::vector<pb::LinkInfo> MeshEngine::LocalLinks() const {
+  absl::MutexLock l(&links_mu_);
+  return local_links_;
+}
+
+void MeshEngine::RefreshLocalLinks() {
+  {
+    absl::MutexLock l(&links_mu_);
+    if (absl::Now() - local_links_read_ < absl::Seconds(60)) return;
+    local_links_read_ = absl::Now();
+  }
+  std::vector<pb::LinkInfo> links = ReadLocalLinks();
+  absl::MutexLock l(&links_mu_);
+  local_links_ = std::move(links);
+}
+
+// Reads sysfs: a GID table can hold a thousand entries per port, so this is
+// never done on a call's thread (RefreshLocalLinks, on the repair thread).
+std::vector<pb::LinkInfo> MeshEngine::ReadLocalLinks() const {
   std::vector<pb::LinkInfo> out;
   for (const IpPrefix& a : advertised_) {
     NicInfo nic = ReadNic(options_.sysfs, a.netdev);
@@ -1850,6 +1874,13 @@ std::function<void(const std::string&)> MeshEngine::RepairOnDown(const std::shar
 void MeshEngine::ScheduleRepair(Repair r) {
   absl::MutexLock l(&mu_);
   if (stopping_.load(std::memory_order_acquire) || repairs_.size() >= 256) return;
+  // A verbs path's repair replaces every QP of it that failed by then: one
+  // scheduled is enough (a TCP repair is one connection each).
+  if (std::dynamic_pointer_cast<verbs::VerbsLinks>(r.links.lock()) != nullptr) {
+    for (const Repair& other : repairs_) {
+      if (other.name == r.name && !other.links.owner_before(r.links) && !r.links.owner_before(other.links)) return;
+    }
+  }
   repairs_.push_back(std::move(r));
 }
 
@@ -1880,6 +1911,7 @@ void MeshEngine::RepairLoop() {
       }
     }
     SweepVerbs();
+    RefreshLocalLinks();
     ReloadPems();
     SweepIdleImporters();
     KeepAlive();
@@ -1918,6 +1950,7 @@ absl::Status MeshEngine::RepairOnce(Repair& r) {
     // A path that cannot come back (cable still down) fails here and is
     // tried again with backoff; its old QPs are named once.
     std::vector<uint32_t> failed = vl->FailedRemoteQps(r.name);
+    if (failed.empty()) return absl::OkStatus();  // an earlier repair replaced them
     PODLINK_RETURN_IF_ERROR(ConnectVerbsPath(*vl, r.path, open, failed));
     vl->MarkReported(failed);
     return absl::OkStatus();
@@ -2156,7 +2189,9 @@ absl::Status MeshEngine::ConnectVerbsPath(verbs::VerbsLinks& links, const Path& 
   const verbs::VerbsOptions& vo = options_.verbs;
   PODLINK_ASSIGN_OR_RETURN(verbs::GidChoice gid, verbs::ChooseGid(vo.sysfs, path.local, vo.gid_index));
   PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<verbs::Nic> nic, nics->Get(gid));
-  PODLINK_ASSIGN_OR_RETURN(auto prepared, links.PreparePath(nic, gid, PathName(path)));
+  // A repair makes one QP per failed one; a new path, qps_per_path.
+  PODLINK_ASSIGN_OR_RETURN(auto prepared,
+                           links.PreparePath(nic, gid, PathName(path), static_cast<uint32_t>(replaces.size())));
   pb::OpenVerbsRequest req;
   req.set_address(path.remote.AddressText());
   req.set_gid(std::string(reinterpret_cast<const char*>(prepared.second.gid.data()), 16));

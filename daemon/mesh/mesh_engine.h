@@ -202,8 +202,14 @@ class MeshEngine final : public MeshPort {
              RegionDone done) ABSL_LOCKS_EXCLUDED(mu_);
   // This node's addresses for choosing paths.
   std::vector<IpPrefix> LocalForPaths() const;
-  // This node's advertised addresses and the NICs under them (sysfs).
-  std::vector<podlink::mesh::v1::LinkInfo> LocalLinks() const;
+  // This node's advertised addresses and the NICs under them (sysfs), as
+  // last read (every minute, by the repair thread).
+  std::vector<podlink::mesh::v1::LinkInfo> LocalLinks() const ABSL_LOCKS_EXCLUDED(links_mu_);
+  void RefreshLocalLinks() ABSL_LOCKS_EXCLUDED(links_mu_);
+  std::vector<podlink::mesh::v1::LinkInfo> ReadLocalLinks() const;
+  mutable absl::Mutex links_mu_;
+  std::vector<podlink::mesh::v1::LinkInfo> local_links_ ABSL_GUARDED_BY(links_mu_);
+  absl::Time local_links_read_ ABSL_GUARDED_BY(links_mu_) = absl::InfinitePast();
   // Which of `paths` a transfer of memory on GPU `gpu_bus_id` (empty: host
   // memory) uses (nic_rank.h).
   PathPreference RankFor(const std::vector<Path>& paths, const std::string& gpu_bus_id) const;

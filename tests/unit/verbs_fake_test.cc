@@ -466,7 +466,7 @@ TEST_F(VerbsFake, APathWhoseQpsAllFailedIsRepairedAndTheOwnerDropsTheOldOnes) {
   EXPECT_EQ(Run(*links, FrameType::kWrite, 9, 0, src.data(), src.size()).code(), absl::StatusCode::kUnavailable);
   {
     std::lock_guard<std::mutex> l(downs_mu);
-    EXPECT_EQ(downs, std::vector<std::string>{"test-path"});  // once, when the last QP failed
+    EXPECT_EQ(downs, (std::vector<std::string>{"test-path", "test-path"}));  // once per failed QP
   }
   std::vector<uint32_t> failed = links->FailedRemoteQps("test-path");
   EXPECT_EQ(failed.size(), 2u);
@@ -499,6 +499,53 @@ TEST_F(VerbsFake, APathWhoseQpsAllFailedIsRepairedAndTheOwnerDropsTheOldOnes) {
   ASSERT_TRUE(server_->Accept("node-b", b->instance(), *IpPrefix::Parse("10.0.0.2/30"), pb->second, a_qps).ok());
   EXPECT_EQ(server_->qps(), 4u);
   ASSERT_TRUE(Run(*links, FrameType::kWrite, 9, 0, src.data(), src.size()).ok());
+}
+
+// One QP failing while its path's other QP lives: the transfer goes on over
+// the other, and the repair makes one QP in its place (not a whole path),
+// the owner dropping the failed one.
+TEST_F(VerbsFake, AQpThatFailsAloneIsReplacedWhileItsPathCarriesOn) {
+  auto links = Connect("node-a");
+  links->AddRegion(9, Register("node-a", 9));
+  std::vector<std::string> downs;
+  std::mutex downs_mu;
+  links->set_on_path_down([&](const std::string& path) {
+    std::lock_guard<std::mutex> l(downs_mu);
+    downs.push_back(path);
+  });
+  uint32_t first = QpsOf(*links).front();
+  {
+    std::lock_guard<std::recursive_mutex> l(fabric->mu);
+    fabric->qps.at(first)->fail_after = 1;
+  }
+  std::vector<char> src = Pattern(1 << 20, 6);
+  ASSERT_TRUE(Run(*links, FrameType::kWrite, 9, 0, src.data(), src.size()).ok());
+  EXPECT_EQ(0, std::memcmp(region_.data(), src.data(), src.size()));
+  EXPECT_EQ(links->live(), 1u);
+  {
+    std::lock_guard<std::mutex> l(downs_mu);
+    EXPECT_EQ(downs, std::vector<std::string>{"test-path"});  // the path is still up: its QP is what failed
+  }
+  std::vector<uint32_t> failed = links->FailedRemoteQps("test-path");
+  ASSERT_EQ(failed.size(), 1u);
+  GidChoice mine;
+  mine.device = "fake0";
+  mine.index = 1;
+  auto nic = nics_.Get(mine);
+  ASSERT_TRUE(nic.ok());
+  auto prepared = links->PreparePath(*nic, mine, "test-path", static_cast<uint32_t>(failed.size()));
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  EXPECT_EQ(prepared->second.qps.size(), 1u);
+  auto owner = server_->Accept("node-a", links->instance(), *IpPrefix::Parse("10.0.0.2/30"), prepared->second, failed);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  EXPECT_EQ(server_->qps(), 2u);  // one new, one dropped
+  ASSERT_TRUE(links->ConnectPath(prepared->first, *owner).ok());
+  links->MarkReported(failed);
+  EXPECT_EQ(links->live(), 2u);
+  EXPECT_EQ(links->Connections().size(), 2u);
+  std::vector<char> next = Pattern(1 << 20, 7);
+  ASSERT_TRUE(Run(*links, FrameType::kWrite, 9, 0, next.data(), next.size()).ok());
+  EXPECT_EQ(0, std::memcmp(region_.data(), next.data(), next.size()));
 }
 
 TEST_F(VerbsFake, AnotherPeersKeyIsUselessOnThisPeersQps) {

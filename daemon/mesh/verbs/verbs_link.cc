@@ -257,7 +257,7 @@ void VerbsLinks::DestroyPath(Path& p) {
 }
 
 absl::StatusOr<std::pair<size_t, SideWire>> VerbsLinks::PreparePath(std::shared_ptr<Nic> nic, const GidChoice& gid,
-                                                                    std::string name) {
+                                                                    std::string name, uint32_t lane_count) {
   {
     absl::MutexLock l(&mu_);
     if (paths_.size() >= kMaxPaths) {
@@ -275,7 +275,8 @@ absl::StatusOr<std::pair<size_t, SideWire>> VerbsLinks::PreparePath(std::shared_
     return st;
   };
   const uint32_t slots = options_.slices_in_flight;
-  const uint32_t lanes = std::max<uint32_t>(1, options_.qps_per_path);
+  const uint32_t lanes = std::max<uint32_t>(1, lane_count != 0 ? std::min(lane_count, options_.qps_per_path * 4)
+                                                                : options_.qps_per_path);
   path->pd = api->alloc_pd(nic->ctx());
   if (path->pd == nullptr) return fail(Errno("ibv_alloc_pd", errno));
   path->channel = api->create_comp_channel(nic->ctx());
@@ -659,12 +660,11 @@ void VerbsLinks::Fail(Lane* lane, uint64_t wr_id, const absl::Status& why) {
   if (newly_dead) ToError(lane->path->nic->api(), lane->qp);
   for (auto& [s, st] : finish) Finish(s, st);
   if (newly_dead) {
+    // Each failed QP is replaced (the path's others carry on meanwhile).
     std::function<void(const std::string&)> down;
     {
       absl::MutexLock l(&mu_);
-      bool all = true;
-      for (const auto& other : lane->path->lanes) all = all && other->dead;
-      if (all && !stop_.load(std::memory_order_acquire)) down = on_path_down_;
+      if (!stop_.load(std::memory_order_acquire)) down = on_path_down_;
     }
     if (down) down(lane->path->name);
   }

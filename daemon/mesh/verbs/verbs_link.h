@@ -136,15 +136,19 @@ class VerbsLinks final : public DataLinks {
   VerbsLinks& operator=(const VerbsLinks&) = delete;
 
   // Step 1 of a path: its QPs (RESET -> INIT) on `nic`, as the owner needs
-  // them. Returns the path's number for step 2.
+  // them: `lanes` of them (0: qps_per_path; a repair makes as many as
+  // failed). Returns the path's number for step 2.
   absl::StatusOr<std::pair<size_t, SideWire>> PreparePath(std::shared_ptr<Nic> nic, const GidChoice& gid,
-                                                          std::string name) ABSL_LOCKS_EXCLUDED(mu_);
+                                                          std::string name, uint32_t lanes = 0)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Step 2: the owner's QPs; ours go to RTR and RTS and start pulling.
   absl::Status ConnectPath(size_t path, const SideWire& owner) ABSL_LOCKS_EXCLUDED(mu_);
   // The owner's keys for a grant (OpenRegion); dropped with the handle.
   void AddRegion(uint64_t grant, std::vector<RegionKey> keys) ABSL_LOCKS_EXCLUDED(mu_);
   void DropRegion(uint64_t grant) ABSL_LOCKS_EXCLUDED(mu_);
-  // Called (no lock held) with a path's name when its last QP fails.
+  // Called (no lock held) with a path's name each time one of its QPs fails
+  // (the engine makes a replacement for the failed ones, FailedRemoteQps,
+  // while the path's other QPs carry on).
   void set_on_path_down(std::function<void(const std::string& path)> f) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock l(&mu_);
     on_path_down_ = std::move(f);
