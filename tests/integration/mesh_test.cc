@@ -229,6 +229,22 @@ class Mesh : public ::testing::Test {
                         name, R"(", "annotations": )", ann, "}");
   }
 
+  // Nodes a and b joined by one cable (node a's end shaped when asked), a
+  // prefill pod for node a and a decode pod for node b in one peer group;
+  // `pods` is both daemons' rules.
+  struct TwoNodes {
+    std::string a, b, da, db;
+    PodCgroup pa{RandomPodUid(), "burstable"}, pb{RandomPodUid(), "burstable"};
+    std::string pods;
+  };
+  void Join(TwoNodes& t, bool shaped = false) {
+    t.a = topo_.Node("a");
+    t.b = topo_.Node("b");
+    std::tie(t.da, t.db) = topo_.Cable(t.a, t.b, 1);
+    if (shaped) Shape(t.a, t.da);
+    t.pods = Rule(t.pa, "ml", "prefill-0", "job-7") + "," + Rule(t.pb, "ml", "decode-0", "job-7");
+  }
+
   Topology topo_;
   std::string dir_;
   std::unique_ptr<TestCa> ca_;
@@ -263,10 +279,9 @@ void KvAcrossNodes(Daemon& to, const PodCgroup& server_cg, Daemon& from, const P
 }
 
 TEST_F(Mesh, PodsOnTwoNodesWriteAndReadEachOtherByteForByte) {
-  std::string a = topo_.Node("a"), b = topo_.Node("b");
-  auto [da, db] = topo_.Cable(a, b, 1);
-  PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable");
-  std::string pods = Rule(pa, "ml", "prefill-0", "job-7") + "," + Rule(pb, "ml", "decode-0", "job-7");
+  TwoNodes t;
+  Join(t);
+  [[maybe_unused]] auto& [a, b, da, db, pa, pb, pods] = t;
   auto na = StartNode("node-a", a, {da}, pods);
   auto nb = StartNode("node-b", b, {db}, pods);
   KvAcrossNodes(*nb, pb, *na, pa, 24 << 20, 41);  // a -> b
@@ -283,10 +298,9 @@ TEST_F(Mesh, PodsOnTwoNodesWriteAndReadEachOtherByteForByte) {
 // odd sizes, grouped receives, a receive larger than the send, truncation, a
 // close with requests in flight), every byte checked by the peers.
 TEST_F(Mesh, NcclPluginBetweenPodsOnTwoNodesGoesThroughTheMesh) {
-  std::string a = topo_.Node("a"), b = topo_.Node("b");
-  auto [da, db] = topo_.Cable(a, b, 1);
-  PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable");
-  std::string pods = Rule(pa, "ml", "prefill-0", "job-7") + "," + Rule(pb, "ml", "decode-0", "job-7");
+  TwoNodes t;
+  Join(t);
+  [[maybe_unused]] auto& [a, b, da, db, pa, pb, pods] = t;
   auto na = StartNode("node-a", a, {da}, pods);
   auto nb = StartNode("node-b", b, {db}, pods);
   // As built, unless the environment points elsewhere (a carried bundle on the GPU machine, where
@@ -381,10 +395,9 @@ TEST_F(Mesh, APodWritesAndReadsAGpuExportOfAnotherNode) {
   auto d = cu::LoadDriver();
   int n = 0;
   if (!d.ok() || (*d)->DeviceGetCount(&n) != cu::kSuccess || n == 0) GTEST_SKIP() << "no GPU";
-  std::string a = topo_.Node("a"), b = topo_.Node("b");
-  auto [da, db] = topo_.Cable(a, b, 1);
-  PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable");
-  std::string pods = Rule(pa, "ml", "prefill-0", "job-7") + "," + Rule(pb, "ml", "decode-0", "job-7");
+  TwoNodes t;
+  Join(t);
+  [[maybe_unused]] auto& [a, b, da, db, pa, pb, pods] = t;
   auto na = StartNode("node-a", a, {da}, pods, "", "", /*gpu=*/true);
   auto nb = StartNode("node-b", b, {db}, pods, "", "", /*gpu=*/true);
   KvAcrossNodes(*nb, pb, *na, pa, 24 << 20, 51, {"--gpu", "0"});              // host on a -> GPU on b
@@ -1219,11 +1232,9 @@ TEST_F(Mesh, AVerbsNodeReachesItsRelayOverTcp) {
 // tells the owner); when it comes back, its new instance says so and the owner
 // drops what the old one held instead of keeping it until the export goes.
 TEST_F(Mesh, ARestartedImportersOldGrantsAreDropped) {
-  std::string a = topo_.Node("a"), b = topo_.Node("b");
-  auto [da, db] = topo_.Cable(a, b, 1);
-  Shape(a, da);
-  PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable");
-  std::string pods = Rule(pa, "ml", "prefill-0", "job-7") + "," + Rule(pb, "ml", "decode-0", "job-7");
+  TwoNodes t;
+  Join(t, /*shaped=*/true);
+  [[maybe_unused]] auto& [a, b, da, db, pa, pb, pods] = t;
   auto na = StartNode("node-a", a, {da}, pods);
   auto nb = StartNode("node-b", b, {db}, pods);
   auto grants = [&]() -> int {
@@ -1258,10 +1269,9 @@ TEST_F(Mesh, ARestartedImportersOldGrantsAreDropped) {
 // descriptor names, in the TLS handshake (before any call): a descriptor
 // that names node-c at node b's address is refused there.
 TEST_F(Mesh, AnImporterRefusesAnOwnerWhoseCertificateNamesAnotherNode) {
-  std::string a = topo_.Node("a"), b = topo_.Node("b");
-  auto [da, db] = topo_.Cable(a, b, 1);
-  PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable");
-  std::string pods = Rule(pa, "ml", "prefill-0", "job-7") + "," + Rule(pb, "ml", "decode-0", "job-7");
+  TwoNodes t;
+  Join(t);
+  [[maybe_unused]] auto& [a, b, da, db, pa, pb, pods] = t;
   auto na = StartNode("node-a", a, {da}, pods);
   auto nb = StartNode("node-b", b, {db}, pods);
   Pod server(*nb, &pb, {"kv-serve", "--size", "65536", "--verify", "3"});
@@ -1289,10 +1299,9 @@ TEST_F(Mesh, AnImporterRefusesAnOwnerWhoseCertificateNamesAnotherNode) {
 // another CA, which node a refuses; once its files hold one of the mesh's
 // CA, node a reaches it, and b reloads its node key for claims too.
 TEST_F(Mesh, RotatedCertificatesTakeEffectWithoutARestart) {
-  std::string a = topo_.Node("a"), b = topo_.Node("b");
-  auto [da, db] = topo_.Cable(a, b, 1);
-  PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable");
-  std::string pods = Rule(pa, "ml", "prefill-0", "job-7") + "," + Rule(pb, "ml", "decode-0", "job-7");
+  TwoNodes t;
+  Join(t);
+  [[maybe_unused]] auto& [a, b, da, db, pa, pb, pods] = t;
   TestCa other(dir_ + "/other-ca");
   const std::string bdir = dir_ + "/node-b-certs";
   other.Issue("node-b", bdir, ca_->ca());  // trusts the mesh's CA, presents another's certificate
@@ -1331,11 +1340,9 @@ TEST_F(Mesh, RotatedCertificatesTakeEffectWithoutARestart) {
 // mesh.grant_idle_seconds (2 here); a live importer's transfer that lasts
 // longer than that keeps its grant.
 TEST_F(Mesh, ADeadImportersGrantsGoWhenItNeverReturns) {
-  std::string a = topo_.Node("a"), b = topo_.Node("b");
-  auto [da, db] = topo_.Cable(a, b, 1);
-  Shape(a, da);
-  PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable");
-  std::string pods = Rule(pa, "ml", "prefill-0", "job-7") + "," + Rule(pb, "ml", "decode-0", "job-7");
+  TwoNodes t;
+  Join(t, /*shaped=*/true);
+  [[maybe_unused]] auto& [a, b, da, db, pa, pb, pods] = t;
   auto na = StartNode("node-a", a, {da}, pods);
   auto nb = StartNode("node-b", b, {db}, pods, "", R"(, "grant_idle_seconds": 2)");
   auto grants = [&]() -> int {

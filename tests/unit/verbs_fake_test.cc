@@ -310,19 +310,35 @@ class VerbsFake : public ::testing::Test {
     std::filesystem::remove_all(sysfs_);
   }
 
+  // The importer's GID on the fake device.
+  static GidChoice Mine() {
+    GidChoice g;
+    g.device = "fake0";
+    g.index = 1;
+    return g;
+  }
+  // Path `name` of `node`'s `links` to the owner: `lanes` QPs (0:
+  // qps_per_path), the owner's answer (dropping `replaces`, as a repair
+  // asks), connected. Both sides' wire data.
+  struct Sides {
+    SideWire ours, owner;
+  };
+  absl::StatusOr<Sides> AddPath(VerbsLinks& links, const std::string& node, const std::string& name,
+                                const std::vector<uint32_t>& replaces = {}, uint32_t lanes = 0) {
+    auto nic = nics_.Get(Mine());
+    if (!nic.ok()) return nic.status();
+    auto prepared = links.PreparePath(*nic, Mine(), name, lanes);
+    if (!prepared.ok()) return prepared.status();
+    auto owner = server_->Accept(node, links.instance(), *IpPrefix::Parse("10.0.0.2/30"), prepared->second, replaces);
+    if (!owner.ok()) return owner.status();
+    if (absl::Status st = links.ConnectPath(prepared->first, *owner); !st.ok()) return st;
+    return Sides{prepared->second, *owner};
+  }
   // Importing side for `node`, one path to the owner, connected.
   std::unique_ptr<VerbsLinks> Connect(const std::string& node) {
     auto links = std::make_unique<VerbsLinks>(node, options_);
-    GidChoice mine;
-    mine.device = "fake0";
-    mine.index = 1;
-    auto nic = nics_.Get(mine);
-    EXPECT_TRUE(nic.ok());
-    auto prepared = links->PreparePath(*nic, mine, "test-path");
-    EXPECT_TRUE(prepared.ok()) << prepared.status();
-    auto owner = server_->Accept(node, links->instance(), *IpPrefix::Parse("10.0.0.2/30"), prepared->second);
-    EXPECT_TRUE(owner.ok()) << owner.status();
-    EXPECT_TRUE(links->ConnectPath(prepared->first, *owner).ok());
+    auto sides = AddPath(*links, node, "test-path");
+    EXPECT_TRUE(sides.ok()) << sides.status();
     return links;
   }
   std::vector<RegionKey> Register(const std::string& node, uint64_t grant) {
@@ -448,15 +464,30 @@ TEST_F(VerbsFake, EveryQpFailingFailsUnavailableAndNotifiesAreNotResent) {
   EXPECT_EQ(server_->notifies(), 0u);
 }
 
+// The paths a link set reported down, in order.
+class DownLog {
+ public:
+  void Attach(VerbsLinks& links) {
+    links.set_on_path_down([this](const std::string& path) {
+      std::lock_guard<std::mutex> l(mu_);
+      paths_.push_back(path);
+    });
+  }
+  std::vector<std::string> paths() {
+    std::lock_guard<std::mutex> l(mu_);
+    return paths_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> paths_;
+};
+
 TEST_F(VerbsFake, APathWhoseQpsAllFailedIsRepairedAndTheOwnerDropsTheOldOnes) {
   auto links = Connect("node-a");
   links->AddRegion(9, Register("node-a", 9));
-  std::vector<std::string> downs;
-  std::mutex downs_mu;
-  links->set_on_path_down([&](const std::string& path) {
-    std::lock_guard<std::mutex> l(downs_mu);
-    downs.push_back(path);
-  });
+  DownLog downs;
+  downs.Attach(*links);
   std::vector<uint32_t> qps = QpsOf(*links);
   {
     std::lock_guard<std::recursive_mutex> l(fabric->mu);
@@ -464,25 +495,14 @@ TEST_F(VerbsFake, APathWhoseQpsAllFailedIsRepairedAndTheOwnerDropsTheOldOnes) {
   }
   std::vector<char> src = Pattern(256 << 10, 4);
   EXPECT_EQ(Run(*links, FrameType::kWrite, 9, 0, src.data(), src.size()).code(), absl::StatusCode::kUnavailable);
-  {
-    std::lock_guard<std::mutex> l(downs_mu);
-    EXPECT_EQ(downs, (std::vector<std::string>{"test-path", "test-path"}));  // once per failed QP
-  }
+  EXPECT_EQ(downs.paths(), (std::vector<std::string>{"test-path", "test-path"}));  // once per failed QP
   std::vector<uint32_t> failed = links->FailedRemoteQps("test-path");
   EXPECT_EQ(failed.size(), 2u);
   EXPECT_EQ(server_->qps(), 2u);
   // The repair: new QPs on the same path; the owner drops the failed ones.
-  GidChoice mine;
-  mine.device = "fake0";
-  mine.index = 1;
-  auto nic = nics_.Get(mine);
-  ASSERT_TRUE(nic.ok());
-  auto prepared = links->PreparePath(*nic, mine, "test-path");
-  ASSERT_TRUE(prepared.ok()) << prepared.status();
-  auto owner = server_->Accept("node-a", links->instance(), *IpPrefix::Parse("10.0.0.2/30"), prepared->second, failed);
-  ASSERT_TRUE(owner.ok()) << owner.status();
+  auto repaired = AddPath(*links, "node-a", "test-path", failed);
+  ASSERT_TRUE(repaired.ok()) << repaired.status();
   EXPECT_EQ(server_->qps(), 2u);  // two new, two dropped
-  ASSERT_TRUE(links->ConnectPath(prepared->first, *owner).ok());
   links->MarkReported(failed);
   EXPECT_TRUE(links->FailedRemoteQps("test-path").empty());
   EXPECT_EQ(links->live(), 2u);
@@ -492,9 +512,11 @@ TEST_F(VerbsFake, APathWhoseQpsAllFailedIsRepairedAndTheOwnerDropsTheOldOnes) {
   EXPECT_EQ(0, std::memcmp(region_.data(), src.data(), src.size()));
   // Another node cannot make the owner drop node-a's QPs.
   std::vector<uint32_t> a_qps;
-  for (const QpWire& q : owner->qps) a_qps.push_back(q.qpn);
+  for (const QpWire& q : repaired->owner.qps) a_qps.push_back(q.qpn);
   auto b = std::make_unique<VerbsLinks>("node-b", options_);
-  auto pb = b->PreparePath(*nic, mine, "b-path");
+  auto nic = nics_.Get(Mine());
+  ASSERT_TRUE(nic.ok());
+  auto pb = b->PreparePath(*nic, Mine(), "b-path");
   ASSERT_TRUE(pb.ok());
   ASSERT_TRUE(server_->Accept("node-b", b->instance(), *IpPrefix::Parse("10.0.0.2/30"), pb->second, a_qps).ok());
   EXPECT_EQ(server_->qps(), 4u);
@@ -507,12 +529,8 @@ TEST_F(VerbsFake, APathWhoseQpsAllFailedIsRepairedAndTheOwnerDropsTheOldOnes) {
 TEST_F(VerbsFake, AQpThatFailsAloneIsReplacedWhileItsPathCarriesOn) {
   auto links = Connect("node-a");
   links->AddRegion(9, Register("node-a", 9));
-  std::vector<std::string> downs;
-  std::mutex downs_mu;
-  links->set_on_path_down([&](const std::string& path) {
-    std::lock_guard<std::mutex> l(downs_mu);
-    downs.push_back(path);
-  });
+  DownLog downs;
+  downs.Attach(*links);
   uint32_t first = QpsOf(*links).front();
   {
     std::lock_guard<std::recursive_mutex> l(fabric->mu);
@@ -522,24 +540,13 @@ TEST_F(VerbsFake, AQpThatFailsAloneIsReplacedWhileItsPathCarriesOn) {
   ASSERT_TRUE(Run(*links, FrameType::kWrite, 9, 0, src.data(), src.size()).ok());
   EXPECT_EQ(0, std::memcmp(region_.data(), src.data(), src.size()));
   EXPECT_EQ(links->live(), 1u);
-  {
-    std::lock_guard<std::mutex> l(downs_mu);
-    EXPECT_EQ(downs, std::vector<std::string>{"test-path"});  // the path is still up: its QP is what failed
-  }
+  EXPECT_EQ(downs.paths(), std::vector<std::string>{"test-path"});  // the path is still up: its QP is what failed
   std::vector<uint32_t> failed = links->FailedRemoteQps("test-path");
   ASSERT_EQ(failed.size(), 1u);
-  GidChoice mine;
-  mine.device = "fake0";
-  mine.index = 1;
-  auto nic = nics_.Get(mine);
-  ASSERT_TRUE(nic.ok());
-  auto prepared = links->PreparePath(*nic, mine, "test-path", static_cast<uint32_t>(failed.size()));
-  ASSERT_TRUE(prepared.ok()) << prepared.status();
-  EXPECT_EQ(prepared->second.qps.size(), 1u);
-  auto owner = server_->Accept("node-a", links->instance(), *IpPrefix::Parse("10.0.0.2/30"), prepared->second, failed);
-  ASSERT_TRUE(owner.ok()) << owner.status();
+  auto repaired = AddPath(*links, "node-a", "test-path", failed, static_cast<uint32_t>(failed.size()));
+  ASSERT_TRUE(repaired.ok()) << repaired.status();
+  EXPECT_EQ(repaired->ours.qps.size(), 1u);
   EXPECT_EQ(server_->qps(), 2u);  // one new, one dropped
-  ASSERT_TRUE(links->ConnectPath(prepared->first, *owner).ok());
   links->MarkReported(failed);
   EXPECT_EQ(links->live(), 2u);
   EXPECT_EQ(links->Connections().size(), 2u);
@@ -603,17 +610,9 @@ TEST_F(VerbsFake, GrantsOfOneExportShareItsRegistration) {
 // others, and completes either way.
 TEST_F(VerbsFake, PreferredPathsCarryTheTransferWhileTheyAreUp) {
   auto links = std::make_unique<VerbsLinks>("node-a", options_);
-  GidChoice mine;
-  mine.device = "fake0";
-  mine.index = 1;
-  auto nic = nics_.Get(mine);
-  ASSERT_TRUE(nic.ok());
   for (const char* name : {"far", "near"}) {
-    auto prepared = links->PreparePath(*nic, mine, name);
-    ASSERT_TRUE(prepared.ok()) << prepared.status();
-    auto owner = server_->Accept("node-a", links->instance(), *IpPrefix::Parse("10.0.0.2/30"), prepared->second);
-    ASSERT_TRUE(owner.ok()) << owner.status();
-    ASSERT_TRUE(links->ConnectPath(prepared->first, *owner).ok());
+    auto sides = AddPath(*links, "node-a", name);
+    ASSERT_TRUE(sides.ok()) << sides.status();
   }
   links->AddRegion(5, Register("node-a", 5));
   auto pref = std::make_shared<PathPreference>();
@@ -649,9 +648,7 @@ TEST_F(VerbsFake, OwnerLimitsQueuePairsPerPeer) {
   options_.max_qps_per_peer = 3;
   server_ = std::make_unique<VerbsServer>(&nics_, options_, [](const std::string&, uint64_t, uint64_t) {});
   auto links = std::make_unique<VerbsLinks>("node-a", options_);
-  GidChoice mine;
-  mine.device = "fake0";
-  mine.index = 1;
+  GidChoice mine = Mine();
   auto nic = nics_.Get(mine);
   ASSERT_TRUE(nic.ok());
   auto p1 = links->PreparePath(*nic, mine, "p1");
