@@ -1272,12 +1272,17 @@ void MeshEngine::SweepIdleImporters() {
   std::map<std::string, std::vector<uint64_t>> idle;
   {
     absl::MutexLock l(&mu_);
-    for (const auto& [g, grant] : grants_) {
-      if (data_conns_of_.contains(grant.node)) continue;
-      auto seen = last_seen_.find(grant.node);
+    // By node (a handful), then the grants of idle ones only.
+    for (const auto& [node, n] : grants_per_node_) {
+      if (n == 0 || data_conns_of_.contains(node)) continue;
+      auto seen = last_seen_.find(node);
       // A grant is given in a control call, which counts as seen.
       if (seen != last_seen_.end() && now - seen->second < options_.grant_idle_timeout) continue;
-      idle[grant.node].push_back(g);
+      idle[node];
+    }
+    if (idle.empty()) return;
+    for (const auto& [g, grant] : grants_) {
+      if (auto it = idle.find(grant.node); it != idle.end()) it->second.push_back(g);
     }
     for (const auto& [node, gs] : idle) {
       idle_peer_grants_dropped_ += gs.size();

@@ -85,6 +85,7 @@ void PeerLinks::AddConnection(UniqueFd fd, std::string path) {
   Conn* raw = c.get();
   conns_.push_back(std::move(c));
   ++stats_.connections_up;
+  up_paths_.insert(raw->path);
   raw->tx = std::thread([this, raw] { Send(*raw); });
   raw->rx = std::thread([this, raw] { Receive(*raw); });
 }
@@ -170,17 +171,13 @@ void PeerLinks::Finish(const Slice& s, const absl::Status& st) {
 }
 
 std::deque<PeerLinks::Slice>::iterator PeerLinks::NextFor(const Conn& c) {
-  std::set<std::string> up;
-  for (const auto& other : conns_) {
-    if (!other->dead) up.insert(other->path);
-  }
   // Near the front only: a slice that prefers other paths waits there for
   // their connections, and this one for a slice it may carry.
   constexpr size_t kScan = 256;
   size_t seen = 0;
   for (auto it = queue_.begin(); it != queue_.end() && seen < kScan; ++it, ++seen) {
     const LinkOp& op = it->op->op;
-    if (it->index == kDoneSlice || MayUse(op.prefer.get(), it->op->slices == 1, c.path, up)) return it;
+    if (it->index == kDoneSlice || MayUse(op.prefer.get(), it->op->slices == 1, c.path, up_paths_)) return it;
   }
   return queue_.end();
 }
@@ -322,6 +319,11 @@ void PeerLinks::Kill(Conn& c, const absl::Status& why, Slice* owned) {
     absl::MutexLock l(&mu_);
     if (c.dead) return;
     c.dead = true;
+    // The path is up while another of its connections is.
+    if (std::none_of(conns_.begin(), conns_.end(),
+                     [&](const std::unique_ptr<Conn>& o) { return !o->dead && o->path == c.path; })) {
+      up_paths_.erase(c.path);
+    }
     ::shutdown(c.fd.get(), SHUT_RDWR);
     --stats_.connections_up;
     if (!stop_) ++stats_.connection_failures;

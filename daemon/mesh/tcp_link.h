@@ -23,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -117,6 +118,7 @@ class PeerLinks final : public DataLinks {
   absl::CondVar cv_;        // queue, room or state changed
   std::deque<Slice> queue_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> up_paths_ ABSL_GUARDED_BY(mu_);  // paths with a connection up
   uint32_t next_op_ ABSL_GUARDED_BY(mu_) = 1;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   LinkStats stats_ ABSL_GUARDED_BY(mu_);

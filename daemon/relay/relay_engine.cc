@@ -488,10 +488,7 @@ absl::Status RelayEngine::MeshCopy(Worker& w, Ring& r, const RelaySqe& e) {
                           : mesh_->Start(std::move(t), std::move(done));
     if (!st.ok()) return st;
   }
-  r.mesh_seq = seq;
-  r.mesh_running.insert(seq);
-  ops_.fetch_add(1, std::memory_order_relaxed);
-  bytes_.fetch_add(e.length, std::memory_order_relaxed);
+  MeshStarted(r, seq, e.length);
   (void)w;
   return absl::OkStatus();
 }
@@ -554,11 +551,15 @@ absl::Status RelayEngine::MeshCopyGpu(Ring& r, const RelaySqe& e, std::shared_pt
     r.mesh_staged.fetch_sub(e.length);
     return absl::UnavailableError("podlinkd is stopping");
   }
+  MeshStarted(r, seq, e.length);
+  return absl::OkStatus();
+}
+
+void RelayEngine::MeshStarted(Ring& r, uint64_t seq, uint64_t length) {
   r.mesh_seq = seq;
   r.mesh_running.insert(seq);
   ops_.fetch_add(1, std::memory_order_relaxed);
-  bytes_.fetch_add(e.length, std::memory_order_relaxed);
-  return absl::OkStatus();
+  bytes_.fetch_add(length, std::memory_order_relaxed);
 }
 
 absl::Status RelayEngine::StagingCopy(bool to_gpu, const ExportRecord& rec, uint64_t offset, char* buf,

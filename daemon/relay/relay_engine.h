@@ -175,6 +175,8 @@ class RelayEngine {
   absl::Status MeshCopy(Worker& w, Ring& r, const RelaySqe& e);
   absl::Status MeshCopyGpu(Ring& r, const RelaySqe& e, std::shared_ptr<const ExportRecord> local, MeshTransfer t,
                            uint64_t seq, MeshPort::Done done);
+  // A ring's mesh request `seq` counts as running (a later notify waits for it).
+  void MeshStarted(Ring& r, uint64_t seq, uint64_t length);
   // Between `rec` (GPU memory) at `offset` and `buf`, on a stager thread, timed.
   absl::Status StagingCopy(bool to_gpu, const ExportRecord& rec, uint64_t offset, char* buf, uint64_t length);
   // The completion callback of a mesh op of ring r.

@@ -449,8 +449,7 @@ void VerbsLinks::Pump() {
         if (lane->up && !lane->dead) lanes.push_back(lane.get());
       }
     }
-    std::set<std::string> up;
-    for (Lane* lane : lanes) up.insert(lane->path->name);
+    std::set<std::string> up;  // the paths with a QP up, once a slice has a preference
     // Near the front only: a slice whose preferred paths (nic_rank.h) have
     // no room waits for them while later ones go.
     constexpr size_t kScan = 256;
@@ -465,6 +464,9 @@ void VerbsLinks::Pump() {
       bool restricted = false;
       for (size_t k = 0; k < lanes.size(); ++k) {
         Lane* lane = lanes[(next_lane_ + k) % lanes.size()];
+        if (s.op->op.prefer != nullptr && up.empty()) {
+          for (Lane* l : lanes) up.insert(l->path->name);
+        }
         if (!MayUse(s.op->op.prefer.get(), s.op->slices == 1, lane->path->name, up)) {
           restricted = true;
           continue;
