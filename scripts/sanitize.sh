@@ -33,12 +33,12 @@ case "$mode" in
     build=${PODLINK_TSAN_BUILD_DIR:-build-tsan}
     flags="thread"
     targets=(podlinkd podlink-demo broker_namespaces_test hostile_clients_test relay_test client_lifetime_test c_api_test
-             mesh_test verbs_fake_test nccl_net_conformance_test mesh_stager_test)
+             mesh_test verbs_fake_test nccl_net_conformance_test mesh_stager_test mesh_idle_test)
     # The two cut-cable mesh tests wait out TCP timeouts (26 s each under
     # TSan) and run in the plain and ASan passes only: TSan still races the
     # TCP links' striping and the verbs links' resend after a failed QP
     # (VerbsFake), not the TCP resend after a cut (the CI time budget).
-    ctest_args=(-R '(^|/)(BrokerNamespaces|Attacks|HostileClients|Relay|RelayLifetime|ClientLifetime|CApi|Mesh|MeshHostile|MeshStager|VerbsFake|NcclNetTrace)\.'
+    ctest_args=(-R '(^|/)(BrokerNamespaces|Attacks|HostileClients|Relay|RelayLifetime|ClientLifetime|CApi|Mesh|MeshHostile|MeshStager|MeshIdle|VerbsFake|NcclNetTrace)\.'
                 -E 'Mesh\.ACutCable')
     mkdir -p "$build"
     bash scripts/lib/tsan_abseil.sh "$PWD/$build/absl"

@@ -295,9 +295,13 @@ class MeshEngine::Service final : public pb::Mesh::CallbackService {
       bool done = false;
     };
     auto answer = std::make_shared<Answer>(r, resp);
-    e_->OpenRegionFor(*node, *req, [answer](absl::StatusOr<pb::OpenRegionResponse> out) {
+    // In flight until answered (a relayed open waits on the next hop).
+    const bool peer = *node != e_->node_name_;
+    if (peer) e_->BeginCall(*node);
+    e_->OpenRegionFor(*node, *req, [answer, e = e_, peer, n = *node](absl::StatusOr<pb::OpenRegionResponse> out) {
       if (answer->done) return;
       answer->done = true;
+      if (peer) e->EndCall(n);
       if (out.ok()) *answer->resp = *std::move(out);
       answer->r->Finish(ToGrpc(out.status()));
     });
@@ -332,11 +336,12 @@ class MeshEngine::Service final : public pb::Mesh::CallbackService {
   grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx, F&& f) {
     grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
     absl::StatusOr<std::string> node = PeerNode(ctx);
-    // Alive at the start and at the end of a call that may take long (an
-    // owner registering memory for RDMA), while its keepalives wait behind it.
-    if (node.ok() && *node != e_->node_name_) e_->Touch(*node);
+    // Alive for as long as a call that may take long (an owner registering
+    // memory for RDMA) runs, while its keepalives may wait behind it.
+    const bool peer = node.ok() && *node != e_->node_name_;
+    if (peer) e_->BeginCall(*node);
     absl::Status st = node.ok() ? f(*node) : node.status();
-    if (node.ok() && *node != e_->node_name_) e_->Touch(*node);
+    if (peer) e_->EndCall(*node);
     r->Finish(ToGrpc(st));
     return r;
   }
@@ -730,6 +735,7 @@ uint64_t MeshEngine::GrantForTesting(const std::string& node, std::shared_ptr<co
   uint64_t g = 0;
   while (g == 0 || grants_.contains(g)) g = RandomU64();
   grants_[g] = Grant{node, rec, node + "/test", nullptr, 0};
+  SeenLocked(node);  // a grant given is a sign of life, however long the node was quiet
   ++grants_per_node_[node];
   return g;
 }
@@ -897,6 +903,7 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
     uint64_t g = 0;
     while (g == 0 || grants_.contains(g)) g = RandomU64();  // unguessable, never reused across restarts
     grants_[g] = Grant{node, *rec, pod.key, nullptr, req.caller_instance()};
+    SeenLocked(node);  // a grant given is a sign of life, however long the node was quiet
     resp.set_grant(g);
   }
   if (req.verbs()) {
@@ -997,6 +1004,7 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
         ++mine;
         while (g == 0 || grants_.contains(g)) g = RandomU64();
         grants_[g] = Grant{caller, {}, pod, fwd, req.caller_instance()};
+        SeenLocked(caller);  // a grant given is a sign of life, however long the node was quiet
         ++relayed_opens_;
       }
     }
@@ -1262,9 +1270,26 @@ void MeshEngine::ReloadPems() {
   if (changed) Log()->info("event=mesh_certificates_reloaded dir={}", options_.cert_dir);
 }
 
+void MeshEngine::SeenLocked(const std::string& node) {
+  if (last_seen_.contains(node) || last_seen_.size() < 4096) last_seen_[node] = absl::Now();
+}
+
 void MeshEngine::Touch(const std::string& node) {
   absl::MutexLock l(&mu_);
-  if (last_seen_.contains(node) || last_seen_.size() < 4096) last_seen_[node] = absl::Now();
+  SeenLocked(node);
+}
+
+void MeshEngine::BeginCall(const std::string& node) {
+  absl::MutexLock l(&mu_);
+  SeenLocked(node);
+  ++calls_of_[node];  // authenticated nodes only, each a handful of calls
+}
+
+void MeshEngine::EndCall(const std::string& node) {
+  absl::MutexLock l(&mu_);
+  SeenLocked(node);
+  auto it = calls_of_.find(node);
+  if (it != calls_of_.end() && --it->second == 0) calls_of_.erase(it);
 }
 
 void MeshEngine::SweepIdleImporters() {
@@ -1274,7 +1299,7 @@ void MeshEngine::SweepIdleImporters() {
     absl::MutexLock l(&mu_);
     // By node (a handful), then the grants of idle ones only.
     for (const auto& [node, n] : grants_per_node_) {
-      if (n == 0 || data_conns_of_.contains(node)) continue;
+      if (n == 0 || data_conns_of_.contains(node) || calls_of_.contains(node)) continue;
       auto seen = last_seen_.find(node);
       // A grant is given in a control call, which counts as seen.
       if (seen != last_seen_.end() && now - seen->second < options_.grant_idle_timeout) continue;

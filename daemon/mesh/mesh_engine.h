@@ -136,6 +136,8 @@ class MeshEngine final : public MeshPort {
   void ServeFramesForTesting(int fd, const std::string& node, uint64_t link_instance) {
     ServeFrames(fd, node, link_instance);
   }
+  // One pass of the idle-importer sweep the repair thread makes.
+  void SweepIdleImportersForTesting() { SweepIdleImporters(); }
   // Opens a region on behalf of `node` (a relayed request goes on toward its
   // destination on a mesh thread); `done` runs once, on some thread.
   using RegionDone = std::function<void(absl::StatusOr<podlink::mesh::v1::OpenRegionResponse>)>;
@@ -244,6 +246,10 @@ class MeshEngine final : public MeshPort {
   void SweepVerbs();
   // A call or connection from `node` (it is alive).
   void Touch(const std::string& node) ABSL_LOCKS_EXCLUDED(mu_);
+  void SeenLocked(const std::string& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A control call of `node` in flight: the node is not idle until it ends.
+  void BeginCall(const std::string& node) ABSL_LOCKS_EXCLUDED(mu_);
+  void EndCall(const std::string& node) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the grants of nodes idle longer than grant_idle_timeout.
   void SweepIdleImporters() ABSL_LOCKS_EXCLUDED(mu_);
   // Says hello to every peer whose regions this node's pods hold, every
@@ -394,6 +400,7 @@ class MeshEngine final : public MeshPort {
   // last control call or connection end.
   std::map<std::string, uint32_t> data_conns_of_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Time> last_seen_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint32_t> calls_of_ ABSL_GUARDED_BY(mu_);  // control calls in flight
   uint64_t idle_peer_grants_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_keepalive_ ABSL_GUARDED_BY(mu_) = absl::Now();
   uint64_t relay_staged_ ABSL_GUARDED_BY(mu_) = 0;
