@@ -377,6 +377,9 @@ absl::StatusOr<NodeInfo> Client::GetNodeInfo() {
   for (int t : n.handle_types()) out.handle_types.push_back(static_cast<HandleType>(t));
   out.mesh_addresses.assign(n.mesh_addresses().begin(), n.mesh_addresses().end());
   out.mesh_port = n.mesh_port();
+  for (const auto& l : n.mesh_links()) {
+    out.mesh_nics.push_back({l.address(), l.netdev(), l.speed_mbps(), l.pci_path(), l.numa_node()});
+  }
   return out;
 }
 

@@ -36,9 +36,10 @@ Result Init(nccl_abi::Logger logger) {
   }
   s.listen_addr = *addr;
 
-  if (s.devs.empty()) EnumerateDevices(s);  // once: names handed to NCCL stay valid
-
   if (!s.tcp_only) ConnectPodlinkd(s);
+  // Once (names handed to NCCL stay valid), from what the daemon says of its
+  // mesh NICs.
+  if (s.devs.empty()) EnumerateDevices(s);
   if (!s.node_id.empty()) SetRelayDefaults(s);
   s.Log(nccl_abi::kLogInfo, __FILE__, __LINE__,
         "NET/podlink %s: %zu device(s), listening on %s (%s), %d data sockets per TCP connection, node %s",
@@ -67,6 +68,7 @@ Result Finalize() {
     s.connecting.clear();
     s.remote_refs.clear();
     std::string().swap(s.node_id);
+    std::vector<NodeInfo::MeshNic>().swap(s.mesh_nics);
     std::vector<State::Dev>().swap(s.devs);  // NCCL asks for names again after the next init
   }
   trace::Flush();
@@ -105,7 +107,9 @@ Result GetProperties(int dev, DeviceProps* p) {
   // What NVLink carries through the relay when a podlinkd is there. NCCL
   // still sizes channels by the NIC's PCIe path; Init's defaults and the
   // tuner take care of the channel count (docs/nccl.md).
-  p->speed_mbps = EnvInt("PODLINK_NCCL_SPEED_MBPS", s.node_id.empty() ? 100000 : 3200000);
+  // A rail group: its NICs' speed (what other nodes are reached at).
+  const int dflt = d.speed_mbps != 0 ? static_cast<int>(d.speed_mbps) : s.node_id.empty() ? 100000 : 3200000;
+  p->speed_mbps = EnvInt("PODLINK_NCCL_SPEED_MBPS", dflt);
   p->port = 1;
   p->latency_us = static_cast<float>(EnvInt("PODLINK_NCCL_LATENCY_US", 5));
   p->max_comms = 1 << 20;
@@ -117,14 +121,23 @@ Result GetProperties(int dev, DeviceProps* p) {
 
 // ---------------------------------------------------------------- connections
 
+namespace {
+bool KnownDevice(int dev) {
+  std::lock_guard<std::mutex> l(S().mu);
+  return dev >= 0 && static_cast<size_t>(dev) < S().devs.size();
+}
+}  // namespace
+
 Result Listen(int dev, void* handle, void** listen_comm) {
   if (handle == nullptr || listen_comm == nullptr) return kInvalidArgument;
+  if (!KnownDevice(dev)) return Fail(kInvalidArgument, absl::StrCat("listen: no device ", dev));
   return StartListen(dev, handle, listen_comm);
 }
 
 Result Connect(int dev, void* handle, void** send_comm) {
   if (handle == nullptr || send_comm == nullptr) return kInvalidArgument;
   *send_comm = nullptr;
+  if (!KnownDevice(dev)) return Fail(kInvalidArgument, absl::StrCat("connect: no device ", dev));
   auto* h = static_cast<WireHandle*>(handle);
   if (h->magic != kHandleMagic || h->version != kWireVersion || h->family != AF_INET || h->port == 0) {
     return Fail(kInvalidArgument, "connect: the handle is not a podlink listen handle (corrupted, or from another "

@@ -23,7 +23,7 @@ void Request::Post(int count, void** buffers, const size_t* sizes, Mr** mrs) {
 }
 
 Comm::Comm(bool send, int dev, std::string peer, UniqueFd ctrl)
-    : send(send), dev(dev), peer(std::move(peer)), ctrl(std::move(ctrl)), copies_(dev) {}
+    : send(send), dev(dev), peer(std::move(peer)), ctrl(std::move(ctrl)), copies_(GpuOf(dev)) {}
 
 Comm::~Comm() { magic = 0; }
 

@@ -10,6 +10,7 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace podlink::ncclnet {
 
@@ -51,13 +52,79 @@ bool EnvIs(const char* name, const char* value) {
   return v != nullptr && std::strcmp(v, value) == 0;
 }
 
-// One net device per GPU this process sees, each reporting that GPU's PCI
-// path so NCCL keeps its buffers in GPU memory; one host device without GPUs.
+// Net devices: one per rail group of the daemon's mesh NICs, or one per GPU
+// this process sees, each reporting that GPU's PCI path so NCCL keeps its
+// buffers in GPU memory (one host device without GPUs).
+namespace {
+
+// A NIC's sysfs path as NCCL would read it here: "/sys/devices/pci..." of the
+// daemon's path (which may sit under another sysfs root), if this process
+// sees that function; else "".
+std::string LocalPciPath(const std::string& daemon_path) {
+  size_t at = daemon_path.find("/devices/pci");
+  if (at == std::string::npos) return "";
+  std::string mine = "/sys" + daemon_path.substr(at);
+  char* real = ::realpath(mine.c_str(), nullptr);
+  if (real == nullptr) return "";
+  std::string out = real;
+  std::free(real);
+  return out;
+}
+
+std::string Parent(const std::string& path) {
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "" : path.substr(0, slash);
+}
+
+}  // namespace
+
+std::vector<State::Dev> RailDevices(const std::vector<NodeInfo::MeshNic>& nics,
+                                    const std::function<std::string(const std::string&)>& pci_of,
+                                    const std::string& fallback_pci) {
+  struct Group {
+    std::vector<std::string> netdevs;
+    uint64_t speed = 0;
+    std::string pci;
+  };
+  std::map<std::string, Group> groups;  // by the bridge above the NIC
+  std::vector<std::string> order;
+  for (const NodeInfo::MeshNic& n : nics) {
+    size_t at = n.pci_path.find("/devices/pci");
+    if (at == std::string::npos) continue;  // virtual: no place on the PCIe tree
+    const std::string key = Parent(n.pci_path.substr(at));
+    auto [it, fresh] = groups.try_emplace(key);
+    if (fresh) order.push_back(key);
+    Group& g = it->second;
+    if (std::find(g.netdevs.begin(), g.netdevs.end(), n.netdev) != g.netdevs.end()) continue;  // two addresses, one NIC
+    g.netdevs.push_back(n.netdev);
+    g.speed += n.speed_mbps;
+    if (g.pci.empty()) g.pci = pci_of(n.pci_path);
+  }
+  std::vector<State::Dev> out;
+  for (const std::string& key : order) {
+    const Group& g = groups[key];
+    State::Dev d;
+    d.name = "podlink-" + absl::StrJoin(g.netdevs, "+");
+    if (d.name.size() > 60) d.name = absl::StrCat(d.name.substr(0, 52), "+", g.netdevs.size(), "nics");
+    d.pci_path = g.pci.empty() ? fallback_pci : g.pci;
+    d.speed_mbps = static_cast<uint32_t>(std::min<uint64_t>(g.speed, INT_MAX));
+    out.push_back(std::move(d));
+  }
+  std::stable_sort(out.begin(), out.end(), [](const State::Dev& a, const State::Dev& b) { return a.speed_mbps > b.speed_mbps; });
+  return out;
+}
+
+int GpuOf(int dev) {
+  const State& s = S();
+  return dev >= 0 && static_cast<size_t>(dev) < s.devs.size() ? s.devs[dev].gpu : 0;
+}
+
 void EnumerateDevices(State& s) {
   auto drv = cu::LoadDriver();
   s.cuda = drv.ok() ? *drv : nullptr;
   int ngpu = 0;
   if (s.cuda != nullptr && s.cuda->DeviceGetCount(&ngpu) != cu::kSuccess) ngpu = 0;
+  std::vector<State::Dev> gpus;
   for (int i = 0; i < std::max(ngpu, 1); ++i) {
     State::Dev d;
     d.name = absl::StrCat("podlink", i);
@@ -75,10 +142,36 @@ void EnumerateDevices(State& s) {
         // its topology on the test machine (docs/nccl.md).
         d.pci_path = real;
         std::free(real);
-        if (!EnvIs("PODLINK_NCCL_PCI_PATH", "gpu")) d.pci_path = d.pci_path.substr(0, d.pci_path.rfind('/'));
+        if (!EnvIs("PODLINK_NCCL_PCI_PATH", "gpu")) d.pci_path = Parent(d.pci_path);
       }
     }
-    s.devs.push_back(d);
+    gpus.push_back(d);
+  }
+  // Rail groups when the daemon's mesh has NICs with a PCI place: NCCL pairs
+  // each GPU with the nearest group and models the links' real speed.
+  const bool want_gpus = EnvIs("PODLINK_NCCL_DEVICES", "gpus");
+  std::vector<State::Dev> rails;
+  if (!want_gpus) rails = RailDevices(s.mesh_nics, LocalPciPath, gpus.front().pci_path);
+  if (EnvIs("PODLINK_NCCL_DEVICES", "rails") && rails.empty()) {
+    WARN("PODLINK_NCCL_DEVICES=rails, but podlinkd's mesh has no NIC with a PCI place: one device per GPU");
+  }
+  // A rail's copies run on the GPU nearest to it (the longest common PCI
+  // path): the one NCCL pairs it with.
+  for (State::Dev& r : rails) {
+    size_t best = 0;
+    for (int i = 0; i < ngpu; ++i) {
+      const std::string& g = gpus[i].pci_path;
+      size_t n = 0;
+      while (n < g.size() && n < r.pci_path.size() && g[n] == r.pci_path[n]) ++n;
+      if (n > best) best = n, r.gpu = i;
+    }
+  }
+  for (size_t i = 0; i < gpus.size(); ++i) gpus[i].gpu = static_cast<int>(i);
+  s.devs = rails.empty() ? std::move(gpus) : std::move(rails);
+  for (const State::Dev& d : s.devs) {
+    s.Log(nccl_abi::kLogInfo, __FILE__, __LINE__, "NET/podlink device %s: %s, %s", d.name.c_str(),
+          d.speed_mbps != 0 ? absl::StrCat(d.speed_mbps, " Mb/s").c_str() : "default speed",
+          d.pci_path.empty() ? "no PCI path" : d.pci_path.c_str());
   }
 }
 
@@ -100,6 +193,7 @@ void ConnectPodlinkd(State& s) {
       s.client = *std::move(client);
       s.engine = *std::move(engine);
       s.node_id = node->node_id;
+      s.mesh_nics = node->mesh_nics;
       if (!node->mesh_addresses.empty() && !node->node_name.empty() && node->mesh_port != 0) {
         RegionDescriptor d;
         d.node_id = node->node_id;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -43,8 +44,12 @@ class State {
   const cu::Driver* cuda = nullptr;
   struct Dev {
     std::string name, pci_path;
+    uint32_t speed_mbps = 0;  // 0: the default for the device's kind
+    int gpu = 0;              // the CUDA ordinal its copies run on (a rail: the GPU nearest to it)
   };
   std::vector<Dev> devs;
+  // The daemon's mesh NICs (ConnectPodlinkd), for EnumerateDevices.
+  std::vector<NodeInfo::MeshNic> mesh_nics;
   SockAddr listen_addr;
   std::string ifname;
   int nsocks = 4;
@@ -98,8 +103,23 @@ uint64_t Random64();
 int EnvInt(const char* name, int dflt);
 bool EnvIs(const char* name, const char* value);
 
-// Fills s.devs and s.cuda: one net device per GPU this process sees.
+// Fills s.devs and s.cuda: one net device per rail group of the daemon's
+// mesh NICs (PODLINK_NCCL_DEVICES=rails, or auto with NICs that have a PCI
+// place), else one per GPU this process sees (gpus). After ConnectPodlinkd.
 void EnumerateDevices(State& s);
+
+// The mesh NICs grouped by the PCIe bridge above them (a switch or root
+// port): one device per group, named after its netdevs, its speed the sum of
+// theirs, the fastest first. `pci_of` maps the daemon's sysfs path of a NIC
+// to the path NCCL reads in this process ("" where it cannot: the device then
+// takes `fallback_pci`). NICs without a PCI function (virtual) make none.
+// The CUDA ordinal for device `dev`'s copies (devs do not change while a comm
+// lives, so no lock).
+int GpuOf(int dev);
+
+std::vector<State::Dev> RailDevices(const std::vector<NodeInfo::MeshNic>& nics,
+                                    const std::function<std::string(const std::string&)>& pci_of,
+                                    const std::string& fallback_pci);
 
 // Opens the podlinkd session and TransferEngine (s.client, s.engine,
 // s.node_id); without podlinkd, logs why and leaves them empty. s.mu held.

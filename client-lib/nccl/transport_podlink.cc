@@ -98,11 +98,11 @@ Result RegisterExported(Comm* comm, int dev, void* data, size_t size, int type, 
            why.ToString().c_str());
       // On the GPU that holds NCCL's buffer (its CUDA ordinal; NCCL's net
       // device index need not be it).
-      int gpu = dev;
+      int gpu = GpuOf(dev);
       if (s.cuda->PointerGetAttribute != nullptr &&
           s.cuda->PointerGetAttribute(&gpu, cu::kPointerAttributeDeviceOrdinal,
                                       reinterpret_cast<cu::DevicePtr>(data)) != cu::kSuccess) {
-        gpu = dev;
+        gpu = GpuOf(dev);
       }
       // AllocateGpu makes the GPU's primary context current: NCCL's proxy
       // thread gets its own back.

@@ -357,6 +357,14 @@ v1::NodeInfo Broker::GetNodeInfo() const {
   if (mesh_ != nullptr) {
     for (const std::string& a : mesh_->AdvertisedAddresses()) n.add_mesh_addresses(a);
     n.set_mesh_port(mesh_->control_port());
+    for (const mesh::v1::LinkInfo& l : mesh_->LocalLinks()) {
+      v1::MeshStatus::Link* out = n.add_mesh_links();
+      out->set_address(l.address());
+      out->set_netdev(l.netdev());
+      out->set_speed_mbps(l.speed_mbps());
+      out->set_pci_path(l.pci_path());
+      out->set_numa_node(l.numa_node());
+    }
   }
   bool any_posix = false, any_fabric = false;
   for (const GpuDevice& g : inventory_.gpus) {

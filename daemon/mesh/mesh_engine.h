@@ -161,6 +161,8 @@ class MeshEngine final : public MeshPort {
   uint32_t data_port() const { return data_port_; }
   std::string RenderMetrics() const ABSL_LOCKS_EXCLUDED(mu_);
   podlink::v1::MeshStatus Status() const ABSL_LOCKS_EXCLUDED(mu_);
+  // This node's links as last read from sysfs (at start, then every minute).
+  std::vector<podlink::mesh::v1::LinkInfo> LocalLinks() const ABSL_LOCKS_EXCLUDED(links_mu_);
   // What a peer daemon says of its NICs, kept for operators: at most 64
   // entries, strings cut to 256 bytes, control characters replaced.
   static std::vector<podlink::mesh::v1::LinkInfo> PeerLinkInfo(const podlink::mesh::v1::HelloResponse& hello);
@@ -206,7 +208,6 @@ class MeshEngine final : public MeshPort {
   std::vector<IpPrefix> LocalForPaths() const;
   // This node's advertised addresses and the NICs under them (sysfs), as
   // last read (every minute, by the repair thread).
-  std::vector<podlink::mesh::v1::LinkInfo> LocalLinks() const ABSL_LOCKS_EXCLUDED(links_mu_);
   void RefreshLocalLinks() ABSL_LOCKS_EXCLUDED(links_mu_);
   std::vector<podlink::mesh::v1::LinkInfo> ReadLocalLinks() const;
   mutable absl::Mutex links_mu_;

@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <dirent.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -16,6 +17,7 @@
 #include <map>
 #include <tuple>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -535,6 +537,115 @@ TEST_F(Mesh, NicsAreAdvertisedAndOneSliceTakesTheFastestCable) {
   EXPECT_NE(text.find(absl::StrCat("link 10.77.2.1/30 ", a2, " 100 Gb/s 0000:02:00.0 NUMA 0")), std::string::npos)
       << text;
   EXPECT_NE(text.find(absl::StrCat("its link 10.77.1.2/30 ", b1, " speed ?")), std::string::npos) << text;
+}
+
+// NCCL sees one device per rail group of the daemon's mesh NICs (the NICs
+// under one PCIe bridge), with the group's speed, the fastest first; a pod
+// can ask for one device per GPU instead. Node a's fake sysfs puts its first
+// cable's NIC on a real PCI function of this machine (so the plugin can hand
+// NCCL its path) and the other two, 100 Gb/s each, under one made-up switch
+// port. A rail device carries the conformance scenarios to node b.
+TEST_F(Mesh, RailGroupsAreTheNcclDevicesWithTheirSpeed) {
+  std::string a = topo_.Node("a"), b = topo_.Node("b");
+  auto [a1, b1] = topo_.Cable(a, b, 1);
+  auto [a2, b2] = topo_.Cable(a, b, 2);
+  auto [a3, b3] = topo_.Cable(a, b, 3);
+  const std::string sys = dir_ + "/sysfs-a";
+  auto nic = [&](const std::string& dev, const std::string& pci, const char* speed) {
+    Sh(absl::StrCat("mkdir -p ", sys, "/devices/", pci, " ", sys, "/class/net/", dev));
+    std::ofstream(absl::StrCat(sys, "/devices/", pci, "/numa_node")) << "0\n";
+    std::ofstream(absl::StrCat(sys, "/class/net/", dev, "/speed")) << speed << "\n";
+    Sh(absl::StrCat("ln -s ", sys, "/devices/", pci, " ", sys, "/class/net/", dev, "/device"));
+  };
+  // A real PCI function here, if the machine has one ("" in a container without PCI).
+  std::string real;
+  if (DIR* d = ::opendir("/sys/bus/pci/devices"); d != nullptr) {
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      char* r = ::realpath(absl::StrCat("/sys/bus/pci/devices/", e->d_name).c_str(), nullptr);
+      if (r != nullptr && std::string(r).rfind("/sys/devices/pci", 0) == 0) real = r;
+      std::free(r);
+      if (!real.empty()) break;
+    }
+    ::closedir(d);
+  }
+  nic(a1, real.empty() ? "pci0000:00/0000:00:01.0/0000:01:00.0" : real.substr(strlen("/sys/devices/")), "1000");
+  nic(a2, "pci0000:00/0000:00:1c.7/0000:7e:00.0", "100000");
+  nic(a3, "pci0000:00/0000:00:1c.7/0000:7e:00.1", "100000");
+  PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable");
+  std::string pods = Rule(pa, "ml", "prefill-0", "job-7") + "," + Rule(pb, "ml", "decode-0", "job-7");
+  auto na = StartNode("node-a", a, {a1, a2, a3}, pods, "", absl::StrCat(R"(, "sysfs": ")", sys, R"(")"));
+  auto nb = StartNode("node-b", b, {b1, b2, b3}, pods);
+  const std::string plugin = PLUGIN_PATH, peer = NCCL_NET_PEER_PATH;
+
+  Pod send(*na, &pa, {plugin}, peer);
+  Pod recv(*nb, &pb, {plugin}, peer);
+  absl::Status veth = PodVeth(recv.pid(), send.pid(), absl::StrCat(topo_.tag(), "pr"), absl::StrCat(topo_.tag(), "ps"),
+                              "10.78.9.1/24", "10.78.9.2/24");
+  ASSERT_TRUE(veth.ok()) << veth;
+  {
+    // A pod that asks for one device per GPU (a veth of its own: the plugin needs an address to listen on).
+    Pod gpus(*na, &pa, {plugin, "PODLINK_NCCL_DEVICES=gpus"}, peer);
+    veth = PodVeth(recv.pid(), gpus.pid(), absl::StrCat(topo_.tag(), "gr"), absl::StrCat(topo_.tag(), "gs"),
+                   "10.78.8.1/24", "10.78.8.2/24");
+    ASSERT_TRUE(veth.ok()) << veth;
+    gpus.Send(R"({"cmd": "init"})");
+    json g = gpus.Expect("ready");
+    ASSERT_EQ(g["result"], 0) << g.dump();
+    ASSERT_EQ(g["devices"].size(), 1u) << g.dump();
+    EXPECT_EQ(g["devices"][0]["name"], "podlink0");
+    EXPECT_EQ(g["devices"][0]["speed"], 3200000) << "one device per GPU: the relay's speed";
+    gpus.Send(R"({"cmd": "exit"})");
+    EXPECT_EQ(gpus.WaitFor(30000), std::optional<int>(0));
+  }
+  send.Send(R"({"cmd": "init"})");
+  json r = send.Expect("ready");
+  ASSERT_EQ(r["result"], 0) << r.dump();
+  const json& devs = r["devices"];
+  ASSERT_EQ(devs.size(), 2u) << r.dump();
+  EXPECT_EQ(devs[0]["name"], absl::StrCat("podlink-", a2, "+", a3)) << r.dump();
+  EXPECT_EQ(devs[0]["speed"], 200000) << r.dump();
+  EXPECT_EQ(devs[0]["pci_path"], "") << "a made-up PCI function is not handed to NCCL: " << r.dump();
+  EXPECT_EQ(devs[1]["name"], absl::StrCat("podlink-", a1)) << r.dump();
+  EXPECT_EQ(devs[1]["speed"], 1000) << r.dump();
+  EXPECT_EQ(devs[1]["pci_path"], real) << r.dump();
+  for (const json& d : devs) EXPECT_EQ(d["result"], 0) << r.dump();
+  // Node b's daemon cannot read its veths' sysfs from the harness (as in
+  // NicsAreAdvertised...): no PCI place, so one device per GPU.
+  recv.Send(R"({"cmd": "init"})");
+  json rb = recv.Expect("ready");
+  ASSERT_EQ(rb["result"], 0) << rb.dump();
+  ASSERT_EQ(rb["devices"].size(), 1u) << rb.dump();
+  EXPECT_EQ(rb["devices"][0]["name"], "podlink0");
+
+  uint64_t cables_before = TxBytes(a, a1) + TxBytes(a, a2) + TxBytes(a, a3);
+  for (const char* sc : {"grouped", "large"}) {
+    SCOPED_TRACE(sc);
+    recv.Send(R"({"cmd": "listen"})");
+    json h = recv.Expect("handle");
+    ASSERT_EQ(h["result"], 0);
+    send.Send(json{{"cmd", "connect"}, {"hex", h["hex"]}}.dump());
+    recv.Send(R"({"cmd": "accept"})");
+    json acc = recv.Expect("accepted", 30000);
+    json con = send.Expect("connected", 30000);
+    ASSERT_TRUE(acc["ok"]) << acc.dump();
+    ASSERT_TRUE(con["ok"]) << con.dump();
+    EXPECT_EQ(con["transport"], "mesh") << con.dump();
+    send.Send(json{{"cmd", "send"}, {"scenario", sc}}.dump());
+    recv.Send(json{{"cmd", "recv"}, {"scenario", sc}}.dump());
+    json sd = send.Expect("done", 120000);
+    json rd = recv.Expect("done", 120000);
+    EXPECT_TRUE(sd["ok"]) << sd.dump() << "\n" << na->Log();
+    EXPECT_TRUE(rd["ok"]) << rd.dump() << "\n" << nb->Log();
+    send.Send(R"({"cmd": "close", "listen": true})");
+    recv.Send(R"({"cmd": "close", "listen": true})");
+    EXPECT_EQ(send.Expect("closed")["result"], 0);
+    EXPECT_EQ(recv.Expect("closed")["result"], 0);
+  }
+  EXPECT_GT(TxBytes(a, a1) + TxBytes(a, a2) + TxBytes(a, a3) - cables_before, uint64_t{48} << 20)
+      << "the large scenario writes 51 MiB over the daemons' cables";
+  for (Pod* p : {&send, &recv}) p->Send(R"({"cmd": "exit"})");
+  for (Pod* p : {&send, &recv}) EXPECT_EQ(p->WaitFor(30000), std::optional<int>(0));
 }
 
 // The seed's triangle (every pair of nodes its own cable and subnet) plus a

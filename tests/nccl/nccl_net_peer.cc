@@ -81,6 +81,21 @@ struct Api {
   int Init() { return v8 ? t8->init(Logger) : t11->init(&ctx, 42, nullptr, Logger, nullptr); }
   int Finalize() { return v8 ? 0 : t11->finalize(ctx); }
   int Devices(int* n) { return v8 ? t8->devices(n) : t11->devices(n); }
+  // What NCCL would learn of device `dev`.
+  json Properties(int dev) {
+    auto out = [](int r, const char* name, const char* pci, int speed) {
+      return json{{"result", r}, {"name", name != nullptr ? name : ""}, {"pci_path", pci != nullptr ? pci : ""},
+                  {"speed", speed}};
+    };
+    if (v8) {
+      nabi::PropertiesV8 p{};
+      int r = t8->getProperties(dev, &p);
+      return out(r, p.name, p.pciPath, p.speed);
+    }
+    nabi::PropertiesV11 p{};
+    int r = t11->getProperties(dev, &p);
+    return out(r, p.name, p.pciPath, p.speed);
+  }
   int Listen(void* h, void** l) { return v8 ? t8->listen(0, h, l) : t11->listen(ctx, 0, h, l); }
   int Connect(void* h, void** s) { return v8 ? t8->connect(0, h, s, nullptr) : t11->connect(ctx, 0, h, s, nullptr); }
   int Accept(void* l, void** r) { return v8 ? t8->accept(l, r, nullptr) : t11->accept(l, r, nullptr); }
@@ -505,6 +520,8 @@ int main(int argc, char** argv) {
       int r = g.Init();
       int n = 0;
       g.Devices(&n);
+      json devices = json::array();
+      for (int i = 0; i < n && r == 0; ++i) devices.push_back(g.Properties(i));
       auto env = [](const char* name) {
         const char* v = std::getenv(name);
         return std::string(v != nullptr ? v : "");
@@ -514,7 +531,8 @@ int main(int argc, char** argv) {
             {"nccl_nchannels_per_net_peer", env("NCCL_NCHANNELS_PER_NET_PEER")},
             {"nccl_min_p2p_nchannels", env("NCCL_MIN_P2P_NCHANNELS")},
             {"nccl_max_p2p_nchannels", env("NCCL_MAX_P2P_NCHANNELS")},
-            {"nccl_p2p_net_chunksize", env("NCCL_P2P_NET_CHUNKSIZE")}, {"gpu", UseGpu()}});
+            {"nccl_p2p_net_chunksize", env("NCCL_P2P_NET_CHUNKSIZE")}, {"gpu", UseGpu()},
+            {"devices", devices}});
     } else if (what == "listen") {
       int r = g.Listen(g_handle, &g_listen);
       std::string hex;

@@ -69,6 +69,14 @@ struct NodeInfo {
   // The daemons' mesh (other nodes), when this node's daemon runs it.
   std::vector<std::string> mesh_addresses;  // "addr/prefix"
   uint32_t mesh_port = 0;
+  // The NICs under mesh_addresses (empty from older daemons).
+  struct MeshNic {
+    std::string address, netdev;
+    uint32_t speed_mbps = 0;  // 0: unknown
+    std::string pci_path;     // the PCI function's sysfs path as the daemon reads it; empty: virtual
+    int numa_node = -1;
+  };
+  std::vector<MeshNic> mesh_nics;
 };
 
 struct Identity {
