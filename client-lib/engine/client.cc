@@ -423,6 +423,7 @@ absl::StatusOr<std::unique_ptr<HostBuffer>> Client::AllocateHost(size_t size) {
 namespace {
 void FillExport(v1::ExportRequest& req, const ExportOptions& opts) {
   req.set_name(opts.name);
+  req.set_mesh_affinity(opts.mesh_affinity);
   for (const PodRef& p : opts.allowed_importers) {
     v1::PodRef* r = req.add_allowed_importers();
     r->set_namespace_(p.namespace_);

@@ -76,6 +76,16 @@ std::string Parent(const std::string& path) {
   return slash == std::string::npos ? "" : path.substr(0, slash);
 }
 
+// "dddd:bb:dd.f" in lowercase hex, as sysfs and podlinkd name PCI functions;
+// "" for anything else.
+std::string BusId(const std::string& s) {
+  if (s.size() != 12 || s[4] != ':' || s[7] != ':' || s[10] != '.' || s[11] < '0' || s[11] > '7') return "";
+  for (size_t i : {0, 1, 2, 3, 5, 6, 8, 9}) {
+    if (!std::isxdigit(static_cast<unsigned char>(s[i])) || std::isupper(static_cast<unsigned char>(s[i]))) return "";
+  }
+  return s;
+}
+
 }  // namespace
 
 std::vector<State::Dev> RailDevices(const std::vector<NodeInfo::MeshNic>& nics,
@@ -84,7 +94,7 @@ std::vector<State::Dev> RailDevices(const std::vector<NodeInfo::MeshNic>& nics,
   struct Group {
     std::vector<std::string> netdevs;
     uint64_t speed = 0;
-    std::string pci;
+    std::string pci, bus_id;
   };
   std::map<std::string, Group> groups;  // by the bridge above the NIC
   std::vector<std::string> order;
@@ -99,6 +109,7 @@ std::vector<State::Dev> RailDevices(const std::vector<NodeInfo::MeshNic>& nics,
     g.netdevs.push_back(n.netdev);
     g.speed += n.speed_mbps;
     if (g.pci.empty()) g.pci = pci_of(n.pci_path);
+    if (g.bus_id.empty()) g.bus_id = BusId(n.pci_path.substr(n.pci_path.rfind('/') + 1));
   }
   std::vector<State::Dev> out;
   for (const std::string& key : order) {
@@ -108,6 +119,7 @@ std::vector<State::Dev> RailDevices(const std::vector<NodeInfo::MeshNic>& nics,
     if (d.name.size() > 60) d.name = absl::StrCat(d.name.substr(0, 52), "+", g.netdevs.size(), "nics");
     d.pci_path = g.pci.empty() ? fallback_pci : g.pci;
     d.speed_mbps = static_cast<uint32_t>(std::min<uint64_t>(g.speed, INT_MAX));
+    d.affinity = g.bus_id;  // podlinkd then keeps this device's transfers on the group's links
     out.push_back(std::move(d));
   }
   std::stable_sort(out.begin(), out.end(), [](const State::Dev& a, const State::Dev& b) { return a.speed_mbps > b.speed_mbps; });
@@ -117,6 +129,11 @@ std::vector<State::Dev> RailDevices(const std::vector<NodeInfo::MeshNic>& nics,
 int GpuOf(int dev) {
   const State& s = S();
   return dev >= 0 && static_cast<size_t>(dev) < s.devs.size() ? s.devs[dev].gpu : 0;
+}
+
+std::string AffinityOf(int dev) {
+  const State& s = S();
+  return dev >= 0 && static_cast<size_t>(dev) < s.devs.size() ? s.devs[dev].affinity : std::string();
 }
 
 void EnumerateDevices(State& s) {
@@ -134,6 +151,7 @@ void EnumerateDevices(State& s) {
         s.cuda->DeviceGetPCIBusId(bus, sizeof(bus), dev) == cu::kSuccess) {
       std::string id = bus;
       for (char& ch : id) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      d.affinity = BusId(id);  // bounce buffers of this GPU's data: links near the GPU
       char* real = ::realpath(absl::StrCat("/sys/bus/pci/devices/", id).c_str(), nullptr);
       if (real != nullptr) {
         // The GPU's parent (its PCIe switch port, or the root complex):

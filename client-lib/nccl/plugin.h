@@ -46,6 +46,9 @@ class State {
     std::string name, pci_path;
     uint32_t speed_mbps = 0;  // 0: the default for the device's kind
     int gpu = 0;              // the CUDA ordinal its copies run on (a rail: the GPU nearest to it)
+    // The PCI bus id its host bounce buffers are exported with (their mesh
+    // affinity): a rail's first NIC, or the GPU; "" for none.
+    std::string affinity;
   };
   std::vector<Dev> devs;
   // The daemon's mesh NICs (ConnectPodlinkd), for EnumerateDevices.
@@ -116,6 +119,8 @@ void EnumerateDevices(State& s);
 // The CUDA ordinal for device `dev`'s copies (devs do not change while a comm
 // lives, so no lock).
 int GpuOf(int dev);
+// The mesh affinity of device `dev`'s host bounce buffers ("" for none).
+std::string AffinityOf(int dev);
 
 std::vector<State::Dev> RailDevices(const std::vector<NodeInfo::MeshNic>& nics,
                                     const std::function<std::string(const std::string&)>& pci_of,

@@ -92,7 +92,9 @@ Result RegisterExported(Comm* comm, int dev, void* data, size_t size, int type, 
       auto buf = s.client->AllocateHost(size);
       if (!buf.ok()) return FailStatus(kSystemError, "regMr: host bounce buffer", buf.status());
       mr->host_bounce = *std::move(buf);
-      region = s.engine->Register(*mr->host_bounce);
+      ExportOptions opts;
+      opts.mesh_affinity = AffinityOf(dev);  // to other nodes: the links of this device's rail, or near its GPU
+      region = s.engine->Register(*mr->host_bounce, opts);
     } else {
       INFO("regMr: GPU buffer %p is not an exportable cuMem allocation (%s); using a bounce buffer", data,
            why.ToString().c_str());

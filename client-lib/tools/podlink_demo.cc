@@ -269,7 +269,7 @@ int Export(podlink::Client& c, const Opts& o) {
   std::unique_ptr<podlink::GpuBuffer> gpu;
   Region r;
   absl::StatusOr<uint64_t> id;
-  podlink::ExportOptions eo{o.name, o.allow};
+  podlink::ExportOptions eo{o.name, o.allow, ""};
   if (o.gpu < 0) {
     auto b = c.AllocateHost(o.size);
     if (!b.ok()) Die("allocate", b.status());
@@ -420,14 +420,14 @@ KvRegion MakeKvRegion(podlink::Client& c, const Opts& o, uint64_t size, bool rel
     k.host = *std::move(b);
     k.region = {k.host->data(), 0, k.host->size(), -1};
     init(k.region);
-    reg = k.engine->Register(*k.host, {o.name, o.allow});
+    reg = k.engine->Register(*k.host, {o.name, o.allow, ""});
   } else {
     auto b = c.AllocateGpu(size, o.gpu);
     if (!b.ok()) Die("allocate", b.status());
     k.gpu = *std::move(b);
     k.region = {nullptr, k.gpu->device_ptr(), k.gpu->size(), o.gpu};
     init(k.region);
-    reg = k.engine->Register(*k.gpu, {o.name, o.allow});
+    reg = k.engine->Register(*k.gpu, {o.name, o.allow, ""});
   }
   if (!reg.ok()) Die("register", reg.status());
   k.local = *reg;

@@ -55,6 +55,17 @@ bool ValidExportName(const std::string& n) {
   return true;
 }
 
+// A PCI bus id as sysfs names its devices: "dddd:bb:dd.f", lowercase hex
+// (function 0-7).
+bool ValidPciBusId(const std::string& id) {
+  if (id.size() != 12 || id[4] != ':' || id[7] != ':' || id[10] != '.' || id[11] < '0' || id[11] > '7') return false;
+  for (size_t i : {0, 1, 2, 3, 5, 6, 8, 9}) {
+    const char c = id[i];
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
 // Kubernetes namespace and pod names: DNS labels / subdomains, <= 253.
 bool ValidK8sName(const std::string& n) {
   if (n.empty() || n.size() > 253) return false;
@@ -472,6 +483,16 @@ absl::StatusOr<v1::ExportResponse> Broker::Export(Session& s, const v1::ExportRe
   if (!wants_fd && req.fd_slot() != 0) {
     return absl::InvalidArgumentError("fd_slot is only meaningful for POSIX_FD and HOST_MEMFD exports");
   }
+  if (!req.mesh_affinity().empty()) {
+    if (kind != HandleKind::kHostMemfd) {
+      return absl::InvalidArgumentError("mesh_affinity is for host memory (a GPU export's place is its GPU)");
+    }
+    if (!ValidPciBusId(req.mesh_affinity())) {
+      return absl::InvalidArgumentError(
+          "mesh_affinity must be a PCI bus id as sysfs names it: 'dddd:bb:dd.f' in lowercase hex");
+    }
+    rec.mesh_affinity = req.mesh_affinity();
+  }
   MemoryBackend* backend = BackendFor(kind);
   if (backend == nullptr) {
     return absl::FailedPreconditionError(
@@ -844,7 +865,8 @@ absl::Status Broker::NotifyOwner(const ExportRecord& rec, uint64_t value) {
 }
 
 std::string Broker::GpuBusId(const ExportRecord& rec) const {
-  if (rec.kind == HandleKind::kHostMemfd || rec.gpu_uuid.empty()) return {};
+  if (rec.kind == HandleKind::kHostMemfd) return rec.mesh_affinity;  // the pod's hint, or none
+  if (rec.gpu_uuid.empty()) return {};
   const GpuDevice* g = inventory_.FindByUuid(rec.gpu_uuid);
   return g != nullptr ? g->pci_bus_id : std::string();
 }

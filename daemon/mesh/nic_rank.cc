@@ -99,6 +99,9 @@ const char* AffinityName(Affinity a) {
 
 Affinity AffinityOf(const NicInfo& nic, const MemoryPlace& mem) {
   const bool numa_known = nic.numa_node >= 0 && mem.numa_node >= 0;
+  // Memory placed at the NIC itself (a pod's bounce buffer for one NCCL rail
+  // device): nearest, wherever the NIC sits.
+  if (!nic.pci_path.empty() && nic.pci_path == mem.pci_path) return Affinity::kPix;
   std::vector<std::string> a = PciChain(nic.pci_path), b = PciChain(mem.pci_path);
   if (a.empty() || b.empty()) {
     return numa_known && nic.numa_node != mem.numa_node ? Affinity::kSys : Affinity::kUnknown;

@@ -24,6 +24,7 @@ struct ExportRecord {
   std::string name;
   uint64_t size = 0;
   std::string gpu_uuid;
+  std::string mesh_affinity;  // host memory: the PCI bus id it is used with (ExportRequest.mesh_affinity)
   HandleKind kind = HandleKind::kHostMemfd;
   uint64_t owner_session = 0;
   PodInfo owner;

@@ -93,7 +93,7 @@ TEST_F(GpuBroker, ExportImportMapRoundTrip) {
   std::vector<uint8_t> host((*buf)->size());
   for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<uint8_t>(i * 7 + 3);
   ASSERT_EQ(d->MemcpyHtoD((*buf)->device_ptr(), host.data(), host.size()), 0);
-  auto id = client_->Export(**buf, {.name = "gpu-rt", .allowed_importers = {}});
+  auto id = client_->Export(**buf, {.name = "gpu-rt", .allowed_importers = {}, .mesh_affinity = ""});
   ASSERT_TRUE(id.ok()) << id.status();
   auto other = Client::Connect({.socket_dir = daemon_.dir()});
   auto imp = (*other)->Import("gpu-rt");

@@ -191,6 +191,21 @@ TEST_F(HostileClients, MalformedAndOversizedRequests) {
          r.set_fabric_handle(std::string(64, 'x'));
        },
        grpc::StatusCode::INVALID_ARGUMENT, "fd_slot"},
+      // The mesh affinity hint: a PCI bus id as sysfs names one, nothing else
+      // (it becomes a sysfs path in the mesh's link ranking).
+      {[](auto& r) { r.set_mesh_affinity("../../../../etc"); }, grpc::StatusCode::INVALID_ARGUMENT, "mesh_affinity"},
+      {[](auto& r) { r.set_mesh_affinity("0000:18:00.0/..."); }, grpc::StatusCode::INVALID_ARGUMENT, "mesh_affinity"},
+      {[](auto& r) { r.set_mesh_affinity("0000:1G:00.0"); }, grpc::StatusCode::INVALID_ARGUMENT, "mesh_affinity"},
+      {[](auto& r) { r.set_mesh_affinity("0000:1A:00.0"); }, grpc::StatusCode::INVALID_ARGUMENT, "mesh_affinity"},
+      {[](auto& r) { r.set_mesh_affinity("0000:18:00.8"); }, grpc::StatusCode::INVALID_ARGUMENT, "mesh_affinity"},
+      {[](auto& r) { r.set_mesh_affinity(std::string(4096, '0')); }, grpc::StatusCode::INVALID_ARGUMENT,
+       "mesh_affinity"},
+      {[](auto& r) {
+         r.set_handle_type(v1::HANDLE_TYPE_POSIX_FD);
+         r.set_gpu_uuid("GPU-00000000-0000-0000-0000-000000000000");
+         r.set_mesh_affinity("0000:18:00.0");
+       },
+       grpc::StatusCode::INVALID_ARGUMENT, "mesh_affinity is for host memory"},
   };
   uint64_t slot = 1;
   for (const Case& cs : cases) {

@@ -12,6 +12,7 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -544,7 +545,9 @@ TEST_F(Mesh, NicsAreAdvertisedAndOneSliceTakesTheFastestCable) {
 // can ask for one device per GPU instead. Node a's fake sysfs puts its first
 // cable's NIC on a real PCI function of this machine (so the plugin can hand
 // NCCL its path) and the other two, 100 Gb/s each, under one made-up switch
-// port. A rail device carries the conformance scenarios to node b.
+// port. Each rail device carries the conformance scenarios to node b over its
+// own group's cables (its bounce buffers are exported with the group's PCI
+// place as their mesh affinity).
 TEST_F(Mesh, RailGroupsAreTheNcclDevicesWithTheirSpeed) {
   std::string a = topo_.Node("a"), b = topo_.Node("b");
   auto [a1, b1] = topo_.Cable(a, b, 1);
@@ -556,6 +559,8 @@ TEST_F(Mesh, RailGroupsAreTheNcclDevicesWithTheirSpeed) {
     std::ofstream(absl::StrCat(sys, "/devices/", pci, "/numa_node")) << "0\n";
     std::ofstream(absl::StrCat(sys, "/class/net/", dev, "/speed")) << speed << "\n";
     Sh(absl::StrCat("ln -s ", sys, "/devices/", pci, " ", sys, "/class/net/", dev, "/device"));
+    Sh(absl::StrCat("mkdir -p ", sys, "/bus/pci/devices && ln -s ", sys, "/devices/", pci, " ", sys,
+                    "/bus/pci/devices/", pci.substr(pci.rfind('/') + 1)));
   };
   // A real PCI function here, if the machine has one ("" in a container without PCI).
   std::string real;
@@ -618,18 +623,20 @@ TEST_F(Mesh, RailGroupsAreTheNcclDevicesWithTheirSpeed) {
   ASSERT_EQ(rb["devices"].size(), 1u) << rb.dump();
   EXPECT_EQ(rb["devices"][0]["name"], "podlink0");
 
-  uint64_t cables_before = TxBytes(a, a1) + TxBytes(a, a2) + TxBytes(a, a3);
-  for (const char* sc : {"grouped", "large"}) {
-    SCOPED_TRACE(sc);
+  // One connection on the sender's device `dev` running `sc`; the bytes each
+  // of node a's cables carried meanwhile.
+  auto run = [&](int dev, const char* sc) -> std::array<uint64_t, 3> {
+    SCOPED_TRACE(absl::StrCat(sc, " on device ", dev));
+    const std::array<uint64_t, 3> before = {TxBytes(a, a1), TxBytes(a, a2), TxBytes(a, a3)};
     recv.Send(R"({"cmd": "listen"})");
     json h = recv.Expect("handle");
-    ASSERT_EQ(h["result"], 0);
-    send.Send(json{{"cmd", "connect"}, {"hex", h["hex"]}}.dump());
+    EXPECT_EQ(h["result"], 0);
+    send.Send(json{{"cmd", "connect"}, {"hex", h["hex"]}, {"dev", dev}}.dump());
     recv.Send(R"({"cmd": "accept"})");
     json acc = recv.Expect("accepted", 30000);
     json con = send.Expect("connected", 30000);
-    ASSERT_TRUE(acc["ok"]) << acc.dump();
-    ASSERT_TRUE(con["ok"]) << con.dump();
+    EXPECT_TRUE(acc["ok"]) << acc.dump();
+    EXPECT_TRUE(con["ok"]) << con.dump();
     EXPECT_EQ(con["transport"], "mesh") << con.dump();
     send.Send(json{{"cmd", "send"}, {"scenario", sc}}.dump());
     recv.Send(json{{"cmd", "recv"}, {"scenario", sc}}.dump());
@@ -641,9 +648,18 @@ TEST_F(Mesh, RailGroupsAreTheNcclDevicesWithTheirSpeed) {
     recv.Send(R"({"cmd": "close", "listen": true})");
     EXPECT_EQ(send.Expect("closed")["result"], 0);
     EXPECT_EQ(recv.Expect("closed")["result"], 0);
-  }
-  EXPECT_GT(TxBytes(a, a1) + TxBytes(a, a2) + TxBytes(a, a3) - cables_before, uint64_t{48} << 20)
-      << "the large scenario writes 51 MiB over the daemons' cables";
+    return {TxBytes(a, a1) - before[0], TxBytes(a, a2) - before[1], TxBytes(a, a3) - before[2]};
+  };
+  const uint64_t large = uint64_t{48} << 20;  // the large scenario writes 51 MiB
+  std::array<uint64_t, 3> rail0 = run(0, "large");
+  EXPECT_GT(rail0[1] + rail0[2], large) << "device 0 is " << a2 << "+" << a3;
+  EXPECT_GT(rail0[1], large / 5) << "striped over both of the group's cables";
+  EXPECT_GT(rail0[2], large / 5) << "striped over both of the group's cables";
+  EXPECT_LT(rail0[0], uint64_t{4} << 20) << "the other rail's cable carried " << rail0[0] << " bytes";
+  std::array<uint64_t, 3> rail1 = run(1, "large");
+  EXPECT_GT(rail1[0], large) << "device 1 is " << a1;
+  EXPECT_LT(rail1[1] + rail1[2], uint64_t{4} << 20) << "the other rail's cables carried " << rail1[1] + rail1[2];
+  (void)run(1, "grouped");
   for (Pod* p : {&send, &recv}) p->Send(R"({"cmd": "exit"})");
   for (Pod* p : {&send, &recv}) EXPECT_EQ(p->WaitFor(30000), std::optional<int>(0));
 }

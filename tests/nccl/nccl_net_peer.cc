@@ -96,8 +96,10 @@ struct Api {
     int r = t11->getProperties(dev, &p);
     return out(r, p.name, p.pciPath, p.speed);
   }
-  int Listen(void* h, void** l) { return v8 ? t8->listen(0, h, l) : t11->listen(ctx, 0, h, l); }
-  int Connect(void* h, void** s) { return v8 ? t8->connect(0, h, s, nullptr) : t11->connect(ctx, 0, h, s, nullptr); }
+  int Listen(void* h, void** l, int dev = 0) { return v8 ? t8->listen(dev, h, l) : t11->listen(ctx, dev, h, l); }
+  int Connect(void* h, void** s, int dev = 0) {
+    return v8 ? t8->connect(dev, h, s, nullptr) : t11->connect(ctx, dev, h, s, nullptr);
+  }
   int Accept(void* l, void** r) { return v8 ? t8->accept(l, r, nullptr) : t11->accept(l, r, nullptr); }
   int RegMr(void* c, void* p, size_t n, int type, void** mh) {
     return v8 ? t8->regMr(c, p, n, type, mh) : t11->regMr(c, p, n, type, mh);
@@ -534,7 +536,7 @@ int main(int argc, char** argv) {
             {"nccl_p2p_net_chunksize", env("NCCL_P2P_NET_CHUNKSIZE")}, {"gpu", UseGpu()},
             {"devices", devices}});
     } else if (what == "listen") {
-      int r = g.Listen(g_handle, &g_listen);
+      int r = g.Listen(g_handle, &g_listen, cmd.value("dev", 0));
       std::string hex;
       char b[3];
       for (unsigned char ch : g_handle) std::snprintf(b, 3, "%02x", ch), hex += b;
@@ -566,7 +568,7 @@ int main(int argc, char** argv) {
       size_t log_mark = g_log.size();
       while (g_send == nullptr && Clock::now() < deadline) {
         ++tries;
-        r = g.Connect(h, &g_send);
+        r = g.Connect(h, &g_send, cmd.value("dev", 0));
         if (r != 0) break;
       }
       std::string transport;

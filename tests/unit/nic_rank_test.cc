@@ -127,6 +127,25 @@ TEST_F(FakeSysfs, HostMemoryUsesEveryPathTheFastestForOneSlice) {
   EXPECT_TRUE(RankPaths({}, MemoryPlace{}).tier.empty());
 }
 
+// Host memory placed at a NIC (ExportRequest.mesh_affinity naming it: an NCCL
+// rail device's bounce buffers) prefers that NIC and its switch siblings, and
+// a NIC straight on the root complex is still nearest to itself.
+TEST_F(FakeSysfs, MemoryPlacedAtANicPrefersItsRail) {
+  fs::create_directory_symlink(root_ / "devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:01.1/0000:04:00.1",
+                               root_ / "bus/pci/devices/0000:04:00.1");
+  fs::create_directory_symlink(root_ / "devices/pci0000:00/0000:00:02.0/0000:05:00.0",
+                               root_ / "bus/pci/devices/0000:05:00.0");
+  std::vector<RankedPath> paths;
+  for (const char* n : {"sys0", "pix0", "phb0", "pix1", "node0"}) paths.push_back({n, Read(n)});
+  MemoryPlace at_pix1 = GpuPlace(root_.string(), "0000:04:00.1");
+  EXPECT_EQ(AffinityOf(Read("pix1"), at_pix1), Affinity::kPix);
+  EXPECT_EQ(RankPaths(paths, at_pix1).tier, (std::vector<std::string>{"pix0", "pix1"}));
+  MemoryPlace at_phb0 = GpuPlace(root_.string(), "0000:05:00.0");
+  EXPECT_EQ(AffinityOf(Read("phb0"), at_phb0), Affinity::kPix);
+  EXPECT_EQ(AffinityOf(Read("pix0"), at_phb0), Affinity::kPhb);
+  EXPECT_EQ(RankPaths(paths, at_phb0).tier, (std::vector<std::string>{"phb0"}));
+}
+
 TEST(MayUse, PreferredWhileUpThenTheTierThenAny) {
   PathPreference p;
   p.tier = {"near-fast", "near-slow"};

@@ -103,6 +103,10 @@ struct ExportInfo {
 struct ExportOptions {
   std::string name;                     // optional; unique within the pod's namespace
   std::vector<PodRef> allowed_importers;  // besides the pod's peer group
+  // Host memory only: the PCI function it is used with ("0000:18:00.0"; a GPU
+  // whose data it stages, or a NIC); the daemon's mesh prefers the links
+  // nearest to it for this memory's transfers to other nodes.
+  std::string mesh_affinity;
 };
 
 // Host memory in a sealed memfd, mapped read-write.
