@@ -294,6 +294,20 @@ TEST_F(Mesh, PodsOnTwoNodesWriteAndReadEachOtherByteForByte) {
   EXPECT_TRUE(nb->WaitForLog("event=mesh_grant peer=node-a pod=ml/prefill-0"));
 }
 
+// The NCCL plugin and its test peer as built, unless the environment points
+// elsewhere (a carried bundle on the GPU machine, where PODLINK_TEST_MEM=cuda
+// puts NCCL's buffers in GPU memory): plugin, peer, and the peer's arguments.
+std::tuple<std::string, std::string, std::vector<std::string>> NcclPeer() {
+  auto env = [](const char* name, const char* dflt) {
+    const char* v = std::getenv(name);
+    return std::string(v != nullptr && *v != '\0' ? v : dflt);
+  };
+  std::string plugin = env("PODLINK_NCCL_PLUGIN_PATH", PLUGIN_PATH), peer = env("PODLINK_NCCL_PEER_PATH", NCCL_NET_PEER_PATH);
+  std::vector<std::string> args = {plugin};
+  if (const char* mem = std::getenv("PODLINK_TEST_MEM"); mem != nullptr) args.push_back(std::string("PODLINK_TEST_MEM=") + mem);
+  return {plugin, peer, args};
+}
+
 // The NCCL plugin between pods on two nodes: clear-to-send and completions on
 // the pods' own connection (a veth between them, as NCCL's bootstrap needs),
 // the bytes written by both podlinkd over their mesh cable. The conformance
@@ -306,15 +320,7 @@ TEST_F(Mesh, NcclPluginBetweenPodsOnTwoNodesGoesThroughTheMesh) {
   [[maybe_unused]] auto& [a, b, da, db, pa, pb, pods] = t;
   auto na = StartNode("node-a", a, {da}, pods);
   auto nb = StartNode("node-b", b, {db}, pods);
-  // As built, unless the environment points elsewhere (a carried bundle on the GPU machine, where
-  // PODLINK_TEST_MEM=cuda puts NCCL's buffers in GPU memory).
-  auto env = [](const char* name, const char* dflt) {
-    const char* v = std::getenv(name);
-    return std::string(v != nullptr && *v != '\0' ? v : dflt);
-  };
-  std::string plugin = env("PODLINK_NCCL_PLUGIN_PATH", PLUGIN_PATH), peer = env("PODLINK_NCCL_PEER_PATH", NCCL_NET_PEER_PATH);
-  std::vector<std::string> args = {plugin};
-  if (const char* mem = std::getenv("PODLINK_TEST_MEM"); mem != nullptr) args.push_back(std::string("PODLINK_TEST_MEM=") + mem);
+  [[maybe_unused]] auto [plugin, peer, args] = NcclPeer();
   Pod send(*na, &pa, args, peer);
   Pod recv(*nb, &pb, args, peer);
   absl::Status veth = PodVeth(recv.pid(), send.pid(), absl::StrCat(topo_.tag(), "pr"), absl::StrCat(topo_.tag(), "ps"),
@@ -581,16 +587,18 @@ TEST_F(Mesh, RailGroupsAreTheNcclDevicesWithTheirSpeed) {
   std::string pods = Rule(pa, "ml", "prefill-0", "job-7") + "," + Rule(pb, "ml", "decode-0", "job-7");
   auto na = StartNode("node-a", a, {a1, a2, a3}, pods, "", absl::StrCat(R"(, "sysfs": ")", sys, R"(")"));
   auto nb = StartNode("node-b", b, {b1, b2, b3}, pods);
-  const std::string plugin = PLUGIN_PATH, peer = NCCL_NET_PEER_PATH;
+  [[maybe_unused]] auto [plugin, peer, args] = NcclPeer();
 
-  Pod send(*na, &pa, {plugin}, peer);
-  Pod recv(*nb, &pb, {plugin}, peer);
+  Pod send(*na, &pa, args, peer);
+  Pod recv(*nb, &pb, args, peer);
   absl::Status veth = PodVeth(recv.pid(), send.pid(), absl::StrCat(topo_.tag(), "pr"), absl::StrCat(topo_.tag(), "ps"),
                               "10.78.9.1/24", "10.78.9.2/24");
   ASSERT_TRUE(veth.ok()) << veth;
   {
     // A pod that asks for one device per GPU (a veth of its own: the plugin needs an address to listen on).
-    Pod gpus(*na, &pa, {plugin, "PODLINK_NCCL_DEVICES=gpus"}, peer);
+    std::vector<std::string> gpu_args = args;
+    gpu_args.push_back("PODLINK_NCCL_DEVICES=gpus");
+    Pod gpus(*na, &pa, gpu_args, peer);
     veth = PodVeth(recv.pid(), gpus.pid(), absl::StrCat(topo_.tag(), "gr"), absl::StrCat(topo_.tag(), "gs"),
                    "10.78.8.1/24", "10.78.8.2/24");
     ASSERT_TRUE(veth.ok()) << veth;
@@ -610,7 +618,11 @@ TEST_F(Mesh, RailGroupsAreTheNcclDevicesWithTheirSpeed) {
   ASSERT_EQ(devs.size(), 2u) << r.dump();
   EXPECT_EQ(devs[0]["name"], absl::StrCat("podlink-", a2, "+", a3)) << r.dump();
   EXPECT_EQ(devs[0]["speed"], 200000) << r.dump();
-  EXPECT_EQ(devs[0]["pci_path"], "") << "a made-up PCI function is not handed to NCCL: " << r.dump();
+  // A made-up PCI function is not handed to NCCL: the GPU's parent instead (none without a GPU).
+  EXPECT_EQ(devs[0]["pci_path"].get<std::string>().find("0000:7e:00"), std::string::npos) << r.dump();
+  if (!r["gpu"].get<bool>()) {
+    EXPECT_EQ(devs[0]["pci_path"], "") << r.dump();
+  }
   EXPECT_EQ(devs[1]["name"], absl::StrCat("podlink-", a1)) << r.dump();
   EXPECT_EQ(devs[1]["speed"], 1000) << r.dump();
   EXPECT_EQ(devs[1]["pci_path"], real) << r.dump();
