@@ -12,8 +12,9 @@
 #    (nccl_net_conformance_test GpuModes/*): exported cuMem buffers through
 #    podlinkd's relay, the plugin's GPU bounce buffers, TCP with page-locked
 #    staging.
-# 3. mesh_test's GPU case: a pod on another (emulated) node writes and reads a
-#    GPU export through both daemons' mesh.
+# 3. mesh_test's GPU cases: a pod on another (emulated) node writes and reads a
+#    GPU export through both daemons' mesh; the NCCL plugin between two nodes
+#    with GPU buffers, one device per GPU and one per rail group.
 # 4. podlink-bench on GPU 0 (relay and in-process copies, timed).
 # Exits non-zero when any step fails; the last lines are a summary table.
 set -uo pipefail
@@ -58,6 +59,14 @@ mesh_gpu() {
 }
 step "mesh_test: another node's pod writes a GPU export" "$OUT/mesh_gpu.log" mesh_gpu
 grep -q '^\[  SKIPPED' "$OUT/mesh_gpu.log" && { echo "mesh GPU test skipped (no openssl or ip netns?)"; FAILED=1; }
+# The NCCL plugin across the emulated nodes with NCCL's buffers in GPU memory:
+# the conformance scenarios, and one device per rail group of a fake sysfs
+# (each rail's traffic on its own cables, copies on the GPU nearest to it).
+mesh_nccl_gpu() {
+  PATH="$IPW:$PATH" PODLINK_TEST_MEM=cuda "$BIN/mesh_test" \
+    --gtest_filter='Mesh.NcclPluginBetweenPodsOnTwoNodesGoesThroughTheMesh:Mesh.RailGroupsAreTheNcclDevicesWithTheirSpeed'
+}
+step "mesh_test: NCCL plugin, GPU buffers, rail devices" "$OUT/mesh_nccl_gpu.log" mesh_nccl_gpu
 SOCK=$(mktemp -d /tmp/podlink-bench.XXXXXX)
 "$BIN/podlinkd" --socket-dir "$SOCK" 2> "$OUT/podlinkd-bench.log" &
 DPID=$!
@@ -66,7 +75,8 @@ step "podlink-bench GPU0 -> GPU0" "$OUT/bench.md" env PODLINK_SOCKET_DIR="$SOCK"
   --src-gpu 0 --dst-gpu 0 --json "$OUT/bench.json"
 kill "$DPID"; wait "$DPID" 2>/dev/null
 
-grep -E '^\[ +(OK|FAILED|SKIPPED) +\]' "$OUT/gpu_broker_test.log" "$OUT/nccl_net_gpu.log" "$OUT/mesh_gpu.log" | sed 's|.*/||' \
+grep -E '^\[ +(OK|FAILED|SKIPPED) +\]' "$OUT/gpu_broker_test.log" "$OUT/nccl_net_gpu.log" "$OUT/mesh_gpu.log" \
+  "$OUT/mesh_nccl_gpu.log" | sed 's|.*/||' \
   > "$OUT/gtests.txt"
 echo "== gtests"; cat "$OUT/gtests.txt"
 echo "== summary"
