@@ -32,6 +32,7 @@ PodlinkMr::~PodlinkMr() {
   } else if (bounce() && s.engine) {
     (void)s.engine->Unregister(region);
   }
+  if (pinned && s.cuda != nullptr) (void)s.cuda->MemHostUnregister(host_bounce->data());
 }
 
 Result PodlinkComm::RegMr(void* data, size_t size, int type, Mr** out) {
@@ -92,6 +93,14 @@ Result RegisterExported(Comm* comm, int dev, void* data, size_t size, int type, 
       auto buf = s.client->AllocateHost(size);
       if (!buf.ok()) return FailStatus(kSystemError, "regMr: host bounce buffer", buf.status());
       mr->host_bounce = *std::move(buf);
+      if (type == nccl_abi::kPtrCuda && !EnvIs("PODLINK_NCCL_PIN_BOUNCE", "0")) {
+        // GPU data staged here: page-locked, its copies are DMA at the
+        // PCIe link's speed instead of CUDA's pageable path (a copy per step,
+        // each side). Best effort: pageable still works.
+        mr->pinned = s.cuda->MemHostRegister(mr->host_bounce->data(), mr->host_bounce->size(),
+                                             cu::kHostRegisterPortable) == cu::kSuccess;
+        if (!mr->pinned) INFO("regMr: could not page-lock a %zu-byte bounce buffer; its copies are pageable", size);
+      }
       ExportOptions opts;
       opts.mesh_affinity = AffinityOf(dev);  // to other nodes: the links of this device's rail, or near its GPU
       region = s.engine->Register(*mr->host_bounce, opts);
@@ -117,6 +126,8 @@ Result RegisterExported(Comm* comm, int dev, void* data, size_t size, int type, 
       region = s.engine->Register(*mr->gpu_bounce);
     }
     if (!region.ok()) {
+      if (mr->pinned) (void)s.cuda->MemHostUnregister(mr->host_bounce->data());
+      mr->pinned = false;
       mr->host_bounce.reset();  // nothing registered: the destructor must not unregister
       mr->gpu_bounce.reset();
       return FailStatus(kSystemError, "regMr: exporting the bounce buffer", region.status());

@@ -28,6 +28,7 @@ struct PodlinkMr final : Mr {
   uint64_t alloc_base = 0;     // key of the shared cuMem export (0: bounce)
   std::unique_ptr<HostBuffer> host_bounce;
   std::unique_ptr<GpuBuffer> gpu_bounce;
+  bool pinned = false;  // host_bounce is page-locked for CUDA (cuMemHostRegister)
   bool bounce() const { return host_bounce || gpu_bounce; }
   uint64_t bounce_ptr() const {
     return host_bounce ? reinterpret_cast<uint64_t>(host_bounce->data()) : gpu_bounce->device_ptr();
