@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
-bash scripts/build.sh
+PODLINK_DEBUG_INFO=${PODLINK_DEBUG_INFO:--g1} bash scripts/build.sh
 (cd "${PODLINK_BUILD_DIR:-build}" && ctest --output-on-failure -j 2 -LE gpu)
 # The mesh over the RDMA verbs backend for real: two QEMU guests with
 # soft-RoCE (tests/vm/mesh_verbs.sh; under a minute here).
@@ -13,10 +13,10 @@ PODLINK_VM_TIMEOUT=${PODLINK_VM_TIMEOUT:-300} bash tests/vm/mesh_verbs.sh "${POD
   "$(mktemp -d /tmp/podlink-vm-XXXXXX)"
 # The same tests under AddressSanitizer + UndefinedBehaviorSanitizer, the
 # broker and relay integration tests under ThreadSanitizer, then every
-# libFuzzer target for 30 s (tests/fuzz/README.md). PODLINK_QUICK=1 skips
+# libFuzzer target for 20 s (tests/fuzz/README.md). PODLINK_QUICK=1 skips
 # these for a fast local loop.
 if [ "${PODLINK_QUICK:-0}" != 1 ]; then
   bash scripts/sanitize.sh asan
   bash scripts/sanitize.sh tsan
-  bash tests/fuzz/run.sh "${PODLINK_FUZZ_SECONDS:-30}"
+  bash tests/fuzz/run.sh "${PODLINK_FUZZ_SECONDS:-20}"
 fi
