@@ -114,6 +114,9 @@ absl::Status ParseMeshConfig(const nlohmann::json& m, mesh::MeshOptions* o) {
     } else if (k == "cert_refresh_seconds") {
       PODLINK_RETURN_IF_ERROR(number(v, k, 1, 3600, &n));
       o->cert_refresh = absl::Seconds(static_cast<int64_t>(n));
+    } else if (k == "advert_seconds") {
+      PODLINK_RETURN_IF_ERROR(number(v, k, 1, 3600, &n));
+      o->advert_interval = absl::Seconds(static_cast<int64_t>(n));
     } else if (k == "keepalive_seconds") {
       PODLINK_RETURN_IF_ERROR(number(v, k, 1, 3600, &n));
       o->keepalive = absl::Seconds(static_cast<int64_t>(n));

@@ -39,6 +39,7 @@
 #include "daemon/mesh/tcp_link.h"
 #include "daemon/mesh/verbs/verbs_link.h"
 #include "daemon/relay/mesh_port.h"
+#include "podlink/mesh/v1/mesh.grpc.pb.h"
 #include "podlink/v1/podlink.pb.h"
 
 namespace grpc {
@@ -99,6 +100,10 @@ struct MeshOptions {
   absl::Duration keepalive = absl::Seconds(60);
   // How often the certificate files are looked at again (rotation).
   absl::Duration cert_refresh = absl::Seconds(60);
+  // Node adverts (mesh.proto NodeAdvert): this node re-signs its own and
+  // trades adverts with every node it is cabled to this often; an advert
+  // older than ten of these is dropped.
+  absl::Duration advert_interval = absl::Seconds(60);
 };
 
 struct RemoteTarget {
@@ -256,6 +261,22 @@ class MeshEngine final : public MeshPort {
   // Says hello to every peer whose regions this node's pods hold, every
   // `keepalive` (on the peers' workers).
   void KeepAlive() ABSL_LOCKS_EXCLUDED(mu_);
+  // Node adverts (mesh.proto NodeAdvert). This node's own, signed again every
+  // advert_interval (its key and addresses as they are then).
+  void RefreshOwnAdvert() ABSL_LOCKS_EXCLUDED(mu_, pem_mu_);
+  // Keeps the adverts `from` sent that are new, fresh and verified against the
+  // mesh CA, and learns their nodes; at most one batch per peer a second.
+  void AcceptAdverts(const std::string& from,
+                     const google::protobuf::RepeatedPtrField<podlink::mesh::v1::NodeAdvert>& adverts)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // What a Hello carries: this node's advert first, then the freshest others.
+  void AddAdverts(google::protobuf::RepeatedPtrField<podlink::mesh::v1::NodeAdvert>* out) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Every advert_interval: an asynchronous Hello, adverts both ways, with each
+  // known node this one is cabled to.
+  void TradeAdverts() ABSL_LOCKS_EXCLUDED(mu_);
+  // A control channel to `node` at `endpoint`, its certificate checked to name it.
+  std::shared_ptr<podlink::mesh::v1::Mesh::Stub> NewStub(const std::string& node, const std::string& endpoint) const;
   using OpenVerbsCall = std::function<absl::StatusOr<podlink::mesh::v1::OpenVerbsResponse>(
       const podlink::mesh::v1::OpenVerbsRequest&)>;
   absl::StatusOr<std::shared_ptr<verbs::VerbsLinks>> ConnectVerbs(const std::string& node,
@@ -402,6 +423,19 @@ class MeshEngine final : public MeshPort {
   std::map<std::string, uint32_t> data_conns_of_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Time> last_seen_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, uint32_t> calls_of_ ABSL_GUARDED_BY(mu_);  // control calls in flight
+  struct StoredAdvert {
+    podlink::mesh::v1::NodeAdvert advert;
+    int64_t issued = 0;  // unix seconds
+  };
+  std::map<std::string, StoredAdvert> adverts_ ABSL_GUARDED_BY(mu_);  // by node, this one's included
+  std::map<std::string, absl::Time> adverts_from_ ABSL_GUARDED_BY(mu_);  // last batch taken, by sender
+  std::map<std::string, std::shared_ptr<podlink::mesh::v1::Mesh::Stub>> advert_stubs_ ABSL_GUARDED_BY(mu_);
+  absl::Time adverts_traded_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Mutex advert_calls_mu_;
+  std::set<grpc::ClientContext*> advert_calls_ ABSL_GUARDED_BY(advert_calls_mu_);  // TradeAdverts' Hellos in flight
+  absl::Time own_advert_signed_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  uint64_t adverts_learned_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t adverts_refused_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t idle_peer_grants_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_keepalive_ ABSL_GUARDED_BY(mu_) = absl::Now();
   uint64_t relay_staged_ ABSL_GUARDED_BY(mu_) = 0;

@@ -164,7 +164,7 @@ criSocket: ""
 devicePlugin: {enabled: false}
 mesh: {enabled: true, port: 7456, dataPort: 7457, certHostPath: /var/lib/podlink-mesh, interfaces: [ens1f0],
        connectionsPerPath: 2, transport: verbs, relayStagingMib: 32, grantIdleSeconds: 300, keepaliveSeconds: 20,
-       certRefreshSeconds: 30,
+       certRefreshSeconds: 30, advertSeconds: 15,
        peers: [{node: node-c, addresses: [10.0.3.2/30, 10.0.4.1/30], port: 7446}]}
 VALUES
 "$render" -f "$tmp/mesh.yaml" charts/podlink > "$tmp/mesh-render.yaml" || fail "the chart with the mesh on does not render"
@@ -182,7 +182,7 @@ mesh = json.loads(cm["data"]["config.json"])["mesh"]
 assert mesh == {"enabled": True, "listen": "0.0.0.0:7456", "data_port": 7457, "cert_dir": "/etc/podlink-mesh",
                 "interfaces": ["ens1f0"], "fallback": False, "connections_per_path": 2,
                 "transport": "verbs", "relay_staging_mib": 32, "grant_idle_seconds": 300, "keepalive_seconds": 20,
-                "cert_refresh_seconds": 30,
+                "cert_refresh_seconds": 30, "advert_seconds": 15,
                 "peers": [{"node": "node-c", "addresses": ["10.0.3.2/30", "10.0.4.1/30"], "port": 7446}]}, mesh
 print("mesh render: host network, ports", ports, "config", mesh)
 PY
@@ -262,6 +262,7 @@ mesh: {enabled: true, transport: udp}|mesh.transport must be tcp or verbs
 mesh: {enabled: true, relayStagingMib: 8}|mesh.relayStagingMib must be in 16..65536
 mesh: {enabled: true, keepaliveSeconds: 0}|mesh.grantIdleSeconds must be in 1..604800
 mesh: {enabled: true, grantIdleSeconds: 60, keepaliveSeconds: 60}|at least twice mesh.keepaliveSeconds
+mesh: {enabled: true, advertSeconds: 0}|mesh.advertSeconds must be in 1..3600
 EOF
 echo "chart renders its cluster defaults, values-standalone.yaml and every node-agent value, lints, and refuses" \
   "$nbad bad combinations"

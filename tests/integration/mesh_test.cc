@@ -16,6 +16,7 @@
 #include <chrono>
 #include <filesystem>
 #include <map>
+#include <set>
 #include <tuple>
 #include <cstdlib>
 #include <cstring>
@@ -742,6 +743,39 @@ TEST_F(Mesh, TriangleUsesEachPairsOwnCableAndRefusesANodeWithoutOne) {
   EXPECT_NE(nd->Log().find(" origin=node-a"), std::string::npos) << nd->Log();
 }
 
+// A chain A - B - C - D in which each node is told only of its cable
+// neighbours (mesh.peers): signed node adverts, traded hop by hop every
+// second here, teach A of C and D, and A reaches D's pods through B and C
+// (and D A's), byte for byte.
+TEST_F(Mesh, NodeAdvertsTeachRoutesBeyondTheNeighbours) {
+  std::string a = topo_.Node("a"), b = topo_.Node("b"), c = topo_.Node("c"), d = topo_.Node("d");
+  auto [ab_a, ab_b] = topo_.Cable(a, b, 1);
+  auto [bc_b, bc_c] = topo_.Cable(b, c, 2);
+  auto [cd_c, cd_d] = topo_.Cable(c, d, 3);
+  PodCgroup pa(RandomPodUid(), "burstable"), pd(RandomPodUid(), "burstable");
+  std::string pods = Rule(pa, "ml", "a", "job-7") + "," + Rule(pd, "ml", "d", "job-7");
+  auto peer = [](const std::string& node, const std::string& address) {
+    return absl::StrCat(R"({"node": ")", node, R"(", "addresses": [")", address, R"("], "port": 7446})");
+  };
+  auto mesh = [](const std::vector<std::string>& peers) {
+    return absl::StrCat(R"(, "advert_seconds": 1, "peers": [)", absl::StrJoin(peers, ", "), "]");
+  };
+  auto na = StartNode("node-a", a, {ab_a}, pods, "", mesh({peer("node-b", "10.77.1.2/30")}));
+  auto nb = StartNode("node-b", b, {ab_b, bc_b}, pods, "",
+                      mesh({peer("node-a", "10.77.1.1/30"), peer("node-c", "10.77.2.2/30")}));
+  auto nc = StartNode("node-c", c, {bc_c, cd_c}, pods, "",
+                      mesh({peer("node-b", "10.77.2.1/30"), peer("node-d", "10.77.3.2/30")}));
+  auto nd = StartNode("node-d", d, {cd_d}, pods, "", mesh({peer("node-c", "10.77.3.1/30")}));
+  ASSERT_TRUE(na->WaitForLog("event=mesh_node_learned node=node-d from=node-b", 20000)) << na->Log();
+  ASSERT_TRUE(nd->WaitForLog("event=mesh_node_learned node=node-a from=node-c", 20000)) << nd->Log();
+  EXPECT_NE(na->Log().find("event=mesh_node_learned node=node-c from=node-b"), std::string::npos) << na->Log();
+  KvAcrossNodes(*nd, pd, *na, pa, 8 << 20, 91);  // A to D
+  KvAcrossNodes(*na, pa, *nd, pd, 8 << 20, 92);  // D to A
+  EXPECT_NE(na->Log().find("event=mesh_route destination=node-d via=node-b,node-c"), std::string::npos) << na->Log();
+  EXPECT_NE(nd->Log().find("event=mesh_route destination=node-a via=node-c,node-b"), std::string::npos) << nd->Log();
+  EXPECT_EQ(nb->Log().find("event=mesh_advert_refused"), std::string::npos) << nb->Log();
+}
+
 // A chain A - C - D: C relays for A and D, which have no cable to each
 // other and know C from configuration (mesh.peers). Both directions byte for
 // byte; the relayed rate beside the direct one on the same shaped cables
@@ -1072,6 +1106,73 @@ TEST_F(MeshHostile, ARelayCannotSpeakForAnotherNodesPods) {
 
 // The verbs control messages are hostile input too: a peer daemon chooses
 // the address, GID, MTU and QP list of OpenVerbs and asks for registrations.
+// Adverts a peer passes on are believed only when signed by the node they
+// name under the mesh CA: a node cannot advertise another, change another's
+// advert, or use a key from another CA; its own advert is taken and passed on.
+TEST_F(MeshHostile, NodeAdvertsMustBeSignedByTheNodeTheyName) {
+  ca_->Issue("node-t", dir_ + "/node-t");
+  ca_->Issue("node-u", dir_ + "/node-u");
+  TestCa evil(dir_ + "/evil-ca");
+  evil.Issue("node-v", dir_ + "/evil-v", ca_->ca());
+  auto advert = [&](const std::string& node, const std::string& signer_dir, const std::string& address) {
+    pb::AdvertEntry e;
+    e.mutable_node()->set_node(node);
+    e.mutable_node()->add_addresses(address);
+    e.mutable_node()->set_port(7446);
+    e.set_issued_unix_seconds(absl::ToUnixSeconds(absl::Now()));
+    pb::NodeAdvert a;
+    e.SerializeToString(a.mutable_entry());
+    absl::StatusOr<std::string> sig = mesh::SignWithKey(ReadFile(signer_dir + "/tls.key"), a.entry());
+    EXPECT_TRUE(sig.ok()) << sig.status();
+    a.set_signature(sig.value_or(""));
+    a.set_cert(ReadFile(signer_dir + "/tls.crt"));
+    return a;
+  };
+  auto hello = [&](const std::vector<pb::NodeAdvert>& adverts, pb::HelloResponse* resp) {
+    auto stub = Stub(dir_ + "/node-t");
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::HelloRequest req;
+    req.set_version("test");
+    req.set_instance(77);
+    for (const pb::NodeAdvert& a : adverts) *req.add_adverts() = a;
+    return stub->Hello(&ctx, req, resp);
+  };
+  pb::NodeAdvert tampered = advert("node-t", dir_ + "/node-t", "10.98.0.1/24");
+  pb::AdvertEntry e;
+  ASSERT_TRUE(e.ParseFromString(tampered.entry()));
+  e.mutable_node()->set_addresses(0, "10.98.7.1/24");  // changed after signing
+  e.SerializeToString(tampered.mutable_entry());
+  pb::NodeAdvert garbage;
+  garbage.set_entry(std::string(8 << 10, 'x'));
+  pb::HelloResponse resp;
+  grpc::Status st = hello({advert("node-y", dir_ + "/node-t", "10.99.0.1/24"),  // node t speaking for node y
+                           tampered, advert("node-v", dir_ + "/evil-v", "10.97.0.1/24"), garbage,
+                           advert("node-u", dir_ + "/node-u", "10.96.0.1/24")},  // genuine, passed on by t
+                          &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  ASSERT_GE(resp.adverts_size(), 1);
+  EXPECT_TRUE(nb_->WaitForLog("event=mesh_advert_refused from=node-t node=node-y")) << nb_->Log();
+  EXPECT_TRUE(nb_->WaitForLog("event=mesh_advert_refused from=node-t node=node-t")) << nb_->Log();
+  EXPECT_TRUE(nb_->WaitForLog("event=mesh_advert_refused from=node-t node=node-v")) << nb_->Log();
+  // What node b passes on now: its own advert first, node u's, none of the others.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // one batch per sender a second
+  pb::HelloResponse again;
+  ASSERT_TRUE(hello({}, &again).ok());
+  std::set<std::string> passed;
+  for (const pb::NodeAdvert& a : again.adverts()) {
+    pb::AdvertEntry entry;
+    ASSERT_TRUE(entry.ParseFromString(a.entry()));
+    passed.insert(entry.node().node());
+  }
+  pb::AdvertEntry first;
+  ASSERT_TRUE(first.ParseFromString(again.adverts(0).entry()));
+  EXPECT_EQ(first.node().node(), "node-b");
+  EXPECT_TRUE(passed.contains("node-u"));
+  for (const char* n : {"node-y", "node-t", "node-v"}) EXPECT_FALSE(passed.contains(n)) << n;
+  EXPECT_TRUE(nb_->WaitForLog("event=mesh_node_learned node=node-u from=node-t")) << nb_->Log();
+}
+
 TEST_F(MeshHostile, HostileVerbsRequestsAreRefusedAndLeakNothing) {
   ca_->Issue("node-t", dir_ + "/node-t");
   auto stub = Stub(dir_ + "/node-t");

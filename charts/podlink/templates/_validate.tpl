@@ -52,6 +52,10 @@
 {{- if or (lt $gi 1) (gt $gi 604800) (lt $ka 1) (gt $ka 3600) (lt (int .Values.mesh.certRefreshSeconds) 1) (gt (int .Values.mesh.certRefreshSeconds) 3600) -}}
 {{- fail "mesh.grantIdleSeconds must be in 1..604800, mesh.keepaliveSeconds and mesh.certRefreshSeconds in 1..3600" -}}
 {{- end -}}
+{{- $as := int .Values.mesh.advertSeconds -}}
+{{- if or (lt $as 1) (gt $as 3600) -}}
+{{- fail "mesh.advertSeconds must be in 1..3600" -}}
+{{- end -}}
 {{- if lt $gi (mul 2 $ka) -}}
 {{- fail "mesh.grantIdleSeconds must be at least twice mesh.keepaliveSeconds (live importers would lose their grants)" -}}
 {{- end -}}
