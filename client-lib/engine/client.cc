@@ -722,6 +722,9 @@ absl::StatusOr<Client::MeshStatus> Client::GetMeshStatus() {
   }
   out.relayed_grants = m.relayed_grants();
   out.relay_forwarded_bytes = m.relay_forwarded_bytes();
+  for (const auto& k : m.known_nodes()) {
+    out.known_nodes.push_back({k.node(), {k.addresses().begin(), k.addresses().end()}, k.port(), k.advert_age_seconds()});
+  }
   return out;
 }
 

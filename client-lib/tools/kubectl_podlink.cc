@@ -465,9 +465,15 @@ int Links(const Args& a) {
     for (const auto& r : m->routes) {
       routes.push_back({{"destination", r.destination}, {"via", r.via}, {"remote_handles", r.remote_handles}});
     }
+    json known = json::array();
+    for (const auto& k : m->known_nodes) {
+      known.push_back({{"node", k.node}, {"addresses", k.addresses}, {"port", k.port},
+                       {"advert_age_seconds", k.advert_age_seconds}});
+    }
     Print(a, {{"enabled", m->enabled}, {"node", m->node_name}, {"addresses", m->addresses},
               {"links", links_json(m->links)}, {"port", m->port},
-              {"data_port", m->data_port}, {"peers", peers}, {"routes", routes}, {"grants", m->grants},
+              {"data_port", m->data_port}, {"peers", peers}, {"routes", routes}, {"known_nodes", known},
+              {"grants", m->grants},
               {"relayed_grants", m->relayed_grants}, {"relay_forwarded_bytes", m->relay_forwarded_bytes},
               {"served_write_bytes", m->served_write_bytes}, {"served_read_bytes", m->served_read_bytes},
               {"refused_connections", m->refused_connections}, {"refused_frames", m->refused_frames},
@@ -496,6 +502,15 @@ int Links(const Args& a) {
     for (const auto& r : m->routes) {
       std::cout << absl::StrFormat("%-24s %-32s %d\n", r.destination,
                                    r.via.empty() ? "direct" : "via " + absl::StrJoin(r.via, ","), r.remote_handles);
+    }
+    std::cout << "\n";
+  }
+  if (!m->known_nodes.empty()) {
+    std::cout << absl::StrFormat("%-24s %-40s %s\n", "KNOWN NODE", "ADDRESSES", "ADVERT");
+    for (const auto& k : m->known_nodes) {
+      std::cout << absl::StrFormat("%-24s %-40s %s\n", k.node, absl::StrJoin(k.addresses, ","),
+                                   k.advert_age_seconds < 0 ? "none (config or hello)"
+                                                            : absl::StrCat(k.advert_age_seconds, " s old"));
     }
     std::cout << "\n";
   }

@@ -2466,6 +2466,15 @@ podlink::v1::MeshStatus MeshEngine::Status() const {
       if (g.forward != nullptr) st.set_relayed_grants(st.relayed_grants() + 1);
     }
     st.set_relay_forwarded_bytes(relay_forwarded_bytes_);
+    const int64_t now_s = absl::ToUnixSeconds(absl::Now());
+    for (const auto& [node, k] : known_) {
+      podlink::v1::MeshStatus::KnownNode* kn = st.add_known_nodes();
+      kn->set_node(node);
+      for (const std::string& a : k.addresses) kn->add_addresses(a);
+      kn->set_port(k.port);
+      auto adv = adverts_.find(node);
+      kn->set_advert_age_seconds(adv == adverts_.end() ? -1 : std::max<int64_t>(0, now_s - adv->second.issued));
+    }
     st.set_grants(grants_.size());
     st.set_served_write_bytes(bytes_written_in_);
     st.set_served_read_bytes(bytes_read_out_);

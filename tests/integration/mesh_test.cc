@@ -774,6 +774,22 @@ TEST_F(Mesh, NodeAdvertsTeachRoutesBeyondTheNeighbours) {
   EXPECT_NE(na->Log().find("event=mesh_route destination=node-d via=node-b,node-c"), std::string::npos) << na->Log();
   EXPECT_NE(nd->Log().find("event=mesh_route destination=node-a via=node-c,node-b"), std::string::npos) << nd->Log();
   EXPECT_EQ(nb->Log().find("event=mesh_advert_refused"), std::string::npos) << nb->Log();
+  // What operators see on A: every other node, C and D known from their adverts only.
+  json links = LinksOf(*na);
+  ASSERT_TRUE(links.is_object()) << links.dump();
+  std::map<std::string, json> known;
+  for (const json& k : links["known_nodes"]) known[k["node"]] = k;
+  ASSERT_EQ(known.size(), 3u) << links.dump();
+  for (const char* n : {"node-b", "node-c", "node-d"}) {
+    EXPECT_GE(known[n]["advert_age_seconds"].get<int64_t>(), 0) << n << ": " << links.dump();
+    EXPECT_LE(known[n]["advert_age_seconds"].get<int64_t>(), 10) << n << ": " << links.dump();
+  }
+  EXPECT_EQ(known["node-d"]["addresses"], json::array({"10.77.3.2/30"})) << links.dump();
+  int rc = -1;
+  std::string text = RunCommand(absl::StrCat(KUBECTL_PODLINK_PATH, " links --socket ", na->dir()), &rc);
+  EXPECT_EQ(rc, 0) << text;
+  EXPECT_NE(text.find("KNOWN NODE"), std::string::npos) << text;
+  EXPECT_NE(text.find("10.77.2.2/30,10.77.3.1/30"), std::string::npos) << text;  // node c, both cables
 }
 
 // A chain A - C - D: C relays for A and D, which have no cable to each

@@ -309,6 +309,12 @@ class PODLINK_API Client {
     std::vector<std::string> via;  // relays, first hop first; empty: direct
     uint32_t remote_handles = 0;
   };
+  struct MeshKnownNode {
+    std::string node;
+    std::vector<std::string> addresses;
+    uint32_t port = 0;
+    int64_t advert_age_seconds = -1;  // -1: known from configuration or a hello only
+  };
   struct MeshStatus {
     bool enabled = false;
     std::string node_name;
@@ -320,6 +326,7 @@ class PODLINK_API Client {
     std::vector<MeshRoute> routes;
     uint64_t relayed_grants = 0, relay_forwarded_bytes = 0;  // as a relay for other nodes
     std::vector<MeshLink> links;                              // this node's
+    std::vector<MeshKnownNode> known_nodes;                   // relay candidates
   };
   absl::StatusOr<MeshStatus> GetMeshStatus();
 
