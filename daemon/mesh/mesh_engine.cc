@@ -1516,7 +1516,9 @@ void MeshEngine::TradeAdverts() {
     pb::HelloRequest req;
     pb::HelloResponse resp;
   };
-  for (const auto& [node, k] : neighbours) {
+  for (const auto& entry : neighbours) {
+    const std::string node = entry.first;  // a copy: the callback below keeps it (clang cannot capture a binding)
+    const Known& k = entry.second;
     std::vector<IpPrefix> remote;
     for (const std::string& a : k.addresses) {
       if (absl::StatusOr<IpPrefix> ip = IpPrefix::Parse(a); ip.ok()) remote.push_back(*ip);
