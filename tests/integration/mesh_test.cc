@@ -309,6 +309,32 @@ std::tuple<std::string, std::string, std::vector<std::string>> NcclPeer() {
   return {plugin, peer, args};
 }
 
+// One conformance scenario of the NCCL test peers between two nodes: the
+// receiver listens, the sender connects on its device `dev` (over the mesh),
+// both run `sc` and check every byte, both close.
+void NcclScenario(Pod& send, Pod& recv, Daemon& na, Daemon& nb, const char* sc, int dev = 0) {
+  recv.Send(R"({"cmd": "listen"})");
+  json h = recv.Expect("handle");
+  ASSERT_EQ(h["result"], 0);
+  send.Send(json{{"cmd", "connect"}, {"hex", h["hex"]}, {"dev", dev}}.dump());
+  recv.Send(R"({"cmd": "accept"})");
+  json acc = recv.Expect("accepted", 30000);
+  json con = send.Expect("connected", 30000);
+  ASSERT_TRUE(acc["ok"]) << acc.dump();
+  ASSERT_TRUE(con["ok"]) << con.dump();
+  EXPECT_EQ(con["transport"], "mesh") << con.dump();
+  send.Send(json{{"cmd", "send"}, {"scenario", sc}}.dump());
+  recv.Send(json{{"cmd", "recv"}, {"scenario", sc}}.dump());
+  json sd = send.Expect("done", 120000);
+  json rd = recv.Expect("done", 120000);
+  EXPECT_TRUE(sd["ok"]) << sd.dump() << "\n" << na.Log();
+  EXPECT_TRUE(rd["ok"]) << rd.dump() << "\n" << nb.Log();
+  send.Send(R"({"cmd": "close", "listen": true})");
+  recv.Send(R"({"cmd": "close", "listen": true})");
+  EXPECT_EQ(send.Expect("closed")["result"], 0);
+  EXPECT_EQ(recv.Expect("closed")["result"], 0);
+}
+
 // The NCCL plugin between pods on two nodes: clear-to-send and completions on
 // the pods' own connection (a veth between them, as NCCL's bootstrap needs),
 // the bytes written by both podlinkd over their mesh cable. The conformance
@@ -340,26 +366,8 @@ TEST_F(Mesh, NcclPluginBetweenPodsOnTwoNodesGoesThroughTheMesh) {
   uint64_t cable_before = TxBytes(a, da);
   for (const char* sc : {"ordering", "large", "grouped", "smaller", "truncate", "inflight-close"}) {
     SCOPED_TRACE(sc);
-    recv.Send(R"({"cmd": "listen"})");
-    json h = recv.Expect("handle");
-    ASSERT_EQ(h["result"], 0);
-    send.Send(json{{"cmd", "connect"}, {"hex", h["hex"]}}.dump());
-    recv.Send(R"({"cmd": "accept"})");
-    json acc = recv.Expect("accepted", 30000);
-    json con = send.Expect("connected", 30000);
-    ASSERT_TRUE(acc["ok"]) << acc.dump();
-    ASSERT_TRUE(con["ok"]) << con.dump();
-    EXPECT_EQ(con["transport"], "mesh") << con.dump();
-    send.Send(json{{"cmd", "send"}, {"scenario", sc}}.dump());
-    recv.Send(json{{"cmd", "recv"}, {"scenario", sc}}.dump());
-    json sd = send.Expect("done", 120000);
-    json rd = recv.Expect("done", 120000);
-    EXPECT_TRUE(sd["ok"]) << sd.dump() << "\n" << na->Log();
-    EXPECT_TRUE(rd["ok"]) << rd.dump() << "\n" << nb->Log();
-    send.Send(R"({"cmd": "close", "listen": true})");
-    recv.Send(R"({"cmd": "close", "listen": true})");
-    EXPECT_EQ(send.Expect("closed")["result"], 0);
-    EXPECT_EQ(recv.Expect("closed")["result"], 0);
+    NcclScenario(send, recv, *na, *nb, sc);
+    if (HasFatalFailure()) return;
   }
   // The bytes went over the daemons' mesh cable, not the pods' veth.
   EXPECT_GT(TxBytes(a, da) - cable_before, uint64_t{48} << 20) << "the large scenario alone writes 51 MiB";
@@ -641,26 +649,7 @@ TEST_F(Mesh, RailGroupsAreTheNcclDevicesWithTheirSpeed) {
   auto run = [&](int dev, const char* sc) -> std::array<uint64_t, 3> {
     SCOPED_TRACE(absl::StrCat(sc, " on device ", dev));
     const std::array<uint64_t, 3> before = {TxBytes(a, a1), TxBytes(a, a2), TxBytes(a, a3)};
-    recv.Send(R"({"cmd": "listen"})");
-    json h = recv.Expect("handle");
-    EXPECT_EQ(h["result"], 0);
-    send.Send(json{{"cmd", "connect"}, {"hex", h["hex"]}, {"dev", dev}}.dump());
-    recv.Send(R"({"cmd": "accept"})");
-    json acc = recv.Expect("accepted", 30000);
-    json con = send.Expect("connected", 30000);
-    EXPECT_TRUE(acc["ok"]) << acc.dump();
-    EXPECT_TRUE(con["ok"]) << con.dump();
-    EXPECT_EQ(con["transport"], "mesh") << con.dump();
-    send.Send(json{{"cmd", "send"}, {"scenario", sc}}.dump());
-    recv.Send(json{{"cmd", "recv"}, {"scenario", sc}}.dump());
-    json sd = send.Expect("done", 120000);
-    json rd = recv.Expect("done", 120000);
-    EXPECT_TRUE(sd["ok"]) << sd.dump() << "\n" << na->Log();
-    EXPECT_TRUE(rd["ok"]) << rd.dump() << "\n" << nb->Log();
-    send.Send(R"({"cmd": "close", "listen": true})");
-    recv.Send(R"({"cmd": "close", "listen": true})");
-    EXPECT_EQ(send.Expect("closed")["result"], 0);
-    EXPECT_EQ(recv.Expect("closed")["result"], 0);
+    NcclScenario(send, recv, *na, *nb, sc, dev);
     return {TxBytes(a, a1) - before[0], TxBytes(a, a2) - before[1], TxBytes(a, a3) - before[2]};
   };
   const uint64_t large = uint64_t{48} << 20;  // the large scenario writes 51 MiB
