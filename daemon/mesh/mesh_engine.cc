@@ -1468,7 +1468,6 @@ void MeshEngine::AcceptAdverts(const std::string& from,
       fresh = s.issued == 0;
       s.advert = a;
       s.issued = issued;
-      if (fresh) ++adverts_learned_;
     }
     // Said by the node itself, whoever passed it on: routes may go through it.
     Learn(node, addresses, entry.node().port());

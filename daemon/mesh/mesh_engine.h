@@ -434,7 +434,6 @@ class MeshEngine final : public MeshPort {
   absl::Mutex advert_calls_mu_;
   std::set<grpc::ClientContext*> advert_calls_ ABSL_GUARDED_BY(advert_calls_mu_);  // TradeAdverts' Hellos in flight
   absl::Time own_advert_signed_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  uint64_t adverts_learned_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t adverts_refused_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t idle_peer_grants_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_keepalive_ ABSL_GUARDED_BY(mu_) = absl::Now();
