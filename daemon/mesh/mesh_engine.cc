@@ -598,6 +598,7 @@ absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions option
   }
   e->RefreshOwnAdvert();  // before the first Hello it could be asked for
   e->repair_thread_ = std::thread([p = e.get()] { p->RepairLoop(); });
+  e->housekeeping_thread_ = std::thread([p = e.get()] { p->HousekeepingLoop(); });
   for (const PeerEntry& peer : o.peers) e->Learn(peer.node, peer.addresses, peer.port);
   std::vector<std::string> adv;
   for (const IpPrefix& a : e->advertised_) adv.push_back(a.ToString());
@@ -612,11 +613,12 @@ MeshEngine::~MeshEngine() {
   ::shutdown(listen_fd_.get(), SHUT_RDWR);
   if (accept_thread_.joinable()) accept_thread_.join();
   {
-    absl::MutexLock l(&mu_);  // wakes RepairLoop, which sees stopping_
+    absl::MutexLock l(&mu_);  // wakes RepairLoop and HousekeepingLoop, which see stopping_
   }
   if (repair_thread_.joinable()) repair_thread_.join();
+  if (housekeeping_thread_.joinable()) housekeeping_thread_.join();
   {
-    // Advert trades still in flight (started by the repair thread, now gone).
+    // Advert trades still in flight (started by the housekeeping thread, now gone).
     absl::MutexLock l(&advert_calls_mu_);
     for (grpc::ClientContext* c : advert_calls_) c->TryCancel();
     auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(advert_calls_mu_) { return advert_calls_.empty(); };
@@ -706,7 +708,7 @@ void MeshEngine::RefreshLocalLinks() {
 }
 
 // Reads sysfs: a GID table can hold a thousand entries per port, so this is
-// never done on a call's thread (RefreshLocalLinks, on the repair thread).
+// never done on a call's thread (RefreshLocalLinks, on the housekeeping thread).
 std::vector<pb::LinkInfo> MeshEngine::ReadLocalLinks() const {
   std::vector<pb::LinkInfo> out;
   for (const IpPrefix& a : advertised_) {
@@ -2138,13 +2140,6 @@ void MeshEngine::RepairLoop() {
         }
       }
     }
-    SweepVerbs();
-    RefreshLocalLinks();
-    ReloadPems();
-    SweepIdleImporters();
-    KeepAlive();
-    RefreshOwnAdvert();
-    TradeAdverts();
     for (Repair& r : due) {
       std::shared_ptr<DataLinks> links = r.links.lock();
       // Gone, or the whole peer is down (the next open dials it again).
@@ -2160,6 +2155,28 @@ void MeshEngine::RepairLoop() {
       r.next = absl::Now() + r.backoff;
       ScheduleRepair(std::move(r));
     }
+  }
+}
+
+// Every 200 ms, on a thread of its own: a repair can wait seconds on a dial
+// or an OpenVerbs call, and none of this may wait behind it (the sweep ends
+// RDMA access to a withdrawn export; keepalives and adverts keep this node's
+// grants and routes alive elsewhere).
+void MeshEngine::HousekeepingLoop() {
+  for (;;) {
+    {
+      absl::MutexLock l(&mu_);
+      auto stop = [this] { return stopping_.load(std::memory_order_acquire); };
+      mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(200));
+      if (stop()) return;
+    }
+    SweepVerbs();
+    RefreshLocalLinks();
+    ReloadPems();
+    SweepIdleImporters();
+    KeepAlive();
+    RefreshOwnAdvert();
+    TradeAdverts();
   }
 }
 

@@ -141,7 +141,7 @@ class MeshEngine final : public MeshPort {
   void ServeFramesForTesting(int fd, const std::string& node, uint64_t link_instance) {
     ServeFrames(fd, node, link_instance);
   }
-  // One pass of the idle-importer sweep the repair thread makes.
+  // One pass of the idle-importer sweep the housekeeping thread makes.
   void SweepIdleImportersForTesting() { SweepIdleImporters(); }
   // Opens a region on behalf of `node` (a relayed request goes on toward its
   // destination on a mesh thread); `done` runs once, on some thread.
@@ -212,7 +212,7 @@ class MeshEngine final : public MeshPort {
   // This node's addresses for choosing paths.
   std::vector<IpPrefix> LocalForPaths() const;
   // This node's advertised addresses and the NICs under them (sysfs), as
-  // last read (every minute, by the repair thread).
+  // last read (every minute, by the housekeeping thread).
   void RefreshLocalLinks() ABSL_LOCKS_EXCLUDED(links_mu_);
   std::vector<podlink::mesh::v1::LinkInfo> ReadLocalLinks() const;
   mutable absl::Mutex links_mu_;
@@ -354,6 +354,7 @@ class MeshEngine final : public MeshPort {
                                                        const std::shared_ptr<DataLinks>& links,
                                                        const std::vector<Path>& paths, uint32_t data_port);
   void RepairLoop();
+  void HousekeepingLoop();
   absl::Status RepairOnce(Repair& r);
 
   const MeshOptions options_;
@@ -379,6 +380,7 @@ class MeshEngine final : public MeshPort {
   UniqueFd listen_fd_;
   std::thread accept_thread_;
   std::thread repair_thread_;
+  std::thread housekeeping_thread_;  // sweeps, keepalives, adverts, certificate reloads (HousekeepingLoop)
   std::atomic<bool> stopping_{false};
 
   mutable absl::Mutex mu_;  // protects everything below

@@ -1676,5 +1676,43 @@ TEST_F(Mesh, ACutCableCostsNoDataWhenAnotherRemains) {
   EXPECT_GT(sent2, (64u << 20) / 5);
 }
 
+// A path that cannot be dialed again (node b's address on cable 2 gone,
+// so dials to it wait out their timeout) keeps node a's repairs busy for
+// seconds on end. Node a's housekeeping (its own advert re-signed and traded,
+// keepalives, the idle and registration sweeps) must not wait behind them:
+// node b keeps seeing a fresh advert of node a the whole time.
+TEST_F(Mesh, ACutCableBeingRepairedDelaysNoHousekeeping) {
+  std::string a = topo_.Node("a"), b = topo_.Node("b");
+  auto [a1, b1] = topo_.Cable(a, b, 1);
+  auto [a2, b2] = topo_.Cable(a, b, 2);
+  PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable");
+  std::string pods = Rule(pa, "ml", "prefill-0", "job-7") + "," + Rule(pb, "ml", "decode-0", "job-7");
+  const std::string adverts = R"(, "advert_seconds": 1)";
+  auto na = StartNode("node-a", a, {a1, a2}, pods, "", adverts);
+  auto nb = StartNode("node-b", b, {b1, b2}, pods, "", adverts);
+  KvAcrossNodes(*nb, pb, *na, pa, 16 << 20, 71);  // connections up on both cables
+  ASSERT_NE(na->Log().find("event=mesh_peer_connected node=node-b control=10.77.1.2:"), std::string::npos)
+      << "the control channel must stay on cable 1 for this test:\n" << na->Log();
+  // Cable 2 stops answering: node b's end loses its address (SYNs and data to
+  // it are dropped unanswered). A write brings down cable 2's connections
+  // (io_timeout); each repair then waits out its dial.
+  Sh(absl::StrCat("ip -n ", b, " addr flush dev ", b2));
+  KvAcrossNodes(*nb, pb, *na, pa, 16 << 20, 72);
+  ASSERT_TRUE(na->WaitForLog("event=mesh_connection_down node=node-b path=10.77.2.1->10.77.2.2", 10000)) << na->Log();
+  int64_t worst = -1;
+  for (int i = 0; i < 24; ++i) {  // 12 s of repairs failing one after another
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    json links = LinksOf(*nb);
+    ASSERT_TRUE(links.is_object());
+    for (const json& k : links["known_nodes"]) {
+      if (k["node"] == "node-a") worst = std::max(worst, k["advert_age_seconds"].get<int64_t>());
+    }
+  }
+  std::cerr << "node a's advert as node b held it while a's repairs failed: at most " << worst << " s old\n";
+  EXPECT_GE(worst, 0) << "node b never held an advert of node a";
+  EXPECT_LE(worst, 4) << "node a's housekeeping stalled behind its repairs:\n" << na->Log();
+  EXPECT_EQ(na->Log().find("event=mesh_connection_repaired"), std::string::npos) << "cable 2 cannot be repaired";
+}
+
 }  // namespace
 }  // namespace podlink::testing
