@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/pci.h"
 
 namespace podlink::ncclnet {
 
@@ -76,15 +77,9 @@ std::string Parent(const std::string& path) {
   return slash == std::string::npos ? "" : path.substr(0, slash);
 }
 
-// "dddd:bb:dd.f" in lowercase hex, as sysfs and podlinkd name PCI functions;
-// "" for anything else.
-std::string BusId(const std::string& s) {
-  if (s.size() != 12 || s[4] != ':' || s[7] != ':' || s[10] != '.' || s[11] < '0' || s[11] > '7') return "";
-  for (size_t i : {0, 1, 2, 3, 5, 6, 8, 9}) {
-    if (!std::isxdigit(static_cast<unsigned char>(s[i])) || std::isupper(static_cast<unsigned char>(s[i]))) return "";
-  }
-  return s;
-}
+// `s` when it is a PCI bus id as sysfs and podlinkd name PCI functions; ""
+// for anything else.
+std::string BusId(const std::string& s) { return IsPciBusId(s) ? s : ""; }
 
 }  // namespace
 

@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/fd_channel.h"
+#include "common/pci.h"
 #include "common/status_util.h"
 #include "daemon/gpu/host_backend.h"
 #include "daemon/identity/standalone_source.h"
@@ -51,17 +52,6 @@ bool ValidExportName(const std::string& n) {
     if (!(absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) {
       return false;
     }
-  }
-  return true;
-}
-
-// A PCI bus id as sysfs names its devices: "dddd:bb:dd.f", lowercase hex
-// (function 0-7).
-bool ValidPciBusId(const std::string& id) {
-  if (id.size() != 12 || id[4] != ':' || id[7] != ':' || id[10] != '.' || id[11] < '0' || id[11] > '7') return false;
-  for (size_t i : {0, 1, 2, 3, 5, 6, 8, 9}) {
-    const char c = id[i];
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
   }
   return true;
 }
@@ -487,7 +477,7 @@ absl::StatusOr<v1::ExportResponse> Broker::Export(Session& s, const v1::ExportRe
     if (kind != HandleKind::kHostMemfd) {
       return absl::InvalidArgumentError("mesh_affinity is for host memory (a GPU export's place is its GPU)");
     }
-    if (!ValidPciBusId(req.mesh_affinity())) {
+    if (!IsPciBusId(req.mesh_affinity())) {
       return absl::InvalidArgumentError(
           "mesh_affinity must be a PCI bus id as sysfs names it: 'dddd:bb:dd.f' in lowercase hex");
     }

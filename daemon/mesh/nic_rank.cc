@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/pci.h"
 
 namespace podlink::mesh {
 namespace {
@@ -32,16 +33,6 @@ std::string RealPath(const std::string& p) {
   return out;
 }
 
-// "0000:18:00.0": domain, bus, device and function in hex.
-bool IsPciAddress(absl::string_view c) {
-  if (c.size() != 12 || c[4] != ':' || c[7] != ':' || c[10] != '.') return false;
-  for (size_t i = 0; i < c.size(); ++i) {
-    if (i == 4 || i == 7 || i == 10) continue;
-    if (!std::isxdigit(static_cast<unsigned char>(c[i]))) return false;
-  }
-  return true;
-}
-
 // The PCI functions from the root complex down to the device itself
 // ("pci0000:00", then "0000:00:01.0", ...); empty when `path` is not under a
 // root complex. Trailing non-PCI components (a virtio device under its PCI
@@ -53,7 +44,7 @@ std::vector<std::string> PciChain(const std::string& path) {
   });
   if (root == parts.end()) return {};
   std::vector<std::string> chain(root, parts.end());
-  while (chain.size() > 1 && !IsPciAddress(chain.back())) chain.pop_back();
+  while (chain.size() > 1 && !IsPciBusId(chain.back())) chain.pop_back();
   if (chain.size() < 2) return {};
   return chain;
 }
@@ -77,7 +68,7 @@ NicInfo ReadNic(const std::string& sysfs_root, const std::string& netdev) {
 
 MemoryPlace GpuPlace(const std::string& sysfs_root, const std::string& bus_id) {
   MemoryPlace m;
-  if (!IsPciAddress(bus_id)) return m;
+  if (!IsPciBusId(bus_id)) return m;
   std::string dev = RealPath(absl::StrCat(sysfs_root, "/bus/pci/devices/", bus_id));
   if (dev.empty() || PciChain(dev).empty()) return m;
   m.pci_path = dev;

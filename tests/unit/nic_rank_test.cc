@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/pci.h"
 #include "daemon/mesh/mesh_engine.h"
 #include "gtest/gtest.h"
 
@@ -186,6 +187,19 @@ TEST(PeerLinkInfo, AHostilePeersLinksAreBoundedAndPrintable) {
     EXPECT_EQ(l.netdev().rfind("eth?[2J??x", 0), 0u) << l.netdev().substr(0, 16);
     EXPECT_EQ(l.gid_type(), std::string(256, '?'));
   }
+}
+
+// The one bus-id form the daemon (sysfs, a pod's mesh_affinity) and the NCCL
+// plugin accept.
+TEST(PciBusId, OnlySysfsForm) {
+  EXPECT_TRUE(IsPciBusId("0000:18:00.0"));
+  EXPECT_TRUE(IsPciBusId("abcd:ef:1f.7"));
+  for (const char* bad : {"", "0000:18:00", "0000:18:00.8", "0000:18:00.00", "0000:1G:00.0", "0000:AB:00.0",
+                          "00000000:18:00.0", "0000-18:00.0", "0000:18-00.0", "0000:18:00-0", "pci0000:00",
+                          "0000:18:00.0/../..", "0000:18:00.\n"}) {
+    EXPECT_FALSE(IsPciBusId(bad)) << bad;
+  }
+  EXPECT_FALSE(IsPciBusId(std::string_view("0000:18:00.0\0", 13)));
 }
 
 }  // namespace
