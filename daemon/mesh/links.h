@@ -15,6 +15,10 @@
 #include "daemon/mesh/nic_rank.h"
 #include "daemon/mesh/wire.h"
 
+namespace podlink {
+class MemoryObject;
+}
+
 namespace podlink::mesh {
 
 struct LinkOp {
@@ -24,6 +28,13 @@ struct LinkOp {
   uint64_t length = 0;
   char* local = nullptr;               // source (kWrite) or destination (kRead)
   std::shared_ptr<const void> keep;    // keeps `local` mapped until done
+  // The whole local memory `local` lies in, when this daemon may register it
+  // for RDMA (a host export's mapping): the verbs links then send from and
+  // read into it directly instead of copying through their staging. Null:
+  // `local` is a staging buffer (GPU memory), always copied.
+  std::shared_ptr<MemoryObject> local_memory;
+  char* local_base = nullptr;
+  uint64_t local_size = 0;
   std::function<void(const absl::Status&)> done;
   // Which paths to use (nic_rank.h: MayUse); nullptr: any.
   std::shared_ptr<const PathPreference> prefer;
@@ -32,6 +43,8 @@ struct LinkOp {
 struct LinkStats {
   uint64_t connections_up = 0, bytes_sent = 0, bytes_received = 0, slices = 0, connection_failures = 0;
   uint64_t resent_slices = 0;
+  uint64_t zero_copy_slices = 0;     // verbs: slices sent from / read into the local export itself
+  uint64_t local_registrations = 0;  // verbs: local exports registered for that (now)
 };
 
 class DataLinks {
@@ -48,6 +61,10 @@ class DataLinks {
   virtual LinkStats Stats() const = 0;
   // Per connection or queue pair: path, up, bytes sent.
   virtual std::vector<std::tuple<std::string, bool, uint64_t>> Connections() const = 0;
+  // Drops what the link set holds for local memory nobody else holds any
+  // more (verbs: registrations of exports that went away); the engine's
+  // housekeeping calls it every 200 ms.
+  virtual void Sweep() {}
 };
 
 }  // namespace podlink::mesh

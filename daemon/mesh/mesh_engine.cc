@@ -2171,6 +2171,7 @@ void MeshEngine::HousekeepingLoop() {
       if (stop()) return;
     }
     SweepVerbs();
+    SweepLinks();
     RefreshLocalLinks();
     ReloadPems();
     SweepIdleImporters();
@@ -2269,6 +2270,16 @@ absl::Status MeshEngine::Start(MeshTransfer t, Done done) {
   op.local = t.local;
   op.keep = t.keep;
   op.done = std::move(done);
+  // A host export's own mapping (not a GPU export's staging): RDMA can go
+  // straight from and into it.
+  if (t.keep != nullptr && t.staging == nullptr && t.keep->memory != nullptr &&
+      std::string_view(links->transport()) == "verbs") {
+    if (absl::StatusOr<RelayView> view = t.keep->memory->MapForRelay(); view.ok() && !view->on_gpu) {
+      op.local_memory = t.keep->memory;
+      op.local_base = reinterpret_cast<char*>(view->address);
+      op.local_size = t.keep->size;
+    }
+  }
   const std::string place = t.keep != nullptr ? host_->GpuBusId(*t.keep) : std::string();
   op.prefer = h.peer->Preference(place, [&](const std::vector<Path>& paths) { return RankFor(paths, place); });
   return links->Submit(std::move(op));
@@ -2371,6 +2382,17 @@ void MeshEngine::DeliverVerbsNotify(const std::string& node, uint64_t grant, uin
     Log()->warn("event=mesh_notify_refused peer={} transport=verbs why=\"{}\"", node, st.message());
     absl::MutexLock l(&mu_);
     ++refused_notifies_;
+  }
+}
+
+void MeshEngine::SweepLinks() {
+  std::vector<std::shared_ptr<Peer>> peers;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [n, p] : peers_) peers.push_back(p);
+  }
+  for (const auto& p : peers) {
+    if (std::shared_ptr<DataLinks> l = p->links()) l->Sweep();
   }
 }
 
@@ -2543,7 +2565,7 @@ podlink::v1::MeshStatus MeshEngine::Status() const {
 
 std::string MeshEngine::RenderMetrics() const {
   std::string out;
-  std::map<std::string, double> up, sent, received, failures, resent;
+  std::map<std::string, double> up, sent, received, failures, resent, zero_copy, local_regs;
   std::vector<std::shared_ptr<Peer>> peers;
   double grants = 0, handles = 0, repaired = 0;
   uint64_t in = 0, out_bytes = 0, refused_frames = 0, refused_conns = 0, denials = 0, late = 0, dup_notifies = 0;
@@ -2578,6 +2600,8 @@ std::string MeshEngine::RenderMetrics() const {
     received[p->node()] += static_cast<double>(s.bytes_received);
     failures[p->node()] += static_cast<double>(s.connection_failures);
     resent[p->node()] += static_cast<double>(s.resent_slices);
+    zero_copy[p->node()] += static_cast<double>(s.zero_copy_slices);
+    local_regs[p->node()] += static_cast<double>(s.local_registrations);
   }
   RenderFamily(&out, "podlink_mesh_connections_up", "gauge", "data connections up, per peer node", up, "peer");
   RenderFamily(&out, "podlink_mesh_sent_bytes_total", "counter", "bytes written to peer nodes", sent, "peer");
@@ -2586,6 +2610,11 @@ std::string MeshEngine::RenderMetrics() const {
                "peer");
   RenderFamily(&out, "podlink_mesh_resent_slices_total", "counter",
                "slices sent again over another connection after theirs failed", resent, "peer");
+  RenderFamily(&out, "podlink_mesh_zero_copy_slices_total", "counter",
+               "verbs: slices sent from or read into a local export directly (no copy through staging)", zero_copy,
+               "peer");
+  RenderFamily(&out, "podlink_mesh_local_registrations", "gauge",
+               "verbs: local exports registered with the RDMA device for that, per peer node", local_regs, "peer");
   RenderFamily2(&out, "podlink_mesh_path_connections_up", "gauge",
                 "data connections (TCP) or queue pairs (verbs) up, per peer node and path (local->remote address)",
                 path_up, "peer", "path");

@@ -275,6 +275,8 @@ class MeshEngine final : public MeshPort {
   // Every advert_interval: an asynchronous Hello, adverts both ways, with each
   // known node this one is cabled to.
   void TradeAdverts() ABSL_LOCKS_EXCLUDED(mu_);
+  // Each peer's link set drops what it holds for local memory gone (DataLinks::Sweep).
+  void SweepLinks() ABSL_LOCKS_EXCLUDED(mu_);
   // A control channel to `node` at `endpoint`, its certificate checked to name it.
   std::shared_ptr<podlink::mesh::v1::Mesh::Stub> NewStub(const std::string& node, const std::string& endpoint) const;
   using OpenVerbsCall = std::function<absl::StatusOr<podlink::mesh::v1::OpenVerbsResponse>(

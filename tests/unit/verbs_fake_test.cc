@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "daemon/gpu/memory_object.h"
 #include "daemon/mesh/verbs/verbs_link.h"
 
 namespace podlink::mesh::verbs {
@@ -59,6 +60,7 @@ struct Fabric {
   uint32_t next_qpn = 100;
   uint32_t next_key = 7;
   int fake_device = 0;
+  void* refuse_registration = nullptr;  // reg_mr of this address fails (as over a read-only mapping)
   ibv_device* devices[2] = {reinterpret_cast<ibv_device*>(&fake_device), nullptr};
 };
 Fabric* fabric = new Fabric;
@@ -83,6 +85,18 @@ char* Target(FakeQp* target, uint32_t rkey, uint64_t addr, uint32_t len, int nee
   uint64_t base = reinterpret_cast<uintptr_t>(m->mr.addr);
   if (addr < base || addr + len > base + m->mr.length) return nullptr;
   return reinterpret_cast<char*>(addr);
+}
+
+// The local side of a request, as the sending HCA checks it: the lkey exists
+// in the QP's protection domain and covers the range, with local write
+// access where the HCA writes there (RDMA READ results).
+bool LocalOk(ibv_qp* qp, const ibv_sge& s, bool hca_writes) {
+  auto it = fabric->mrs.find(s.lkey);
+  if (it == fabric->mrs.end()) return false;
+  FakeMr* m = it->second;
+  if (m->mr.pd != qp->pd || (hca_writes && (m->access & IBV_ACCESS_LOCAL_WRITE) == 0)) return false;
+  uint64_t base = reinterpret_cast<uintptr_t>(m->mr.addr);
+  return s.addr >= base && s.addr + s.length <= base + m->mr.length;
 }
 
 void Deliver(FakeQp* t) {
@@ -121,6 +135,12 @@ int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     FakeQp* t = peer->second;
     const ibv_sge& s = wr->sg_list[0];
     char* local = reinterpret_cast<char*>(s.addr);
+    if (!LocalOk(qp, s, wr->opcode == IBV_WR_RDMA_READ)) {
+      wc.status = IBV_WC_LOC_PROT_ERR;
+      q->broken = true;
+      Complete(Cq(qp->send_cq), wc);
+      continue;
+    }
     int need = wr->opcode == IBV_WR_RDMA_READ ? IBV_ACCESS_REMOTE_READ : IBV_ACCESS_REMOTE_WRITE;
     char* remote = Target(t, wr->wr.rdma.rkey, wr->wr.rdma.remote_addr, s.length, need);
     if (remote == nullptr) {
@@ -200,8 +220,12 @@ VerbsApi MakeFakeApi() {
     delete pd;
     return 0;
   };
-  v.reg_mr = [](ibv_pd* pd, void* addr, size_t len, int access) {
+  v.reg_mr = [](ibv_pd* pd, void* addr, size_t len, int access) -> ibv_mr* {
     std::lock_guard<std::recursive_mutex> l(fabric->mu);
+    if (addr == fabric->refuse_registration) {
+      errno = EFAULT;
+      return nullptr;
+    }
     auto* m = new FakeMr;
     m->mr.pd = pd;
     m->mr.addr = addr;
@@ -284,6 +308,13 @@ VerbsApi MakeFakeApi() {
 
 // --- the two sides over it -------------------------------------------------------
 
+// The local side of an op as the engine describes a host export's mapping.
+struct Local {
+  std::shared_ptr<MemoryObject> memory;
+  char* base = nullptr;
+  uint64_t size = 0;
+};
+
 class VerbsFake : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -347,10 +378,13 @@ class VerbsFake : public ::testing::Test {
     return keys.ok() ? *keys : std::vector<RegionKey>{};
   }
   absl::Status Run(VerbsLinks& links, FrameType type, uint64_t grant, uint64_t offset, char* local, uint64_t len,
-                   std::shared_ptr<const PathPreference> prefer = nullptr) {
+                   std::shared_ptr<const PathPreference> prefer = nullptr, const Local& whole = {}) {
     absl::Notification done;
     absl::Status result;
     LinkOp op;
+    op.local_memory = whole.memory;
+    op.local_base = whole.base;
+    op.local_size = whole.size;
     op.prefer = std::move(prefer);
     op.type = type;
     op.grant = grant;
@@ -418,6 +452,133 @@ TEST_F(VerbsFake, WriteReadNotifyLandWhereGranted) {
   LinkStats s = links->Stats();
   EXPECT_EQ(s.bytes_sent, src.size());
   EXPECT_EQ(s.bytes_received, src.size());
+}
+
+// A host export as podlinkd holds it: its bytes, and whether every page is
+// populated (a registration pins them, so a file with holes is not registered).
+class FakeExport final : public MemoryObject {
+ public:
+  explicit FakeExport(size_t n, bool populated = true) : bytes_(n), populated_(populated) {}
+  absl::StatusOr<RelayView> MapForRelay() override {
+    return RelayView{false, -1, reinterpret_cast<uintptr_t>(bytes_.data()), bytes_.size()};
+  }
+  HandleKind kind() const override { return HandleKind::kHostMemfd; }
+  absl::StatusOr<UniqueFd> Duplicate() const override { return absl::UnimplementedError("fake"); }
+  absl::Status CheckPopulated(uint64_t, uint64_t) const override {
+    return populated_ ? absl::OkStatus() : absl::FailedPreconditionError("holes");
+  }
+  char* data() { return bytes_.data(); }
+  size_t size() const { return bytes_.size(); }
+
+ private:
+  std::vector<char> bytes_;
+  bool populated_;
+};
+
+size_t FabricMrs() {
+  std::lock_guard<std::recursive_mutex> l(fabric->mu);
+  return fabric->mrs.size();
+}
+
+// A host export on the importing side is registered itself (once per path,
+// local access only) and slices go straight from and into it; the
+// registration goes once the export is gone.
+TEST_F(VerbsFake, AHostExportIsSentFromAndReadIntoDirectly) {
+  auto links = Connect("node-a");
+  links->AddRegion(42, Register("node-a", 42));
+  auto exp = std::make_shared<FakeExport>(512 << 10);
+  std::vector<char> src = Pattern(300 << 10, 8);
+  std::memcpy(exp->data() + 8192, src.data(), src.size());
+  const size_t mrs = FabricMrs();
+  Local whole{exp, exp->data(), exp->size()};
+  ASSERT_TRUE(Run(*links, FrameType::kWrite, 42, 4096, exp->data() + 8192, src.size(), nullptr, whole).ok());
+  EXPECT_EQ(0, std::memcmp(region_.data() + 4096, src.data(), src.size()));
+  EXPECT_EQ(FabricMrs(), mrs + 1) << "one registration of the export in the path's protection domain";
+  std::memset(exp->data(), 0, exp->size());
+  ASSERT_TRUE(Run(*links, FrameType::kRead, 42, 4096, exp->data() + 100, src.size(), nullptr, whole).ok());
+  EXPECT_EQ(0, std::memcmp(exp->data() + 100, src.data(), src.size()));
+  EXPECT_EQ(FabricMrs(), mrs + 1) << "the registration is reused";
+  LinkStats s = links->Stats();
+  const uint64_t slices = 2 * ((src.size() + options_.slice_bytes - 1) / options_.slice_bytes);
+  EXPECT_EQ(s.zero_copy_slices, slices);
+  EXPECT_EQ(s.local_registrations, 1u);
+  {  // Its access is local: the owner's side of a peer cannot use it.
+    std::lock_guard<std::recursive_mutex> l(fabric->mu);
+    for (const auto& [key, m] : fabric->mrs) {
+      if (m->mr.addr == exp->data()) {
+        EXPECT_EQ(m->access, IBV_ACCESS_LOCAL_WRITE);
+      }
+    }
+  }
+  links->Sweep();
+  EXPECT_EQ(links->Stats().local_registrations, 1u) << "the export is still held: kept";
+  exp.reset();
+  whole.memory.reset();
+  // As the engine's housekeeping does every 200 ms (the completion thread
+  // may still hold the last slice for a moment after the op finished).
+  for (int i = 0; i < 200 && links->Stats().local_registrations != 0; ++i) {
+    links->Sweep();
+    usleep(10000);
+  }
+  EXPECT_EQ(links->Stats().local_registrations, 0u) << "the export went away: deregistered";
+  EXPECT_EQ(FabricMrs(), mrs);
+}
+
+// What cannot be registered is copied through staging, byte for byte: an
+// export with holes (registration would pin, and so allocate, them), one the
+// device refuses, and a range outside the memory described.
+TEST_F(VerbsFake, WhatCannotBeRegisteredIsStaged) {
+  auto links = Connect("node-a");
+  links->AddRegion(42, Register("node-a", 42));
+  auto holes = std::make_shared<FakeExport>(256 << 10, /*populated=*/false);
+  auto refused = std::make_shared<FakeExport>(256 << 10);
+  {
+    std::lock_guard<std::recursive_mutex> l(fabric->mu);
+    fabric->refuse_registration = refused->data();
+  }
+  int seed = 20;
+  for (const auto& exp : {holes, refused}) {
+    std::vector<char> src = Pattern(200 << 10, ++seed);
+    std::memcpy(exp->data(), src.data(), src.size());
+    const Local whole{exp, exp->data(), exp->size()};
+    ASSERT_TRUE(Run(*links, FrameType::kWrite, 42, 0, exp->data(), src.size(), nullptr, whole).ok());
+    EXPECT_EQ(0, std::memcmp(region_.data(), src.data(), src.size()));
+    std::memset(exp->data(), 0, exp->size());
+    ASSERT_TRUE(Run(*links, FrameType::kRead, 42, 0, exp->data(), src.size(), nullptr, whole).ok());
+    EXPECT_EQ(0, std::memcmp(exp->data(), src.data(), src.size()));
+  }
+  // A range the description does not cover (an engine bug must not become
+  // a DMA outside the registration).
+  auto small = std::make_shared<FakeExport>(64 << 10);
+  std::vector<char> src = Pattern(128 << 10, 30);
+  ASSERT_TRUE(Run(*links, FrameType::kWrite, 42, 0, src.data(), src.size(), nullptr,
+                  Local{small, small->data(), small->size()})
+                  .ok());
+  EXPECT_EQ(0, std::memcmp(region_.data(), src.data(), src.size()));
+  EXPECT_EQ(links->Stats().zero_copy_slices, 0u);
+  EXPECT_EQ(links->Stats().local_registrations, 0u);
+  std::lock_guard<std::recursive_mutex> l(fabric->mu);
+  fabric->refuse_registration = nullptr;
+}
+
+// Registrations are bounded per link set: the least recently used idle one
+// makes room.
+TEST_F(VerbsFake, LocalRegistrationsAreBounded) {
+  auto links = Connect("node-a");
+  links->AddRegion(42, Register("node-a", 42));
+  std::vector<std::shared_ptr<FakeExport>> exports;
+  for (size_t i = 0; i < VerbsLinks::kMaxLocalRegistrations + 8; ++i) {
+    exports.push_back(std::make_shared<FakeExport>(4096));
+    auto& exp = exports.back();
+    std::vector<char> src = Pattern(4096, static_cast<int>(i));
+    std::memcpy(exp->data(), src.data(), src.size());
+    ASSERT_TRUE(Run(*links, FrameType::kWrite, 42, 0, exp->data(), src.size(), nullptr,
+                    Local{exp, exp->data(), exp->size()})
+                    .ok());
+    ASSERT_EQ(0, std::memcmp(region_.data(), src.data(), src.size())) << i;
+  }
+  EXPECT_EQ(links->Stats().local_registrations, VerbsLinks::kMaxLocalRegistrations);
+  EXPECT_EQ(links->Stats().zero_copy_slices, VerbsLinks::kMaxLocalRegistrations + 8);
 }
 
 TEST_F(VerbsFake, ManyNotificationsReuseMailboxSlots) {

@@ -78,6 +78,14 @@ for n in node-a node-b; do
   fi
   grep -q "event=verbs_path_up" "$out/$n.podlinkd.log" 2>/dev/null && echo "$n: verbs path up" ||
     { echo "$n: no verbs path came up"; rc=1; }
+  # The pods' regions are host exports: their slices go straight from and
+  # into them (the daemon registers them), not through its staging.
+  direct=$(awk '/^podlink_mesh_zero_copy_slices_total/ {s += $2} END {print s + 0}' "$out/$n.metrics" 2>/dev/null || echo 0)
+  if [ "${direct%.*}" -gt 0 ]; then
+    echo "$n: $direct slices sent from or read into the pod's export directly (no staging copy)"
+  else
+    echo "$n: no slice went directly from or into a pod's export (podlink_mesh_zero_copy_slices_total 0)"; rc=1
+  fi
   if grep -q '"event":"idle"' "$out"/"$n".put-*.out 2>/dev/null &&
      ! grep -q "event=mesh_importer_gone" "$out/$n.podlinkd.log" 2>/dev/null; then
     echo "$n: held its peer's region idle for 5 s (grants dropped after 3 s of silence): kept by keepalives"

@@ -211,11 +211,24 @@ absl::StatusOr<std::shared_ptr<Nic>> Nics::Get(const GidChoice& gid) {
 
 struct VerbsLinks::OpState {
   LinkOp op;
+  // Set before its slices are queued, read-only after: the local memory's
+  // registration per path (none: every slice is copied through staging).
+  std::vector<std::pair<const Path*, std::shared_ptr<LocalReg>>> regs;
+  uint32_t LkeyFor(const Path* p) const {
+    for (const auto& [path, reg] : regs) {
+      if (path == p && reg->mr != nullptr) return reg->mr->lkey;
+    }
+    return 0;
+  }
   uint64_t slices = 0;  // how many it was cut into
   std::atomic<uint64_t> remaining{0};
   absl::Mutex mu;
   absl::Status first_error ABSL_GUARDED_BY(mu);
 };
+
+VerbsLinks::LocalReg::~LocalReg() {
+  if (mr != nullptr) api->dereg_mr(mr);
+}
 
 VerbsLinks::VerbsLinks(std::string node, VerbsOptions options)
     : node_(std::move(node)), options_(std::move(options)), instance_(RandomInstance()) {}
@@ -238,9 +251,17 @@ VerbsLinks::~VerbsLinks() {
   }
   for (auto& p : paths) {
     if (p->poller.joinable()) p->poller.join();
-    DestroyPath(*p);
   }
   for (const Slice& s : left) Finish(s, absl::UnavailableError("verbs link to node " + node_ + " closed"));
+  // Local registrations live in the paths' protection domains: they go
+  // first (the slices just finished held the last references besides the
+  // cache's).
+  left.clear();
+  {
+    absl::MutexLock l(&reg_mu_);
+    local_regs_.clear();
+  }
+  for (auto& p : paths) DestroyPath(*p);
 }
 
 void VerbsLinks::DestroyPath(Path& p) {
@@ -389,8 +410,14 @@ size_t VerbsLinks::live() const {
 }
 
 LinkStats VerbsLinks::Stats() const {
-  absl::MutexLock l(&mu_);
-  return stats_;
+  LinkStats out;
+  {
+    absl::MutexLock l(&mu_);
+    out = stats_;
+  }
+  absl::MutexLock l(&reg_mu_);
+  for (const auto& [key, reg] : local_regs_) out.local_registrations += reg->mr != nullptr;
+  return out;
 }
 
 std::vector<std::tuple<std::string, bool, uint64_t>> VerbsLinks::Connections() const {
@@ -405,12 +432,87 @@ std::vector<std::tuple<std::string, bool, uint64_t>> VerbsLinks::Connections() c
   return out;
 }
 
+std::vector<std::pair<const VerbsLinks::Path*, std::shared_ptr<VerbsLinks::LocalReg>>> VerbsLinks::LocalRegs(
+    const LinkOp& op) {
+  std::vector<std::pair<const Path*, std::shared_ptr<LocalReg>>> out;
+  if (op.type == FrameType::kNotify || op.local_memory == nullptr || op.local_base == nullptr ||
+      op.local < op.local_base || op.length > op.local_size ||
+      static_cast<uint64_t>(op.local - op.local_base) > op.local_size - op.length) {
+    return out;
+  }
+  std::vector<Path*> paths;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto& p : paths_) {
+      for (auto& lane : p->lanes) {
+        if (lane->up && !lane->dead) {
+          paths.push_back(p.get());
+          break;
+        }
+      }
+    }
+  }
+  absl::MutexLock l(&reg_mu_);
+  for (Path* p : paths) {
+    auto key = std::make_pair(static_cast<const Path*>(p), static_cast<const MemoryObject*>(op.local_memory.get()));
+    auto it = local_regs_.find(key);
+    if (it == local_regs_.end()) {
+      auto reg = std::make_shared<LocalReg>();
+      reg->api = p->nic->api();
+      reg->memory = op.local_memory;
+      // Registration pins every page: a range with holes would be faulted
+      // in at podlinkd's expense (as the owner's side refuses too).
+      if (op.local_memory->CheckPopulated(0, op.local_size).ok()) {
+        // Local access only (RDMA READ results land here): no peer can
+        // reach this memory through it.
+        reg->mr = reg->api->reg_mr(p->pd, op.local_base, op.local_size, IBV_ACCESS_LOCAL_WRITE);
+        if (reg->mr == nullptr) {
+          Log()->info("event=verbs_local_registration_failed node={} path={} bytes={} error=\"{}\" msg=\"copied "
+                      "through staging\"",
+                      node_, p->name, op.local_size, std::strerror(errno));
+        }
+      }
+      if (local_regs_.size() >= kMaxLocalRegistrations) {
+        // The least recently used one no slice holds.
+        auto victim = local_regs_.end();
+        for (auto v = local_regs_.begin(); v != local_regs_.end(); ++v) {
+          if (v->second.use_count() == 1 && (victim == local_regs_.end() || v->second->last_use < victim->second->last_use)) {
+            victim = v;
+          }
+        }
+        if (victim == local_regs_.end()) return out;  // every one busy: this op is staged
+        local_regs_.erase(victim);
+      }
+      it = local_regs_.emplace(key, std::move(reg)).first;
+    }
+    it->second->last_use = ++reg_clock_;
+    out.emplace_back(p, it->second);
+  }
+  return out;
+}
+
+void VerbsLinks::Sweep() {
+  absl::MutexLock l(&reg_mu_);
+  std::map<const MemoryObject*, long> ours;
+  for (const auto& [key, reg] : local_regs_) ++ours[key.second];
+  for (auto it = local_regs_.begin(); it != local_regs_.end();) {
+    // Nobody but this cache holds the memory (its export is gone) and no
+    // slice is using the registration.
+    if (it->second->memory.use_count() <= ours[it->first.second] && it->second.use_count() == 1) {
+      it = local_regs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 absl::Status VerbsLinks::Submit(LinkOp op) {
   auto st = std::make_shared<OpState>();
   const uint64_t n = op.type == FrameType::kNotify ? 1 : (op.length + options_.slice_bytes - 1) / options_.slice_bytes;
   if (n == 0) return absl::InvalidArgumentError("length must be > 0");
   st->remaining.store(n, std::memory_order_relaxed);
   st->slices = n;
+  st->regs = LocalRegs(op);
   st->op = std::move(op);
   {
     absl::MutexLock l(&mu_);
@@ -519,10 +621,12 @@ void VerbsLinks::Pump() {
         best->free_slots.pop_back();
         r.remote_addr = key->base + s.op->op.offset + s.offset;
         r.rkey = key->rkey;
+        r.post.lkey = s.op->LkeyFor(best->path);
       }
       r.post.slice = std::move(s);
       it = queue_.erase(it);
-      best->pending[r.post.wr_id] = Pending{r.post.slice, r.post.slot};
+      best->pending[r.post.wr_id] = Pending{r.post.slice, r.post.slot, r.post.lkey != 0};
+      if (r.post.lkey != 0) ++stats_.zero_copy_slices;
       ready.push_back(std::move(r));
     }
   }
@@ -545,9 +649,13 @@ void VerbsLinks::Pump() {
     wr.send_flags = IBV_SEND_SIGNALED;
     wr.wr.rdma.remote_addr = r.remote_addr;
     wr.wr.rdma.rkey = r.rkey;
+    if (r.post.lkey != 0) {  // straight from / into the local export
+      sge.addr = reinterpret_cast<uintptr_t>(op.local + r.post.slice.offset);
+      sge.lkey = r.post.lkey;
+    }
     switch (op.type) {
       case FrameType::kWrite:
-        std::memcpy(slot, op.local + r.post.slice.offset, r.post.slice.length);
+        if (r.post.lkey == 0) std::memcpy(slot, op.local + r.post.slice.offset, r.post.slice.length);
         sge.length = static_cast<uint32_t>(r.post.slice.length);
         wr.opcode = IBV_WR_RDMA_WRITE;
         break;
@@ -603,7 +711,7 @@ void VerbsLinks::PollLoop(Path* path) {
           lane->pending.erase(it);
         }
         const LinkOp& op = pend.slice.op->op;
-        if (op.type == FrameType::kRead) {
+        if (op.type == FrameType::kRead && !pend.direct) {
           std::memcpy(op.local + pend.slice.offset, lane->staging + uint64_t{pend.slot} * options_.slice_bytes,
                       pend.slice.length);
         }

@@ -6,7 +6,10 @@
 // staging slot (registered host memory of this daemon, `slices_in_flight`
 // slots per QP): a write copies the slice into its slot and posts one RDMA
 // WRITE into the owner's registered export; a read posts one RDMA READ and
-// copies out on completion. No SEND/RECV on the data path: the owner's CPU
+// copies out on completion. Where the local side is a host export (LinkOp
+// local_memory), it is registered itself (once per protection domain, on
+// the submitting thread, local access only) and slices go straight from and
+// into it: no copy on this side either. No SEND/RECV on the data path: the owner's CPU
 // never sees a write or a read. A notification is one RDMA WRITE WITH
 // IMMEDIATE of {grant, value} into the QP's mailbox on the owner, the
 // immediate naming the mailbox slot; the owner's receive completion
@@ -162,13 +165,30 @@ class VerbsLinks final : public DataLinks {
 
   const char* transport() const override { return "verbs"; }
   uint64_t instance() const override { return instance_; }
-  absl::Status Submit(LinkOp op) override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Submit(LinkOp op) override ABSL_LOCKS_EXCLUDED(mu_, reg_mu_);
   size_t live() const override ABSL_LOCKS_EXCLUDED(mu_);
-  LinkStats Stats() const override ABSL_LOCKS_EXCLUDED(mu_);
+  LinkStats Stats() const override ABSL_LOCKS_EXCLUDED(mu_, reg_mu_);
   std::vector<std::tuple<std::string, bool, uint64_t>> Connections() const override ABSL_LOCKS_EXCLUDED(mu_);
+  void Sweep() override ABSL_LOCKS_EXCLUDED(reg_mu_);
+  // Local registrations held at most (least recently used idle ones go first).
+  static constexpr size_t kMaxLocalRegistrations = 128;
 
  private:
   struct OpState;
+  struct Path;
+  // A local export registered in one path's protection domain (deregistered
+  // when the last slice using it and the cache let go). mr null: the memory
+  // cannot be registered (read-only mapping, holes): staged instead.
+  struct LocalReg {
+    const VerbsApi* api = nullptr;
+    std::shared_ptr<MemoryObject> memory;
+    ibv_mr* mr = nullptr;
+    uint64_t last_use = 0;
+    ~LocalReg();
+  };
+  // The registrations of `op`'s local memory on every path up now.
+  std::vector<std::pair<const Path*, std::shared_ptr<LocalReg>>> LocalRegs(const LinkOp& op)
+      ABSL_LOCKS_EXCLUDED(mu_, reg_mu_);
   struct Slice {
     std::shared_ptr<OpState> op;
     uint64_t offset = 0;  // within the op
@@ -178,8 +198,8 @@ class VerbsLinks final : public DataLinks {
   struct Pending {
     Slice slice;
     uint32_t slot = 0;
+    bool direct = false;  // from / into the local export itself, not the slot
   };
-  struct Path;
   struct Lane {  // one QP
     Path* path = nullptr;
     ibv_qp* qp = nullptr;
@@ -208,6 +228,7 @@ class VerbsLinks final : public DataLinks {
     uint64_t wr_id;
     uint32_t slot;
     Slice slice;
+    uint32_t lkey = 0;  // non-zero: the slice goes from / into the local export (Pending::direct)
   };
 
   // Hands queued slices to lanes with room; posts outside the lock.
@@ -232,6 +253,12 @@ class VerbsLinks final : public DataLinks {
   LinkStats stats_ ABSL_GUARDED_BY(mu_);
   std::function<void(const std::string&)> on_path_down_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> stop_{false};
+  // Local registrations by (path, memory); device calls are made under it,
+  // never under mu_.
+  mutable absl::Mutex reg_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::map<std::pair<const Path*, const MemoryObject*>, std::shared_ptr<LocalReg>> local_regs_
+      ABSL_GUARDED_BY(reg_mu_);
+  uint64_t reg_clock_ ABSL_GUARDED_BY(reg_mu_) = 0;
 };
 
 // The exporting side: QPs and registrations for peer daemons.
