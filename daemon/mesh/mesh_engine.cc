@@ -2359,14 +2359,23 @@ absl::Status MeshEngine::RegisterForVerbs(const std::string& node, uint64_t gran
                                           pb::OpenRegionResponse* resp) {
   PODLINK_ASSIGN_OR_RETURN(verbs::VerbsServer * server, VerbsServing());
   PODLINK_ASSIGN_OR_RETURN(RelayView view, rec->memory->MapForRelay());
-  if (view.on_gpu) return absl::FailedPreconditionError("GPU exports cannot be reached over verbs yet");
   // Registration pins every page: a range the owner punched out would be
   // faulted in at podlinkd's expense, so it is refused as the relay does.
   PODLINK_RETURN_IF_ERROR(rec->memory->CheckPopulated(0, rec->size));
-  PODLINK_ASSIGN_OR_RETURN(std::vector<verbs::RegionKey> keys,
-                           server->Register(node, grant, rec->memory, reinterpret_cast<char*>(view.address),
-                                            rec->size));
-  for (const verbs::RegionKey& k : keys) {
+  // GPU memory goes to the NIC as a dma-buf of the daemon's own mapping
+  // (GPUDirect RDMA: peers write and read the GPU with no copy here).
+  std::function<absl::StatusOr<UniqueFd>()> dmabuf;
+  if (view.on_gpu) dmabuf = [memory = rec->memory] { return memory->DmaBuf(); };
+  absl::StatusOr<std::vector<verbs::RegionKey>> keys = server->Register(
+      node, grant, rec->memory, reinterpret_cast<char*>(view.address), rec->size, std::move(dmabuf));
+  if (!keys.ok()) {
+    if (view.on_gpu) {
+      Log()->warn("event=mesh_gpu_export_not_over_verbs peer={} export={} why=\"{}\"", node, rec->id,
+                  keys.status().message());
+    }
+    return keys.status();
+  }
+  for (const verbs::RegionKey& k : *keys) {
     pb::VerbsKey* out = resp->add_verbs_keys();
     out->set_device(k.device);
     out->set_rkey(k.rkey);

@@ -7,6 +7,7 @@
 // QPs.
 #include <gtest/gtest.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -51,6 +52,7 @@ struct FakeQp {
 struct FakeMr {
   ibv_mr mr{};
   int access = 0;
+  char* host = nullptr;  // a dma-buf registration: where its bytes are mapped here (mr.addr is the iova)
 };
 
 struct Fabric {
@@ -61,6 +63,7 @@ struct Fabric {
   uint32_t next_key = 7;
   int fake_device = 0;
   void* refuse_registration = nullptr;  // reg_mr of this address fails (as over a read-only mapping)
+  bool dmabuf = true;                   // the device registers dma-bufs (read when a device is opened)
   ibv_device* devices[2] = {reinterpret_cast<ibv_device*>(&fake_device), nullptr};
 };
 Fabric* fabric = new Fabric;
@@ -84,7 +87,7 @@ char* Target(FakeQp* target, uint32_t rkey, uint64_t addr, uint32_t len, int nee
   if (m->mr.pd != target->qp.pd || (m->access & need) != need || (target->access & need) != need) return nullptr;
   uint64_t base = reinterpret_cast<uintptr_t>(m->mr.addr);
   if (addr < base || addr + len > base + m->mr.length) return nullptr;
-  return reinterpret_cast<char*>(addr);
+  return m->host != nullptr ? m->host + (addr - base) : reinterpret_cast<char*>(addr);
 }
 
 // The local side of a request, as the sending HCA checks it: the lkey exists
@@ -235,8 +238,30 @@ VerbsApi MakeFakeApi() {
     fabric->mrs[m->mr.rkey] = m;
     return &m->mr;
   };
+  v.reg_dmabuf_mr = [](ibv_pd* pd, uint64_t offset, size_t len, uint64_t iova, int fd, int access) -> ibv_mr* {
+    std::lock_guard<std::recursive_mutex> l(fabric->mu);
+    if (!fabric->dmabuf) {
+      errno = EOPNOTSUPP;
+      return nullptr;
+    }
+    void* host = fd < 0 ? MAP_FAILED : mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(offset));
+    if (host == MAP_FAILED) {
+      errno = EBADF;
+      return nullptr;
+    }
+    auto* m = new FakeMr;
+    m->mr.pd = pd;
+    m->mr.addr = reinterpret_cast<void*>(iova);
+    m->mr.length = len;
+    m->mr.lkey = m->mr.rkey = fabric->next_key++;
+    m->access = access;
+    m->host = static_cast<char*>(host);
+    fabric->mrs[m->mr.rkey] = m;
+    return &m->mr;
+  };
   v.dereg_mr = [](ibv_mr* mr) {
     std::lock_guard<std::recursive_mutex> l(fabric->mu);
+    if (FakeMr* m = reinterpret_cast<FakeMr*>(mr); m->host != nullptr) munmap(m->host, m->mr.length);
     fabric->mrs.erase(mr->rkey);
     delete reinterpret_cast<FakeMr*>(mr);
     return 0;
@@ -579,6 +604,74 @@ TEST_F(VerbsFake, LocalRegistrationsAreBounded) {
   }
   EXPECT_EQ(links->Stats().local_registrations, VerbsLinks::kMaxLocalRegistrations);
   EXPECT_EQ(links->Stats().zero_copy_slices, VerbsLinks::kMaxLocalRegistrations + 8);
+}
+
+// A GPU export (its dma-buf here a memfd, its address one only the device
+// knows) is registered through ibv_reg_dmabuf_mr: the peer's writes and
+// reads land in the dma-buf's memory at the daemon's address of it.
+TEST_F(VerbsFake, AGpuExportIsRegisteredThroughItsDmaBuf) {
+  auto links = Connect("node-a");
+  const size_t size = 1 << 20;
+  UniqueFd gpu(memfd_create("fake-dmabuf", MFD_CLOEXEC));
+  ASSERT_EQ(ftruncate(gpu.get(), size), 0);
+  char* const iova = reinterpret_cast<char*>(uintptr_t{0x7a0000000000});
+  int made = 0;
+  auto keys = server_->Register("node-a", 31, nullptr, iova, size, [&]() -> absl::StatusOr<UniqueFd> {
+    ++made;
+    return UniqueFd(dup(gpu.get()));
+  });
+  ASSERT_TRUE(keys.ok()) << keys.status();
+  ASSERT_EQ(keys->size(), 1u);
+  EXPECT_EQ((*keys)[0].base, reinterpret_cast<uintptr_t>(iova));
+  EXPECT_EQ(made, 1) << "one dma-buf per device registered";
+  links->AddRegion(31, *keys);
+  std::vector<char> src = Pattern(300 << 10, 12);
+  ASSERT_TRUE(Run(*links, FrameType::kWrite, 31, 8192, src.data(), src.size()).ok());
+  std::vector<char> landed(src.size());
+  ASSERT_EQ(pread(gpu.get(), landed.data(), landed.size(), 8192), static_cast<ssize_t>(landed.size()));
+  EXPECT_EQ(landed, src);
+  std::vector<char> back(src.size());
+  ASSERT_TRUE(Run(*links, FrameType::kRead, 31, 8192, back.data(), back.size()).ok());
+  EXPECT_EQ(back, src);
+  server_->Unregister(31, "node-a");
+  EXPECT_EQ(server_->registrations(), 0u);
+}
+
+// Where the device cannot register dma-bufs (probed when it is opened), or
+// no dma-buf of the memory can be made, a GPU export is refused with a
+// reason, and nothing stays registered.
+TEST_F(VerbsFake, AGpuExportIsRefusedWhereNoDmaBufCanBeRegistered) {
+  auto links = Connect("node-a");
+  auto no_dmabuf = [] { return absl::StatusOr<UniqueFd>(absl::UnimplementedError("this memory has no dma-buf")); };
+  char* const iova = reinterpret_cast<char*>(uintptr_t{0x7a0000000000});
+  auto keys = server_->Register("node-a", 32, nullptr, iova, 4096, no_dmabuf);
+  EXPECT_EQ(keys.status().code(), absl::StatusCode::kFailedPrecondition) << keys.status();
+  EXPECT_NE(keys.status().message().find("no dma-buf"), std::string::npos) << keys.status();
+  EXPECT_EQ(server_->registrations(), 0u);
+}
+
+TEST_F(VerbsFake, ADeviceWithoutDmaBufSupportRefusesGpuExports) {
+  {
+    std::lock_guard<std::recursive_mutex> l(fabric->mu);
+    fabric->dmabuf = false;
+  }
+  auto links = Connect("node-a");  // the device is opened (and probed) now
+  {
+    std::lock_guard<std::recursive_mutex> l(fabric->mu);
+    fabric->dmabuf = true;
+  }
+  int made = 0;
+  auto keys = server_->Register("node-a", 33, nullptr, reinterpret_cast<char*>(uintptr_t{0x7a0000000000}), 4096,
+                                [&]() -> absl::StatusOr<UniqueFd> {
+                                  ++made;
+                                  return UniqueFd(memfd_create("unused", MFD_CLOEXEC));
+                                });
+  EXPECT_EQ(keys.status().code(), absl::StatusCode::kFailedPrecondition) << keys.status();
+  EXPECT_NE(keys.status().message().find("cannot register GPU memory"), std::string::npos) << keys.status();
+  EXPECT_EQ(made, 0);
+  EXPECT_EQ(server_->registrations(), 0u);
+  // Host memory still registers on that device.
+  EXPECT_TRUE(server_->Register("node-a", 34, nullptr, region_.data(), region_.size()).ok());
 }
 
 TEST_F(VerbsFake, ManyNotificationsReuseMailboxSlots) {

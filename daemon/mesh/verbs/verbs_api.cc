@@ -50,6 +50,7 @@ absl::StatusOr<VerbsApi> Load() {
   get(v.wc_status_str, "ibv_wc_status_str");
   get(v.event_type_str, "ibv_event_type_str");
   if (!missing.ok()) return missing;
+  v.reg_dmabuf_mr = reinterpret_cast<decltype(v.reg_dmabuf_mr)>(dlsym(lib, "ibv_reg_dmabuf_mr"));
   v.post_send = PostSend;
   v.post_recv = PostRecv;
   v.poll_cq = PollCq;

@@ -42,6 +42,8 @@ struct VerbsApi {
   int (*post_recv)(ibv_qp*, ibv_recv_wr*, ibv_recv_wr**) = nullptr;
   int (*poll_cq)(ibv_cq*, int, ibv_wc*) = nullptr;
   int (*req_notify_cq)(ibv_cq*, int) = nullptr;
+  // Optional (rdma-core 34 and later): null where the library lacks it.
+  ibv_mr* (*reg_dmabuf_mr)(ibv_pd*, uint64_t offset, size_t length, uint64_t iova, int fd, int access) = nullptr;
 };
 
 // The process's libibverbs.so.1 (loaded once); FAILED_PRECONDITION when the

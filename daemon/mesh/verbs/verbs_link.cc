@@ -144,8 +144,8 @@ bool WaitEvent(const VerbsApi* api, ibv_comp_channel* ch, ibv_cq* cq, const std:
 
 // --- devices -----------------------------------------------------------------
 
-Nic::Nic(const VerbsApi* api, ibv_context* ctx, std::string name, uint8_t port, ibv_mtu mtu)
-    : api_(api), ctx_(ctx), name_(std::move(name)), port_(port), mtu_(mtu) {
+Nic::Nic(const VerbsApi* api, ibv_context* ctx, std::string name, uint8_t port, ibv_mtu mtu, bool dmabuf)
+    : api_(api), ctx_(ctx), name_(std::move(name)), port_(port), mtu_(mtu), dmabuf_(dmabuf) {
   SetNonBlocking(ctx_->async_fd);
   async_ = std::thread([this] { AsyncLoop(); });
 }
@@ -178,9 +178,21 @@ absl::StatusOr<std::shared_ptr<Nic>> Nic::Open(const VerbsApi* api, const std::s
     api->close_device(ctx);
     return absl::UnavailableError(absl::StrCat("port ", int{port}, " of ", device, " is not active"));
   }
-  Log()->info("event=verbs_device device={} port={} mtu={} link_layer={}", device, int{port},
-              128 << pa.active_mtu, pa.link_layer == IBV_LINK_LAYER_ETHERNET ? "ethernet" : "infiniband");
-  return std::shared_ptr<Nic>(new Nic(api, ctx, device, port, pa.active_mtu));
+  bool dmabuf = false;
+  if (api->reg_dmabuf_mr != nullptr) {
+    ibv_pd* pd = api->alloc_pd(ctx);
+    if (pd != nullptr) {
+      errno = 0;
+      ibv_mr* mr = api->reg_dmabuf_mr(pd, 0, 0, 0, -1, 0);
+      dmabuf = errno != EOPNOTSUPP && errno != EPROTONOSUPPORT;
+      if (mr != nullptr) api->dereg_mr(mr);
+      api->dealloc_pd(pd);
+    }
+  }
+  Log()->info("event=verbs_device device={} port={} mtu={} link_layer={} dmabuf={}", device, int{port},
+              128 << pa.active_mtu, pa.link_layer == IBV_LINK_LAYER_ETHERNET ? "ethernet" : "infiniband",
+              api->reg_dmabuf_mr == nullptr ? "no (libibverbs lacks ibv_reg_dmabuf_mr)" : dmabuf ? "yes" : "no");
+  return std::shared_ptr<Nic>(new Nic(api, ctx, device, port, pa.active_mtu, dmabuf));
 }
 
 void Nic::AsyncLoop() {
@@ -984,7 +996,8 @@ absl::StatusOr<SideWire> VerbsServer::Accept(const std::string& node, uint64_t l
 
 absl::StatusOr<std::vector<RegionKey>> VerbsServer::Register(const std::string& node, uint64_t grant,
                                                              std::shared_ptr<MemoryObject> memory, char* addr,
-                                                             uint64_t length) {
+                                                             uint64_t length,
+                                                             std::function<absl::StatusOr<UniqueFd>()> dmabuf) {
   std::vector<std::shared_ptr<NodeNic>> nns;
   {
     absl::MutexLock l(&mu_);
@@ -1010,10 +1023,30 @@ absl::StatusOr<std::vector<RegionKey>> VerbsServer::Register(const std::string& 
     bool have = false;
     for (const auto& [n, mr] : reg->mrs) have = have || n == nn;
     if (have) continue;
-    ibv_mr* mr = api->reg_mr(nn->pd, addr, length,
-                             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+    constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    ibv_mr* mr = nullptr;
+    absl::Status st;
+    if (dmabuf == nullptr) {
+      mr = api->reg_mr(nn->pd, addr, length, kAccess);
+      if (mr == nullptr) st = Errno("ibv_reg_mr(export)", errno);
+    } else if (api->reg_dmabuf_mr == nullptr || !nn->nic->dmabuf()) {
+      st = absl::FailedPreconditionError(absl::StrCat(
+          "RDMA device ", nn->nic->name(), " cannot register GPU memory (dma-buf): ",
+          api->reg_dmabuf_mr == nullptr ? "libibverbs lacks ibv_reg_dmabuf_mr (rdma-core 34 or later)"
+                                        : "the device or its driver does not support it",
+          "; reach GPU exports over mesh.transport tcp"));
+    } else if (absl::StatusOr<UniqueFd> fd = dmabuf(); !fd.ok()) {
+      st = absl::FailedPreconditionError(absl::StrCat("no dma-buf of the GPU export: ", fd.status().message()));
+    } else {
+      // The peer addresses the export by its address here (iova), as for
+      // host memory; the registration holds the dma-buf, not the descriptor.
+      mr = api->reg_dmabuf_mr(nn->pd, 0, length, reinterpret_cast<uintptr_t>(addr), fd->get(), kAccess);
+      if (mr == nullptr) {
+        st = absl::FailedPreconditionError(absl::StrCat("ibv_reg_dmabuf_mr(GPU export) on ", nn->nic->name(), ": ",
+                                                        std::strerror(errno)));
+      }
+    }
     if (mr == nullptr) {
-      absl::Status st = Errno("ibv_reg_mr(export)", errno);
       if (reg->grants.empty()) {
         Deregister(*reg);
         shared_.erase(key);

@@ -44,6 +44,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/unique_fd.h"
 #include "daemon/mesh/links.h"
 #include "daemon/mesh/verbs/gid.h"
 #include "daemon/mesh/verbs/verbs_api.h"
@@ -102,15 +103,20 @@ class Nic {
   uint8_t port() const { return port_; }
   ibv_mtu active_mtu() const { return mtu_; }
   uint64_t async_events() const { return async_events_.load(std::memory_order_relaxed); }
+  // Whether the device registers dma-bufs (GPU memory, GPUDirect RDMA):
+  // probed at open as NCCL does, an empty registration of no descriptor
+  // that fails with EOPNOTSUPP / EPROTONOSUPPORT where the device cannot.
+  bool dmabuf() const { return dmabuf_; }
 
  private:
-  Nic(const VerbsApi* api, ibv_context* ctx, std::string name, uint8_t port, ibv_mtu mtu);
+  Nic(const VerbsApi* api, ibv_context* ctx, std::string name, uint8_t port, ibv_mtu mtu, bool dmabuf);
   void AsyncLoop();
   const VerbsApi* const api_;
   ibv_context* const ctx_;
   const std::string name_;
   const uint8_t port_;
   const ibv_mtu mtu_;
+  const bool dmabuf_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> async_events_{0};
   std::thread async_;
@@ -277,10 +283,15 @@ class VerbsServer {
                                   const SideWire& importer, const std::vector<uint32_t>& replaces = {})
       ABSL_LOCKS_EXCLUDED(mu_);
   // Registers [addr, addr + length) of `memory` in each of the node's
-  // protection domains.
+  // protection domains. GPU memory: `addr` is its address in this daemon
+  // (the peer's remote addresses), and the bytes are registered through a
+  // dma-buf of it that `dmabuf` makes (MemoryObject::DmaBuf) for each
+  // device that needs a registration; FAILED_PRECONDITION where a device or
+  // the library cannot register dma-bufs.
   absl::StatusOr<std::vector<RegionKey>> Register(const std::string& node, uint64_t grant,
-                                                  std::shared_ptr<MemoryObject> memory, char* addr,
-                                                  uint64_t length) ABSL_LOCKS_EXCLUDED(mu_);
+                                                  std::shared_ptr<MemoryObject> memory, char* addr, uint64_t length,
+                                                  std::function<absl::StatusOr<UniqueFd>()> dmabuf = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the registration of `grant` if `node` made it.
   void Unregister(uint64_t grant, const std::string& node) ABSL_LOCKS_EXCLUDED(mu_);
   // Grant and node of every registration.
