@@ -155,7 +155,7 @@ std::string Human(uint64_t b) {
     v /= 1024;
     ++i;
   }
-  return absl::StrFormat(i == 0 ? "%.0f %s" : "%.1f %s", v, u[i]);
+  return i == 0 ? absl::StrFormat("%.0f %s", v, u[i]) : absl::StrFormat("%.1f %s", v, u[i]);
 }
 
 int Fail(const std::string& what, const absl::Status& s) {

@@ -602,7 +602,7 @@ int main(int argc, char** argv) {
                 "|---|---|---|---|---|---|\n");
   }
   for (auto& [size, m] : by_size) {
-    auto get = [&](const char* k) { return m.count(k) ? m[k].gbps : 0.0; };
+    auto get = [&m = m](const char* k) { return m.count(k) ? m[k].gbps : 0.0; };  // a binding cannot be captured (clang 14)
     double b = get("baseline");
     auto ratio = [&](double x) { return b > 0 && x > 0 ? absl::StrFormat("%.3f", x / b) : std::string("-"); };
     std::printf("| %s | %.1f | %.1f | %.1f | %s | %s |\n", HumanSize(size).c_str(), b, get("direct"), get("relay"),
@@ -622,7 +622,7 @@ int main(int argc, char** argv) {
                 a.src_gpu, a.dst_gpu, a.window);
   }
   for (auto& [size, m] : by_size_bidir) {
-    auto get = [&](const char* k) { return m.count(k) ? m[k].gbps : 0.0; };
+    auto get = [&m = m](const char* k) { return m.count(k) ? m[k].gbps : 0.0; };  // a binding cannot be captured (clang 14)
     double b = get("baseline-bidir"), r = get("relay-bidir");
     auto cell = [](double x) { return x > 0 ? absl::StrFormat("%.1f", x) : std::string("-"); };
     std::printf("| %s | %s | %s | %s |\n", HumanSize(size).c_str(), cell(b).c_str(), cell(r).c_str(),
