@@ -79,13 +79,16 @@ class CudaObject : public MemoryObject {
     return UniqueFd(d);
   }
   std::string FabricHandle() const override { return fabric_; }
-  // Needs the GPU's context current on the calling thread, as the relay's
-  // copies do.
+  // On any thread (the mesh asks on its gRPC threads): the GPU's context is
+  // made current for the call, as the copies below do.
   absl::StatusOr<UniqueFd> DmaBuf() override {
     if (d_->MemGetHandleForAddressRange == nullptr) {
       return absl::FailedPreconditionError("this CUDA driver has no cuMemGetHandleForAddressRange (dma-buf)");
     }
     PODLINK_ASSIGN_OR_RETURN(RelayView view, MapForRelay());
+    PODLINK_ASSIGN_OR_RETURN(cu::Context ctx, Context());
+    cu::ScopedContext in(*d_, ctx);
+    PODLINK_RETURN_IF_ERROR(in.status());
     int fd = -1;
     PODLINK_RETURN_IF_ERROR(cu::CuStatus(
         d_->MemGetHandleForAddressRange(&fd, view.address, size_, cu::kRangeHandleTypeDmaBufFd, 0),

@@ -333,11 +333,14 @@ VerbsApi MakeFakeApi() {
 
 // --- the two sides over it -------------------------------------------------------
 
-// The local side of an op as the engine describes a host export's mapping.
+// The local side of an op as the engine describes a host export's mapping;
+// `record` stands for the export's record (LinkOp::keep), which lives while
+// the export does.
 struct Local {
   std::shared_ptr<MemoryObject> memory;
   char* base = nullptr;
   uint64_t size = 0;
+  std::shared_ptr<const void> record = std::make_shared<int>(0);
 };
 
 class VerbsFake : public ::testing::Test {
@@ -408,6 +411,7 @@ class VerbsFake : public ::testing::Test {
     absl::Status result;
     LinkOp op;
     op.local_memory = whole.memory;
+    op.keep = whole.record;
     op.local_base = whole.base;
     op.local_size = whole.size;
     op.prefer = std::move(prefer);
@@ -537,8 +541,7 @@ TEST_F(VerbsFake, AHostExportIsSentFromAndReadIntoDirectly) {
   }
   links->Sweep();
   EXPECT_EQ(links->Stats().local_registrations, 1u) << "the export is still held: kept";
-  exp.reset();
-  whole.memory.reset();
+  whole.record.reset();  // the export is withdrawn (its memory may live on elsewhere)
   // As the engine's housekeeping does every 200 ms (the completion thread
   // may still hold the last slice for a moment after the op finished).
   for (int i = 0; i < 200 && links->Stats().local_registrations != 0; ++i) {
@@ -547,6 +550,32 @@ TEST_F(VerbsFake, AHostExportIsSentFromAndReadIntoDirectly) {
   }
   EXPECT_EQ(links->Stats().local_registrations, 0u) << "the export went away: deregistered";
   EXPECT_EQ(FabricMrs(), mrs);
+}
+
+// One export used with two peers (a ring of three nodes): each peer's link
+// set registers it in its own protection domain, and both registrations go
+// once the export is gone.
+TEST_F(VerbsFake, AnExportUsedWithTwoPeersIsDroppedByBoth) {
+  auto a = Connect("node-a");
+  auto b = Connect("node-b");
+  a->AddRegion(42, Register("node-a", 42));
+  b->AddRegion(43, Register("node-b", 43));
+  auto exp = std::make_shared<FakeExport>(256 << 10);
+  std::vector<char> src = Pattern(128 << 10, 14);
+  std::memcpy(exp->data(), src.data(), src.size());
+  Local whole{exp, exp->data(), exp->size()};
+  ASSERT_TRUE(Run(*a, FrameType::kWrite, 42, 0, exp->data(), src.size(), nullptr, whole).ok());
+  ASSERT_TRUE(Run(*b, FrameType::kRead, 43, 0, exp->data() + src.size(), src.size(), nullptr, whole).ok());
+  EXPECT_EQ(a->Stats().local_registrations, 1u);
+  EXPECT_EQ(b->Stats().local_registrations, 1u);
+  whole.record.reset();
+  for (int i = 0; i < 200 && a->Stats().local_registrations + b->Stats().local_registrations != 0; ++i) {
+    a->Sweep();
+    b->Sweep();
+    usleep(10000);
+  }
+  EXPECT_EQ(a->Stats().local_registrations, 0u);
+  EXPECT_EQ(b->Stats().local_registrations, 0u) << "each kept it alive for the other";
 }
 
 // What cannot be registered is copied through staging, byte for byte: an

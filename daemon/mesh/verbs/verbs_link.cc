@@ -264,10 +264,21 @@ VerbsLinks::~VerbsLinks() {
   for (auto& p : paths) {
     if (p->poller.joinable()) p->poller.join();
   }
+  // No DMA after this: the QPs go (their posted requests with them) before
+  // an op is reported failed, and before the local registrations their
+  // requests name are dropped.
+  for (auto& p : paths) {
+    for (auto& lane : p->lanes) {
+      if (lane->qp == nullptr) continue;
+      ToError(p->nic->api(), lane->qp);
+      p->nic->api()->destroy_qp(lane->qp);
+      lane->qp = nullptr;
+    }
+  }
   for (const Slice& s : left) Finish(s, absl::UnavailableError("verbs link to node " + node_ + " closed"));
   // Local registrations live in the paths' protection domains: they go
-  // first (the slices just finished held the last references besides the
-  // cache's).
+  // before those (the slices just finished held the last references besides
+  // the cache's).
   left.clear();
   {
     absl::MutexLock l(&reg_mu_);
@@ -447,7 +458,7 @@ std::vector<std::tuple<std::string, bool, uint64_t>> VerbsLinks::Connections() c
 std::vector<std::pair<const VerbsLinks::Path*, std::shared_ptr<VerbsLinks::LocalReg>>> VerbsLinks::LocalRegs(
     const LinkOp& op) {
   std::vector<std::pair<const Path*, std::shared_ptr<LocalReg>>> out;
-  if (op.type == FrameType::kNotify || op.local_memory == nullptr || op.local_base == nullptr ||
+  if (op.type == FrameType::kNotify || op.local_memory == nullptr || op.keep == nullptr || op.local_base == nullptr ||
       op.local < op.local_base || op.length > op.local_size ||
       static_cast<uint64_t>(op.local - op.local_base) > op.local_size - op.length) {
     return out;
@@ -464,53 +475,75 @@ std::vector<std::pair<const VerbsLinks::Path*, std::shared_ptr<VerbsLinks::Local
       }
     }
   }
-  absl::MutexLock l(&reg_mu_);
   for (Path* p : paths) {
-    auto key = std::make_pair(static_cast<const Path*>(p), static_cast<const MemoryObject*>(op.local_memory.get()));
-    auto it = local_regs_.find(key);
-    if (it == local_regs_.end()) {
-      auto reg = std::make_shared<LocalReg>();
-      reg->api = p->nic->api();
-      reg->memory = op.local_memory;
-      // Registration pins every page: a range with holes would be faulted
-      // in at podlinkd's expense (as the owner's side refuses too).
-      if (op.local_memory->CheckPopulated(0, op.local_size).ok()) {
-        // Local access only (RDMA READ results land here): no peer can
-        // reach this memory through it.
-        reg->mr = reg->api->reg_mr(p->pd, op.local_base, op.local_size, IBV_ACCESS_LOCAL_WRITE);
-        if (reg->mr == nullptr) {
-          Log()->info("event=verbs_local_registration_failed node={} path={} bytes={} error=\"{}\" msg=\"copied "
-                      "through staging\"",
-                      node_, p->name, op.local_size, std::strerror(errno));
-        }
+    const auto key = std::make_pair(static_cast<const Path*>(p), static_cast<const MemoryObject*>(op.local_memory.get()));
+    std::shared_ptr<LocalReg> reg;
+    {
+      absl::MutexLock l(&reg_mu_);
+      if (auto it = local_regs_.find(key); it != local_regs_.end()) {
+        it->second->last_use = ++reg_clock_;
+        it->second->owner = op.keep;
+        // Being registered by another op, or refused: this op is staged.
+        if (it->second->mr != nullptr) out.emplace_back(p, it->second);
+        continue;
       }
       if (local_regs_.size() >= kMaxLocalRegistrations) {
-        // The least recently used one no slice holds.
+        // Room first: the least recently used entry no slice holds.
         auto victim = local_regs_.end();
         for (auto v = local_regs_.begin(); v != local_regs_.end(); ++v) {
-          if (v->second.use_count() == 1 && (victim == local_regs_.end() || v->second->last_use < victim->second->last_use)) {
+          if (v->second.use_count() == 1 && !v->second->registering &&
+              (victim == local_regs_.end() || v->second->last_use < victim->second->last_use)) {
             victim = v;
           }
         }
-        if (victim == local_regs_.end()) return out;  // every one busy: this op is staged
+        if (victim == local_regs_.end()) continue;  // every one busy: staged
         local_regs_.erase(victim);
       }
-      it = local_regs_.emplace(key, std::move(reg)).first;
+      reg = std::make_shared<LocalReg>();
+      reg->api = p->nic->api();
+      reg->memory = op.local_memory;
+      reg->owner = op.keep;
+      reg->registering = true;
+      reg->last_use = ++reg_clock_;
+      local_regs_.emplace(key, reg);
     }
-    it->second->last_use = ++reg_clock_;
-    out.emplace_back(p, it->second);
+    // Outside the lock (registering pins every page of the export: long for
+    // a large one; metrics and the sweep go on meanwhile). Registration pins:
+    // a range with holes would be faulted in at podlinkd's expense (the
+    // owner's side refuses it too), so it is staged and asked again later.
+    ibv_mr* mr = nullptr;
+    const bool populated = op.local_memory->CheckPopulated(0, op.local_size).ok();
+    int err = 0;
+    if (populated) {
+      // Local access only (RDMA READ results land here): no peer can reach
+      // this memory through it.
+      mr = reg->api->reg_mr(p->pd, op.local_base, op.local_size, IBV_ACCESS_LOCAL_WRITE);
+      err = errno;
+    }
+    absl::MutexLock l(&reg_mu_);
+    reg->registering = false;
+    reg->mr = mr;
+    if (!populated) {
+      if (auto it = local_regs_.find(key); it != local_regs_.end() && it->second == reg) local_regs_.erase(it);
+      continue;
+    }
+    if (mr == nullptr) {  // kept as refused until the export goes
+      Log()->info("event=verbs_local_registration_failed node={} path={} bytes={} error=\"{}\" msg=\"copied "
+                  "through staging\"",
+                  node_, p->name, op.local_size, std::strerror(err));
+      continue;
+    }
+    out.emplace_back(p, reg);
   }
   return out;
 }
 
 void VerbsLinks::Sweep() {
   absl::MutexLock l(&reg_mu_);
-  std::map<const MemoryObject*, long> ours;
-  for (const auto& [key, reg] : local_regs_) ++ours[key.second];
   for (auto it = local_regs_.begin(); it != local_regs_.end();) {
-    // Nobody but this cache holds the memory (its export is gone) and no
-    // slice is using the registration.
-    if (it->second->memory.use_count() <= ours[it->first.second] && it->second.use_count() == 1) {
+    // Its export is gone (whichever peers' link sets registered it too) and
+    // no slice is using the registration.
+    if (it->second->owner.expired() && it->second.use_count() == 1 && !it->second->registering) {
       it = local_regs_.erase(it);
     } else {
       ++it;

@@ -183,12 +183,15 @@ class VerbsLinks final : public DataLinks {
   struct OpState;
   struct Path;
   // A local export registered in one path's protection domain (deregistered
-  // when the last slice using it and the cache let go). mr null: the memory
-  // cannot be registered (read-only mapping, holes): staged instead.
+  // when the last slice using it and the cache let go). mr null: being
+  // registered (registering), or the device refused it: staged meanwhile.
+  // Fields other than `memory` and `api` are guarded by reg_mu_.
   struct LocalReg {
     const VerbsApi* api = nullptr;
     std::shared_ptr<MemoryObject> memory;
+    std::weak_ptr<const void> owner;  // the export (LinkOp::keep): once gone, the entry goes (Sweep)
     ibv_mr* mr = nullptr;
+    bool registering = false;
     uint64_t last_use = 0;
     ~LocalReg();
   };
