@@ -896,10 +896,6 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
     ++remote_denials_;
     return rec.status();
   }
-  if ((*rec)->kind != HandleKind::kHostMemfd && req.verbs()) {
-    return absl::FailedPreconditionError(absl::StrCat("export ", (*rec)->id,
-                                                      " is GPU memory: the verbs links carry host memory only yet"));
-  }
   pb::OpenRegionResponse resp;
   {
     absl::MutexLock l(&mu_);

@@ -927,6 +927,41 @@ TEST_F(VerbsFake, PreferredPathsCarryTheTransferWhileTheyAreUp) {
   EXPECT_EQ(links->Stats().connections_up, 2u);  // far's two
 }
 
+// A host export is registered only on the paths its op may use (registering
+// pins); when those fail mid-transfer, the rest goes over the others,
+// copied through their staging, byte for byte.
+TEST_F(VerbsFake, AHostExportIsRegisteredOnlyWhereItsSlicesMayGo) {
+  auto links = std::make_unique<VerbsLinks>("node-a", options_);
+  for (const char* name : {"far", "near"}) {
+    auto sides = AddPath(*links, "node-a", name);
+    ASSERT_TRUE(sides.ok()) << sides.status();
+  }
+  links->AddRegion(5, Register("node-a", 5));
+  auto pref = std::make_shared<PathPreference>();
+  pref->tier = {"near"};
+  pref->fastest = {"near"};
+  auto exp = std::make_shared<FakeExport>(1 << 20);
+  std::vector<char> src = Pattern(1 << 20, 6);
+  std::memcpy(exp->data(), src.data(), src.size());
+  Local whole{exp, exp->data(), exp->size()};
+  ASSERT_TRUE(Run(*links, FrameType::kWrite, 5, 0, exp->data(), src.size(), pref, whole).ok());
+  EXPECT_EQ(0, std::memcmp(region_.data(), src.data(), src.size()));
+  EXPECT_EQ(links->Stats().local_registrations, 1u) << "registered on near only";
+  std::vector<uint32_t> near;
+  for (const auto& [name, up, bytes] : links->Connections()) {
+    if (name.rfind("near ", 0) == 0) near.push_back(static_cast<uint32_t>(std::stoul(name.substr(name.rfind(' ') + 1))));
+  }
+  {
+    std::lock_guard<std::recursive_mutex> l(fabric->mu);
+    for (uint32_t qpn : near) fabric->qps.at(qpn)->fail_after = 2;
+  }
+  std::vector<char> next = Pattern(1 << 20, 7);
+  std::memcpy(exp->data(), next.data(), next.size());
+  ASSERT_TRUE(Run(*links, FrameType::kWrite, 5, 0, exp->data(), next.size(), pref, whole).ok());
+  EXPECT_EQ(0, std::memcmp(region_.data(), next.data(), next.size()));
+  EXPECT_EQ(links->Stats().connections_up, 2u);  // far's two
+}
+
 TEST_F(VerbsFake, OwnerLimitsQueuePairsPerPeer) {
   options_.max_qps_per_peer = 3;
   server_ = std::make_unique<VerbsServer>(&nics_, options_, [](const std::string&, uint64_t, uint64_t) {});

@@ -466,13 +466,22 @@ std::vector<std::pair<const VerbsLinks::Path*, std::shared_ptr<VerbsLinks::Local
   std::vector<Path*> paths;
   {
     absl::MutexLock l(&mu_);
+    std::set<std::string> up;
+    std::vector<Path*> live;
     for (auto& p : paths_) {
       for (auto& lane : p->lanes) {
         if (lane->up && !lane->dead) {
-          paths.push_back(p.get());
+          up.insert(p->name);
+          live.push_back(p.get());
           break;
         }
       }
+    }
+    // Only where the op's slices may go (nic_rank.h): registering pins, and
+    // a path the op will not use need not hold the export.
+    const bool single = op.length <= options_.slice_bytes;
+    for (Path* p : live) {
+      if (MayUse(op.prefer.get(), single, p->name, up)) paths.push_back(p);
     }
   }
   for (Path* p : paths) {
