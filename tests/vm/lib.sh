@@ -94,8 +94,21 @@ INIT
 # ethk, MAC 52:54:00:00:IDX:k.
 vm_start() {
   local name="$1" idx="$2"; shift 2
-  local nics_var="VM_NICS_${name}" k=0 args=() cable
+  local nics_var="VM_NICS_${name}" k=0 args=() cable waited
   for cable in ${!nics_var:-}; do
+    # QEMU does not fail a connect to a port nobody listens on yet: it runs
+    # with a dead cable. Wait (bounded) for the guest that listens; looking
+    # with ss, as a probe connection would take the listener's one accept.
+    if [ "${cable%%:*}" = connect ]; then
+      waited=0
+      until [ -n "$(ss -Hltn "sport = :${cable#*:}" 2>/dev/null)" ]; do
+        if [ "$waited" -ge 200 ]; then
+          vm_log "$name: nothing listens on cable port ${cable#*:} after 20 s"
+          break
+        fi
+        sleep 0.1; waited=$((waited + 1))
+      done
+    fi
     args+=(-netdev "socket,id=n$k,${cable%%:*}=127.0.0.1:${cable#*:}"
            -device "virtio-net-pci,netdev=n$k,mac=52:54:00:00:$(printf %02x "$idx"):$(printf %02x "$k")")
     k=$((k + 1))
