@@ -440,6 +440,18 @@ class VerbsFake : public ::testing::Test {
     return out;
   }
 
+  // Waits (at most 3 s) until the sink was handed `n` notifications.
+  bool AwaitNotes(size_t n) {
+    for (int i = 0; i < 300; ++i) {
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (notes_.size() >= n) return true;
+      }
+      usleep(10000);
+    }
+    return false;
+  }
+
   std::string sysfs_;
   const VerbsApi api_ = MakeFakeApi();
   Nics nics_{&api_};
@@ -472,7 +484,7 @@ TEST_F(VerbsFake, WriteReadNotifyLandWhereGranted) {
   ASSERT_TRUE(Run(*links, FrameType::kRead, 42, 4096, back.data(), back.size()).ok());
   EXPECT_EQ(back, src);
   ASSERT_TRUE(Run(*links, FrameType::kNotify, 42, 77, nullptr, 0).ok());
-  for (int i = 0; i < 200 && server_->notifies() == 0; ++i) usleep(10000);
+  ASSERT_TRUE(AwaitNotes(1));
   std::lock_guard<std::mutex> l(mu_);
   ASSERT_EQ(notes_.size(), 1u);
   EXPECT_EQ(notes_[0].node, "node-a");
@@ -707,7 +719,7 @@ TEST_F(VerbsFake, ManyNotificationsReuseMailboxSlots) {
   auto links = Connect("node-a");
   links->AddRegion(1, Register("node-a", 1));
   for (uint64_t v = 1; v <= 100; ++v) ASSERT_TRUE(Run(*links, FrameType::kNotify, 1, v, nullptr, 0).ok());
-  for (int i = 0; i < 300 && server_->notifies() < 100; ++i) usleep(10000);
+  ASSERT_TRUE(AwaitNotes(100));
   std::lock_guard<std::mutex> l(mu_);
   ASSERT_EQ(notes_.size(), 100u);
   for (uint64_t v = 1; v <= 100; ++v) EXPECT_EQ(notes_[v - 1].value, v);

@@ -1188,8 +1188,8 @@ void VerbsServer::PollLoop(std::shared_ptr<NodeNic> nn) {
           }
         }
         if (deliver) {
-          notifies_.fetch_add(1, std::memory_order_relaxed);
           sink_(nn->node, words[0], words[1]);
+          notifies_.fetch_add(1, std::memory_order_relaxed);  // counted once delivered
         }
       }
     }
