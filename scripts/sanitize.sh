@@ -33,7 +33,7 @@ case "$mode" in
     build=${PODLINK_TSAN_BUILD_DIR:-build-tsan}
     flags="thread"
     targets=(podlinkd podlink-demo broker_namespaces_test hostile_clients_test relay_test client_lifetime_test c_api_test
-             mesh_test verbs_fake_test nccl_net_conformance_test mesh_stager_test mesh_idle_test)
+             mesh_test verbs_fake_test nccl_net_conformance_test mesh_stager_test mesh_idle_test mesh_over_tcp_test)
     # The two cut-cable mesh tests wait out TCP timeouts (26 s each under
     # TSan) and run in the plain and ASan passes only: TSan still races the
     # TCP links' striping and the verbs links' resend after a failed QP

@@ -994,38 +994,55 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
     onward.set_caller_instance(instance_);
     onward.set_verbs(vl != nullptr);
     if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, onward, &resp), next.node_name); !st.ok()) return done(st);
+    // The relay's grant, forwarding to the next node's grant on `carrier`.
+    auto install = [this, caller, req, pod, done, origin, next](const std::shared_ptr<Peer>& carrier,
+                                                                 pb::OpenRegionResponse resp) {
+      auto fwd = std::make_shared<Forward>(Forward{carrier, resp.grant(), resp.size(), resp.instance()});
+      bool over = false;
+      uint64_t g = 0;
+      {
+        absl::MutexLock l(&mu_);
+        uint32_t& count = grants_per_node_[caller];
+        uint32_t& mine = grants_per_pod_[pod];
+        if (count >= options_.max_grants_per_peer || mine >= options_.max_grants_per_pod) {
+          over = true;
+        } else {
+          ++count;
+          ++mine;
+          while (g == 0 || grants_.contains(g)) g = RandomU64();
+          grants_[g] = Grant{caller, {}, pod, fwd, req.caller_instance()};
+          SeenLocked(caller);  // a grant given is a sign of life, however long the node was quiet
+          ++relayed_opens_;
+        }
+      }
+      if (over) {
+        ReleaseRemoteGrant(carrier.get(), resp.grant());
+        return done(absl::ResourceExhaustedError(absl::StrCat("node ", caller, " or its pod holds its limit of grants")));
+      }
+      Log()->info("event=mesh_relay_grant peer={} origin={} next={} grant={}", caller, origin, next.node_name, g);
+      resp.set_grant(g);
+      resp.set_instance(instance_);
+      resp.clear_verbs_keys();
+      resp.clear_over_tcp_reason();
+      done(std::move(resp));
+    };
+    if (vl != nullptr && !resp.over_tcp_reason().empty()) {
+      Log()->info("event=mesh_region_over_tcp node={} export={} grant={} why=\"{}\"", next.node_name,
+                  resp.export_id(), resp.grant(), resp.over_tcp_reason());
+      return OverTcp(next, [peer, resp, done, install](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
+        if (!tcp.ok()) {
+          ReleaseRemoteGrant(peer.get(), resp.grant());
+          return done(tcp.status());
+        }
+        install(*tcp, resp);
+      });
+    }
     if (vl != nullptr) {
       std::vector<verbs::RegionKey> keys;
       for (const pb::VerbsKey& k : resp.verbs_keys()) keys.push_back(verbs::RegionKey{k.device(), k.rkey(), k.base()});
       vl->AddRegion(resp.grant(), std::move(keys));
     }
-    auto fwd = std::make_shared<Forward>(Forward{peer, resp.grant(), resp.size(), resp.instance()});
-    bool over = false;
-    uint64_t g = 0;
-    {
-      absl::MutexLock l(&mu_);
-      uint32_t& count = grants_per_node_[caller];
-      uint32_t& mine = grants_per_pod_[pod];
-      if (count >= options_.max_grants_per_peer || mine >= options_.max_grants_per_pod) {
-        over = true;
-      } else {
-        ++count;
-        ++mine;
-        while (g == 0 || grants_.contains(g)) g = RandomU64();
-        grants_[g] = Grant{caller, {}, pod, fwd, req.caller_instance()};
-        SeenLocked(caller);  // a grant given is a sign of life, however long the node was quiet
-        ++relayed_opens_;
-      }
-    }
-    if (over) {
-      ReleaseRemoteGrant(peer.get(), resp.grant());
-      return done(absl::ResourceExhaustedError(absl::StrCat("node ", caller, " or its pod holds its limit of grants")));
-    }
-    Log()->info("event=mesh_relay_grant peer={} origin={} next={} grant={}", caller, origin, next.node_name, g);
-    resp.set_grant(g);
-    resp.set_instance(instance_);
-    resp.clear_verbs_keys();
-    done(std::move(resp));
+    install(peer, std::move(resp));
   });
   if (!posted) {
     (*answer)(absl::ResourceExhaustedError(absl::StrCat("too many opens toward node ", next.node_name, " wait already")));
@@ -1806,6 +1823,27 @@ std::shared_ptr<MeshEngine::Peer> MeshEngine::PeerFor(const RemoteTarget& target
   return p;
 }
 
+void MeshEngine::OverTcp(const RemoteTarget& target,
+                         std::function<void(absl::StatusOr<std::shared_ptr<Peer>>)> next) {
+  std::shared_ptr<Peer> tcp = PeerFor(target, /*tcp=*/true);
+  if (tcp == nullptr) {
+    return next(absl::ResourceExhaustedError("this podlinkd talks to too many other nodes already (256)"));
+  }
+  // Connected on that peer's own worker, as every dial of it is.
+  auto answer = std::make_shared<std::function<void(absl::StatusOr<std::shared_ptr<Peer>>)>>(std::move(next));
+  Peer* t = tcp.get();
+  bool posted = t->Post([this, t, target, answer] {
+    std::shared_ptr<Peer> peer = t->shared_from_this();
+    auto next = std::move(*answer);
+    *answer = nullptr;
+    if (absl::Status st = Connect(peer, target); !st.ok()) return next(st);
+    next(std::move(peer));
+  });
+  if (!posted) {
+    (*answer)(absl::ResourceExhaustedError(absl::StrCat("too many opens of node ", target.node_name, " wait already")));
+  }
+}
+
 absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const RemoteTarget& target) {
   Peer& p = *peer;
   if (auto links = p.links(); links != nullptr && links->live() > 0 && p.stub() != nullptr) return absl::OkStatus();
@@ -2013,35 +2051,53 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
     if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, open, &resp), hop.node_name); !st.ok()) {
       return done(st);
     }
+    // The handle, on the peer whose links carry it.
+    auto install = [this, session, resp, done, destination, via](const std::shared_ptr<Peer>& carrier) {
+      RemoteRegionInfo info;
+      bool over = false;
+      {
+        absl::MutexLock l(&mu_);
+        uint32_t& mine = handles_per_session_[session];
+        if (mine >= options_.max_handles_per_session) {
+          over = true;
+        } else {
+          ++mine;
+          info.handle = kRemoteHandleBit | next_handle_++;
+          handles_[info.handle] = Handle{session, carrier, resp.grant(), resp.size(), resp.instance(), destination, via};
+        }
+      }
+      if (over) {
+        ReleaseRemoteGrant(carrier.get(), resp.grant());  // its verbs keys too
+        return done(absl::ResourceExhaustedError(
+            absl::StrCat("this session holds ", options_.max_handles_per_session, " remote regions (the limit)")));
+      }
+      info.export_id = resp.export_id();
+      info.size = resp.size();
+      info.handle_type = resp.handle_type();
+      info.owner_namespace = resp.owner_namespace();
+      info.owner_name = resp.owner_name();
+      done(info);
+    };
+    if (vl != nullptr && !resp.over_tcp_reason().empty()) {
+      // The owner cannot register this export for RDMA (a GPU export its
+      // NICs cannot reach by dma-buf, memory it may not pin): the grant is
+      // carried by this node's TCP links to it instead.
+      Log()->info("event=mesh_region_over_tcp node={} export={} grant={} why=\"{}\"", hop.node_name,
+                  resp.export_id(), resp.grant(), resp.over_tcp_reason());
+      return OverTcp(hop, [peer, resp, done, install](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
+        if (!tcp.ok()) {
+          ReleaseRemoteGrant(peer.get(), resp.grant());
+          return done(tcp.status());
+        }
+        install(*tcp);
+      });
+    }
     if (vl != nullptr) {
       std::vector<verbs::RegionKey> keys;
       for (const pb::VerbsKey& k : resp.verbs_keys()) keys.push_back(verbs::RegionKey{k.device(), k.rkey(), k.base()});
       vl->AddRegion(resp.grant(), std::move(keys));
     }
-    RemoteRegionInfo info;
-    bool over = false;
-    {
-      absl::MutexLock l(&mu_);
-      uint32_t& mine = handles_per_session_[session];
-      if (mine >= options_.max_handles_per_session) {
-        over = true;
-      } else {
-        ++mine;
-        info.handle = kRemoteHandleBit | next_handle_++;
-        handles_[info.handle] = Handle{session, peer, resp.grant(), resp.size(), resp.instance(), destination, via};
-      }
-    }
-    if (over) {
-      ReleaseRemoteGrant(peer.get(), resp.grant());  // its verbs keys too
-      return done(absl::ResourceExhaustedError(
-          absl::StrCat("this session holds ", options_.max_handles_per_session, " remote regions (the limit)")));
-    }
-    info.export_id = resp.export_id();
-    info.size = resp.size();
-    info.handle_type = resp.handle_type();
-    info.owner_namespace = resp.owner_namespace();
-    info.owner_name = resp.owner_name();
-    done(info);
+    install(peer);
   });
   if (!posted) {
     (*answer)(absl::ResourceExhaustedError(absl::StrCat("too many opens of node ", hop.node_name, " wait already")));
@@ -2353,7 +2409,6 @@ absl::StatusOr<pb::OpenVerbsResponse> MeshEngine::AcceptVerbs(const std::string&
 absl::Status MeshEngine::RegisterForVerbs(const std::string& node, uint64_t grant,
                                           const std::shared_ptr<const ExportRecord>& rec,
                                           pb::OpenRegionResponse* resp) {
-  PODLINK_ASSIGN_OR_RETURN(verbs::VerbsServer * server, VerbsServing());
   PODLINK_ASSIGN_OR_RETURN(RelayView view, rec->memory->MapForRelay());
   // Registration pins every page: a range the owner punched out would be
   // faulted in at podlinkd's expense, so it is refused as the relay does.
@@ -2362,14 +2417,31 @@ absl::Status MeshEngine::RegisterForVerbs(const std::string& node, uint64_t gran
   // (GPUDirect RDMA: peers write and read the GPU with no copy here).
   std::function<absl::StatusOr<UniqueFd>()> dmabuf;
   if (view.on_gpu) dmabuf = [memory = rec->memory] { return memory->DmaBuf(); };
-  absl::StatusOr<std::vector<verbs::RegionKey>> keys = server->Register(
-      node, grant, rec->memory, reinterpret_cast<char*>(view.address), rec->size, std::move(dmabuf));
+  absl::StatusOr<verbs::VerbsServer*> server = VerbsServing();
+  absl::StatusOr<std::vector<verbs::RegionKey>> keys =
+      server.ok() ? (*server)->Register(node, grant, rec->memory, reinterpret_cast<char*>(view.address), rec->size,
+                                        std::move(dmabuf))
+                  : server.status();
   if (!keys.ok()) {
-    if (view.on_gpu) {
-      Log()->warn("event=mesh_gpu_export_not_over_verbs peer={} export={} why=\"{}\"", node, rec->id,
-                  keys.status().message());
+    // The export is fine, only RDMA cannot reach it (a GPU export the NICs
+    // cannot register by dma-buf, memory this daemon may not pin): the grant
+    // goes over TCP, where GPU memory is staged through page-locked host
+    // memory by the copy engines. Said once in a while, counted always.
+    grants_over_tcp_.fetch_add(1, std::memory_order_relaxed);
+    bool say = false;
+    {
+      absl::MutexLock l(&mu_);
+      if (absl::Now() - last_over_tcp_log_ >= absl::Seconds(10)) {
+        last_over_tcp_log_ = absl::Now();
+        say = true;
+      }
     }
-    return keys.status();
+    if (say) {
+      Log()->warn("event=mesh_grant_over_tcp peer={} export={} gpu={} why=\"{}\" (grants so far: {})", node, rec->id,
+                  view.on_gpu, keys.status().message(), grants_over_tcp_.load(std::memory_order_relaxed));
+    }
+    resp->set_over_tcp_reason(std::string(keys.status().message()));
+    return absl::OkStatus();
   }
   for (const verbs::RegionKey& k : *keys) {
     pb::VerbsKey* out = resp->add_verbs_keys();
@@ -2684,6 +2756,9 @@ std::string MeshEngine::RenderMetrics() const {
       static_cast<double>(routed));
   one("podlink_mesh_relay_forwarded_bytes_total", "counter", "bytes this node forwarded as a relay",
       static_cast<double>(forwarded));
+  one("podlink_mesh_grants_over_tcp_total", "counter",
+      "grants this node gave over TCP though the importer asked for RDMA (the export could not be registered)",
+      static_cast<double>(grants_over_tcp_.load(std::memory_order_relaxed)));
   one("podlink_mesh_relay_staged_bytes", "gauge", "bytes of forwarded requests held in this node's relay staging",
       static_cast<double>(staged));
   one("podlink_mesh_refused_notifies_total", "counter",

@@ -324,6 +324,10 @@ class MeshEngine final : public MeshPort {
   // kept apart from the node's peer of the configured transport.
   std::shared_ptr<Peer> PeerFor(const RemoteTarget& target, bool tcp = false) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Connect(const std::shared_ptr<Peer>& p, const RemoteTarget& target);
+  // The node's TCP peer (PeerFor tcp), connected on its own worker, for a
+  // grant the owner gave over TCP though RDMA was asked for
+  // (OpenRegionResponse.over_tcp_reason); `next` gets it or why not.
+  void OverTcp(const RemoteTarget& target, std::function<void(absl::StatusOr<std::shared_ptr<Peer>>)> next);
   struct Handle {
     uint64_t session = 0;
     std::shared_ptr<Peer> peer;
@@ -446,6 +450,9 @@ class MeshEngine final : public MeshPort {
   uint64_t relay_forwarded_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t relayed_opens_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t routed_opens_ ABSL_GUARDED_BY(mu_) = 0;
+  // Grants given over TCP though RDMA was asked for (RegisterForVerbs).
+  std::atomic<uint64_t> grants_over_tcp_{0};
+  absl::Time last_over_tcp_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Verbs state, apart from mu_ (device calls can be slow).
   mutable absl::Mutex verbs_mu_;
   std::unique_ptr<verbs::Nics> nics_ ABSL_GUARDED_BY(verbs_mu_);

@@ -1070,13 +1070,20 @@ absl::StatusOr<std::vector<RegionKey>> VerbsServer::Register(const std::string& 
     absl::Status st;
     if (dmabuf == nullptr) {
       mr = api->reg_mr(nn->pd, addr, length, kAccess);
-      if (mr == nullptr) st = Errno("ibv_reg_mr(export)", errno);
+      if (mr == nullptr) {
+        const int err = errno;
+        st = Errno("ibv_reg_mr(export)", err);
+        if (err == ENOMEM) {
+          st = absl::ResourceExhaustedError(absl::StrCat(
+              st.message(), " (most often the locked-memory limit, RLIMIT_MEMLOCK, of a daemon without "
+                            "CAP_IPC_LOCK)"));
+        }
+      }
     } else if (api->reg_dmabuf_mr == nullptr || !nn->nic->dmabuf()) {
       st = absl::FailedPreconditionError(absl::StrCat(
           "RDMA device ", nn->nic->name(), " cannot register GPU memory (dma-buf): ",
           api->reg_dmabuf_mr == nullptr ? "libibverbs lacks ibv_reg_dmabuf_mr (rdma-core 34 or later)"
-                                        : "the device or its driver does not support it",
-          "; reach GPU exports over mesh.transport tcp"));
+                                        : "the device or its driver does not support it"));
     } else if (absl::StatusOr<UniqueFd> fd = dmabuf(); !fd.ok()) {
       st = absl::FailedPreconditionError(absl::StrCat("no dma-buf of the GPU export: ", fd.status().message()));
     } else {
