@@ -11,6 +11,10 @@ PODLINK_DEBUG_INFO=${PODLINK_DEBUG_INFO:--g1} bash scripts/build.sh
 # soft-RoCE (tests/vm/mesh_verbs.sh; under a minute here).
 PODLINK_VM_TIMEOUT=${PODLINK_VM_TIMEOUT:-300} bash tests/vm/mesh_verbs.sh "${PODLINK_BUILD_DIR:-build}" \
   "$(mktemp -d /tmp/podlink-vm-XXXXXX)"
+# A node whose podlinkd may not pin its pod's region: that region goes over TCP
+# (tests/vm/mesh_verbs_over_tcp.sh; about 30 s).
+PODLINK_VM_TIMEOUT=${PODLINK_VM_TIMEOUT:-300} bash tests/vm/mesh_verbs_over_tcp.sh "${PODLINK_BUILD_DIR:-build}" \
+  "$(mktemp -d /tmp/podlink-vm-XXXXXX)"
 # The same tests under AddressSanitizer + UndefinedBehaviorSanitizer, the
 # broker and relay integration tests under ThreadSanitizer, then every
 # libFuzzer target for 20 s (tests/fuzz/README.md). PODLINK_QUICK=1 skips

@@ -50,8 +50,17 @@ cat > /run/podlink-test/config.json <<CFG
 CFG
 wrap=""
 [ "${PODLINK_VM_GDB:-0}" = 1 ] && wrap="gdb -q -batch -ex run -ex bt -ex quit --args"
-$wrap "$build/daemon/podlinkd" --socket-dir /run/podlink-test --config /run/podlink-test/config.json --no-gpu \
-  --metrics-addr 127.0.0.1:9464 > "$out/$name.podlinkd.log" 2>&1 &
+# PODLINK_VM_MEMLOCK_KIB: podlinkd without CAP_IPC_LOCK and with that much
+# locked memory at most (RLIMIT_MEMLOCK), as a daemon run unprivileged would
+# be: ibv_reg_mr of more fails with ENOMEM (the kernel's pinning limit).
+(
+  if [ -n "${PODLINK_VM_MEMLOCK_KIB:-}" ]; then
+    ulimit -l "$PODLINK_VM_MEMLOCK_KIB"
+    wrap="$wrap setpriv --bounding-set -ipc_lock --inh-caps -ipc_lock --"
+  fi
+  exec $wrap "$build/daemon/podlinkd" --socket-dir /run/podlink-test --config /run/podlink-test/config.json \
+    --no-gpu --metrics-addr 127.0.0.1:9464 > "$out/$name.podlinkd.log" 2>&1
+) &
 daemon=$!
 i=0
 until [ -S /run/podlink-test/podlink.fd.sock ]; do

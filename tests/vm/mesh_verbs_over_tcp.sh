@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# A node whose podlinkd may not pin memory, for real, on soft-RoCE: two QEMU
+# guests as in tests/vm/mesh_verbs.sh, node-b's podlinkd run without
+# CAP_IPC_LOCK and with 3 MiB of locked memory at most (enough for its own
+# queue pairs' staging, too little to register its pod's 4 MiB region). node-a
+# asks for RDMA access to that region; node-b cannot register it (ibv_reg_mr:
+# ENOMEM), so it grants it over TCP with the reason, and node-a carries that
+# region over its TCP links to node-b instead of failing the open. node-b's
+# own writes to node-a still go by RDMA. Both owners check every byte.
+#
+#   tests/vm/mesh_verbs_over_tcp.sh [build dir] [output dir]
+#
+# Every wait is bounded (PODLINK_VM_TIMEOUT, default 600 s in all). Exits
+# non-zero when a check fails; the guests' logs stay in the output directory.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+build=$(cd "${1:-build}" && pwd)
+out=${2:-$(mktemp -d /tmp/podlink-vm-XXXXXX)}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+bytes=4194304
+limit=${PODLINK_VM_TIMEOUT:-600}
+source "$here/lib.sh"
+source "$here/../common/mesh_certs.sh"
+
+vm_prepare
+VM_RUN=$out
+export VM_RUN
+rm -f "$out"/*.rc "$out"/*.desc-* "$out"/*.finished "$out"/*.idx "$out"/*.handle.*
+trap vm_stop_all EXIT
+mesh_certs "$out/certs" node-a node-b
+echo "eth0 10.77.2.1/30" > "$out/node-a.net"
+echo "eth0 10.77.2.2/30" > "$out/node-b.net"
+port=$((20000 + ($$ + 7) % 20000))
+VM_NICS_node_a="listen:$port"
+VM_NICS_node_b="connect:$port"
+t0=$(date +%s)
+vm_log "booting node-a and node-b (kernel $VM_KVER, soft-RoCE); node-b's podlinkd may lock 3 MiB"
+vm_start node_a 1 "PODLINK_VM_NAME=node-a sh $here/node.sh $build pair $bytes node-b"
+vm_start node_b 2 "PODLINK_VM_MEMLOCK_KIB=3072 PODLINK_VM_NAME=node-b sh $here/node.sh $build pair $bytes node-a"
+rc=0
+vm_wait node_a "$limit" || rc=1
+vm_wait node_b 60 || rc=1
+vm_log "guests done in $(( $(date +%s) - t0 )) s"
+for n in node_a node_b; do
+  echo "---- $n"
+  cat "$out/$n.log" 2>/dev/null || echo "(no log; console tail:)"
+  [ -f "$out/$n.log" ] || tail -n 20 "$out/$n.console"
+done
+python3 "$here/summary.py" "$out" node-a:node-b node-b:node-a || rc=1
+check() {  # description, then a command that must succeed
+  local what=$1
+  shift
+  if "$@"; then echo "ok: $what"; else echo "FAILED: $what"; rc=1; fi
+}
+check "node-b could not register its pod's region and granted it over TCP ($(grep -o 'event=mesh_grant_over_tcp.*' \
+  "$out/node-b.podlinkd.log" 2>/dev/null | head -1))" grep -q "event=mesh_grant_over_tcp" "$out/node-b.podlinkd.log"
+check "node-b counted it" grep -Eq '^podlink_mesh_grants_over_tcp_total [1-9]' "$out/node-b.metrics"
+check "node-a carried that region over TCP" grep -q "event=mesh_region_over_tcp node=node-b" "$out/node-a.podlinkd.log"
+# What each node's operator sees (kubectl podlink links): node-a's bytes to
+# node-b went over TCP links; node-b's to node-a over its queue pairs.
+python3 - "$out" <<'PY' || rc=1
+import json, sys
+ok = True
+for me, peer, transport in (("node-a", "node-b", "tcp"), ("node-b", "node-a", "verbs")):
+    try:
+        links = json.load(open(f"{sys.argv[1]}/{me}.links.json"))
+        sent = sum(p["bytes_sent"] for p in links["peers"] if p["node"] == peer and p["transport"] == transport)
+    except Exception as e:  # a missing or malformed answer fails the check
+        sent = repr(e)
+    good = isinstance(sent, int) and sent >= 4194304
+    ok &= good
+    print(f"{'ok' if good else 'FAILED'}: {me} -> {peer} over {transport}: {sent} bytes sent (kubectl podlink links)")
+sys.exit(0 if ok else 1)
+PY
+{
+  echo "machine: $(nproc) cores, host kernel $(uname -r), guests: Debian $VM_KVER under QEMU TCG, 1 vCPU, ${VM_MEM_MB} MiB each"
+  echo "date: $(date -u +%Y-%m-%dT%H:%MZ); commit: $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "command: tests/vm/mesh_verbs_over_tcp.sh; region $bytes bytes; node-b's podlinkd: no CAP_IPC_LOCK, ulimit -l 3072"
+} > "$out/machine.txt"
+[ "$rc" = 0 ] && echo "mesh over verbs, a region RDMA cannot reach carried over TCP (two guests): PASS" ||
+  echo "mesh over verbs, a region RDMA cannot reach carried over TCP (two guests): FAIL"
+exit "$rc"
