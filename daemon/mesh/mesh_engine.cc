@@ -916,7 +916,7 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
     resp.set_grant(g);
   }
   if (req.verbs()) {
-    absl::Status st = RegisterForVerbs(node, resp.grant(), *rec, &resp);
+    absl::Status st = RegisterForVerbs(node, resp.grant(), *rec, req.accepts_over_tcp(), &resp);
     if (!st.ok()) {
       CloseRegion(node, resp.grant());
       return st;
@@ -993,6 +993,7 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
     pb::OpenRegionRequest onward = req;
     onward.set_caller_instance(instance_);
     onward.set_verbs(vl != nullptr);
+    onward.set_accepts_over_tcp(true);
     if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, onward, &resp), next.node_name); !st.ok()) return done(st);
     // The relay's grant, forwarding to the next node's grant on `carrier`.
     auto install = [this, caller, req, pod, done, origin, next](const std::shared_ptr<Peer>& carrier,
@@ -1027,8 +1028,8 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
       done(std::move(resp));
     };
     if (vl != nullptr && !resp.over_tcp_reason().empty()) {
-      Log()->info("event=mesh_region_over_tcp node={} export={} grant={} why=\"{}\"", next.node_name,
-                  resp.export_id(), resp.grant(), resp.over_tcp_reason());
+      Log()->info("event=mesh_region_over_tcp node={} export={} grant={} why={}", next.node_name, resp.export_id(),
+                  resp.grant(), LogQuoted(resp.over_tcp_reason().substr(0, 256)));
       return OverTcp(next, [peer, resp, done, install](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
         if (!tcp.ok()) {
           ReleaseRemoteGrant(peer.get(), resp.grant());
@@ -1798,6 +1799,9 @@ std::shared_ptr<MeshEngine::Peer> MeshEngine::PeerFor(const RemoteTarget& target
   constexpr size_t kMaxPeers = 256;
   std::vector<std::shared_ptr<Peer>> evicted;  // destroyed outside the lock (their workers are joined)
   absl::MutexLock l(&mu_);
+  // Stopping: the peers were taken away already (a worker's open that
+  // needs another peer, OverTcp, gets none).
+  if (stopping_.load(std::memory_order_acquire)) return nullptr;
   if (auto it = peers_.find(key); it != peers_.end()) return it->second;
   if (peers_.size() >= kMaxPeers) {
     // Forget peers that are idle, hold no connection and back no handle
@@ -1827,17 +1831,36 @@ void MeshEngine::OverTcp(const RemoteTarget& target,
                          std::function<void(absl::StatusOr<std::shared_ptr<Peer>>)> next) {
   std::shared_ptr<Peer> tcp = PeerFor(target, /*tcp=*/true);
   if (tcp == nullptr) {
-    return next(absl::ResourceExhaustedError("this podlinkd talks to too many other nodes already (256)"));
+    return next(stopping_.load(std::memory_order_acquire)
+                    ? absl::UnavailableError("podlinkd is stopping")
+                    : absl::ResourceExhaustedError("this podlinkd talks to too many other nodes already (256)"));
   }
-  // Connected on that peer's own worker, as every dial of it is.
-  auto answer = std::make_shared<std::function<void(absl::StatusOr<std::shared_ptr<Peer>>)>>(std::move(next));
-  Peer* t = tcp.get();
-  bool posted = t->Post([this, t, target, answer] {
-    std::shared_ptr<Peer> peer = t->shared_from_this();
-    auto next = std::move(*answer);
-    *answer = nullptr;
-    if (absl::Status st = Connect(peer, target); !st.ok()) return next(st);
-    next(std::move(peer));
+  // Answered exactly once: by the task, or (the task dropped: engine
+  // stopping, the peer evicted before it ran) when the last holder goes.
+  struct Answer {
+    Answer() = default;
+    Answer(const Answer&) = delete;  // a copy would answer too
+    Answer& operator=(const Answer&) = delete;
+    std::function<void(absl::StatusOr<std::shared_ptr<Peer>>)> next;
+    void operator()(absl::StatusOr<std::shared_ptr<Peer>> r) {
+      auto n = std::move(next);
+      next = nullptr;
+      if (n) n(std::move(r));
+    }
+    ~Answer() {
+      if (next) next(absl::UnavailableError("the open over TCP was dropped (podlinkd stopping)"));
+    }
+  };
+  auto answer = std::make_shared<Answer>();
+  answer->next = std::move(next);
+  // Connected on that peer's own worker, as every dial of it is; the task
+  // holds no reference to its own peer (a worker must not outlive it).
+  std::weak_ptr<Peer> weak = tcp;
+  bool posted = tcp->Post([this, weak, target, answer] {
+    std::shared_ptr<Peer> peer = weak.lock();
+    if (peer == nullptr) return;  // going away: Answer says so
+    if (absl::Status st = Connect(peer, target); !st.ok()) return (*answer)(st);
+    (*answer)(std::move(peer));
   });
   if (!posted) {
     (*answer)(absl::ResourceExhaustedError(absl::StrCat("too many opens of node ", target.node_name, " wait already")));
@@ -2044,6 +2067,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
     std::shared_ptr<verbs::VerbsLinks> vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links());
     pb::OpenRegionRequest open = req;
     open.set_verbs(vl != nullptr);
+    open.set_accepts_over_tcp(true);
     open.set_caller_instance(instance_);
     pb::OpenRegionResponse resp;
     grpc::ClientContext ctx;
@@ -2082,8 +2106,8 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
       // The owner cannot register this export for RDMA (a GPU export its
       // NICs cannot reach by dma-buf, memory it may not pin): the grant is
       // carried by this node's TCP links to it instead.
-      Log()->info("event=mesh_region_over_tcp node={} export={} grant={} why=\"{}\"", hop.node_name,
-                  resp.export_id(), resp.grant(), resp.over_tcp_reason());
+      Log()->info("event=mesh_region_over_tcp node={} export={} grant={} why={}", hop.node_name, resp.export_id(),
+                  resp.grant(), LogQuoted(resp.over_tcp_reason().substr(0, 256)));
       return OverTcp(hop, [peer, resp, done, install](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
         if (!tcp.ok()) {
           ReleaseRemoteGrant(peer.get(), resp.grant());
@@ -2407,23 +2431,30 @@ absl::StatusOr<pb::OpenVerbsResponse> MeshEngine::AcceptVerbs(const std::string&
 }
 
 absl::Status MeshEngine::RegisterForVerbs(const std::string& node, uint64_t grant,
-                                          const std::shared_ptr<const ExportRecord>& rec,
+                                          const std::shared_ptr<const ExportRecord>& rec, bool over_tcp_ok,
                                           pb::OpenRegionResponse* resp) {
+  // The TCP server needs the mapping too: an export without one is refused.
   PODLINK_ASSIGN_OR_RETURN(RelayView view, rec->memory->MapForRelay());
-  // Registration pins every page: a range the owner punched out would be
-  // faulted in at podlinkd's expense, so it is refused as the relay does.
-  PODLINK_RETURN_IF_ERROR(rec->memory->CheckPopulated(0, rec->size));
-  // GPU memory goes to the NIC as a dma-buf of the daemon's own mapping
-  // (GPUDirect RDMA: peers write and read the GPU with no copy here).
-  std::function<absl::StatusOr<UniqueFd>()> dmabuf;
-  if (view.on_gpu) dmabuf = [memory = rec->memory] { return memory->DmaBuf(); };
-  absl::StatusOr<verbs::VerbsServer*> server = VerbsServing();
-  absl::StatusOr<std::vector<verbs::RegionKey>> keys =
-      server.ok() ? (*server)->Register(node, grant, rec->memory, reinterpret_cast<char*>(view.address), rec->size,
-                                        std::move(dmabuf))
-                  : server.status();
+  absl::StatusOr<std::vector<verbs::RegionKey>> keys = absl::UnknownError("not registered");
+  if (absl::Status populated = rec->memory->CheckPopulated(0, rec->size); !populated.ok()) {
+    // Registration pins every page: a range the owner punched out would be
+    // faulted in at podlinkd's expense, so it is not registered (over TCP,
+    // each frame's range is checked as the local relay checks each copy).
+    keys = populated;
+  } else {
+    // GPU memory goes to the NIC as a dma-buf of the daemon's own mapping
+    // (GPUDirect RDMA: peers write and read the GPU with no copy here).
+    std::function<absl::StatusOr<UniqueFd>()> dmabuf;
+    if (view.on_gpu) dmabuf = [memory = rec->memory] { return memory->DmaBuf(); };
+    absl::StatusOr<verbs::VerbsServer*> server = VerbsServing();
+    keys = server.ok() ? (*server)->Register(node, grant, rec->memory, reinterpret_cast<char*>(view.address),
+                                             rec->size, std::move(dmabuf))
+                       : server.status();
+  }
   if (!keys.ok()) {
-    // The export is fine, only RDMA cannot reach it (a GPU export the NICs
+    // An older importer cannot carry the grant over TCP: refused, as before.
+    if (!over_tcp_ok) return keys.status();
+    // The export is there, only RDMA cannot reach it (a GPU export the NICs
     // cannot register by dma-buf, memory this daemon may not pin): the grant
     // goes over TCP, where GPU memory is staged through page-locked host
     // memory by the copy engines. Said once in a while, counted always.

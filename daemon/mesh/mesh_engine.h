@@ -245,8 +245,11 @@ class MeshEngine final : public MeshPort {
   absl::StatusOr<verbs::VerbsServer*> VerbsServing() ABSL_LOCKS_EXCLUDED(verbs_mu_);
   absl::StatusOr<podlink::mesh::v1::OpenVerbsResponse> AcceptVerbs(const std::string& node,
                                                                    const podlink::mesh::v1::OpenVerbsRequest& req);
+  // Registers `rec` for `node`'s verbs links (resp's verbs_keys); where it
+  // cannot be and the caller `over_tcp_ok`, grants it over TCP instead
+  // (resp's over_tcp_reason). Errors: the export cannot be served at all.
   absl::Status RegisterForVerbs(const std::string& node, uint64_t grant, const std::shared_ptr<const ExportRecord>& rec,
-                                podlink::mesh::v1::OpenRegionResponse* resp);
+                                bool over_tcp_ok, podlink::mesh::v1::OpenRegionResponse* resp);
   void DeliverVerbsNotify(const std::string& node, uint64_t grant, uint64_t value);
   // Registrations whose grant closed or whose export went away are dropped.
   void SweepVerbs();

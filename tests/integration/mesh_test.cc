@@ -1229,8 +1229,13 @@ TEST_F(MeshHostile, HostileVerbsRequestsAreRefusedAndLeakNothing) {
     (*req.mutable_importer()->mutable_annotations())["podlink.io/peer-group"] = "job-7";
     req.set_export_id(export_id_);
     req.set_verbs(true);
+    req.set_accepts_over_tcp(i > 0);  // the first as an older daemon asks: refused
     pb::OpenRegionResponse resp;
     st = stub->OpenRegion(&ctx, req, &resp);
+    if (i == 0) {
+      EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+      continue;
+    }
     if (!st.ok()) {
       ASSERT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << i << ": " << st.error_message();
       break;

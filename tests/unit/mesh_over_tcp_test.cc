@@ -32,7 +32,10 @@ std::shared_ptr<const ExportRecord> MemfdExport(uint64_t id, uint64_t size, bool
   UniqueFd owner_side(::dup(fd.get()));  // what the exporting pod keeps
   auto m = HostMemfdBackend().Adopt({size, "", HandleKind::kHostMemfd}, std::move(fd), "");
   EXPECT_TRUE(m.ok()) << m.status();
-  if (punch_hole) {  // the owner gives pages back after exporting
+  if (punch_hole) {
+    // The owner gives pages back after podlinkd mapped its export (before,
+    // the mapping itself is refused, over any transport).
+    EXPECT_TRUE((*m)->MapForRelay().ok());
     EXPECT_EQ(::fallocate(owner_side.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 4096, 8192), 0);
   }
   ExportRecord rec;
@@ -57,7 +60,8 @@ class OneExportHost final : public MeshHost {
   std::shared_ptr<const ExportRecord> rec_;
 };
 
-absl::StatusOr<pb::OpenRegionResponse> OpenOverVerbs(MeshEngine& e, const std::string& node) {
+absl::StatusOr<pb::OpenRegionResponse> OpenOverVerbs(MeshEngine& e, const std::string& node,
+                                                     bool accepts_over_tcp = true) {
   pb::OpenRegionRequest req;
   pb::ForwardedIdentity* who = req.mutable_importer();
   who->set_node(node);
@@ -66,6 +70,7 @@ absl::StatusOr<pb::OpenRegionResponse> OpenOverVerbs(MeshEngine& e, const std::s
   who->set_pod_name("decode-0");
   req.set_export_id(7);
   req.set_verbs(true);
+  req.set_accepts_over_tcp(accepts_over_tcp);
   absl::StatusOr<pb::OpenRegionResponse> out = absl::UnknownError("not answered");
   e.OpenRegionFor(node, req, [&](absl::StatusOr<pb::OpenRegionResponse> r) { out = std::move(r); });
   return out;
@@ -90,12 +95,24 @@ TEST(MeshOverTcp, AnExportRdmaCannotReachIsGrantedOverTcpWithTheReason) {
   EXPECT_NE(metrics.find("podlink_mesh_grants_over_tcp_total 1"), std::string::npos) << metrics;
 }
 
-TEST(MeshOverTcp, AnExportTheOwnerCannotServeIsStillRefused) {
-  // Pages punched out: no transport may fault them in at podlinkd's expense.
+TEST(MeshOverTcp, AnExportWithHolesIsNotPinnedButGrantedOverTcp) {
+  // Pages punched out after podlinkd mapped the export: registering would
+  // fault them in at podlinkd's expense; over TCP each frame's range is
+  // checked instead.
   OneExportHost host(MemfdExport(7, 1 << 20, /*punch_hole=*/true));
   auto e = MeshEngine::ForTesting(Verbs(), "owner", &host);
   absl::StatusOr<pb::OpenRegionResponse> r = OpenOverVerbs(*e, "importer");
-  EXPECT_FALSE(r.ok()) << "an export with holes was granted";
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NE(r->over_tcp_reason().find("not fully allocated"), std::string::npos) << r->over_tcp_reason();
+  EXPECT_EQ(r->verbs_keys_size(), 0);
+}
+
+TEST(MeshOverTcp, AnOlderImporterIsRefusedAsBefore) {
+  // It would take a grant without keys for usable and fail every transfer.
+  OneExportHost host(MemfdExport(7, 1 << 20, /*punch_hole=*/false));
+  auto e = MeshEngine::ForTesting(Verbs(), "owner", &host);
+  absl::StatusOr<pb::OpenRegionResponse> r = OpenOverVerbs(*e, "importer", /*accepts_over_tcp=*/false);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
   EXPECT_EQ(e->Status().grants(), 0u) << "a refused open left its grant behind";
   EXPECT_NE(e->RenderMetrics().find("podlink_mesh_grants_over_tcp_total 0"), std::string::npos);
 }
