@@ -1867,7 +1867,7 @@ void MeshEngine::OverTcp(const RemoteTarget& target,
   }
 }
 
-absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const RemoteTarget& target) {
+absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const RemoteTarget& target, bool* verbs_failed) {
   Peer& p = *peer;
   if (auto links = p.links(); links != nullptr && links->live() > 0 && p.stub() != nullptr) return absl::OkStatus();
   std::vector<IpPrefix> remote;
@@ -1916,7 +1916,12 @@ absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const Remote
       PODLINK_RETURN_IF_ERROR(FromGrpc(stub->OpenVerbs(&ctx, req, &resp), target.node_name));
       return resp;
     };
-    PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<verbs::VerbsLinks> vl, ConnectVerbs(target.node_name, paths, open));
+    absl::StatusOr<std::shared_ptr<verbs::VerbsLinks>> made = ConnectVerbs(target.node_name, paths, open);
+    if (!made.ok()) {
+      if (verbs_failed != nullptr) *verbs_failed = true;
+      return made.status();
+    }
+    std::shared_ptr<verbs::VerbsLinks> vl = *std::move(made);
     // A path whose QPs all failed gets new ones in the background (the
     // owner drops the failed ones), while the other paths carry on.
     vl->set_on_path_down(RepairOnDown(peer, vl, paths, 0));
@@ -2062,66 +2067,93 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
     std::shared_ptr<Peer> peer = p->shared_from_this();
     OpenDone done = std::move(*answer);
     *answer = nullptr;
-    if (absl::Status st = Connect(peer, hop); !st.ok()) return done(st);
-    std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
-    std::shared_ptr<verbs::VerbsLinks> vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links());
-    pb::OpenRegionRequest open = req;
-    open.set_verbs(vl != nullptr);
-    open.set_accepts_over_tcp(true);
-    open.set_caller_instance(instance_);
-    pb::OpenRegionResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, open, &resp), hop.node_name); !st.ok()) {
-      return done(st);
-    }
-    // The handle, on the peer whose links carry it.
-    auto install = [this, session, resp, done, destination, via](const std::shared_ptr<Peer>& carrier) {
-      RemoteRegionInfo info;
-      bool over = false;
+    // The open itself, on a connected peer, on that peer's worker.
+    auto open_on = [this, session, hop, req, done, destination, via](const std::shared_ptr<Peer>& peer) {
+      std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
+      std::shared_ptr<verbs::VerbsLinks> vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links());
+      pb::OpenRegionRequest open = req;
+      open.set_verbs(vl != nullptr);
+      open.set_accepts_over_tcp(true);
+      open.set_caller_instance(instance_);
+      pb::OpenRegionResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+      if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, open, &resp), hop.node_name); !st.ok()) {
+        return done(st);
+      }
+      // The handle, on the peer whose links carry it.
+      auto install = [this, session, resp, done, destination, via](const std::shared_ptr<Peer>& carrier) {
+        RemoteRegionInfo info;
+        bool over = false;
+        {
+          absl::MutexLock l(&mu_);
+          uint32_t& mine = handles_per_session_[session];
+          if (mine >= options_.max_handles_per_session) {
+            over = true;
+          } else {
+            ++mine;
+            info.handle = kRemoteHandleBit | next_handle_++;
+            handles_[info.handle] = Handle{session, carrier, resp.grant(), resp.size(), resp.instance(), destination, via};
+          }
+        }
+        if (over) {
+          ReleaseRemoteGrant(carrier.get(), resp.grant());  // its verbs keys too
+          return done(absl::ResourceExhaustedError(
+              absl::StrCat("this session holds ", options_.max_handles_per_session, " remote regions (the limit)")));
+        }
+        info.export_id = resp.export_id();
+        info.size = resp.size();
+        info.handle_type = resp.handle_type();
+        info.owner_namespace = resp.owner_namespace();
+        info.owner_name = resp.owner_name();
+        done(info);
+      };
+      if (vl != nullptr && !resp.over_tcp_reason().empty()) {
+        // The owner cannot register this export for RDMA (a GPU export its
+        // NICs cannot reach by dma-buf, memory it may not pin): the grant is
+        // carried by this node's TCP links to it instead.
+        Log()->info("event=mesh_region_over_tcp node={} export={} grant={} why={}", hop.node_name, resp.export_id(),
+                    resp.grant(), LogQuoted(resp.over_tcp_reason().substr(0, 256)));
+        return OverTcp(hop, [peer, resp, done, install](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
+          if (!tcp.ok()) {
+            ReleaseRemoteGrant(peer.get(), resp.grant());
+            return done(tcp.status());
+          }
+          install(*tcp);
+        });
+      }
+      if (vl != nullptr) {
+        std::vector<verbs::RegionKey> keys;
+        for (const pb::VerbsKey& k : resp.verbs_keys()) keys.push_back(verbs::RegionKey{k.device(), k.rkey(), k.base()});
+        vl->AddRegion(resp.grant(), std::move(keys));
+      }
+      install(peer);
+    };
+    bool verbs_failed = false;
+    if (absl::Status st = Connect(peer, hop, &verbs_failed); !st.ok()) {
+      if (!verbs_failed || !options_.verbs_tcp_fallback) return done(st);
+      // The node answered, but no RDMA path to it came up (no RDMA device
+      // on either end of the paths, a GID that does not match, ...): over
+      // the TCP links to it instead, said and counted.
+      verbs_fallbacks_.fetch_add(1, std::memory_order_relaxed);
+      bool say = false;
       {
         absl::MutexLock l(&mu_);
-        uint32_t& mine = handles_per_session_[session];
-        if (mine >= options_.max_handles_per_session) {
-          over = true;
-        } else {
-          ++mine;
-          info.handle = kRemoteHandleBit | next_handle_++;
-          handles_[info.handle] = Handle{session, carrier, resp.grant(), resp.size(), resp.instance(), destination, via};
+        if (absl::Now() - last_fallback_log_ >= absl::Seconds(10)) {
+          last_fallback_log_ = absl::Now();
+          say = true;
         }
       }
-      if (over) {
-        ReleaseRemoteGrant(carrier.get(), resp.grant());  // its verbs keys too
-        return done(absl::ResourceExhaustedError(
-            absl::StrCat("this session holds ", options_.max_handles_per_session, " remote regions (the limit)")));
+      if (say) {
+        Log()->warn("event=mesh_verbs_fallback node={} why={} (opens over TCP so far: {})", hop.node_name,
+                    LogQuoted(st.message().substr(0, 512)), verbs_fallbacks_.load(std::memory_order_relaxed));
       }
-      info.export_id = resp.export_id();
-      info.size = resp.size();
-      info.handle_type = resp.handle_type();
-      info.owner_namespace = resp.owner_namespace();
-      info.owner_name = resp.owner_name();
-      done(info);
-    };
-    if (vl != nullptr && !resp.over_tcp_reason().empty()) {
-      // The owner cannot register this export for RDMA (a GPU export its
-      // NICs cannot reach by dma-buf, memory it may not pin): the grant is
-      // carried by this node's TCP links to it instead.
-      Log()->info("event=mesh_region_over_tcp node={} export={} grant={} why={}", hop.node_name, resp.export_id(),
-                  resp.grant(), LogQuoted(resp.over_tcp_reason().substr(0, 256)));
-      return OverTcp(hop, [peer, resp, done, install](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
-        if (!tcp.ok()) {
-          ReleaseRemoteGrant(peer.get(), resp.grant());
-          return done(tcp.status());
-        }
-        install(*tcp);
+      return OverTcp(hop, [open_on, done](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
+        if (!tcp.ok()) return done(tcp.status());
+        open_on(*tcp);
       });
     }
-    if (vl != nullptr) {
-      std::vector<verbs::RegionKey> keys;
-      for (const pb::VerbsKey& k : resp.verbs_keys()) keys.push_back(verbs::RegionKey{k.device(), k.rkey(), k.base()});
-      vl->AddRegion(resp.grant(), std::move(keys));
-    }
-    install(peer);
+    open_on(peer);
   });
   if (!posted) {
     (*answer)(absl::ResourceExhaustedError(absl::StrCat("too many opens of node ", hop.node_name, " wait already")));
@@ -2787,6 +2819,9 @@ std::string MeshEngine::RenderMetrics() const {
       static_cast<double>(routed));
   one("podlink_mesh_relay_forwarded_bytes_total", "counter", "bytes this node forwarded as a relay",
       static_cast<double>(forwarded));
+  one("podlink_mesh_verbs_fallbacks_total", "counter",
+      "opens this node made over TCP because no RDMA path to the node came up (mesh.verbs_tcp_fallback)",
+      static_cast<double>(verbs_fallbacks_.load(std::memory_order_relaxed)));
   one("podlink_mesh_grants_over_tcp_total", "counter",
       "grants this node gave over TCP though the importer asked for RDMA (the export could not be registered)",
       static_cast<double>(grants_over_tcp_.load(std::memory_order_relaxed)));

@@ -68,6 +68,9 @@ struct MeshOptions {
   std::vector<std::string> interfaces;   // netdevs to advertise; empty: all but loopback
   std::vector<std::string> addresses;    // explicit "addr/prefix" list (overrides interfaces)
   bool fallback = false;                 // no direct subnet: let the kernel route to the first address
+  // transport "verbs": a node no RDMA path to comes up is reached over TCP
+  // (said and counted) instead of failing the open.
+  bool verbs_tcp_fallback = true;
   uint32_t connections_per_path = 4;
   uint64_t slice_bytes = 512 << 10;
   uint32_t slices_in_flight = 4;         // per connection
@@ -326,7 +329,9 @@ class MeshEngine final : public MeshPort {
   // memory for RDMA to land in, so the hop to a relay is TCP); such a peer is
   // kept apart from the node's peer of the configured transport.
   std::shared_ptr<Peer> PeerFor(const RemoteTarget& target, bool tcp = false) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status Connect(const std::shared_ptr<Peer>& p, const RemoteTarget& target);
+  // `verbs_failed`: set when the node answered but no RDMA path to it came
+  // up (the TCP links to it may still work).
+  absl::Status Connect(const std::shared_ptr<Peer>& p, const RemoteTarget& target, bool* verbs_failed = nullptr);
   // The node's TCP peer (PeerFor tcp), connected on its own worker, for a
   // grant the owner gave over TCP though RDMA was asked for
   // (OpenRegionResponse.over_tcp_reason); `next` gets it or why not.
@@ -456,6 +461,9 @@ class MeshEngine final : public MeshPort {
   // Grants given over TCP though RDMA was asked for (RegisterForVerbs).
   std::atomic<uint64_t> grants_over_tcp_{0};
   absl::Time last_over_tcp_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Opens that went over TCP because no RDMA path to the node came up.
+  std::atomic<uint64_t> verbs_fallbacks_{0};
+  absl::Time last_fallback_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Verbs state, apart from mu_ (device calls can be slow).
   mutable absl::Mutex verbs_mu_;
   std::unique_ptr<verbs::Nics> nics_ ABSL_GUARDED_BY(verbs_mu_);

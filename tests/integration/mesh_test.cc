@@ -1494,6 +1494,41 @@ TEST_F(Mesh, AVerbsNodeReachesItsRelayOverTcp) {
       << na->Log();
 }
 
+// A node whose links are RDMA (mesh.transport verbs) and a peer that no RDMA
+// path reaches (this machine has no RDMA device): the node answers, the
+// queue pairs never come up, and the open goes over the TCP links instead,
+// said and counted. With mesh.verbs_tcp_fallback false it fails, naming why.
+TEST_F(Mesh, AVerbsNodeThatNoRdmaPathLeavesGoesOverTcp) {
+  TwoNodes t;
+  Join(t);
+  [[maybe_unused]] auto& [a, b, da, db, pa, pb, pods] = t;
+  auto na = StartNode("node-a", a, {da}, pods, "", R"(, "transport": "verbs")");
+  if (!na->WaitForLog("event=mesh_ready", 5000)) GTEST_SKIP() << "no libibverbs here: " << na->Log();
+  auto nb = StartNode("node-b", b, {db}, pods);
+  KvAcrossNodes(*nb, pb, *na, pa, 4 << 20, 23);
+  EXPECT_TRUE(na->WaitForLog("event=mesh_verbs_fallback node=node-b")) << na->Log();
+  std::string metrics = RunCommand(absl::StrCat(
+      "ip netns exec ", a, " python3 -c 'import urllib.request as u; print(u.urlopen(\"http://127.0.0.1:",
+      na->metrics_port(), "/metrics\").read().decode())'"));
+  EXPECT_NE(metrics.find("podlink_mesh_verbs_fallbacks_total 1"), std::string::npos) << metrics;
+  json links = LinksOf(*na);
+  bool over_tcp = false;
+  for (const json& p : links["peers"]) over_tcp |= p["node"] == "node-b" && p["transport"] == "tcp";
+  EXPECT_TRUE(over_tcp) << links.dump();
+  na.reset();
+  na = StartNode("node-a", a, {da}, pods, "", R"(, "transport": "verbs", "verbs_tcp_fallback": false)");
+  Pod server(*nb, &pb, {"kv-serve", "--size", "65536", "--verify", "3"});
+  json s = server.Expect("serving");
+  ASSERT_EQ(s["event"], "serving") << s.dump();
+  Pod client(*na, &pa, {"kv-put", "--desc", s["descriptor"], "--seed", "3"});
+  json r = client.Next(30000).value_or(json());
+  EXPECT_EQ(r["event"], "error") << r.dump();
+  EXPECT_NE(r.dump().find("verbs"), std::string::npos) << "the reason names RDMA: " << r.dump();
+  EXPECT_NE(client.Wait(), 0);
+  server.Kill(SIGKILL);
+  server.Wait();
+}
+
 // An importing daemon that dies leaves its grants on the owner (nothing
 // tells the owner); when it comes back, its new instance says so and the owner
 // drops what the old one held instead of keeping it until the export goes.
