@@ -436,6 +436,16 @@ class MeshEngine::Peer : public std::enable_shared_from_this<MeshEngine::Peer> {
     absl::MutexLock l(&mu_);
     return advertised_;
   }
+  // After no RDMA path came up: opens go over TCP without trying RDMA again
+  // until then (mesh.verbs_tcp_fallback).
+  absl::Time verbs_retry_after() const {
+    absl::MutexLock l(&mu_);
+    return verbs_retry_after_;
+  }
+  void set_verbs_retry_after(absl::Time t) {
+    absl::MutexLock l(&mu_);
+    verbs_retry_after_ = t;
+  }
   // Which of the paths a transfer from or to memory at `place` (a GPU's PCI
   // bus id; empty: host memory) uses; made once per place and path set.
   std::shared_ptr<const PathPreference> Preference(
@@ -477,6 +487,7 @@ class MeshEngine::Peer : public std::enable_shared_from_this<MeshEngine::Peer> {
   std::vector<Path> paths_ ABSL_GUARDED_BY(mu_);
   std::vector<pb::LinkInfo> advertised_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::shared_ptr<const PathPreference>> prefs_ ABSL_GUARDED_BY(mu_);
+  absl::Time verbs_retry_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::thread worker_;
 };
 
@@ -2129,12 +2140,23 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
       }
       install(peer);
     };
+    // The node answered, but no RDMA path to it came up lately (no RDMA
+    // device or GID for this node's address, the owner refusing the queue
+    // pairs): over the TCP links to it instead, said and counted, without
+    // trying RDMA again for kVerbsRetry.
+    constexpr absl::Duration kVerbsRetry = absl::Seconds(30);
     bool verbs_failed = false;
-    if (absl::Status st = Connect(peer, hop, &verbs_failed); !st.ok()) {
+    absl::Status st;
+    if (options_.verbs_tcp_fallback && !peer->tcp() && absl::Now() < peer->verbs_retry_after() &&
+        (peer->links() == nullptr || peer->links()->live() == 0)) {
+      verbs_failed = true;
+      st = absl::UnavailableError(absl::StrCat("no RDMA path to node ", hop.node_name, " came up lately"));
+    } else {
+      st = Connect(peer, hop, &verbs_failed);
+      if (verbs_failed) peer->set_verbs_retry_after(absl::Now() + kVerbsRetry);
+    }
+    if (!st.ok()) {
       if (!verbs_failed || !options_.verbs_tcp_fallback) return done(st);
-      // The node answered, but no RDMA path to it came up (no RDMA device
-      // on either end of the paths, a GID that does not match, ...): over
-      // the TCP links to it instead, said and counted.
       verbs_fallbacks_.fetch_add(1, std::memory_order_relaxed);
       bool say = false;
       {
@@ -2148,8 +2170,11 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
         Log()->warn("event=mesh_verbs_fallback node={} why={} (opens over TCP so far: {})", hop.node_name,
                     LogQuoted(st.message().substr(0, 512)), verbs_fallbacks_.load(std::memory_order_relaxed));
       }
-      return OverTcp(hop, [open_on, done](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
-        if (!tcp.ok()) return done(tcp.status());
+      return OverTcp(hop, [open_on, done, st](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
+        if (!tcp.ok()) {
+          return done(absl::Status(tcp.status().code(), absl::StrCat(tcp.status().message(),
+                                                                      " (over RDMA before: ", st.message(), ")")));
+        }
         open_on(*tcp);
       });
     }
@@ -2820,7 +2845,7 @@ std::string MeshEngine::RenderMetrics() const {
   one("podlink_mesh_relay_forwarded_bytes_total", "counter", "bytes this node forwarded as a relay",
       static_cast<double>(forwarded));
   one("podlink_mesh_verbs_fallbacks_total", "counter",
-      "opens this node made over TCP because no RDMA path to the node came up (mesh.verbs_tcp_fallback)",
+      "opens this node sent over TCP because no RDMA path to the node came up (mesh.verbs_tcp_fallback)",
       static_cast<double>(verbs_fallbacks_.load(std::memory_order_relaxed)));
   one("podlink_mesh_grants_over_tcp_total", "counter",
       "grants this node gave over TCP though the importer asked for RDMA (the export could not be registered)",

@@ -1507,10 +1507,20 @@ TEST_F(Mesh, AVerbsNodeThatNoRdmaPathLeavesGoesOverTcp) {
   auto nb = StartNode("node-b", b, {db}, pods);
   KvAcrossNodes(*nb, pb, *na, pa, 4 << 20, 23);
   EXPECT_TRUE(na->WaitForLog("event=mesh_verbs_fallback node=node-b")) << na->Log();
+  auto count = [](const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  const size_t dials = count(na->Log(), "event=verbs_path_failed");
+  EXPECT_GE(dials, 1u) << na->Log();
+  // The next open within 30 s goes straight to TCP: no RDMA dial again.
+  KvAcrossNodes(*nb, pb, *na, pa, 65536, 24);
+  EXPECT_EQ(count(na->Log(), "event=verbs_path_failed"), dials) << na->Log();
   std::string metrics = RunCommand(absl::StrCat(
       "ip netns exec ", a, " python3 -c 'import urllib.request as u; print(u.urlopen(\"http://127.0.0.1:",
       na->metrics_port(), "/metrics\").read().decode())'"));
-  EXPECT_NE(metrics.find("podlink_mesh_verbs_fallbacks_total 1"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("podlink_mesh_verbs_fallbacks_total 2\n"), std::string::npos) << metrics;
   json links = LinksOf(*na);
   bool over_tcp = false;
   for (const json& p : links["peers"]) over_tcp |= p["node"] == "node-b" && p["transport"] == "tcp";
