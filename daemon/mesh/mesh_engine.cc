@@ -992,69 +992,71 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
     RegionDone done = std::move(*answer);
     *answer = nullptr;
     // Onward as for this node's own pods: direct paths (the kernel's routing
-    // only where mesh.fallback says so).
-    if (absl::Status st = Connect(peer, next); !st.ok()) return done(st);
-    // Onward over this node's own transport: over verbs the owner registers
-    // the export for this node's queue pairs, as for its own pods.
-    std::shared_ptr<verbs::VerbsLinks> vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links());
-    pb::OpenRegionResponse resp;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-    std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
-    pb::OpenRegionRequest onward = req;
-    onward.set_caller_instance(instance_);
-    onward.set_verbs(vl != nullptr);
-    onward.set_accepts_over_tcp(true);
-    if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, onward, &resp), next.node_name); !st.ok()) return done(st);
-    // The relay's grant, forwarding to the next node's grant on `carrier`.
-    auto install = [this, caller, req, pod, done, origin, next](const std::shared_ptr<Peer>& carrier,
-                                                                 pb::OpenRegionResponse resp) {
-      auto fwd = std::make_shared<Forward>(Forward{carrier, resp.grant(), resp.size(), resp.instance()});
-      bool over = false;
-      uint64_t g = 0;
-      {
-        absl::MutexLock l(&mu_);
-        uint32_t& count = grants_per_node_[caller];
-        uint32_t& mine = grants_per_pod_[pod];
-        if (count >= options_.max_grants_per_peer || mine >= options_.max_grants_per_pod) {
-          over = true;
-        } else {
-          ++count;
-          ++mine;
-          while (g == 0 || grants_.contains(g)) g = RandomU64();
-          grants_[g] = Grant{caller, {}, pod, fwd, req.caller_instance()};
-          SeenLocked(caller);  // a grant given is a sign of life, however long the node was quiet
-          ++relayed_opens_;
+    // only where mesh.fallback says so), over TCP where no RDMA path comes up.
+    auto open_on = [this, caller, next, req, pod, done, origin](const std::shared_ptr<Peer>& peer) {
+      // Onward over this node's own transport: over verbs the owner registers
+      // the export for this node's queue pairs, as for its own pods.
+      std::shared_ptr<verbs::VerbsLinks> vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links());
+      pb::OpenRegionResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+      std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
+      pb::OpenRegionRequest onward = req;
+      onward.set_caller_instance(instance_);
+      onward.set_verbs(vl != nullptr);
+      onward.set_accepts_over_tcp(true);
+      if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, onward, &resp), next.node_name); !st.ok()) return done(st);
+      // The relay's grant, forwarding to the next node's grant on `carrier`.
+      auto install = [this, caller, req, pod, done, origin, next](const std::shared_ptr<Peer>& carrier,
+                                                                   pb::OpenRegionResponse resp) {
+        auto fwd = std::make_shared<Forward>(Forward{carrier, resp.grant(), resp.size(), resp.instance()});
+        bool over = false;
+        uint64_t g = 0;
+        {
+          absl::MutexLock l(&mu_);
+          uint32_t& count = grants_per_node_[caller];
+          uint32_t& mine = grants_per_pod_[pod];
+          if (count >= options_.max_grants_per_peer || mine >= options_.max_grants_per_pod) {
+            over = true;
+          } else {
+            ++count;
+            ++mine;
+            while (g == 0 || grants_.contains(g)) g = RandomU64();
+            grants_[g] = Grant{caller, {}, pod, fwd, req.caller_instance()};
+            SeenLocked(caller);  // a grant given is a sign of life, however long the node was quiet
+            ++relayed_opens_;
+          }
         }
+        if (over) {
+          ReleaseRemoteGrant(carrier.get(), resp.grant());
+          return done(absl::ResourceExhaustedError(absl::StrCat("node ", caller, " or its pod holds its limit of grants")));
+        }
+        Log()->info("event=mesh_relay_grant peer={} origin={} next={} grant={}", caller, origin, next.node_name, g);
+        resp.set_grant(g);
+        resp.set_instance(instance_);
+        resp.clear_verbs_keys();
+        resp.clear_over_tcp_reason();
+        done(std::move(resp));
+      };
+      if (vl != nullptr && !resp.over_tcp_reason().empty()) {
+        Log()->info("event=mesh_region_over_tcp node={} export={} grant={} why={}", next.node_name, resp.export_id(),
+                    resp.grant(), LogQuoted(resp.over_tcp_reason().substr(0, 256)));
+        return OverTcp(next, [peer, resp, done, install](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
+          if (!tcp.ok()) {
+            ReleaseRemoteGrant(peer.get(), resp.grant());
+            return done(tcp.status());
+          }
+          install(*tcp, resp);
+        });
       }
-      if (over) {
-        ReleaseRemoteGrant(carrier.get(), resp.grant());
-        return done(absl::ResourceExhaustedError(absl::StrCat("node ", caller, " or its pod holds its limit of grants")));
+      if (vl != nullptr) {
+        std::vector<verbs::RegionKey> keys;
+        for (const pb::VerbsKey& k : resp.verbs_keys()) keys.push_back(verbs::RegionKey{k.device(), k.rkey(), k.base()});
+        vl->AddRegion(resp.grant(), std::move(keys));
       }
-      Log()->info("event=mesh_relay_grant peer={} origin={} next={} grant={}", caller, origin, next.node_name, g);
-      resp.set_grant(g);
-      resp.set_instance(instance_);
-      resp.clear_verbs_keys();
-      resp.clear_over_tcp_reason();
-      done(std::move(resp));
+      install(peer, std::move(resp));
     };
-    if (vl != nullptr && !resp.over_tcp_reason().empty()) {
-      Log()->info("event=mesh_region_over_tcp node={} export={} grant={} why={}", next.node_name, resp.export_id(),
-                  resp.grant(), LogQuoted(resp.over_tcp_reason().substr(0, 256)));
-      return OverTcp(next, [peer, resp, done, install](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
-        if (!tcp.ok()) {
-          ReleaseRemoteGrant(peer.get(), resp.grant());
-          return done(tcp.status());
-        }
-        install(*tcp, resp);
-      });
-    }
-    if (vl != nullptr) {
-      std::vector<verbs::RegionKey> keys;
-      for (const pb::VerbsKey& k : resp.verbs_keys()) keys.push_back(verbs::RegionKey{k.device(), k.rkey(), k.base()});
-      vl->AddRegion(resp.grant(), std::move(keys));
-    }
-    install(peer, std::move(resp));
+    ConnectOrOverTcp(peer, next, open_on, [done](absl::Status st) { done(std::move(st)); });
   });
   if (!posted) {
     (*answer)(absl::ResourceExhaustedError(absl::StrCat("too many opens toward node ", next.node_name, " wait already")));
@@ -1838,6 +1840,48 @@ std::shared_ptr<MeshEngine::Peer> MeshEngine::PeerFor(const RemoteTarget& target
   return p;
 }
 
+void MeshEngine::ConnectOrOverTcp(const std::shared_ptr<Peer>& peer, const RemoteTarget& target,
+                                  std::function<void(const std::shared_ptr<Peer>&)> then,
+                                  std::function<void(absl::Status)> failed) {
+  // The node answered, but no RDMA path to it came up lately (no RDMA
+  // device or GID for this node's address, the owner refusing the queue
+  // pairs): over the TCP links to it instead, said and counted, without
+  // trying RDMA again for kVerbsRetry.
+  constexpr absl::Duration kVerbsRetry = absl::Seconds(30);
+  bool verbs_failed = false;
+  absl::Status st;
+  if (options_.verbs_tcp_fallback && !peer->tcp() && absl::Now() < peer->verbs_retry_after() &&
+      (peer->links() == nullptr || peer->links()->live() == 0)) {
+    verbs_failed = true;
+    st = absl::UnavailableError(absl::StrCat("no RDMA path to node ", target.node_name, " came up lately"));
+  } else {
+    st = Connect(peer, target, &verbs_failed);
+    if (verbs_failed) peer->set_verbs_retry_after(absl::Now() + kVerbsRetry);
+  }
+  if (st.ok()) return then(peer);
+  if (!verbs_failed || !options_.verbs_tcp_fallback) return failed(st);
+  verbs_fallbacks_.fetch_add(1, std::memory_order_relaxed);
+  bool say = false;
+  {
+    absl::MutexLock l(&mu_);
+    if (absl::Now() - last_fallback_log_ >= absl::Seconds(10)) {
+      last_fallback_log_ = absl::Now();
+      say = true;
+    }
+  }
+  if (say) {
+    Log()->warn("event=mesh_verbs_fallback node={} why={} (opens over TCP so far: {})", target.node_name,
+                LogQuoted(st.message().substr(0, 512)), verbs_fallbacks_.load(std::memory_order_relaxed));
+  }
+  OverTcp(target, [then = std::move(then), failed = std::move(failed), st](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
+    if (!tcp.ok()) {
+      return failed(absl::Status(tcp.status().code(),
+                                 absl::StrCat(tcp.status().message(), " (over RDMA before: ", st.message(), ")")));
+    }
+    then(*tcp);
+  });
+}
+
 void MeshEngine::OverTcp(const RemoteTarget& target,
                          std::function<void(absl::StatusOr<std::shared_ptr<Peer>>)> next) {
   std::shared_ptr<Peer> tcp = PeerFor(target, /*tcp=*/true);
@@ -2140,45 +2184,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
       }
       install(peer);
     };
-    // The node answered, but no RDMA path to it came up lately (no RDMA
-    // device or GID for this node's address, the owner refusing the queue
-    // pairs): over the TCP links to it instead, said and counted, without
-    // trying RDMA again for kVerbsRetry.
-    constexpr absl::Duration kVerbsRetry = absl::Seconds(30);
-    bool verbs_failed = false;
-    absl::Status st;
-    if (options_.verbs_tcp_fallback && !peer->tcp() && absl::Now() < peer->verbs_retry_after() &&
-        (peer->links() == nullptr || peer->links()->live() == 0)) {
-      verbs_failed = true;
-      st = absl::UnavailableError(absl::StrCat("no RDMA path to node ", hop.node_name, " came up lately"));
-    } else {
-      st = Connect(peer, hop, &verbs_failed);
-      if (verbs_failed) peer->set_verbs_retry_after(absl::Now() + kVerbsRetry);
-    }
-    if (!st.ok()) {
-      if (!verbs_failed || !options_.verbs_tcp_fallback) return done(st);
-      verbs_fallbacks_.fetch_add(1, std::memory_order_relaxed);
-      bool say = false;
-      {
-        absl::MutexLock l(&mu_);
-        if (absl::Now() - last_fallback_log_ >= absl::Seconds(10)) {
-          last_fallback_log_ = absl::Now();
-          say = true;
-        }
-      }
-      if (say) {
-        Log()->warn("event=mesh_verbs_fallback node={} why={} (opens over TCP so far: {})", hop.node_name,
-                    LogQuoted(st.message().substr(0, 512)), verbs_fallbacks_.load(std::memory_order_relaxed));
-      }
-      return OverTcp(hop, [open_on, done, st](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
-        if (!tcp.ok()) {
-          return done(absl::Status(tcp.status().code(), absl::StrCat(tcp.status().message(),
-                                                                      " (over RDMA before: ", st.message(), ")")));
-        }
-        open_on(*tcp);
-      });
-    }
-    open_on(peer);
+    ConnectOrOverTcp(peer, hop, open_on, [done](absl::Status st) { done(std::move(st)); });
   });
   if (!posted) {
     (*answer)(absl::ResourceExhaustedError(absl::StrCat("too many opens of node ", hop.node_name, " wait already")));

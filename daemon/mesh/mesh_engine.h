@@ -332,6 +332,12 @@ class MeshEngine final : public MeshPort {
   // `verbs_failed`: set when the node answered but no RDMA path to it came
   // up (the TCP links to it may still work).
   absl::Status Connect(const std::shared_ptr<Peer>& p, const RemoteTarget& target, bool* verbs_failed = nullptr);
+  // Connects `peer` and calls `then` with it; where no RDMA path to the node
+  // came up (now or within the last 30 s) and mesh.verbs_tcp_fallback, with
+  // the node's TCP peer instead (OverTcp). `failed` gets why not.
+  void ConnectOrOverTcp(const std::shared_ptr<Peer>& peer, const RemoteTarget& target,
+                        std::function<void(const std::shared_ptr<Peer>&)> then,
+                        std::function<void(absl::Status)> failed);
   // The node's TCP peer (PeerFor tcp), connected on its own worker, for a
   // grant the owner gave over TCP though RDMA was asked for
   // (OpenRegionResponse.over_tcp_reason); `next` gets it or why not.

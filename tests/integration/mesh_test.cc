@@ -1539,6 +1539,24 @@ TEST_F(Mesh, AVerbsNodeThatNoRdmaPathLeavesGoesOverTcp) {
   server.Wait();
 }
 
+// A relay whose links are RDMA (mesh.transport verbs) and no RDMA path to the
+// next node (this machine has no RDMA device): it opens onward over TCP.
+TEST_F(Mesh, AVerbsRelayWithNoRdmaPathOnwardGoesOverTcp) {
+  std::string a = topo_.Node("a"), c = topo_.Node("c"), d = topo_.Node("d");
+  auto [ac_a, ac_c] = topo_.Cable(a, c, 3);
+  auto [cd_c, cd_d] = topo_.Cable(c, d, 4);
+  PodCgroup pa(RandomPodUid(), "burstable"), pd(RandomPodUid(), "burstable");
+  std::string pods = Rule(pa, "ml", "a", "job-7") + "," + Rule(pd, "ml", "d", "job-7");
+  auto nc = StartNode("node-c", c, {ac_c, cd_c}, pods, "", R"(, "transport": "verbs")");
+  if (!nc->WaitForLog("event=mesh_ready", 5000)) GTEST_SKIP() << "no libibverbs here: " << nc->Log();
+  auto na = StartNode("node-a", a, {ac_a}, pods, "",
+                      R"(, "peers": [{"node": "node-c", "addresses": ["10.77.3.2/30", "10.77.4.1/30"]}])");
+  auto nd = StartNode("node-d", d, {cd_d}, pods);
+  KvAcrossNodes(*nd, pd, *na, pa, 4 << 20, 92);
+  EXPECT_TRUE(nc->WaitForLog("event=mesh_verbs_fallback node=node-d")) << nc->Log();
+  EXPECT_TRUE(nc->WaitForLog("event=mesh_relay_grant peer=node-a origin=node-a next=node-d")) << nc->Log();
+}
+
 // An importing daemon that dies leaves its grants on the owner (nothing
 // tells the owner); when it comes back, its new instance says so and the owner
 // drops what the old one held instead of keeping it until the export goes.
