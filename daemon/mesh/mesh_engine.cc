@@ -1038,23 +1038,8 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
         resp.clear_over_tcp_reason();
         done(std::move(resp));
       };
-      if (vl != nullptr && !resp.over_tcp_reason().empty()) {
-        Log()->info("event=mesh_region_over_tcp node={} export={} grant={} why={}", next.node_name, resp.export_id(),
-                    resp.grant(), LogQuoted(resp.over_tcp_reason().substr(0, 256)));
-        return OverTcp(next, [peer, resp, done, install](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
-          if (!tcp.ok()) {
-            ReleaseRemoteGrant(peer.get(), resp.grant());
-            return done(tcp.status());
-          }
-          install(*tcp, resp);
-        });
-      }
-      if (vl != nullptr) {
-        std::vector<verbs::RegionKey> keys;
-        for (const pb::VerbsKey& k : resp.verbs_keys()) keys.push_back(verbs::RegionKey{k.device(), k.rkey(), k.base()});
-        vl->AddRegion(resp.grant(), std::move(keys));
-      }
-      install(peer, std::move(resp));
+      CarryGrant(peer, next, resp, [install, resp](const std::shared_ptr<Peer>& carrier) { install(carrier, resp); },
+                 [done](absl::Status st) { done(std::move(st)); });
     };
     ConnectOrOverTcp(peer, next, open_on, [done](absl::Status st) { done(std::move(st)); });
   });
@@ -1840,6 +1825,33 @@ std::shared_ptr<MeshEngine::Peer> MeshEngine::PeerFor(const RemoteTarget& target
   return p;
 }
 
+void MeshEngine::CarryGrant(const std::shared_ptr<Peer>& peer, const RemoteTarget& target,
+                            const pb::OpenRegionResponse& resp,
+                            std::function<void(const std::shared_ptr<Peer>&)> install,
+                            std::function<void(absl::Status)> failed) {
+  std::shared_ptr<verbs::VerbsLinks> vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links());
+  if (vl == nullptr) return install(peer);
+  if (resp.over_tcp_reason().empty()) {
+    std::vector<verbs::RegionKey> keys;
+    for (const pb::VerbsKey& k : resp.verbs_keys()) keys.push_back(verbs::RegionKey{k.device(), k.rkey(), k.base()});
+    vl->AddRegion(resp.grant(), std::move(keys));
+    return install(peer);
+  }
+  // The owner cannot register this export for RDMA (a GPU export its NICs
+  // cannot reach by dma-buf, memory it may not pin): the grant is carried by
+  // this node's TCP links to it instead.
+  Log()->info("event=mesh_region_over_tcp node={} export={} grant={} why={}", target.node_name, resp.export_id(),
+              resp.grant(), LogQuoted(resp.over_tcp_reason().substr(0, 256)));
+  OverTcp(target, [peer, grant = resp.grant(), install = std::move(install),
+                   failed = std::move(failed)](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
+    if (!tcp.ok()) {
+      ReleaseRemoteGrant(peer.get(), grant);
+      return failed(tcp.status());
+    }
+    install(*tcp);
+  });
+}
+
 void MeshEngine::ConnectOrOverTcp(const std::shared_ptr<Peer>& peer, const RemoteTarget& target,
                                   std::function<void(const std::shared_ptr<Peer>&)> then,
                                   std::function<void(absl::Status)> failed) {
@@ -1861,15 +1873,7 @@ void MeshEngine::ConnectOrOverTcp(const std::shared_ptr<Peer>& peer, const Remot
   if (st.ok()) return then(peer);
   if (!verbs_failed || !options_.verbs_tcp_fallback) return failed(st);
   verbs_fallbacks_.fetch_add(1, std::memory_order_relaxed);
-  bool say = false;
-  {
-    absl::MutexLock l(&mu_);
-    if (absl::Now() - last_fallback_log_ >= absl::Seconds(10)) {
-      last_fallback_log_ = absl::Now();
-      say = true;
-    }
-  }
-  if (say) {
+  if (fallback_log_.Due()) {
     Log()->warn("event=mesh_verbs_fallback node={} why={} (opens over TCP so far: {})", target.node_name,
                 LogQuoted(st.message().substr(0, 512)), verbs_fallbacks_.load(std::memory_order_relaxed));
   }
@@ -2163,26 +2167,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
         info.owner_name = resp.owner_name();
         done(info);
       };
-      if (vl != nullptr && !resp.over_tcp_reason().empty()) {
-        // The owner cannot register this export for RDMA (a GPU export its
-        // NICs cannot reach by dma-buf, memory it may not pin): the grant is
-        // carried by this node's TCP links to it instead.
-        Log()->info("event=mesh_region_over_tcp node={} export={} grant={} why={}", hop.node_name, resp.export_id(),
-                    resp.grant(), LogQuoted(resp.over_tcp_reason().substr(0, 256)));
-        return OverTcp(hop, [peer, resp, done, install](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
-          if (!tcp.ok()) {
-            ReleaseRemoteGrant(peer.get(), resp.grant());
-            return done(tcp.status());
-          }
-          install(*tcp);
-        });
-      }
-      if (vl != nullptr) {
-        std::vector<verbs::RegionKey> keys;
-        for (const pb::VerbsKey& k : resp.verbs_keys()) keys.push_back(verbs::RegionKey{k.device(), k.rkey(), k.base()});
-        vl->AddRegion(resp.grant(), std::move(keys));
-      }
-      install(peer);
+      CarryGrant(peer, hop, resp, install, [done](absl::Status st) { done(std::move(st)); });
     };
     ConnectOrOverTcp(peer, hop, open_on, [done](absl::Status st) { done(std::move(st)); });
   });
@@ -2522,15 +2507,7 @@ absl::Status MeshEngine::RegisterForVerbs(const std::string& node, uint64_t gran
     // goes over TCP, where GPU memory is staged through page-locked host
     // memory by the copy engines. Said once in a while, counted always.
     grants_over_tcp_.fetch_add(1, std::memory_order_relaxed);
-    bool say = false;
-    {
-      absl::MutexLock l(&mu_);
-      if (absl::Now() - last_over_tcp_log_ >= absl::Seconds(10)) {
-        last_over_tcp_log_ = absl::Now();
-        say = true;
-      }
-    }
-    if (say) {
+    if (over_tcp_log_.Due()) {
       Log()->warn("event=mesh_grant_over_tcp peer={} export={} gpu={} why=\"{}\" (grants so far: {})", node, rec->id,
                   view.on_gpu, keys.status().message(), grants_over_tcp_.load(std::memory_order_relaxed));
     }

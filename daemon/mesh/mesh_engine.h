@@ -332,6 +332,12 @@ class MeshEngine final : public MeshPort {
   // `verbs_failed`: set when the node answered but no RDMA path to it came
   // up (the TCP links to it may still work).
   absl::Status Connect(const std::shared_ptr<Peer>& p, const RemoteTarget& target, bool* verbs_failed = nullptr);
+  // Binds a grant `peer`'s node gave to the peer whose links carry it: its
+  // RDMA keys on `peer`'s verbs links, or (over_tcp_reason) the node's TCP
+  // peer; `failed` (the grant given back) when that cannot connect.
+  void CarryGrant(const std::shared_ptr<Peer>& peer, const RemoteTarget& target,
+                  const podlink::mesh::v1::OpenRegionResponse& resp,
+                  std::function<void(const std::shared_ptr<Peer>&)> install, std::function<void(absl::Status)> failed);
   // Connects `peer` and calls `then` with it; where no RDMA path to the node
   // came up (now or within the last 30 s) and mesh.verbs_tcp_fallback, with
   // the node's TCP peer instead (OverTcp). `failed` gets why not.
@@ -466,10 +472,24 @@ class MeshEngine final : public MeshPort {
   uint64_t routed_opens_ ABSL_GUARDED_BY(mu_) = 0;
   // Grants given over TCP though RDMA was asked for (RegisterForVerbs).
   std::atomic<uint64_t> grants_over_tcp_{0};
-  absl::Time last_over_tcp_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Logs said at most every 10 s (the counters count every case).
+  class LogEvery10s {
+   public:
+    bool Due() ABSL_LOCKS_EXCLUDED(mu_) {
+      absl::MutexLock l(&mu_);
+      if (absl::Now() - last_ < absl::Seconds(10)) return false;
+      last_ = absl::Now();
+      return true;
+    }
+
+   private:
+    absl::Mutex mu_;
+    absl::Time last_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  };
+  LogEvery10s over_tcp_log_;
   // Opens that went over TCP because no RDMA path to the node came up.
   std::atomic<uint64_t> verbs_fallbacks_{0};
-  absl::Time last_fallback_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  LogEvery10s fallback_log_;
   // Verbs state, apart from mu_ (device calls can be slow).
   mutable absl::Mutex verbs_mu_;
   std::unique_ptr<verbs::Nics> nics_ ABSL_GUARDED_BY(verbs_mu_);
