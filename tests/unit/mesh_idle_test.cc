@@ -2,10 +2,6 @@
 // engine without listeners: a node's grants go only after it has been silent
 // for the whole limit, counting the grant itself as a sign of life.
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <memory>
 #include <string>
@@ -13,42 +9,15 @@
 
 #include <gtest/gtest.h>
 
-#include "daemon/gpu/host_backend.h"
 #include "daemon/mesh/mesh_engine.h"
+#include "tests/common/mesh_exports.h"
 
 namespace podlink::mesh {
 namespace {
 
 namespace pb = podlink::mesh::v1;
 
-std::shared_ptr<const ExportRecord> MemfdExport(uint64_t id, uint64_t size) {
-  UniqueFd fd(::memfd_create("mesh-idle", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  EXPECT_TRUE(fd.valid());
-  EXPECT_EQ(::posix_fallocate(fd.get(), 0, static_cast<off_t>(size)), 0);  // backed, as the daemon demands
-  EXPECT_EQ(::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
-  auto m = HostMemfdBackend().Adopt({size, "", HandleKind::kHostMemfd}, std::move(fd), "");
-  EXPECT_TRUE(m.ok()) << m.status();
-  ExportRecord rec;
-  rec.id = id;
-  rec.size = size;
-  rec.kind = HandleKind::kHostMemfd;
-  rec.memory = *std::move(m);
-  return std::make_shared<const ExportRecord>(std::move(rec));
-}
-
-class OneExportHost final : public MeshHost {
- public:
-  OneExportHost() : rec_(MemfdExport(7, 4096)) {}
-  absl::StatusOr<std::shared_ptr<const ExportRecord>> AuthorizeRemote(const PodInfo&,
-                                                                      const pb::OpenRegionRequest&) override {
-    return rec_;
-  }
-  bool ExportLive(const ExportRecord&) const override { return true; }
-  absl::Status NotifyOwner(const ExportRecord&, uint64_t) override { return absl::OkStatus(); }
-
- private:
-  std::shared_ptr<const ExportRecord> rec_;
-};
+using testing::OneExportHost;
 
 pb::OpenRegionRequest RequestOf(const std::string& node) {
   pb::OpenRegionRequest req;
