@@ -8,6 +8,9 @@
 #   vm_start NAME IDX CMD start guest NAME (IDX: 1..) running CMD as root; its
 #                         cables are given by VM_CABLES_<NAME> (see vm_start)
 #   vm_wait NAME SECONDS  wait for guest NAME to power off; non-zero on timeout
+#   vm_begin OUT          prepare, make OUT this run's directory (its stale results gone), stop
+#                         every guest on exit
+#   vm_show NAME...       each guest's log (its console's tail without one)
 #
 # Guests see /vmout (read-write, this run's $VM_RUN directory) and power off
 # when CMD ends; CMD's exit status is left in $VM_RUN/NAME.rc and its console
@@ -145,3 +148,20 @@ vm_stop_all() {
 }
 
 VM_GUEST_INIT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/guest-init.sh"
+
+vm_begin() {
+  vm_prepare
+  VM_RUN=$1
+  export VM_RUN
+  # A run's own files only: OUT may hold other things.
+  rm -f "$VM_RUN"/*.rc "$VM_RUN"/*.desc-* "$VM_RUN"/*.finished "$VM_RUN"/*.idx "$VM_RUN"/*.handle.*
+  trap vm_stop_all EXIT
+}
+
+vm_show() {
+  local n
+  for n in "$@"; do
+    echo "---- $n"
+    cat "$VM_RUN/$n.log" 2>/dev/null || { echo "(no log; console tail:)"; tail -n 20 "$VM_RUN/$n.console"; }
+  done
+}

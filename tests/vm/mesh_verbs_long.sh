@@ -29,11 +29,7 @@ cut_back=${PODLINK_VM_CUT_BACK:-3}
 source "$here/lib.sh"
 source "$here/../common/mesh_certs.sh"
 
-vm_prepare
-VM_RUN=$out
-export VM_RUN
-rm -rf "$out"/*
-trap vm_stop_all EXIT
+vm_begin "$out"
 mesh_certs "$out/certs" node-a node-b node-c node-d
 # a.eth0-b.eth0, a.eth1-b.eth1 (the one that is cut), b.eth2-c.eth0, a.eth2-c.eth1, c.eth2-d.eth0
 printf 'eth0 10.77.1.1/30\neth1 10.77.2.1/30\neth2 10.77.4.1/30\n' > "$out/node-a.net"
@@ -60,10 +56,7 @@ vm_start node_d 4 "$env PODLINK_VM_NAME=node-d sh $here/node.sh $build pair $byt
 rc=0
 for n in node_a node_b node_c node_d; do vm_wait "$n" "$limit" || rc=1; done
 vm_log "guests done in $(( $(date +%s) - t0 )) s"
-for n in node_a node_b node_c node_d; do
-  echo "---- $n"
-  cat "$out/$n.log" 2>/dev/null || tail -n 20 "$out/$n.console"
-done
+vm_show node_a node_b node_c node_d
 python3 "$here/summary.py" "$out" node-a:node-b node-a:node-c node-b:node-a node-b:node-c node-c:node-a node-c:node-b \
   node-c:node-d node-d:node-c node-a:node-d node-d:node-a || rc=1
 # node-a and node-d reached each other through node-c's daemon, not around it.

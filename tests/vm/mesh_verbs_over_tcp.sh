@@ -23,11 +23,7 @@ limit=${PODLINK_VM_TIMEOUT:-600}
 source "$here/lib.sh"
 source "$here/../common/mesh_certs.sh"
 
-vm_prepare
-VM_RUN=$out
-export VM_RUN
-rm -f "$out"/*.rc "$out"/*.desc-* "$out"/*.finished "$out"/*.idx "$out"/*.handle.*
-trap vm_stop_all EXIT
+vm_begin "$out"
 mesh_certs "$out/certs" node-a node-b
 echo "eth0 10.77.2.1/30" > "$out/node-a.net"
 echo "eth0 10.77.2.2/30" > "$out/node-b.net"
@@ -42,11 +38,7 @@ rc=0
 vm_wait node_a "$limit" || rc=1
 vm_wait node_b 60 || rc=1
 vm_log "guests done in $(( $(date +%s) - t0 )) s"
-for n in node_a node_b; do
-  echo "---- $n"
-  cat "$out/$n.log" 2>/dev/null || echo "(no log; console tail:)"
-  [ -f "$out/$n.log" ] || tail -n 20 "$out/$n.console"
-done
+vm_show node_a node_b
 python3 "$here/summary.py" "$out" node-a:node-b node-b:node-a || rc=1
 check() {  # description, then a command that must succeed
   local what=$1
