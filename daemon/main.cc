@@ -459,6 +459,9 @@ int main(int argc, char** argv) {
   plugin.reset();
   direct_plugin.reset();
   (*listener)->Stop();
+  // The mesh first: opens of other nodes still waiting are answered while
+  // the RPC server can finish their calls.
+  broker.StopMesh();
   (*fds)->Stop();  // closes every session; Watch streams end with SESSION_CLOSED
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   log->info("event=stopped");

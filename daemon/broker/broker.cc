@@ -136,6 +136,10 @@ absl::Status Broker::StartMesh() {
   return absl::OkStatus();
 }
 
+void Broker::StopMesh() {
+  if (mesh_ != nullptr) mesh_->Stop();
+}
+
 MemoryBackend* Broker::BackendFor(HandleKind kind) const {
   for (const auto& b : backends_) {
     if (b->Handles(kind)) return b.get();

@@ -61,6 +61,10 @@ class Broker final : public mesh::MeshHost {
 
   // Starts the inter-node mesh when options.mesh.enabled (no-op otherwise).
   absl::Status StartMesh();
+  // Stops the mesh (MeshEngine::Stop): pods' opens of other nodes still
+  // waiting are answered now. Call before the RPC server that carries those
+  // answers shuts down.
+  void StopMesh();
 
   // --- descriptor channel side -------------------------------------------
   // Identifies the peer of a freshly accepted descriptor channel, resolves

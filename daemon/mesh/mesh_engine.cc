@@ -53,6 +53,31 @@ absl::StatusOr<std::string> ReadPem(const std::string& dir, const char* name) {
   return ss.str();
 }
 
+// A callback answered exactly once: by a call, or — when the last holder
+// lets go unanswered (a task dropped because the engine stopped, a peer
+// evicted before its task ran) — with UNAVAILABLE and `dropped`. Shared by
+// the tasks that may answer; never copied (a copy would answer too).
+template <typename T>
+class AnswerOnce {
+ public:
+  using Fn = std::function<void(absl::StatusOr<T>)>;
+  AnswerOnce(Fn fn, std::string dropped) : fn_(std::move(fn)), dropped_(std::move(dropped)) {}
+  AnswerOnce(const AnswerOnce&) = delete;
+  AnswerOnce& operator=(const AnswerOnce&) = delete;
+  ~AnswerOnce() {
+    if (fn_) fn_(absl::UnavailableError(dropped_));
+  }
+  void operator()(absl::StatusOr<T> r) {
+    Fn fn = std::move(fn_);
+    fn_ = nullptr;
+    if (fn) fn(std::move(r));
+  }
+
+ private:
+  Fn fn_;
+  const std::string dropped_;
+};
+
 absl::Status FromGrpc(const grpc::Status& s, const std::string& node) {
   if (s.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat("node ", node, ": ", s.error_message()));
@@ -618,7 +643,10 @@ absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions option
   return e;
 }
 
-MeshEngine::~MeshEngine() {
+MeshEngine::~MeshEngine() { Stop(); }
+
+void MeshEngine::Stop() {
+  if (stopped_.exchange(true, std::memory_order_acq_rel)) return;
   stopping_.store(true, std::memory_order_release);
   if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   ::shutdown(listen_fd_.get(), SHUT_RDWR);
@@ -1894,24 +1922,8 @@ void MeshEngine::OverTcp(const RemoteTarget& target,
                     ? absl::UnavailableError("podlinkd is stopping")
                     : absl::ResourceExhaustedError("this podlinkd talks to too many other nodes already (256)"));
   }
-  // Answered exactly once: by the task, or (the task dropped: engine
-  // stopping, the peer evicted before it ran) when the last holder goes.
-  struct Answer {
-    Answer() = default;
-    Answer(const Answer&) = delete;  // a copy would answer too
-    Answer& operator=(const Answer&) = delete;
-    std::function<void(absl::StatusOr<std::shared_ptr<Peer>>)> next;
-    void operator()(absl::StatusOr<std::shared_ptr<Peer>> r) {
-      auto n = std::move(next);
-      next = nullptr;
-      if (n) n(std::move(r));
-    }
-    ~Answer() {
-      if (next) next(absl::UnavailableError("the open over TCP was dropped (podlinkd stopping)"));
-    }
-  };
-  auto answer = std::make_shared<Answer>();
-  answer->next = std::move(next);
+  auto answer = std::make_shared<AnswerOnce<std::shared_ptr<Peer>>>(
+      std::move(next), "the open over TCP was dropped (podlinkd is stopping)");
   // Connected on that peer's own worker, as every dial of it is; the task
   // holds no reference to its own peer (a worker must not outlive it).
   std::weak_ptr<Peer> weak = tcp;
@@ -2115,17 +2127,20 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
   }
   std::shared_ptr<Peer> peer = PeerFor(hop, /*tcp=*/hop.node_name != target.node_name);
   if (peer == nullptr) {
-    return done(absl::ResourceExhaustedError("this podlinkd talks to too many other nodes already (256)"));
+    return done(stopping_.load(std::memory_order_acquire)
+                    ? absl::UnavailableError("podlinkd is stopping")
+                    : absl::ResourceExhaustedError("this podlinkd talks to too many other nodes already (256)"));
   }
   // The task holds no reference to the peer (it runs on the peer's own
-  // worker, which the peer outlives), and shares `done` so that a task that
-  // is dropped (engine stopping) or refused still answers.
-  auto answer = std::make_shared<OpenDone>(std::move(done));
+  // worker, which the peer outlives). Whatever holds the open's answer — the
+  // task, the open over TCP it may go on to — answers it once; one dropped
+  // on the way (engine stopping) answers as it goes.
+  auto answer = std::make_shared<AnswerOnce<RemoteRegionInfo>>(
+      std::move(done), absl::StrCat("the open of a region of node ", target.node_name, " was dropped (podlinkd is stopping)"));
   Peer* p = peer.get();
   bool posted = p->Post([this, p, session, hop, req, answer, destination = target.node_name, via = relays] {
     std::shared_ptr<Peer> peer = p->shared_from_this();
-    OpenDone done = std::move(*answer);
-    *answer = nullptr;
+    OpenDone done = [answer](absl::StatusOr<RemoteRegionInfo> r) { (*answer)(std::move(r)); };
     // The open itself, on a connected peer, on that peer's worker.
     auto open_on = [this, session, hop, req, done, destination, via](const std::shared_ptr<Peer>& peer) {
       std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();

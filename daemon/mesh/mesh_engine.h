@@ -133,7 +133,12 @@ class MeshEngine final : public MeshPort {
   // serving. `node_name` must be this daemon's certificate identity.
   static absl::StatusOr<std::unique_ptr<MeshEngine>> Start(MeshOptions options, std::string node_name,
                                                            MeshHost* host);
-  ~MeshEngine() override;
+  ~MeshEngine() override;  // Stop()s
+  // Stops serving and talking to other nodes: what waits on another node is
+  // answered (UNAVAILABLE, the daemon stopping) before this returns, while
+  // the daemon's own RPC server can still finish those calls. Afterwards
+  // every call fails or finds nothing; idempotent.
+  void Stop();
 
   // For tests and fuzzers (tests/fuzz/mesh_frame_fuzz.cc): an engine with no
   // listener, TLS or threads of its own; ServeFramesForTesting serves a data
@@ -408,6 +413,7 @@ class MeshEngine final : public MeshPort {
   std::thread repair_thread_;
   std::thread housekeeping_thread_;  // sweeps, keepalives, adverts, certificate reloads (HousekeepingLoop)
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> stopped_{false};  // Stop() ran
 
   mutable absl::Mutex mu_;  // protects everything below
   absl::CondVar conns_cv_;

@@ -97,6 +97,26 @@ Daemon::~Daemon() {
   (void)!system(cmd.c_str());
 }
 
+std::optional<int> Daemon::Stop(int timeout_ms) {
+  if (pid_ <= 0) return std::nullopt;
+  kill(pid_, SIGTERM);
+  std::optional<int> status;
+  for (int waited = 0; waited <= timeout_ms; waited += 20) {
+    int st = 0;
+    if (waitpid(pid_, &st, WNOHANG) == pid_) {
+      status = st;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (!status.has_value()) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  pid_ = -1;
+  return status;
+}
+
 bool Daemon::Alive() const { return pid_ > 0 && waitpid(pid_, nullptr, WNOHANG) == 0; }
 
 int Daemon::OpenFds() const {

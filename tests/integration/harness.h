@@ -34,6 +34,9 @@ class Daemon {
   // client sees it); false after `timeout_ms`.
   bool WaitForLog(const std::string& text, int timeout_ms = 5000) const;
   bool Alive() const;
+  // SIGTERM, then waits up to `timeout_ms` for podlinkd to exit: its wait
+  // status, or nullopt if it had not exited by then (it is killed).
+  std::optional<int> Stop(int timeout_ms);
   int metrics_port() const { return metrics_port_; }
   // The value of the unlabeled sample `name` on /metrics (needs
   // --metrics-addr); nullopt when it is missing or unreachable.

@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <dirent.h>
 #include <unistd.h>
 
@@ -1621,6 +1622,59 @@ TEST_F(Mesh, AnImporterRefusesAnOwnerWhoseCertificateNamesAnotherNode) {
   EXPECT_EQ(na->Log().find("not 'node-c'"), std::string::npos) << na->Log();
   EXPECT_EQ(nb->Log().find("event=mesh_grant"), std::string::npos) << nb->Log();
   server.Kill(SIGKILL);
+}
+
+// podlinkd told to stop while its pods' opens of another node wait (node b's
+// address takes connections and never answers, so the first open waits out
+// the connect timeout on b's worker and the second queues behind it): each
+// open is answered, saying why, and podlinkd exits 0 — the mesh stops before
+// the daemon's RPC server does, so no answer finishes a call of a server
+// already gone.
+TEST_F(Mesh, StoppingWithOpensWaitingAnswersThemAndExitsCleanly) {
+  TwoNodes t;
+  Join(t);
+  [[maybe_unused]] auto& [a, b, da, db, pa, pb, pods] = t;
+  const std::string pidfile = dir_ + "/silent.pid";
+  ASSERT_EQ(Sh(absl::StrCat("ip netns exec ", b, " timeout 60 python3 -c 'import socket, time; s = socket.socket(); "
+                            "s.bind((\"10.77.1.2\", 7446)); s.listen(64); time.sleep(60)' & echo $! > ", pidfile)),
+            0);
+  bool listening = false;
+  for (int waited = 0; waited < 10000 && !listening; waited += 100) {
+    listening = Sh(absl::StrCat("ip netns exec ", b, " ss -Hltn 'sport = :7446' | grep -q 10.77.1.2")) == 0;
+    if (!listening) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(listening) << "node b's silent listener did not come up";
+  auto na = StartNode("node-a", a, {da}, pods);
+  Pod server(*na, &pa, {"kv-serve", "--size", "65536", "--verify", "3"});
+  json s = server.Expect("serving");
+  ASSERT_EQ(s["event"], "serving") << s.dump();
+  std::vector<std::string> f = absl::StrSplit(s["descriptor"].get<std::string>(), ';');
+  ASSERT_EQ(f.size(), 9u) << s.dump();
+  f[1] = "node-b";  // node id: another node's region
+  f[6] = "node-b";
+  f[7] = "7446";
+  f[8] = "10.77.1.2/30";
+  const std::string desc = absl::StrJoin(f, ";");
+  std::vector<std::unique_ptr<Pod>> clients;
+  for (int i = 0; i < 2; ++i) clients.push_back(std::make_unique<Pod>(*na, &pa, std::vector<std::string>{
+                                                    "kv-put", "--desc", desc, "--seed", "3"}));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // both opens reach node b's worker
+  std::optional<int> status = na->Stop(20000);
+  ASSERT_TRUE(status.has_value()) << "podlinkd did not exit within 20 s of SIGTERM";
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)
+      << "podlinkd's wait status " << *status << "\n" << na->Log();
+  int said_stopping = 0;
+  for (auto& c : clients) {
+    json r = c->Next(10000).value_or(json());
+    EXPECT_EQ(r["event"], "error") << r.dump();
+    said_stopping += r.dump().find("stopping") != std::string::npos;
+    std::cerr << "answered: " << r.dump() << "\n";
+    EXPECT_NE(c->Wait(), 0);
+  }
+  EXPECT_GE(said_stopping, 1) << "the queued open was not answered by the mesh";
+  server.Kill(SIGKILL);
+  server.Wait();
+  Sh(absl::StrCat("kill $(cat ", pidfile, ") 2>/dev/null"));
 }
 
 // Certificates rotated in place (as cert-manager does to a secret volume)
