@@ -68,6 +68,11 @@
 {{- if not (has (toString .Values.mesh.transport) (list "tcp" "verbs")) -}}
 {{- fail "mesh.transport must be tcp or verbs" -}}
 {{- end -}}
+{{- range $k := list "fallback" "verbsTcpFallback" -}}
+{{- if not (kindIs "bool" (get $.Values.mesh $k)) -}}
+{{- fail (printf "mesh.%s must be true or false" $k) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- range $k, $v := .Values.limits -}}
 {{- if lt (int $v) 1 -}}
