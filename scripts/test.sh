@@ -17,10 +17,10 @@ PODLINK_VM_TIMEOUT=${PODLINK_VM_TIMEOUT:-300} bash tests/vm/mesh_verbs_over_tcp.
   "$(mktemp -d /tmp/podlink-vm-XXXXXX)"
 # The same tests under AddressSanitizer + UndefinedBehaviorSanitizer, the
 # broker and relay integration tests under ThreadSanitizer, then every
-# libFuzzer target for 20 s (tests/fuzz/README.md). PODLINK_QUICK=1 skips
+# libFuzzer target for 10 s (tests/fuzz/README.md). PODLINK_QUICK=1 skips
 # these for a fast local loop.
 if [ "${PODLINK_QUICK:-0}" != 1 ]; then
   bash scripts/sanitize.sh asan
   bash scripts/sanitize.sh tsan
-  bash tests/fuzz/run.sh "${PODLINK_FUZZ_SECONDS:-20}"
+  bash tests/fuzz/run.sh "${PODLINK_FUZZ_SECONDS:-10}"
 fi
