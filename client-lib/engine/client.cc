@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/cuda_driver.h"
 #include "common/fd_channel.h"
+#include "common/metadata_keys.h"
 #include "common/status_util.h"
 #include "common/unique_fd.h"
 #include "grpcpp/grpcpp.h"
@@ -41,8 +42,6 @@ const char* HandleTypeName(HandleType t) {
 }
 
 namespace {
-
-constexpr char kSessionMetadataKey[] = "x-podlink-session";
 
 std::string ResolveSocketDir(const std::string& configured) {
   if (!configured.empty()) return configured;
@@ -140,7 +139,11 @@ class Client::Impl {
     grpc::Status st = (stub_.get()->*method)(&ctx, req, &resp);
     if (!st.ok()) {
       absl::Status s = FromGrpcStatus(st);
-      if (st.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      // UNAVAILABLE that podlinkd answered itself (another node unreachable,
+      // podlinkd stopping) is passed on as it is; without its mark, the call
+      // never reached it.
+      if (st.error_code() == grpc::StatusCode::UNAVAILABLE &&
+          ctx.GetServerTrailingMetadata().count(kAnswerMetadataKey) == 0) {
         return absl::UnavailableError(absl::StrCat("podlinkd unreachable: ", s.message()));
       }
       return s;

@@ -22,13 +22,12 @@
 #include "daemon/mesh/mesh_engine.h"
 #include "daemon/mesh/mesh_host.h"
 #include "daemon/metrics/metrics.h"
+#include "common/metadata_keys.h"
 #include "daemon/registry/registry.h"
 #include "daemon/relay/relay_engine.h"
 #include "podlink/v1/podlink.pb.h"
 
 namespace podlink {
-
-inline constexpr char kSessionMetadataKey[] = "x-podlink-session";
 
 struct BrokerOptions {
   size_t max_sessions = 1024;

@@ -19,6 +19,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionOf(Broker* broker, grpc::Callbac
 template <typename Fn>
 grpc::ServerUnaryReactor* Unary(Broker* broker, grpc::CallbackServerContext* ctx, Fn fn) {
   grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  ctx->AddTrailingMetadata(kAnswerMetadataKey, "podlinkd");
   absl::StatusOr<std::shared_ptr<Session>> s = SessionOf(broker, ctx);
   r->Finish(ToGrpcStatus(s.ok() ? fn(**s) : s.status()));
   return r;
@@ -96,6 +97,7 @@ grpc::ServerUnaryReactor* BrokerService::OpenRemote(grpc::CallbackServerContext*
                                                     const v1::OpenRemoteRequest* req, v1::OpenRemoteResponse* resp) {
   // Finished later, from the mesh thread that reached the other node.
   grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  ctx->AddTrailingMetadata(kAnswerMetadataKey, "podlinkd");
   absl::StatusOr<std::shared_ptr<Session>> s = SessionOf(broker_, ctx);
   if (!s.ok()) {
     r->Finish(ToGrpcStatus(s.status()));

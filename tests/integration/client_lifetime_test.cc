@@ -18,6 +18,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/fd_channel.h"
+#include "common/metadata_keys.h"
 #include "common/unique_fd.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -45,6 +46,7 @@ int OpenMemfds(const std::string& name) {
 class FakeBroker final : public v1::Broker::Service {
  public:
   static constexpr uint64_t kLateExport = 13;
+  static constexpr uint64_t kUnavailableExport = 14;  // answered UNAVAILABLE by the daemon itself
 
   void set_channel(int sock) {
     absl::MutexLock l(&mu_);
@@ -54,6 +56,10 @@ class FakeBroker final : public v1::Broker::Service {
 
   grpc::Status Import(grpc::ServerContext* ctx, const v1::ImportRequest* req, v1::ImportResponse* resp) override {
     const uint64_t id = req->export_id();
+    if (id == kUnavailableExport) {
+      ctx->AddTrailingMetadata(kAnswerMetadataKey, "podlinkd");  // as podlinkd marks its answers
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "node node-b: connection refused (the daemon's own answer)");
+    }
     if (id == kLateExport) {
       for (int i = 0; i < 2000 && !ctx->IsCancelled(); ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -122,6 +128,11 @@ class FakeDaemon {
   }
   // Once the client is connected.
   void Greeted() { greeter_.join(); }
+  // The RPC server goes away (podlinkd gone).
+  void StopServer() {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    server_.reset();
+  }
   const std::string& dir() const { return dir_; }
   FakeBroker& broker() { return broker_; }
 
@@ -165,6 +176,25 @@ TEST(ClientLifetime, ADeliveryForAnImportThatTimedOutIsNotKept) {
   }
   EXPECT_EQ(OpenMemfds(late), 0) << "the client still holds the descriptor delivered for the import that timed out";
   EXPECT_EQ(OpenMemfds("export-1"), 0);
+}
+
+// UNAVAILABLE from podlinkd itself (another node unreachable, podlinkd
+// stopping) comes through as podlinkd said it; only a daemon the client
+// cannot reach is called unreachable.
+TEST(ClientLifetime, OnlyADaemonThatCannotBeReachedIsCalledUnreachable) {
+  FakeDaemon fake;
+  auto client = Client::Connect({.socket_dir = fake.dir(), .timeout = absl::Seconds(5)});
+  ASSERT_TRUE(client.ok()) << client.status();
+  fake.Greeted();
+  auto answered = (*client)->Import(FakeBroker::kUnavailableExport);
+  EXPECT_EQ(answered.status().code(), absl::StatusCode::kUnavailable) << answered.status();
+  EXPECT_NE(answered.status().message().find("node node-b: connection refused"), std::string::npos)
+      << answered.status();
+  EXPECT_EQ(answered.status().message().find("podlinkd unreachable"), std::string::npos) << answered.status();
+  fake.StopServer();
+  auto gone = (*client)->Import(1);
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kUnavailable) << gone.status();
+  EXPECT_NE(gone.status().message().find("podlinkd unreachable"), std::string::npos) << gone.status();
 }
 
 }  // namespace
