@@ -670,22 +670,34 @@ void MeshEngine::Stop() {
     auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return serving_ == 0; };
     mu_.Await(absl::Condition(&done));
     peers.swap(peers_);
-    handles_.clear();
   }
-  // Workers first (queued opens are dropped; their callers are answered by
-  // the shared callback's owner going away), then the links, which fail what
+  // Workers first (a queued open finds the engine stopping and answers so; one
+  // dropped is answered as its holder goes), then the links, which fail what
   // is in flight into the relay, still alive.
   for (auto& [node, p] : peers) p->Stop();
   for (auto& [node, p] : peers) p->set_links(nullptr);
   peers.clear();
-  // Relay grants hold their next node; it was one of the peers above.
+  // Relay grants hold their next node; it was one of the peers above. Pods'
+  // handles go too (an open finishing meanwhile was refused: stopping).
   std::map<uint64_t, Grant> grants;
   {
     absl::MutexLock l(&mu_);
     grants.swap(grants_);
+    handles_.clear();
+    handles_per_session_.clear();
   }
   grants.clear();
+  // Other nodes' access to this node's memory ends now, not when the daemon
+  // object goes: the exports are withdrawn next (sessions closing).
+  std::unique_ptr<verbs::VerbsServer> verbs;
+  {
+    absl::MutexLock l(&verbs_mu_);
+    verbs.swap(verbs_server_);
+  }
+  verbs.reset();
 }
+
+absl::Status MeshEngine::StoppingStatus() { return absl::UnavailableError("podlinkd is stopping"); }
 
 void MeshEngine::SeenInstance(const std::string& node, uint64_t instance) {
   if (instance == 0) return;  // an older daemon: it does not say
@@ -1019,6 +1031,7 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
     std::shared_ptr<Peer> peer = p->shared_from_this();
     RegionDone done = std::move(*answer);
     *answer = nullptr;
+    if (stopping_.load(std::memory_order_acquire)) return done(StoppingStatus());
     // Onward as for this node's own pods: direct paths (the kernel's routing
     // only where mesh.fallback says so), over TCP where no RDMA path comes up.
     auto open_on = [this, caller, next, req, pod, done, origin](const std::shared_ptr<Peer>& peer) {
@@ -1044,7 +1057,8 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
           absl::MutexLock l(&mu_);
           uint32_t& count = grants_per_node_[caller];
           uint32_t& mine = grants_per_pod_[pod];
-          if (count >= options_.max_grants_per_peer || mine >= options_.max_grants_per_pod) {
+          if (stopping_.load(std::memory_order_acquire) || count >= options_.max_grants_per_peer ||
+              mine >= options_.max_grants_per_pod) {
             over = true;
           } else {
             ++count;
@@ -1057,6 +1071,7 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
         }
         if (over) {
           ReleaseRemoteGrant(carrier.get(), resp.grant());
+          if (stopping_.load(std::memory_order_acquire)) return done(StoppingStatus());
           return done(absl::ResourceExhaustedError(absl::StrCat("node ", caller, " or its pod holds its limit of grants")));
         }
         Log()->info("event=mesh_relay_grant peer={} origin={} next={} grant={}", caller, origin, next.node_name, g);
@@ -1072,7 +1087,9 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
     ConnectOrOverTcp(peer, next, open_on, [done](absl::Status st) { done(std::move(st)); });
   });
   if (!posted) {
-    (*answer)(absl::ResourceExhaustedError(absl::StrCat("too many opens toward node ", next.node_name, " wait already")));
+    (*answer)(stopping_.load(std::memory_order_acquire)
+                  ? StoppingStatus()
+                  : absl::ResourceExhaustedError(absl::StrCat("too many opens toward node ", next.node_name, " wait already")));
   }
 }
 
@@ -1919,7 +1936,7 @@ void MeshEngine::OverTcp(const RemoteTarget& target,
   std::shared_ptr<Peer> tcp = PeerFor(target, /*tcp=*/true);
   if (tcp == nullptr) {
     return next(stopping_.load(std::memory_order_acquire)
-                    ? absl::UnavailableError("podlinkd is stopping")
+                    ? StoppingStatus()
                     : absl::ResourceExhaustedError("this podlinkd talks to too many other nodes already (256)"));
   }
   auto answer = std::make_shared<AnswerOnce<std::shared_ptr<Peer>>>(
@@ -1929,12 +1946,15 @@ void MeshEngine::OverTcp(const RemoteTarget& target,
   std::weak_ptr<Peer> weak = tcp;
   bool posted = tcp->Post([this, weak, target, answer] {
     std::shared_ptr<Peer> peer = weak.lock();
-    if (peer == nullptr) return;  // going away: Answer says so
+    if (peer == nullptr) return;  // going away: the answer's last holder says so
+    if (stopping_.load(std::memory_order_acquire)) return (*answer)(StoppingStatus());
     if (absl::Status st = Connect(peer, target); !st.ok()) return (*answer)(st);
     (*answer)(std::move(peer));
   });
   if (!posted) {
-    (*answer)(absl::ResourceExhaustedError(absl::StrCat("too many opens of node ", target.node_name, " wait already")));
+    (*answer)(stopping_.load(std::memory_order_acquire)
+                  ? StoppingStatus()
+                  : absl::ResourceExhaustedError(absl::StrCat("too many opens of node ", target.node_name, " wait already")));
   }
 }
 
@@ -2128,7 +2148,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
   std::shared_ptr<Peer> peer = PeerFor(hop, /*tcp=*/hop.node_name != target.node_name);
   if (peer == nullptr) {
     return done(stopping_.load(std::memory_order_acquire)
-                    ? absl::UnavailableError("podlinkd is stopping")
+                    ? StoppingStatus()
                     : absl::ResourceExhaustedError("this podlinkd talks to too many other nodes already (256)"));
   }
   // The task holds no reference to the peer (it runs on the peer's own
@@ -2141,6 +2161,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
   bool posted = p->Post([this, p, session, hop, req, answer, destination = target.node_name, via = relays] {
     std::shared_ptr<Peer> peer = p->shared_from_this();
     OpenDone done = [answer](absl::StatusOr<RemoteRegionInfo> r) { (*answer)(std::move(r)); };
+    if (stopping_.load(std::memory_order_acquire)) return done(StoppingStatus());
     // The open itself, on a connected peer, on that peer's worker.
     auto open_on = [this, session, hop, req, done, destination, via](const std::shared_ptr<Peer>& peer) {
       std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
@@ -2162,7 +2183,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
         {
           absl::MutexLock l(&mu_);
           uint32_t& mine = handles_per_session_[session];
-          if (mine >= options_.max_handles_per_session) {
+          if (stopping_.load(std::memory_order_acquire) || mine >= options_.max_handles_per_session) {
             over = true;
           } else {
             ++mine;
@@ -2172,6 +2193,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
         }
         if (over) {
           ReleaseRemoteGrant(carrier.get(), resp.grant());  // its verbs keys too
+          if (stopping_.load(std::memory_order_acquire)) return done(StoppingStatus());
           return done(absl::ResourceExhaustedError(
               absl::StrCat("this session holds ", options_.max_handles_per_session, " remote regions (the limit)")));
         }
@@ -2187,7 +2209,9 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
     ConnectOrOverTcp(peer, hop, open_on, [done](absl::Status st) { done(std::move(st)); });
   });
   if (!posted) {
-    (*answer)(absl::ResourceExhaustedError(absl::StrCat("too many opens of node ", hop.node_name, " wait already")));
+    (*answer)(stopping_.load(std::memory_order_acquire)
+                  ? StoppingStatus()
+                  : absl::ResourceExhaustedError(absl::StrCat("too many opens of node ", hop.node_name, " wait already")));
   }
 }
 
@@ -2197,6 +2221,7 @@ absl::Status MeshEngine::DropHandle(uint64_t session, uint64_t handle) {
     absl::MutexLock l(&mu_);
     auto it = handles_.find(handle);
     if (it == handles_.end() || it->second.session != session) {
+      if (stopping_.load(std::memory_order_acquire)) return StoppingStatus();
       return absl::NotFoundError(absl::StrCat("no remote region ", handle, " in this session"));
     }
     h = std::move(it->second);
@@ -2383,6 +2408,7 @@ absl::StatusOr<MeshEngine::Handle> MeshEngine::FindHandle(uint64_t session, uint
   absl::MutexLock l(&mu_);
   auto it = handles_.find(handle);
   if (it == handles_.end() || it->second.session != session) {
+    if (stopping_.load(std::memory_order_acquire)) return StoppingStatus();
     return absl::NotFoundError(absl::StrCat("remote region ", handle, " was not opened by this session"));
   }
   return it->second;
@@ -2441,6 +2467,7 @@ absl::Status MeshEngine::Notify(uint64_t session, uint64_t handle, uint64_t valu
 
 absl::StatusOr<verbs::VerbsServer*> MeshEngine::VerbsServing() {
   absl::MutexLock l(&verbs_mu_);
+  if (stopping_.load(std::memory_order_acquire)) return StoppingStatus();
   if (verbs_server_ != nullptr) return verbs_server_.get();
   if (!verbs_error_.ok()) return verbs_error_;
   absl::StatusOr<const verbs::VerbsApi*> api = verbs::LoadVerbs();

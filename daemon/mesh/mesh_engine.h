@@ -136,8 +136,9 @@ class MeshEngine final : public MeshPort {
   ~MeshEngine() override;  // Stop()s
   // Stops serving and talking to other nodes: what waits on another node is
   // answered (UNAVAILABLE, the daemon stopping) before this returns, while
-  // the daemon's own RPC server can still finish those calls. Afterwards
-  // every call fails or finds nothing; idempotent.
+  // the daemon's own RPC server can still finish those calls; other nodes'
+  // RDMA access to this node's exports ends. Afterwards calls fail
+  // UNAVAILABLE or find nothing; idempotent.
   void Stop();
 
   // For tests and fuzzers (tests/fuzz/mesh_frame_fuzz.cc): an engine with no
@@ -414,6 +415,7 @@ class MeshEngine final : public MeshPort {
   std::thread housekeeping_thread_;  // sweeps, keepalives, adverts, certificate reloads (HousekeepingLoop)
   std::atomic<bool> stopping_{false};
   std::atomic<bool> stopped_{false};  // Stop() ran
+  static absl::Status StoppingStatus();  // UNAVAILABLE "podlinkd is stopping"
 
   mutable absl::Mutex mu_;  // protects everything below
   absl::CondVar conns_cv_;

@@ -250,6 +250,25 @@ class Mesh : public ::testing::Test {
     t.pods = Rule(t.pa, "ml", "prefill-0", "job-7") + "," + Rule(t.pb, "ml", "decode-0", "job-7");
   }
 
+  // A chain a - c - d (no cable between a and d), a pod on a and one on d
+  // in one peer group; `pods` is every daemon's rules.
+  struct Chain {
+    std::string a, c, d, ac_a, ac_c, cd_c, cd_d;
+    PodCgroup pa{RandomPodUid(), "burstable"}, pd{RandomPodUid(), "burstable"};
+    std::string pods;
+  };
+  void JoinChain(Chain& t) {
+    t.a = topo_.Node("a");
+    t.c = topo_.Node("c");
+    t.d = topo_.Node("d");
+    std::tie(t.ac_a, t.ac_c) = topo_.Cable(t.a, t.c, 3);
+    std::tie(t.cd_c, t.cd_d) = topo_.Cable(t.c, t.d, 4);
+    t.pods = Rule(t.pa, "ml", "a", "job-7") + "," + Rule(t.pd, "ml", "d", "job-7");
+  }
+  // mesh.peers naming node c with both its addresses (a and d know it so).
+  static constexpr const char* kKnowsC =
+      R"(, "peers": [{"node": "node-c", "addresses": ["10.77.3.2/30", "10.77.4.1/30"]}])";
+
   Topology topo_;
   std::string dir_;
   std::unique_ptr<TestCa> ca_;
@@ -1479,13 +1498,10 @@ TEST_F(Mesh, ACutCableOrAKilledPeerFailsTransfersWithinTheBound) {
 // TCP: a relay's grant has no memory for RDMA to land in. Node a here has no
 // RDMA device at all, so anything but TCP to c would fail.
 TEST_F(Mesh, AVerbsNodeReachesItsRelayOverTcp) {
-  std::string a = topo_.Node("a"), c = topo_.Node("c"), d = topo_.Node("d");
-  auto [ac_a, ac_c] = topo_.Cable(a, c, 3);
-  auto [cd_c, cd_d] = topo_.Cable(c, d, 4);
-  PodCgroup pa(RandomPodUid(), "burstable"), pd(RandomPodUid(), "burstable");
-  std::string pods = Rule(pa, "ml", "a", "job-7") + "," + Rule(pd, "ml", "d", "job-7");
-  auto na = StartNode("node-a", a, {ac_a}, pods, "",
-                      R"(, "transport": "verbs", "peers": [{"node": "node-c", "addresses": ["10.77.3.2/30", "10.77.4.1/30"]}])");
+  Chain t;
+  JoinChain(t);
+  [[maybe_unused]] auto& [a, c, d, ac_a, ac_c, cd_c, cd_d, pa, pd, pods] = t;
+  auto na = StartNode("node-a", a, {ac_a}, pods, "", absl::StrCat(R"(, "transport": "verbs")", kKnowsC));
   if (!na->WaitForLog("event=mesh_ready", 5000)) GTEST_SKIP() << "no libibverbs here: " << na->Log();
   auto nc = StartNode("node-c", c, {ac_c, cd_c}, pods);
   auto nd = StartNode("node-d", d, {cd_d}, pods);
@@ -1543,15 +1559,12 @@ TEST_F(Mesh, AVerbsNodeThatNoRdmaPathLeavesGoesOverTcp) {
 // A relay whose links are RDMA (mesh.transport verbs) and no RDMA path to the
 // next node (this machine has no RDMA device): it opens onward over TCP.
 TEST_F(Mesh, AVerbsRelayWithNoRdmaPathOnwardGoesOverTcp) {
-  std::string a = topo_.Node("a"), c = topo_.Node("c"), d = topo_.Node("d");
-  auto [ac_a, ac_c] = topo_.Cable(a, c, 3);
-  auto [cd_c, cd_d] = topo_.Cable(c, d, 4);
-  PodCgroup pa(RandomPodUid(), "burstable"), pd(RandomPodUid(), "burstable");
-  std::string pods = Rule(pa, "ml", "a", "job-7") + "," + Rule(pd, "ml", "d", "job-7");
+  Chain t;
+  JoinChain(t);
+  [[maybe_unused]] auto& [a, c, d, ac_a, ac_c, cd_c, cd_d, pa, pd, pods] = t;
   auto nc = StartNode("node-c", c, {ac_c, cd_c}, pods, "", R"(, "transport": "verbs")");
   if (!nc->WaitForLog("event=mesh_ready", 5000)) GTEST_SKIP() << "no libibverbs here: " << nc->Log();
-  auto na = StartNode("node-a", a, {ac_a}, pods, "",
-                      R"(, "peers": [{"node": "node-c", "addresses": ["10.77.3.2/30", "10.77.4.1/30"]}])");
+  auto na = StartNode("node-a", a, {ac_a}, pods, "", kKnowsC);
   auto nd = StartNode("node-d", d, {cd_d}, pods);
   KvAcrossNodes(*nd, pd, *na, pa, 4 << 20, 92);
   EXPECT_TRUE(nc->WaitForLog("event=mesh_verbs_fallback node=node-d")) << nc->Log();
@@ -1668,6 +1681,8 @@ TEST_F(Mesh, StoppingWithOpensWaitingAnswersThemAndExitsCleanly) {
     json r = c->Next(10000).value_or(json());
     EXPECT_EQ(r["event"], "error") << r.dump();
     said_stopping += r.dump().find("stopping") != std::string::npos;
+    // This node's podlinkd answered: the reason is not that it was unreachable.
+    EXPECT_EQ(r.dump().find("podlinkd unreachable"), std::string::npos) << r.dump();
     std::cerr << "answered: " << r.dump() << "\n";
     EXPECT_NE(c->Wait(), 0);
   }
