@@ -699,6 +699,17 @@ void MeshEngine::Stop() {
 
 absl::Status MeshEngine::StoppingStatus() { return absl::UnavailableError("podlinkd is stopping"); }
 
+absl::Status MeshEngine::NoPeer() const {
+  if (stopping_.load(std::memory_order_acquire)) return StoppingStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat("this podlinkd talks to too many other nodes already (", kMaxPeers, ")"));
+}
+
+absl::Status MeshEngine::NotQueued(const std::string& node) const {
+  if (stopping_.load(std::memory_order_acquire)) return StoppingStatus();
+  return absl::ResourceExhaustedError(absl::StrCat("too many opens of node ", node, " wait already"));
+}
+
 void MeshEngine::SeenInstance(const std::string& node, uint64_t instance) {
   if (instance == 0) return;  // an older daemon: it does not say
   std::vector<uint64_t> stale;
@@ -1024,7 +1035,7 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
   }
   // The hop to another relay is TCP (a relay's grant has no memory to register).
   std::shared_ptr<Peer> peer = PeerFor(next, /*tcp=*/checked.next_is_relay);
-  if (peer == nullptr) return done(absl::ResourceExhaustedError("this podlinkd talks to too many other nodes already"));
+  if (peer == nullptr) return done(NoPeer());
   auto answer = std::make_shared<RegionDone>(std::move(done));
   Peer* p = peer.get();
   bool posted = p->Post([this, p, caller, next, req, pod, answer, origin = claim.origin()] {
@@ -1087,9 +1098,7 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
     ConnectOrOverTcp(peer, next, open_on, [done](absl::Status st) { done(std::move(st)); });
   });
   if (!posted) {
-    (*answer)(stopping_.load(std::memory_order_acquire)
-                  ? StoppingStatus()
-                  : absl::ResourceExhaustedError(absl::StrCat("too many opens toward node ", next.node_name, " wait already")));
+    (*answer)(NotQueued(next.node_name));
   }
 }
 
@@ -1839,7 +1848,6 @@ void MeshEngine::MarkFinished(const LinkKey& key, uint32_t transfer) {
 std::shared_ptr<MeshEngine::Peer> MeshEngine::PeerFor(const RemoteTarget& target, bool tcp) {
   tcp = tcp && options_.transport != "tcp";  // with TCP links anyway, one peer serves both
   const std::string key = tcp ? target.node_name + "/tcp" : target.node_name;
-  constexpr size_t kMaxPeers = 256;
   std::vector<std::shared_ptr<Peer>> evicted;  // destroyed outside the lock (their workers are joined)
   absl::MutexLock l(&mu_);
   // Stopping: the peers were taken away already (a worker's open that
@@ -1935,9 +1943,7 @@ void MeshEngine::OverTcp(const RemoteTarget& target,
                          std::function<void(absl::StatusOr<std::shared_ptr<Peer>>)> next) {
   std::shared_ptr<Peer> tcp = PeerFor(target, /*tcp=*/true);
   if (tcp == nullptr) {
-    return next(stopping_.load(std::memory_order_acquire)
-                    ? StoppingStatus()
-                    : absl::ResourceExhaustedError("this podlinkd talks to too many other nodes already (256)"));
+    return next(NoPeer());
   }
   auto answer = std::make_shared<AnswerOnce<std::shared_ptr<Peer>>>(
       std::move(next), "the open over TCP was dropped (podlinkd is stopping)");
@@ -1952,9 +1958,7 @@ void MeshEngine::OverTcp(const RemoteTarget& target,
     (*answer)(std::move(peer));
   });
   if (!posted) {
-    (*answer)(stopping_.load(std::memory_order_acquire)
-                  ? StoppingStatus()
-                  : absl::ResourceExhaustedError(absl::StrCat("too many opens of node ", target.node_name, " wait already")));
+    (*answer)(NotQueued(target.node_name));
   }
 }
 
@@ -2147,9 +2151,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
   }
   std::shared_ptr<Peer> peer = PeerFor(hop, /*tcp=*/hop.node_name != target.node_name);
   if (peer == nullptr) {
-    return done(stopping_.load(std::memory_order_acquire)
-                    ? StoppingStatus()
-                    : absl::ResourceExhaustedError("this podlinkd talks to too many other nodes already (256)"));
+    return done(NoPeer());
   }
   // The task holds no reference to the peer (it runs on the peer's own
   // worker, which the peer outlives). Whatever holds the open's answer — the
@@ -2209,9 +2211,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
     ConnectOrOverTcp(peer, hop, open_on, [done](absl::Status st) { done(std::move(st)); });
   });
   if (!posted) {
-    (*answer)(stopping_.load(std::memory_order_acquire)
-                  ? StoppingStatus()
-                  : absl::ResourceExhaustedError(absl::StrCat("too many opens of node ", hop.node_name, " wait already")));
+    (*answer)(NotQueued(hop.node_name));
   }
 }
 

@@ -416,6 +416,11 @@ class MeshEngine final : public MeshPort {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> stopped_{false};  // Stop() ran
   static absl::Status StoppingStatus();  // UNAVAILABLE "podlinkd is stopping"
+  static constexpr size_t kMaxPeers = 256;  // other nodes talked to at once
+  // Why PeerFor made no peer (stopping, or the peer limit).
+  absl::Status NoPeer() const;
+  // Why a task for `node` could not be queued on its peer's worker (Post false).
+  absl::Status NotQueued(const std::string& node) const;
 
   mutable absl::Mutex mu_;  // protects everything below
   absl::CondVar conns_cv_;

@@ -274,6 +274,17 @@ class Mesh : public ::testing::Test {
   std::unique_ptr<TestCa> ca_;
 };
 
+// `desc` (podlink2;<node id>;<export>;<size>;<type>;<gpu uuid>;<node
+// name>;<mesh port>;<addresses>) with the fields at the given indices
+// replaced; empty (a test failure) if it is not such a descriptor.
+std::string WithFields(const std::string& desc, const std::map<size_t, std::string>& fields) {
+  std::vector<std::string> f = absl::StrSplit(desc, ';');
+  EXPECT_EQ(f.size(), 9u) << desc;
+  if (f.size() != 9u) return "";
+  for (const auto& [i, v] : fields) f[i] = v;
+  return absl::StrJoin(f, ";");
+}
+
 // A pod on `from` writes a region of a pod on `to` whole (one-sided, through
 // both daemons), notifies, reads it back; both sides check every byte.
 void KvAcrossNodes(Daemon& to, const PodCgroup& server_cg, Daemon& from, const PodCgroup& client_cg,
@@ -1620,12 +1631,9 @@ TEST_F(Mesh, AnImporterRefusesAnOwnerWhoseCertificateNamesAnotherNode) {
   Pod server(*nb, &pb, {"kv-serve", "--size", "65536", "--verify", "3"});
   json s = server.Expect("serving");
   ASSERT_EQ(s["event"], "serving") << s.dump();
-  // podlink2;<node id>;<export>;<size>;<type>;<gpu uuid>;<node name>;<mesh port>;<addresses>
-  std::vector<std::string> f = absl::StrSplit(s["descriptor"].get<std::string>(), ';');
-  ASSERT_EQ(f.size(), 9u) << s.dump();
-  ASSERT_EQ(f[6], "node-b");
-  f[6] = "node-c";
-  std::string desc = absl::StrJoin(f, ";");
+  ASSERT_EQ(WithFields(s["descriptor"], {{6, "node-b"}}), s["descriptor"]) << "the owner's node name is node-b";
+  const std::string desc = WithFields(s["descriptor"], {{6, "node-c"}});  // the node name
+  ASSERT_FALSE(desc.empty());
   Pod client(*na, &pa, {"kv-put", "--desc", desc, "--seed", "3"});
   json r = client.Next(30000).value_or(json());
   EXPECT_EQ(r["event"], "error") << r.dump();
@@ -1661,13 +1669,9 @@ TEST_F(Mesh, StoppingWithOpensWaitingAnswersThemAndExitsCleanly) {
   Pod server(*na, &pa, {"kv-serve", "--size", "65536", "--verify", "3"});
   json s = server.Expect("serving");
   ASSERT_EQ(s["event"], "serving") << s.dump();
-  std::vector<std::string> f = absl::StrSplit(s["descriptor"].get<std::string>(), ';');
-  ASSERT_EQ(f.size(), 9u) << s.dump();
-  f[1] = "node-b";  // node id: another node's region
-  f[6] = "node-b";
-  f[7] = "7446";
-  f[8] = "10.77.1.2/30";
-  const std::string desc = absl::StrJoin(f, ";");
+  // Another node's region: its node id and name, mesh port and address.
+  const std::string desc = WithFields(s["descriptor"], {{1, "node-b"}, {6, "node-b"}, {7, "7446"}, {8, "10.77.1.2/30"}});
+  ASSERT_FALSE(desc.empty());
   std::vector<std::unique_ptr<Pod>> clients;
   for (int i = 0; i < 2; ++i) clients.push_back(std::make_unique<Pod>(*na, &pa, std::vector<std::string>{
                                                     "kv-put", "--desc", desc, "--seed", "3"}));
