@@ -37,9 +37,12 @@ absl::Status ParseMeshConfig(const nlohmann::json& m, mesh::MeshOptions* o) {
     const std::string& k = it.key();
     const nlohmann::json& v = it.value();
     uint64_t n = 0;
-    if (k == "enabled" || k == "fallback" || k == "verbs_tcp_fallback") {
+    if (k == "enabled" || k == "fallback" || k == "verbs_tcp_fallback" || k == "verbs_staged_only") {
       if (!v.is_boolean()) return bad(k, "true or false");
-      (k == "enabled" ? o->enabled : k == "fallback" ? o->fallback : o->verbs_tcp_fallback) = v.get<bool>();
+      (k == "enabled"              ? o->enabled
+       : k == "fallback"           ? o->fallback
+       : k == "verbs_tcp_fallback" ? o->verbs_tcp_fallback
+                                   : o->verbs_staged_only) = v.get<bool>();
     } else if (k == "listen" || k == "cert_dir") {
       if (!v.is_string() || v.get<std::string>().empty()) return bad(k, "a non-empty string");
       (k == "listen" ? o->listen : o->cert_dir) = v.get<std::string>();

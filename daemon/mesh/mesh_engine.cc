@@ -978,7 +978,7 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
     resp.set_grant(g);
   }
   if (req.verbs()) {
-    absl::Status st = RegisterForVerbs(node, resp.grant(), *rec, req.accepts_over_tcp(), &resp);
+    absl::Status st = RegisterForVerbs(node, resp.grant(), *rec, req.accepts_over_tcp(), req.accepts_staged(), &resp);
     if (!st.ok()) {
       CloseRegion(node, resp.grant());
       return st;
@@ -1057,6 +1057,7 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
       onward.set_caller_instance(instance_);
       onward.set_verbs(vl != nullptr);
       onward.set_accepts_over_tcp(true);
+      onward.set_accepts_staged(vl != nullptr);
       if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, onward, &resp), next.node_name); !st.ok()) return done(st);
       // The relay's grant, forwarding to the next node's grant on `carrier`.
       auto install = [this, caller, req, pod, done, origin, next](const std::shared_ptr<Peer>& carrier,
@@ -1090,6 +1091,8 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
         resp.set_instance(instance_);
         resp.clear_verbs_keys();
         resp.clear_over_tcp_reason();
+        resp.clear_staged_reason();
+        resp.clear_staged_slice_bytes();
         done(std::move(resp));
       };
       CarryGrant(peer, next, resp, [install, resp](const std::shared_ptr<Peer>& carrier) { install(carrier, resp); },
@@ -1884,6 +1887,14 @@ void MeshEngine::CarryGrant(const std::shared_ptr<Peer>& peer, const RemoteTarge
                             std::function<void(absl::Status)> failed) {
   std::shared_ptr<verbs::VerbsLinks> vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links());
   if (vl == nullptr) return install(peer);
+  if (!resp.staged_reason().empty()) {
+    // The owner moves each slice between the export and its bounce pool;
+    // this node's queue pairs carry it as for any other grant.
+    Log()->info("event=mesh_region_staged node={} export={} grant={} why={}", target.node_name, resp.export_id(),
+                resp.grant(), LogQuoted(resp.staged_reason().substr(0, 256)));
+    vl->AddStagedRegion(resp.grant(), resp.staged_slice_bytes());
+    return install(peer);
+  }
   if (resp.over_tcp_reason().empty()) {
     std::vector<verbs::RegionKey> keys;
     for (const pb::VerbsKey& k : resp.verbs_keys()) keys.push_back(verbs::RegionKey{k.device(), k.rkey(), k.base()});
@@ -2171,6 +2182,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
       pb::OpenRegionRequest open = req;
       open.set_verbs(vl != nullptr);
       open.set_accepts_over_tcp(true);
+      open.set_accepts_staged(vl != nullptr);
       open.set_caller_instance(instance_);
       pb::OpenRegionResponse resp;
       grpc::ClientContext ctx;
@@ -2476,9 +2488,14 @@ absl::StatusOr<verbs::VerbsServer*> MeshEngine::VerbsServing() {
     return verbs_error_;
   }
   if (nics_ == nullptr) nics_ = std::make_unique<verbs::Nics>(*api);  // the importing side may have made it
+  verbs::VerbsOptions vo = options_.verbs;
+  vo.slice_bytes = options_.slice_bytes;  // the bounce slots of staged grants
   verbs_server_ = std::make_unique<verbs::VerbsServer>(
-      nics_.get(), options_.verbs,
-      [this](const std::string& node, uint64_t grant, uint64_t value) { DeliverVerbsNotify(node, grant, value); });
+      nics_.get(), vo,
+      [this](const std::string& node, uint64_t grant, uint64_t value) { DeliverVerbsNotify(node, grant, value); },
+      [this](const std::string& node, uint64_t grant, bool write, uint64_t offset, char* buf, uint64_t length) {
+        return StagedCopy(node, grant, write, offset, buf, length);
+      });
   return verbs_server_.get();
 }
 
@@ -2502,6 +2519,7 @@ absl::StatusOr<pb::OpenVerbsResponse> MeshEngine::AcceptVerbs(const std::string&
   theirs.device = req.device();
   std::memcpy(theirs.gid.data(), req.gid().data(), 16);
   theirs.mtu = req.mtu();
+  theirs.records = req.records();
   for (const pb::VerbsQp& q : req.qps()) theirs.qps.push_back(verbs::QpWire{q.qpn() & 0xffffff, q.psn() & 0xffffff});
   std::vector<uint32_t> replaces(req.replaces().begin(), req.replaces().end());
   if (replaces.size() > 64) return absl::InvalidArgumentError("at most 64 queue pairs replaced at once");
@@ -2510,6 +2528,7 @@ absl::StatusOr<pb::OpenVerbsResponse> MeshEngine::AcceptVerbs(const std::string&
   resp.set_device(ours.device);
   resp.set_gid(std::string(reinterpret_cast<const char*>(ours.gid.data()), 16));
   resp.set_mtu(ours.mtu);
+  resp.set_records(ours.records);
   for (const verbs::QpWire& q : ours.qps) {
     pb::VerbsQp* out = resp.add_qps();
     out->set_qpn(q.qpn);
@@ -2522,11 +2541,13 @@ absl::StatusOr<pb::OpenVerbsResponse> MeshEngine::AcceptVerbs(const std::string&
 
 absl::Status MeshEngine::RegisterForVerbs(const std::string& node, uint64_t grant,
                                           const std::shared_ptr<const ExportRecord>& rec, bool over_tcp_ok,
-                                          pb::OpenRegionResponse* resp) {
+                                          bool staged_ok, pb::OpenRegionResponse* resp) {
   // The TCP server needs the mapping too: an export without one is refused.
   PODLINK_ASSIGN_OR_RETURN(RelayView view, rec->memory->MapForRelay());
   absl::StatusOr<std::vector<verbs::RegionKey>> keys = absl::UnknownError("not registered");
-  if (absl::Status populated = rec->memory->CheckPopulated(0, rec->size); !populated.ok()) {
+  if (options_.verbs_staged_only) {
+    keys = absl::FailedPreconditionError("mesh.verbs_staged_only: no export is registered for peers");
+  } else if (absl::Status populated = rec->memory->CheckPopulated(0, rec->size); !populated.ok()) {
     // Registration pins every page: a range the owner punched out would be
     // faulted in at podlinkd's expense, so it is not registered (over TCP,
     // each frame's range is checked as the local relay checks each copy).
@@ -2540,6 +2561,25 @@ absl::Status MeshEngine::RegisterForVerbs(const std::string& node, uint64_t gran
     keys = server.ok() ? (*server)->Register(node, grant, rec->memory, reinterpret_cast<char*>(view.address),
                                              rec->size, std::move(dmabuf))
                        : server.status();
+  }
+  if (!keys.ok() && staged_ok) {
+    // Over the importer's queue pairs all the same: each slice goes
+    // between the export and this node's bounce pool for that peer, copied
+    // here (by the copy engines for GPU memory), the range checked per slice.
+    absl::StatusOr<verbs::VerbsServer*> server = VerbsServing();
+    absl::Status pool = server.ok() ? (*server)->PrepareStaging(node) : server.status();
+    if (pool.ok()) {
+      grants_staged_.fetch_add(1, std::memory_order_relaxed);
+      if (staged_log_.Due()) {
+        Log()->info("event=mesh_grant_staged peer={} export={} gpu={} why=\"{}\" (grants so far: {})", node, rec->id,
+                    view.on_gpu, keys.status().message(), grants_staged_.load(std::memory_order_relaxed));
+      }
+      resp->set_staged_reason(std::string(keys.status().message()));
+      resp->set_staged_slice_bytes((*server)->stage_slot_bytes());
+      return absl::OkStatus();
+    }
+    keys = absl::Status(keys.status().code(),
+                        absl::StrCat(keys.status().message(), "; no staging over RDMA either: ", pool.message()));
   }
   if (!keys.ok()) {
     // An older importer cannot carry the grant over TCP: refused, as before.
@@ -2562,6 +2602,30 @@ absl::Status MeshEngine::RegisterForVerbs(const std::string& node, uint64_t gran
     out->set_rkey(k.rkey);
     out->set_base(k.base);
   }
+  return absl::OkStatus();
+}
+
+absl::Status MeshEngine::StagedCopy(const std::string& node, uint64_t grant, bool write, uint64_t offset, char* buf,
+                                    uint64_t length) {
+  // The same checks as a TCP frame's: the node's grant of a live export,
+  // the range inside it, and for host memory every page still there.
+  PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<const ExportRecord> rec, GrantedExport(node, grant));
+  PODLINK_ASSIGN_OR_RETURN(RelayView view, rec->memory->MapForRelay());
+  if (length == 0 || offset > rec->size || length > rec->size - offset) {
+    return absl::OutOfRangeError(absl::StrCat("range [", offset, ", +", length, ") exceeds export ", rec->id, " of ",
+                                              rec->size, " bytes"));
+  }
+  if (view.on_gpu) {
+    PODLINK_RETURN_IF_ERROR(TimedGpuCopy(
+        [&] { return write ? rec->memory->CopyIn(offset, buf, length) : rec->memory->CopyOut(offset, buf, length); }));
+  } else {
+    PODLINK_RETURN_IF_ERROR(rec->memory->CheckPopulated(offset, length));
+    char* at = reinterpret_cast<char*>(view.address) + offset;
+    write ? std::memcpy(at, buf, length) : std::memcpy(buf, at, length);
+  }
+  absl::MutexLock l(&mu_);
+  (write ? bytes_written_in_ : bytes_read_out_) += length;
+  ++frames_served_;
   return absl::OkStatus();
 }
 
@@ -2657,6 +2721,7 @@ absl::Status MeshEngine::ConnectVerbsPath(verbs::VerbsLinks& links, const Path& 
   req.set_mtu(prepared.second.mtu);
   req.set_link_instance(links.instance());
   req.set_device(prepared.second.device);
+  req.set_records(prepared.second.records);
   for (uint32_t q : replaces) req.add_replaces(q);
   for (const verbs::QpWire& q : prepared.second.qps) {
     pb::VerbsQp* out = req.add_qps();
@@ -2669,6 +2734,7 @@ absl::Status MeshEngine::ConnectVerbsPath(verbs::VerbsLinks& links, const Path& 
   owner.device = resp.device();
   std::memcpy(owner.gid.data(), resp.gid().data(), 16);
   owner.mtu = resp.mtu();
+  owner.records = resp.records();
   for (const pb::VerbsQp& q : resp.qps()) {
     owner.qps.push_back(verbs::QpWire{q.qpn() & 0xffffff, q.psn() & 0xffffff, q.mailbox(), q.mailbox_rkey()});
   }
@@ -2875,6 +2941,9 @@ std::string MeshEngine::RenderMetrics() const {
   one("podlink_mesh_grants_over_tcp_total", "counter",
       "grants this node gave over TCP though the importer asked for RDMA (the export could not be registered)",
       static_cast<double>(grants_over_tcp_.load(std::memory_order_relaxed)));
+  one("podlink_mesh_grants_staged_total", "counter",
+      "grants this node stages through its bounce pools over the importer's queue pairs (export not registered)",
+      static_cast<double>(grants_staged_.load(std::memory_order_relaxed)));
   one("podlink_mesh_relay_staged_bytes", "gauge", "bytes of forwarded requests held in this node's relay staging",
       static_cast<double>(staged));
   one("podlink_mesh_refused_notifies_total", "counter",
@@ -2887,6 +2956,12 @@ std::string MeshEngine::RenderMetrics() const {
         static_cast<double>(verbs_server_->registrations()));
     one("podlink_mesh_verbs_notifies_total", "counter", "notifications received by RDMA WRITE WITH IMMEDIATE",
         static_cast<double>(verbs_server_->notifies()));
+    one("podlink_mesh_verbs_staged_slices_total", "counter",
+        "slices of staged grants copied between an export and a bounce pool for a peer",
+        static_cast<double>(verbs_server_->staged_slices()));
+    one("podlink_mesh_verbs_staged_refused_total", "counter",
+        "staged slices refused (grant not the peer's, export gone, range outside it, bad record)",
+        static_cast<double>(verbs_server_->staged_refused()));
   }
   if (gpu_copies_.count() > 0) {
     absl::StrAppend(&out, "# HELP podlink_mesh_gpu_served_copy_seconds copies between a GPU export and a data ",

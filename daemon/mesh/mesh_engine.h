@@ -71,6 +71,10 @@ struct MeshOptions {
   // transport "verbs": a node no RDMA path to comes up is reached over TCP
   // (said and counted) instead of failing the open.
   bool verbs_tcp_fallback = true;
+  // transport "verbs": no export is registered for peers' RDMA access; every
+  // grant is staged through this node's bounce pools (the pods' memory is
+  // never remotely addressable; each slice costs a copy here).
+  bool verbs_staged_only = false;
   uint32_t connections_per_path = 4;
   uint64_t slice_bytes = 512 << 10;
   uint32_t slices_in_flight = 4;         // per connection
@@ -255,10 +259,16 @@ class MeshEngine final : public MeshPort {
   absl::StatusOr<podlink::mesh::v1::OpenVerbsResponse> AcceptVerbs(const std::string& node,
                                                                    const podlink::mesh::v1::OpenVerbsRequest& req);
   // Registers `rec` for `node`'s verbs links (resp's verbs_keys); where it
-  // cannot be and the caller `over_tcp_ok`, grants it over TCP instead
-  // (resp's over_tcp_reason). Errors: the export cannot be served at all.
+  // cannot be (or mesh.verbs_staged_only) and the caller `staged_ok`, stages
+  // it over the caller's queue pairs through this node's bounce pool (resp's
+  // staged_reason); failing that, where the caller `over_tcp_ok`, grants it
+  // over TCP (resp's over_tcp_reason). Errors: the export cannot be served.
   absl::Status RegisterForVerbs(const std::string& node, uint64_t grant, const std::shared_ptr<const ExportRecord>& rec,
-                                bool over_tcp_ok, podlink::mesh::v1::OpenRegionResponse* resp);
+                                bool over_tcp_ok, bool staged_ok, podlink::mesh::v1::OpenRegionResponse* resp);
+  // A staged slice (verbs::VerbsServer::StageSink): between `buf` and the
+  // export of `node`'s grant.
+  absl::Status StagedCopy(const std::string& node, uint64_t grant, bool write, uint64_t offset, char* buf,
+                          uint64_t length);
   void DeliverVerbsNotify(const std::string& node, uint64_t grant, uint64_t value);
   // Registrations whose grant closed or whose export went away are dropped.
   void SweepVerbs();
@@ -500,6 +510,9 @@ class MeshEngine final : public MeshPort {
     absl::Time last_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   };
   LogEvery10s over_tcp_log_;
+  // Grants staged through a bounce pool though RDMA access was asked for.
+  std::atomic<uint64_t> grants_staged_{0};
+  LogEvery10s staged_log_;
   // Opens that went over TCP because no RDMA path to the node came up.
   std::atomic<uint64_t> verbs_fallbacks_{0};
   LogEvery10s fallback_log_;

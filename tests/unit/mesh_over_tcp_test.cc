@@ -23,7 +23,7 @@ using testing::MemfdExport;
 using testing::OneExportHost;
 
 absl::StatusOr<pb::OpenRegionResponse> OpenOverVerbs(MeshEngine& e, const std::string& node,
-                                                     bool accepts_over_tcp = true) {
+                                                     bool accepts_over_tcp = true, bool accepts_staged = false) {
   pb::OpenRegionRequest req;
   pb::ForwardedIdentity* who = req.mutable_importer();
   who->set_node(node);
@@ -33,6 +33,7 @@ absl::StatusOr<pb::OpenRegionResponse> OpenOverVerbs(MeshEngine& e, const std::s
   req.set_export_id(7);
   req.set_verbs(true);
   req.set_accepts_over_tcp(accepts_over_tcp);
+  req.set_accepts_staged(accepts_staged);
   absl::StatusOr<pb::OpenRegionResponse> out = absl::UnknownError("not answered");
   e.OpenRegionFor(node, req, [&](absl::StatusOr<pb::OpenRegionResponse> r) { out = std::move(r); });
   return out;
@@ -77,6 +78,28 @@ TEST(MeshOverTcp, AnOlderImporterIsRefusedAsBefore) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
   EXPECT_EQ(e->Status().grants(), 0u) << "a refused open left its grant behind";
   EXPECT_NE(e->RenderMetrics().find("podlink_mesh_grants_over_tcp_total 0"), std::string::npos);
+}
+
+TEST(MeshOverTcp, AnImporterThatTakesStagedGrantsButCannotBeStagedForGoesOverTcpWithBothReasons) {
+  // Staging needs the importer's queue pairs here (their mailboxes carry
+  // the records) and a bounce pool for them; with neither, over TCP, saying
+  // why both failed. With mesh.verbs_staged_only the first reason is that.
+  for (bool staged_only : {false, true}) {
+    OneExportHost host(MemfdExport(7, 1 << 20, /*punch_hole=*/false));
+    MeshOptions o = Verbs();
+    o.verbs_staged_only = staged_only;
+    auto e = MeshEngine::ForTesting(o, "owner", &host);
+    absl::StatusOr<pb::OpenRegionResponse> r = OpenOverVerbs(*e, "importer", true, /*accepts_staged=*/true);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->staged_reason().empty()) << r->staged_reason();
+    EXPECT_NE(r->over_tcp_reason().find("no staging over RDMA either"), std::string::npos) << r->over_tcp_reason();
+    if (staged_only) {
+      EXPECT_EQ(r->over_tcp_reason().find("mesh.verbs_staged_only"), 0u) << r->over_tcp_reason();
+    }
+    const std::string metrics = e->RenderMetrics();
+    EXPECT_NE(metrics.find("podlink_mesh_grants_staged_total 0"), std::string::npos) << metrics;
+    EXPECT_NE(metrics.find("podlink_mesh_grants_over_tcp_total 1"), std::string::npos) << metrics;
+  }
 }
 
 }  // namespace

@@ -358,10 +358,23 @@ class VerbsFake : public ::testing::Test {
     options_.qps_per_path = 2;
     options_.slice_bytes = 64 << 10;
     options_.slices_in_flight = 2;
-    server_ = std::make_unique<VerbsServer>(&nics_, options_, [this](const std::string& node, uint64_t g, uint64_t v) {
-      std::lock_guard<std::mutex> l(mu_);
-      notes_.push_back({node, g, v});
-    });
+    server_ = std::make_unique<VerbsServer>(
+        &nics_, options_,
+        [this](const std::string& node, uint64_t g, uint64_t v) {
+          std::lock_guard<std::mutex> l(mu_);
+          notes_.push_back({node, g, v});
+        },
+        // Staged slices, checked as the engine checks them: the grant is
+        // the node's, the range inside region_.
+        [this](const std::string& node, uint64_t g, bool write, uint64_t offset, char* buf, uint64_t len) {
+          std::lock_guard<std::mutex> l(mu_);
+          auto it = staged_.find(g);
+          if (it == staged_.end() || it->second != node) return absl::NotFoundError("no such grant of that node");
+          if (offset > region_.size() || len > region_.size() - offset) return absl::OutOfRangeError("outside");
+          write ? std::memcpy(region_.data() + offset, buf, len) : std::memcpy(buf, region_.data() + offset, len);
+          ++staged_copies_;
+          return absl::OkStatus();
+        });
     region_.assign(1 << 20, 0);
   }
   void TearDown() override {
@@ -464,6 +477,8 @@ class VerbsFake : public ::testing::Test {
     uint64_t grant, value;
   };
   std::vector<Note> notes_;
+  std::map<uint64_t, std::string> staged_;  // grant -> node, for the staging sink
+  uint64_t staged_copies_ = 0;
 };
 
 std::vector<char> Pattern(size_t n, int seed) {
@@ -994,6 +1009,157 @@ TEST_F(VerbsFake, OwnerLimitsQueuePairsPerPeer) {
   ASSERT_TRUE(p3.ok());
   EXPECT_TRUE(server_->Accept("node-a", again->instance(), owner, p3->second).ok());
   EXPECT_EQ(server_->qps(), 2u);
+}
+
+
+// --- staged grants: the owner's bounce pool, no registration of the export -------
+
+// Every byte of a staged grant goes through the owner's bounce pool: written,
+// read back and notified over the same queue pairs, the export never
+// registered for the peer and nothing of the owner's remotely accessible.
+TEST_F(VerbsFake, AStagedGrantMovesEveryByteThroughTheOwnersBouncePool) {
+  auto links = Connect("node-a");
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    staged_[42] = "node-a";
+  }
+  const size_t mrs = FabricMrs();
+  ASSERT_TRUE(server_->PrepareStaging("node-a").ok());
+  EXPECT_EQ(FabricMrs(), mrs + 1) << "one bounce pool for the peer's device";
+  ASSERT_TRUE(server_->PrepareStaging("node-a").ok());
+  EXPECT_EQ(FabricMrs(), mrs + 1) << "kept, not made again";
+  {  // The pool is the owner's own: no remote access.
+    std::lock_guard<std::recursive_mutex> l(fabric->mu);
+    for (const auto& [key, m] : fabric->mrs) {
+      if (m->mr.length >= kStageSlots * options_.slice_bytes) {
+        EXPECT_EQ(m->access, IBV_ACCESS_LOCAL_WRITE);
+      }
+    }
+  }
+  links->AddStagedRegion(42);
+  std::vector<char> src = Pattern(300 << 10, 41);  // 5 slices, more than the lanes' 4 slots
+  ASSERT_TRUE(Run(*links, FrameType::kWrite, 42, 4096, src.data(), src.size()).ok());
+  EXPECT_EQ(0, std::memcmp(region_.data() + 4096, src.data(), src.size()));
+  EXPECT_EQ(region_[4095], 0);
+  EXPECT_EQ(region_[4096 + src.size()], 0);
+  std::vector<char> back(src.size());
+  ASSERT_TRUE(Run(*links, FrameType::kRead, 42, 4096, back.data(), back.size()).ok());
+  EXPECT_EQ(back, src);
+  ASSERT_TRUE(Run(*links, FrameType::kNotify, 42, 5, nullptr, 0).ok());
+  ASSERT_TRUE(AwaitNotes(1));
+  EXPECT_EQ(server_->staged_slices(), 10u);
+  EXPECT_EQ(server_->registrations(), 0u);
+  LinkStats st = links->Stats();
+  EXPECT_EQ(st.bytes_sent, src.size());
+  EXPECT_EQ(st.bytes_received, src.size());
+  EXPECT_EQ(st.connection_failures, 0u);
+  // Many small ones reuse the slots, the mailbox and the acknowledgements.
+  for (int i = 0; i < 100; ++i) {
+    std::vector<char> one = Pattern(1000, i);
+    ASSERT_TRUE(Run(*links, FrameType::kWrite, 42, 1000 * i, one.data(), one.size()).ok()) << i;
+    ASSERT_EQ(0, std::memcmp(region_.data() + 1000 * i, one.data(), one.size())) << i;
+  }
+}
+
+// What the owner refuses fails with its reason, once, not resent, and the
+// queue pairs carry on: a range outside the export, another peer's grant, a
+// slice larger than the owner's bounce slots (a hostile or misconfigured
+// importer), a grant the owner never staged.
+TEST_F(VerbsFake, StagedSlicesTheOwnerRefusesFailWithItsCodeAndTheLinkCarriesOn) {
+  auto a = Connect("node-a");
+  auto b = Connect("node-b");
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    staged_[42] = "node-a";
+    staged_[44] = "node-c";
+  }
+  ASSERT_TRUE(server_->PrepareStaging("node-a").ok());
+  ASSERT_TRUE(server_->PrepareStaging("node-b").ok());
+  a->AddStagedRegion(42);
+  a->AddStagedRegion(43);  // never granted
+  b->AddStagedRegion(42);  // node-a's
+  std::vector<char> src = Pattern(64 << 10, 3);
+  absl::Status outside = Run(*a, FrameType::kWrite, 42, region_.size() - 1000, src.data(), src.size());
+  EXPECT_EQ(outside.code(), absl::StatusCode::kOutOfRange) << outside;
+  EXPECT_NE(outside.message().find("refused a staged write"), std::string::npos) << outside;
+  EXPECT_EQ(Run(*a, FrameType::kRead, 43, 0, src.data(), src.size()).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(Run(*b, FrameType::kWrite, 42, 0, src.data(), src.size()).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(region_[0], 0) << "another peer's grant was written";
+  VerbsOptions big = options_;
+  big.slice_bytes = 2 * options_.slice_bytes;
+  VerbsLinks wide("node-c", big);
+  ASSERT_TRUE(AddPath(wide, "node-c", "wide").ok());
+  ASSERT_TRUE(server_->PrepareStaging("node-c").ok());
+  wide.AddStagedRegion(44);
+  std::vector<char> large = Pattern(big.slice_bytes, 4);
+  EXPECT_EQ(Run(wide, FrameType::kWrite, 44, 0, large.data(), large.size()).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Told the owner's slot size (OpenRegionResponse.staged_slice_bytes), the
+  // same link set cuts its slices to fit.
+  wide.AddStagedRegion(44, options_.slice_bytes);
+  ASSERT_TRUE(Run(wide, FrameType::kWrite, 44, 0, large.data(), large.size()).ok());
+  EXPECT_EQ(0, std::memcmp(region_.data(), large.data(), large.size()));
+  std::memset(region_.data(), 0, region_.size());
+  EXPECT_EQ(a->Stats().resent_slices, 0u) << "a refusal is final";
+  EXPECT_EQ(server_->staged_refused(), 4u);
+  ASSERT_TRUE(Run(*a, FrameType::kWrite, 42, 0, src.data(), src.size()).ok()) << "the owner's queue pairs carry on";
+  EXPECT_EQ(0, std::memcmp(region_.data(), src.data(), src.size()));
+  EXPECT_EQ(a->live(), 2u);
+}
+
+// A queue pair failing with staged slices outstanding (their records sent,
+// no acknowledgement yet): they go over the other one, no byte lost.
+TEST_F(VerbsFake, AQpFailingWithStagedSlicesOutstandingCostsNoData) {
+  auto links = Connect("node-a");
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    staged_[9] = "node-a";
+  }
+  ASSERT_TRUE(server_->PrepareStaging("node-a").ok());
+  links->AddStagedRegion(9);
+  uint32_t first = QpsOf(*links).front();
+  {
+    std::lock_guard<std::recursive_mutex> l(fabric->mu);
+    fabric->qps.at(first)->fail_after = 3;
+  }
+  std::vector<char> src = Pattern(1 << 20, 12);
+  ASSERT_TRUE(Run(*links, FrameType::kWrite, 9, 0, src.data(), src.size()).ok());
+  EXPECT_EQ(0, std::memcmp(region_.data(), src.data(), src.size()));
+  std::vector<char> back(src.size());
+  ASSERT_TRUE(Run(*links, FrameType::kRead, 9, 0, back.data(), back.size()).ok());
+  EXPECT_EQ(back, src);
+  LinkStats s = links->Stats();
+  EXPECT_EQ(s.connection_failures, 1u);
+  EXPECT_GE(s.resent_slices, 1u);
+  EXPECT_EQ(links->live(), 1u);
+}
+
+// Staging needs both sides to speak staged records: an owner without a
+// staging sink (or an importer of an older version) answers notifications
+// only, and its notifications still arrive.
+TEST_F(VerbsFake, AnOwnerThatDoesNotStageSaysSoAndStillTakesNotifications) {
+  server_ = std::make_unique<VerbsServer>(&nics_, options_, [this](const std::string& node, uint64_t g, uint64_t v) {
+    std::lock_guard<std::mutex> l(mu_);
+    notes_.push_back({node, g, v});
+  });
+  auto links = std::make_unique<VerbsLinks>("node-a", options_);
+  auto sides = AddPath(*links, "node-a", "old-owner");
+  ASSERT_TRUE(sides.ok()) << sides.status();
+  EXPECT_EQ(sides->ours.records, kRecordsStaged);
+  EXPECT_EQ(sides->owner.records, kRecordsNotifyOnly);
+  EXPECT_EQ(server_->PrepareStaging("node-a").code(), absl::StatusCode::kFailedPrecondition);
+  links->AddRegion(7, Register("node-a", 7));
+  for (uint64_t v = 1; v <= 40; ++v) ASSERT_TRUE(Run(*links, FrameType::kNotify, 7, v, nullptr, 0).ok());
+  ASSERT_TRUE(AwaitNotes(40));
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (uint64_t v = 1; v <= 40; ++v) EXPECT_EQ(notes_[v - 1].value, v);
+  }
+  links->AddStagedRegion(8);  // an engine bug: the link set refuses rather than write a record the owner cannot read
+  std::vector<char> src = Pattern(4096, 1);
+  EXPECT_EQ(Run(*links, FrameType::kWrite, 8, 0, src.data(), src.size()).code(), absl::StatusCode::kFailedPrecondition);
+  // A node with no queue pairs here at all has no pool either.
+  EXPECT_EQ(server_->PrepareStaging("node-z").code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -17,6 +17,9 @@
 #                                    scenarios with it (nccl_pair.sh; the node
 #                                    whose name sorts first sends).
 #
+# PODLINK_VM_MESH_EXTRA: more of the daemon's mesh options, as JSON that
+# follows the others (', "verbs_staged_only": true').
+#
 # Every wait is bounded. Results are JSON lines in /mnt/NAME.*.out.
 set -eu
 build=$1
@@ -44,7 +47,7 @@ cat > /run/podlink-test/config.json <<CFG
 {"node": {"name": "$name", "id": "$name"},
  "mesh": {"enabled": true, "transport": "verbs", "cert_dir": "$out/certs/$name", "interfaces": [$ifs],
           "connections_per_path": 2, "slice_kib": 256, "verbs_timeout": ${PODLINK_VM_VERBS_TIMEOUT:-18},
-          "grant_idle_seconds": ${PODLINK_VM_GRANT_IDLE:-600}, "keepalive_seconds": ${PODLINK_VM_KEEPALIVE:-60}},
+          "grant_idle_seconds": ${PODLINK_VM_GRANT_IDLE:-600}, "keepalive_seconds": ${PODLINK_VM_KEEPALIVE:-60}${PODLINK_VM_MESH_EXTRA:-}},
  "pods": [{"match": {"uid": 0}, "namespace": "vmtest", "name": "pod-$name",
            "annotations": {"podlink.io/peer-group": "vmtest"}}]}
 CFG

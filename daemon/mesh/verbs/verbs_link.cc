@@ -29,6 +29,28 @@ constexpr uint32_t kNotifyDepth = 16;
 constexpr uint32_t kMailboxSlots = 2 * kNotifyDepth;
 constexpr uint32_t kNotifyBytes = 16;  // {grant, value}, little endian
 
+// A mailbox record of version 2 (kRecordsStaged), in slots of kRecordBytes;
+// version 1 is its first kNotifyBytes, a notification. Little endian.
+struct Record {
+  uint64_t grant = 0;
+  uint64_t value = 0;  // a notification's value; a staged slice's offset in the export
+  uint32_t kind = 0;   // kRecordNotify, kRecordStagedWrite, kRecordStagedRead
+  uint32_t length = 0;
+  uint64_t addr = 0;   // the importer's staging slot (staged slices)
+  uint32_t rkey = 0;   // its key
+  uint32_t tag = 0;    // the importer's slot number, echoed in the acknowledgement
+  uint64_t ack_addr = 0;  // the importer's ack word for it (same key)
+};
+static_assert(sizeof(Record) == 48);
+constexpr uint32_t kRecordBytes = 64;
+constexpr uint32_t kRecordNotify = 0;
+constexpr uint32_t kRecordStagedWrite = 1;
+constexpr uint32_t kRecordStagedRead = 2;
+constexpr uint32_t kAckBytes = 8;
+// The acknowledgement's immediate: the importer's slot, then an
+// absl::StatusCode in the low byte.
+uint32_t AckImm(uint32_t tag, absl::StatusCode code) { return (tag << 8) | (static_cast<uint32_t>(code) & 0xff); }
+
 uint32_t RandomPsn() {
   static thread_local std::mt19937 rng{std::random_device{}()};
   return rng() & 0xffffff;
@@ -300,6 +322,19 @@ void VerbsLinks::DestroyPath(Path& p) {
   if (p.pd != nullptr) api->dealloc_pd(p.pd);
 }
 
+// Layout of a lane's staging: slices_in_flight slots of slice_bytes, then
+// kNotifyDepth record slots for notifications, one record slot and one ack
+// word per staging slot.
+char* VerbsLinks::NotifySlot(const Lane& lane, uint32_t i) const {
+  return lane.staging + uint64_t{options_.slices_in_flight} * options_.slice_bytes + uint64_t{i} * kRecordBytes;
+}
+char* VerbsLinks::RecordSlot(const Lane& lane, uint32_t slot) const {
+  return NotifySlot(lane, kNotifyDepth) + uint64_t{slot} * kRecordBytes;
+}
+char* VerbsLinks::AckWord(const Lane& lane, uint32_t slot) const {
+  return RecordSlot(lane, options_.slices_in_flight) + uint64_t{slot} * kAckBytes;
+}
+
 absl::StatusOr<std::pair<size_t, SideWire>> VerbsLinks::PreparePath(std::shared_ptr<Nic> nic, const GidChoice& gid,
                                                                     std::string name, uint32_t lane_count) {
   {
@@ -326,7 +361,7 @@ absl::StatusOr<std::pair<size_t, SideWire>> VerbsLinks::PreparePath(std::shared_
   path->channel = api->create_comp_channel(nic->ctx());
   if (path->channel == nullptr) return fail(Errno("ibv_create_comp_channel", errno));
   SetNonBlocking(path->channel->fd);
-  path->cq = api->create_cq(nic->ctx(), static_cast<int>(lanes * (slots + kNotifyDepth) + 8), nullptr,
+  path->cq = api->create_cq(nic->ctx(), static_cast<int>(lanes * (2 * slots + kNotifyDepth) + 8), nullptr,
                             path->channel, 0);
   if (path->cq == nullptr) return fail(Errno("ibv_create_cq", errno));
   api->req_notify_cq(path->cq, 0);
@@ -334,18 +369,33 @@ absl::StatusOr<std::pair<size_t, SideWire>> VerbsLinks::PreparePath(std::shared_
   out.device = nic->name();
   out.gid = gid.gid;
   out.mtu = nic->active_mtu();
-  const size_t bytes = static_cast<size_t>(slots) * options_.slice_bytes + kNotifyDepth * kNotifyBytes;
+  const size_t bytes = static_cast<size_t>(slots) * (options_.slice_bytes + kRecordBytes + kAckBytes) +
+                       kNotifyDepth * kRecordBytes;
+  out.records = kRecordsStaged;
   for (uint32_t i = 0; i < lanes; ++i) {
     auto lane = std::make_unique<Lane>();
     lane->path = path.get();
     lane->staging = static_cast<char*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
     if (lane->staging == nullptr) return fail(absl::ResourceExhaustedError("no memory for verbs staging"));
-    // Only this daemon's HCA writes here (RDMA READ results): no remote access.
-    lane->mr = api->reg_mr(path->pd, lane->staging, bytes, IBV_ACCESS_LOCAL_WRITE);
+    // This daemon's HCA writes here (RDMA READ results), and for staged
+    // grants the owner at the other end of this path reads and writes its
+    // staging slots and ack words (this path's protection domain only:
+    // nobody else's QPs reach it, and the pod's own memory is never in it).
+    constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    lane->mr = api->reg_mr(path->pd, lane->staging, bytes, kAccess);
     if (lane->mr == nullptr) return fail(Errno("ibv_reg_mr(staging)", errno));
-    lane->qp = CreateRcQp(api, path->pd, path->cq, slots + kNotifyDepth, 1);
+    // Receives: one acknowledgement per staging slot at most.
+    lane->qp = CreateRcQp(api, path->pd, path->cq, slots + kNotifyDepth, slots);
     if (lane->qp == nullptr) return fail(Errno("ibv_create_qp", errno));
-    if (absl::Status st = ToInit(api, lane->qp, gid.port, 0); !st.ok()) return fail(st);
+    if (absl::Status st = ToInit(api, lane->qp, gid.port, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+        !st.ok()) {
+      return fail(st);
+    }
+    for (uint32_t r = 0; r < slots; ++r) {
+      ibv_recv_wr wr{};  // wr_id 0: never a send's (those count from 1)
+      ibv_recv_wr* bad = nullptr;
+      if (int rc = api->post_recv(lane->qp, &wr, &bad)) return fail(Errno("ibv_post_recv", rc));
+    }
     for (uint32_t s = 0; s < slots; ++s) lane->free_slots.push_back(s);
     lane->remote.psn = RandomPsn();
     out.qps.push_back(QpWire{lane->qp->qp_num, lane->remote.psn, 0, 0});
@@ -387,6 +437,7 @@ absl::Status VerbsLinks::ConnectPath(size_t index, const SideWire& owner) {
     ++stats_.connections_up;
   }
   path->remote_device = owner.device;
+  path->records = owner.records;
   path->poller = std::thread([this, path] { PollLoop(path); });
   Log()->info("event=verbs_path_up node={} path={} device={} gid={} remote_device={} remote_gid={} qps={}", node_,
               path->name, path->nic->name(), Gid(path->gid.gid), owner.device, Gid(owner.gid), path->lanes.size());
@@ -399,9 +450,15 @@ void VerbsLinks::AddRegion(uint64_t grant, std::vector<RegionKey> keys) {
   regions_[grant] = std::move(keys);
 }
 
+void VerbsLinks::AddStagedRegion(uint64_t grant, uint64_t slot_bytes) {
+  absl::MutexLock l(&mu_);
+  staged_regions_[grant] = slot_bytes == 0 ? options_.slice_bytes : std::min(slot_bytes, options_.slice_bytes);
+}
+
 void VerbsLinks::DropRegion(uint64_t grant) {
   absl::MutexLock l(&mu_);
   regions_.erase(grant);
+  staged_regions_.erase(grant);
 }
 
 std::vector<uint32_t> VerbsLinks::FailedRemoteQps(const std::string& name) const {
@@ -562,7 +619,12 @@ void VerbsLinks::Sweep() {
 
 absl::Status VerbsLinks::Submit(LinkOp op) {
   auto st = std::make_shared<OpState>();
-  const uint64_t n = op.type == FrameType::kNotify ? 1 : (op.length + options_.slice_bytes - 1) / options_.slice_bytes;
+  uint64_t slice = options_.slice_bytes;
+  if (op.type != FrameType::kNotify) {
+    absl::MutexLock l(&mu_);
+    if (auto it = staged_regions_.find(op.grant); it != staged_regions_.end()) slice = it->second;
+  }
+  const uint64_t n = op.type == FrameType::kNotify ? 1 : (op.length + slice - 1) / slice;
   if (n == 0) return absl::InvalidArgumentError("length must be > 0");
   st->remaining.store(n, std::memory_order_relaxed);
   st->slices = n;
@@ -573,14 +635,15 @@ absl::Status VerbsLinks::Submit(LinkOp op) {
     if (stats_.connections_up == 0) {
       return absl::UnavailableError(absl::StrCat("no verbs queue pair to node ", node_, " is up"));
     }
-    if (st->op.type != FrameType::kNotify && !regions_.contains(st->op.grant)) {
+    if (st->op.type != FrameType::kNotify && !regions_.contains(st->op.grant) &&
+        !staged_regions_.contains(st->op.grant)) {
       return absl::FailedPreconditionError("the remote region has no verbs registration");
     }
     for (uint64_t i = 0; i < n; ++i) {
       Slice s;
       s.op = st;
-      s.offset = i * options_.slice_bytes;
-      s.length = st->op.type == FrameType::kNotify ? 0 : std::min(options_.slice_bytes, st->op.length - s.offset);
+      s.offset = i * slice;
+      s.length = st->op.type == FrameType::kNotify ? 0 : std::min(slice, st->op.length - s.offset);
       queue_.push_back(std::move(s));
     }
   }
@@ -594,6 +657,8 @@ void VerbsLinks::Pump() {
     uint64_t remote_addr;
     uint32_t rkey;
     uint32_t mailbox_slot;
+    bool staged;
+    uint32_t records;  // the path's record version
   };
   std::vector<Ready> ready;
   std::vector<std::pair<Slice, absl::Status>> failed;
@@ -650,12 +715,28 @@ void VerbsLinks::Pump() {
       Ready r{};
       r.post.lane = best;
       r.post.wr_id = next_wr_++;
+      r.records = best->path->records;
+      const uint64_t stride = r.records >= kRecordsStaged ? kRecordBytes : kNotifyBytes;
+      r.staged = !notify && staged_regions_.contains(s.op->op.grant);
+      if (r.staged && r.records < kRecordsStaged) {
+        failed.emplace_back(std::move(s), absl::FailedPreconditionError(absl::StrCat(
+                                              "node ", node_, " stages this region but its queue pairs on device ",
+                                              best->path->remote_device, " do not take staged records")));
+        it = queue_.erase(it);
+        continue;
+      }
+      if (notify || r.staged) {
+        r.mailbox_slot = best->mailbox_next % kMailboxSlots;
+        ++best->mailbox_next;
+        r.remote_addr = best->remote.mailbox + r.mailbox_slot * stride;
+        r.rkey = best->remote.mailbox_rkey;
+      }
       if (notify) {
         r.post.slot = options_.slices_in_flight + best->notify_next % kNotifyDepth;
-        r.mailbox_slot = best->notify_next % kMailboxSlots;
         ++best->notify_next;
-        r.remote_addr = best->remote.mailbox + uint64_t{r.mailbox_slot} * kNotifyBytes;
-        r.rkey = best->remote.mailbox_rkey;
+      } else if (r.staged) {
+        r.post.slot = best->free_slots.back();
+        best->free_slots.pop_back();
       } else {
         auto keys = regions_.find(s.op->op.grant);
         const RegionKey* key = nullptr;
@@ -679,7 +760,7 @@ void VerbsLinks::Pump() {
       }
       r.post.slice = std::move(s);
       it = queue_.erase(it);
-      best->pending[r.post.wr_id] = Pending{r.post.slice, r.post.slot, r.post.lkey != 0};
+      best->pending[r.post.wr_id] = Pending{r.post.slice, r.post.slot, r.post.lkey != 0, r.staged};
       if (r.post.lkey != 0) ++stats_.zero_copy_slices;
       ready.push_back(std::move(r));
     }
@@ -688,11 +769,9 @@ void VerbsLinks::Pump() {
   for (const Ready& r : ready) {
     Lane& lane = *r.post.lane;
     const LinkOp& op = r.post.slice.op->op;
-    char* slot = lane.staging + uint64_t{r.post.slot} * options_.slice_bytes;
-    if (r.post.slot >= options_.slices_in_flight) {
-      slot = lane.staging + uint64_t{options_.slices_in_flight} * options_.slice_bytes +
-             uint64_t{r.post.slot - options_.slices_in_flight} * kNotifyBytes;
-    }
+    char* slot = r.post.slot >= options_.slices_in_flight
+                     ? NotifySlot(lane, r.post.slot - options_.slices_in_flight)
+                     : lane.staging + uint64_t{r.post.slot} * options_.slice_bytes;
     ibv_sge sge{};
     sge.addr = reinterpret_cast<uintptr_t>(slot);
     sge.lkey = lane.mr->lkey;
@@ -707,6 +786,31 @@ void VerbsLinks::Pump() {
       sge.addr = reinterpret_cast<uintptr_t>(op.local + r.post.slice.offset);
       sge.lkey = r.post.lkey;
     }
+    if (r.staged) {
+      // The slot's bytes (a write) and a record telling the owner where they
+      // are; the owner answers into the slot's ack word.
+      if (op.type == FrameType::kWrite) std::memcpy(slot, op.local + r.post.slice.offset, r.post.slice.length);
+      Record rec;
+      rec.grant = op.grant;
+      rec.value = op.offset + r.post.slice.offset;
+      rec.kind = op.type == FrameType::kWrite ? kRecordStagedWrite : kRecordStagedRead;
+      rec.length = static_cast<uint32_t>(r.post.slice.length);
+      rec.addr = reinterpret_cast<uintptr_t>(slot);
+      rec.rkey = lane.mr->rkey;
+      rec.tag = r.post.slot;
+      rec.ack_addr = reinterpret_cast<uintptr_t>(AckWord(lane, r.post.slot));
+      char* record = RecordSlot(lane, r.post.slot);
+      std::memcpy(record, &rec, sizeof rec);
+      sge.addr = reinterpret_cast<uintptr_t>(record);
+      sge.length = sizeof rec;
+      wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+      wr.imm_data = htonl(r.mailbox_slot);
+      ibv_send_wr* bad = nullptr;
+      if (int rc = lane.path->nic->api()->post_send(lane.qp, &wr, &bad)) {
+        Fail(&lane, r.post.wr_id, Errno("ibv_post_send", rc));
+      }
+      continue;
+    }
     switch (op.type) {
       case FrameType::kWrite:
         if (r.post.lkey == 0) std::memcpy(slot, op.local + r.post.slice.offset, r.post.slice.length);
@@ -718,9 +822,11 @@ void VerbsLinks::Pump() {
         wr.opcode = IBV_WR_RDMA_READ;
         break;
       default: {
-        uint64_t words[2] = {op.grant, op.offset};
-        std::memcpy(slot, words, kNotifyBytes);
-        sge.length = kNotifyBytes;
+        Record rec;  // kind kRecordNotify; a version 1 owner reads its first kNotifyBytes
+        rec.grant = op.grant;
+        rec.value = op.offset;
+        std::memcpy(slot, &rec, sizeof rec);
+        sge.length = r.records >= kRecordsStaged ? sizeof rec : kNotifyBytes;
         wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
         wr.imm_data = htonl(r.mailbox_slot);
         break;
@@ -756,11 +862,16 @@ void VerbsLinks::PollLoop(Path* path) {
                                                    wc.vendor_err, ") on path ", path->name, " to node ", node_)));
           continue;
         }
+        if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+          Acknowledged(lane, ntohl(wc.imm_data));
+          continue;
+        }
         Pending pend;
         {
           absl::MutexLock l(&mu_);
           auto it = lane->pending.find(wc.wr_id);
           if (it == lane->pending.end()) continue;
+          if (it->second.staged) continue;  // the record went; done when the owner acknowledges it
           pend = std::move(it->second);
           lane->pending.erase(it);
         }
@@ -787,6 +898,62 @@ void VerbsLinks::PollLoop(Path* path) {
   }
 }
 
+void VerbsLinks::Acknowledged(Lane* lane, uint32_t imm) {
+  const uint32_t tag = imm >> 8;
+  const uint32_t code = imm & 0xff;
+  Pending pend;
+  bool found = false;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto it = lane->pending.begin(); it != lane->pending.end(); ++it) {
+      if (it->second.staged && it->second.slot == tag) {
+        pend = std::move(it->second);
+        lane->pending.erase(it);
+        found = true;
+        break;
+      }
+    }
+  }
+  ibv_recv_wr wr{};
+  ibv_recv_wr* bad = nullptr;
+  if (int rc = lane->path->nic->api()->post_recv(lane->qp, &wr, &bad)) {
+    Fail(lane, 0, Errno("ibv_post_recv", rc));
+  }
+  if (!found) {
+    // Not one this lane has outstanding (a late answer after a resend, or a
+    // confused owner): nothing to finish.
+    Log()->warn("event=verbs_unexpected_ack node={} path={} slot={}", node_, lane->path->name, tag);
+    return;
+  }
+  const LinkOp& op = pend.slice.op->op;
+  absl::Status st;
+  if (code != 0) {
+    const auto sc = code <= static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)
+                        ? static_cast<absl::StatusCode>(code)
+                        : absl::StatusCode::kUnknown;
+    st = absl::Status(sc, absl::StrCat("node ", node_, " refused a staged ",
+                                       op.type == FrameType::kWrite ? "write" : "read", " of ", pend.slice.length,
+                                       " bytes at offset ", op.offset + pend.slice.offset,
+                                       " of its region (its podlinkd's log says why)"));
+  } else if (op.type == FrameType::kRead) {
+    std::memcpy(op.local + pend.slice.offset, lane->staging + uint64_t{pend.slot} * options_.slice_bytes,
+                pend.slice.length);
+  }
+  {
+    absl::MutexLock l(&mu_);
+    lane->free_slots.push_back(pend.slot);
+    ++stats_.slices;
+    if (st.ok() && op.type == FrameType::kWrite) {
+      stats_.bytes_sent += pend.slice.length;
+      lane->bytes_sent += pend.slice.length;
+    } else if (st.ok()) {
+      stats_.bytes_received += pend.slice.length;
+    }
+  }
+  Finish(pend.slice, st);
+  Pump();
+}
+
 void VerbsLinks::Fail(Lane* lane, uint64_t wr_id, const absl::Status& why) {
   std::vector<std::pair<Slice, absl::Status>> finish;
   bool newly_dead = false;
@@ -800,8 +967,17 @@ void VerbsLinks::Fail(Lane* lane, uint64_t wr_id, const absl::Status& why) {
       Log()->warn("event=verbs_qp_failed node={} path={} qp={} why=\"{}\" left={}", node_, lane->path->name,
                   lane->qp->qp_num, why.message(), stats_.connections_up);
     }
-    auto it = lane->pending.find(wr_id);
-    if (it != lane->pending.end()) {
+    // Staged slices whose record went wait for an acknowledgement that will
+    // not come now: they go elsewhere with the failed request's.
+    std::vector<uint64_t> ids{wr_id};
+    if (newly_dead) {
+      for (const auto& [id, pend] : lane->pending) {
+        if (pend.staged && id != wr_id) ids.push_back(id);
+      }
+    }
+    for (uint64_t id : ids) {
+      auto it = lane->pending.find(id);
+      if (it == lane->pending.end()) continue;
       Slice s = std::move(it->second.slice);
       lane->pending.erase(it);
       if (s.op->op.type == FrameType::kNotify) {
@@ -857,8 +1033,19 @@ struct VerbsServer::Served {
   uint64_t link_instance = 0;
   char* mailbox = nullptr;
   ibv_mr* mr = nullptr;
+  uint32_t records = kRecordsNotifyOnly;
   bool dead = false;
 };
+
+namespace {
+// The owner's sends for staged slices: wr_id = kStageSend | kind << 32 | slot.
+constexpr uint64_t kStageSend = uint64_t{1} << 63;
+constexpr uint64_t kSendRead = 1;   // RDMA READ of the importer's slot into a bounce slot
+constexpr uint64_t kSendData = 2;   // RDMA WRITE of a bounce slot into the importer's (unsignaled)
+constexpr uint64_t kSendAck = 3;    // the acknowledgement of a slice holding a bounce slot
+constexpr uint64_t kSendRefusal = 4;  // the acknowledgement of a slice refused before it had one
+uint64_t StageWr(uint64_t kind, int32_t slot) { return kStageSend | kind << 32 | static_cast<uint32_t>(slot); }
+}  // namespace
 
 struct VerbsServer::NodeNic {
   std::string node;
@@ -868,13 +1055,26 @@ struct VerbsServer::NodeNic {
   ibv_cq* cq = nullptr;
   std::map<uint32_t, std::unique_ptr<Served>> qps;  // by QP number; guarded by VerbsServer::mu_
   std::thread poller;
+  // Staged grants' bounce pool (PrepareStaging): kStageSlots slots of
+  // slice_bytes, then a page the acknowledgements are sent from; local
+  // access only. Guarded by VerbsServer::mu_.
+  char* bounce = nullptr;
+  ibv_mr* bounce_mr = nullptr;
+  std::vector<int32_t> free_bounce;
+  std::map<int32_t, StageJob> holding;  // by bounce slot: the slice using it
+  std::deque<StageJob> waiting;         // slices waiting for a bounce slot
 };
 
-VerbsServer::VerbsServer(Nics* nics, VerbsOptions options, NotifySink sink)
-    : nics_(nics), options_(std::move(options)), sink_(std::move(sink)) {}
+VerbsServer::VerbsServer(Nics* nics, VerbsOptions options, NotifySink sink, StageSink stage)
+    : nics_(nics), options_(std::move(options)), sink_(std::move(sink)), stage_sink_(std::move(stage)) {}
 
 VerbsServer::~VerbsServer() {
   stop_.store(true, std::memory_order_release);
+  {
+    absl::MutexLock l(&stage_mu_);  // wakes the staging thread: it sees stop_
+    jobs_.clear();
+  }
+  if (stager_.joinable()) stager_.join();
   std::map<std::pair<std::string, std::string>, std::shared_ptr<NodeNic>> all;
   std::map<RegKey, std::shared_ptr<Registration>> regs;
   {
@@ -898,6 +1098,10 @@ VerbsServer::~VerbsServer() {
       std::free(s->mailbox);
     }
     nn->qps.clear();
+    nn->holding.clear();
+    nn->waiting.clear();
+    if (nn->bounce_mr != nullptr) api->dereg_mr(nn->bounce_mr);
+    std::free(nn->bounce);
     api->destroy_cq(nn->cq);
     api->destroy_comp_channel(nn->channel);
     api->dealloc_pd(nn->pd);
@@ -926,6 +1130,16 @@ absl::StatusOr<SideWire> VerbsServer::Accept(const std::string& node, uint64_t l
         bool replaced = key.second == nic->name() &&
                         std::find(replaces.begin(), replaces.end(), it->first) != replaces.end();
         if (it->second->link_instance != link_instance || replaced) {
+          // Slices of that QP holding bounce slots: no completion comes for
+          // them once the QP is destroyed.
+          for (auto h = other->holding.begin(); h != other->holding.end();) {
+            if (h->second.qpn == it->first) {
+              other->free_bounce.push_back(h->first);
+              h = other->holding.erase(h);
+            } else {
+              ++h;
+            }
+          }
           gone.push_back(std::move(it->second));
           it = other->qps.erase(it);
         } else {
@@ -948,7 +1162,7 @@ absl::StatusOr<SideWire> VerbsServer::Accept(const std::string& node, uint64_t l
       fresh->pd = api->alloc_pd(nic->ctx());
       fresh->channel = fresh->pd ? api->create_comp_channel(nic->ctx()) : nullptr;
       fresh->cq = fresh->channel
-                      ? api->create_cq(nic->ctx(), static_cast<int>(options_.max_qps_per_peer * (kRecvDepth + 1)),
+                      ? api->create_cq(nic->ctx(), static_cast<int>(options_.max_qps_per_peer * kCqPerQp),
                                        nullptr, fresh->channel, 0)
                       : nullptr;
       if (fresh->cq == nullptr) {
@@ -987,16 +1201,23 @@ absl::StatusOr<SideWire> VerbsServer::Accept(const std::string& node, uint64_t l
     }
     return st;
   };
+  // Staged records where the importer speaks them (and this server can
+  // serve them); notifications only otherwise.
+  out.records = importer.records >= kRecordsStaged && stage_sink_ != nullptr ? kRecordsStaged : kRecordsNotifyOnly;
+  const uint32_t record_bytes = out.records >= kRecordsStaged ? kRecordBytes : kNotifyBytes;
+  static_assert(kMailboxSlots * kRecordBytes <= 4096);
   for (const QpWire& theirs : importer.qps) {
     auto s = std::make_unique<Served>();
     s->link_instance = link_instance;
+    s->records = out.records;
     s->mailbox = static_cast<char*>(std::aligned_alloc(4096, 4096));
     if (s->mailbox == nullptr) return undo(absl::ResourceExhaustedError("no memory for a verbs mailbox"));
     std::memset(s->mailbox, 0, 4096);
-    s->mr = api->reg_mr(nn->pd, s->mailbox, kMailboxSlots * kNotifyBytes,
+    s->mr = api->reg_mr(nn->pd, s->mailbox, kMailboxSlots * record_bytes,
                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
     if (s->mr == nullptr) return undo(Errno("ibv_reg_mr(mailbox)", errno));
-    s->qp = CreateRcQp(api, nn->pd, nn->cq, 1, kRecvDepth);
+    // Sends: per staged slice a READ or a WRITE and an acknowledgement.
+    s->qp = CreateRcQp(api, nn->pd, nn->cq, kSendDepth, kRecvDepth);
     if (s->qp == nullptr) return undo(Errno("ibv_create_qp", errno));
     made.push_back(std::move(s));
     Served& q = *made.back();
@@ -1164,8 +1385,8 @@ void VerbsServer::PollLoop(std::shared_ptr<NodeNic> nn) {
       if (n <= 0) break;
       for (int i = 0; i < n; ++i) {
         const ibv_wc& wc = wcs[i];
-        uint64_t words[2] = {0, 0};
-        bool deliver = false;
+        Record rec;
+        bool deliver = false, stage = false;
         {
           absl::MutexLock l(&mu_);
           auto it = nn->qps.find(wc.qp_num);
@@ -1177,28 +1398,269 @@ void VerbsServer::PollLoop(std::shared_ptr<NodeNic> nn) {
                           api->wc_status_str(wc.status));
             }
             q.dead = true;
-            continue;
           }
-          if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM) continue;
-          uint32_t slot = ntohl(wc.imm_data);
-          if (slot < kMailboxSlots) {
-            std::memcpy(words, q.mailbox + uint64_t{slot} * kNotifyBytes, kNotifyBytes);
-            deliver = true;
-          }
-          ibv_recv_wr wr{};
-          wr.wr_id = wc.wr_id;
-          ibv_recv_wr* bad = nullptr;
-          if (int rc = api->post_recv(q.qp, &wr, &bad)) {
-            Log()->warn("event=verbs_peer_qp_failed peer={} qp={} why=\"post_recv: {}\"", nn->node, wc.qp_num,
-                        std::strerror(rc));
-            q.dead = true;
+          if (wc.status == IBV_WC_SUCCESS && (wc.wr_id & kStageSend) == 0) {
+            if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM) continue;
+            uint32_t slot = ntohl(wc.imm_data);
+            if (slot < kMailboxSlots) {
+              const uint32_t bytes = q.records >= kRecordsStaged ? sizeof(Record) : kNotifyBytes;
+              std::memcpy(&rec, q.mailbox + uint64_t{slot} * (q.records >= kRecordsStaged ? kRecordBytes : kNotifyBytes),
+                          bytes);
+              deliver = rec.kind == kRecordNotify;
+              stage = !deliver;
+            }
+            // The slot is read: its receive goes back (file comment: a slot
+            // is rewritten only after this) — for a staged record once it is
+            // answered (RepostLocked), which bounds what a peer has queued here.
+            if (!stage) RepostLocked(*nn, wc.qp_num, wc.wr_id);
           }
         }
-        if (deliver) {
-          sink_(nn->node, words[0], words[1]);
+        if ((wc.wr_id & kStageSend) != 0) {
+          SendDone(nn, wc.wr_id, wc.qp_num, wc.status == IBV_WC_SUCCESS);
+        } else if (deliver) {
+          sink_(nn->node, rec.grant, rec.value);
           notifies_.fetch_add(1, std::memory_order_relaxed);  // counted once delivered
+        } else if (stage) {
+          StageJob job;
+          job.nn = nn;
+          job.qpn = wc.qp_num;
+          job.kind = rec.kind;
+          job.grant = rec.grant;
+          job.offset = rec.value;
+          job.length = rec.length;
+          job.addr = rec.addr;
+          job.rkey = rec.rkey;
+          job.tag = rec.tag;
+          job.ack_addr = rec.ack_addr;
+          job.recv_id = wc.wr_id;
+          Queue(std::move(job));
         }
       }
+    }
+  }
+}
+
+absl::Status VerbsServer::PrepareStaging(const std::string& node) {
+  if (stage_sink_ == nullptr) return absl::FailedPreconditionError("this daemon does not stage verbs transfers");
+  const VerbsApi* api = nics_->api();
+  bool any = false;
+  absl::MutexLock l(&mu_);
+  for (auto& [key, nn] : node_nics_) {
+    if (key.first != node) continue;
+    bool speaks = false;
+    for (const auto& [qpn, q] : nn->qps) speaks = speaks || (q->records >= kRecordsStaged && !q->dead);
+    if (!speaks) continue;
+    any = true;
+    if (nn->bounce_mr != nullptr) continue;
+    const size_t bytes = size_t{kStageSlots} * options_.slice_bytes + 4096;
+    char* pool = static_cast<char*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
+    if (pool == nullptr) return absl::ResourceExhaustedError("no memory for a verbs bounce pool");
+    std::memset(pool, 0, bytes);
+    // Local access only: the peer never addresses this memory; this
+    // daemon's HCA reads into it and writes from it.
+    ibv_mr* mr = api->reg_mr(nn->pd, pool, bytes, IBV_ACCESS_LOCAL_WRITE);
+    if (mr == nullptr) {
+      const int err = errno;
+      std::free(pool);
+      absl::Status st = Errno("ibv_reg_mr(bounce pool)", err);
+      if (err == ENOMEM) {
+        return absl::ResourceExhaustedError(absl::StrCat(st.message(), " (", bytes >> 10,
+                                                         " KiB; most often the locked-memory limit, RLIMIT_MEMLOCK, "
+                                                         "of a daemon without CAP_IPC_LOCK)"));
+      }
+      return st;
+    }
+    nn->bounce = pool;
+    nn->bounce_mr = mr;
+    for (uint32_t i = 0; i < kStageSlots; ++i) nn->free_bounce.push_back(static_cast<int32_t>(i));
+    Log()->info("event=verbs_bounce_pool peer={} device={} slots={} slot_kib={}", node, nn->nic->name(), kStageSlots,
+                options_.slice_bytes >> 10);
+  }
+  if (!any) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("node ", node, "'s queue pairs to this node do not take staged records (an older podlinkd)"));
+  }
+  if (!stager_.joinable()) stager_ = std::thread([this] { StageLoop(); });
+  return absl::OkStatus();
+}
+
+void VerbsServer::Queue(StageJob job) {
+  absl::MutexLock l(&stage_mu_);
+  if (stop_.load(std::memory_order_acquire)) return;
+  jobs_.push_back(std::move(job));
+}
+
+void VerbsServer::StageLoop() {
+  for (;;) {
+    StageJob job;
+    {
+      absl::MutexLock l(&stage_mu_);
+      stage_mu_.Await(absl::Condition(
+          +[](VerbsServer* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->stage_mu_) {
+            return s->stop_.load(std::memory_order_acquire) || !s->jobs_.empty();
+          },
+          this));
+      if (stop_.load(std::memory_order_acquire)) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    Stage(std::move(job));
+  }
+}
+
+void VerbsServer::RepostLocked(NodeNic& nn, uint32_t qpn, uint64_t recv_id) {
+  auto it = nn.qps.find(qpn);
+  if (it == nn.qps.end() || it->second->dead) return;
+  Served& q = *it->second;
+  ibv_recv_wr wr{};
+  wr.wr_id = recv_id;
+  ibv_recv_wr* bad = nullptr;
+  if (int rc = nics_->api()->post_recv(q.qp, &wr, &bad)) {
+    Log()->warn("event=verbs_peer_qp_failed peer={} qp={} why=\"post_recv: {}\"", nn.node, qpn, std::strerror(rc));
+    q.dead = true;
+    ToError(nics_->api(), q.qp);
+  }
+}
+
+std::optional<VerbsServer::StageJob> VerbsServer::ReleaseLocked(NodeNic& nn, int32_t slot, uint32_t qpn) {
+  auto h = nn.holding.find(slot);
+  if (h == nn.holding.end() || h->second.qpn != qpn) return std::nullopt;  // released already
+  nn.holding.erase(h);
+  nn.free_bounce.push_back(slot);
+  if (nn.waiting.empty()) return std::nullopt;
+  StageJob next = std::move(nn.waiting.front());
+  nn.waiting.pop_front();
+  return next;
+}
+
+void VerbsServer::SendDone(const std::shared_ptr<NodeNic>& nn, uint64_t wr_id, uint32_t qpn, bool ok) {
+  const uint64_t kind = (wr_id >> 32) & 0xff;
+  const auto slot = static_cast<int32_t>(wr_id & 0xffffffff);
+  std::optional<StageJob> next;
+  {
+    absl::MutexLock l(&mu_);
+    if (kind == kSendRead && ok) {
+      auto h = nn->holding.find(slot);
+      if (h != nn->holding.end() && h->second.qpn == qpn) {
+        h->second.landed = true;  // the bytes are in the bounce slot: copy them in
+        next = h->second;
+      }
+    } else if (kind == kSendRead || kind == kSendAck) {
+      next = ReleaseLocked(*nn, slot, qpn);
+    }
+  }
+  if (next) Queue(std::move(*next));
+}
+
+void VerbsServer::Stage(StageJob job) {
+  const VerbsApi* api = nics_->api();
+  NodeNic& nn = *job.nn;
+  absl::Status st;
+  const bool write = job.kind == kRecordStagedWrite;
+  if (job.kind != kRecordStagedWrite && job.kind != kRecordStagedRead) {
+    st = absl::InvalidArgumentError(absl::StrCat("unknown mailbox record kind ", job.kind));
+  } else if (job.length == 0 || job.length > options_.slice_bytes) {
+    st = absl::InvalidArgumentError(absl::StrCat("a staged slice of ", job.length, " bytes (1 to ",
+                                                 options_.slice_bytes, ")"));
+  }
+  char* buf = nullptr;
+  if (st.ok()) {
+    absl::MutexLock l(&mu_);
+    if (job.slot < 0) {
+      if (nn.free_bounce.empty() || nn.bounce == nullptr) {
+        if (nn.bounce == nullptr) {
+          st = absl::FailedPreconditionError("no bounce pool for this peer");
+        } else {
+          nn.waiting.push_back(std::move(job));  // at most kRecvDepth per QP: each took a receive
+          return;
+        }
+      } else {
+        job.slot = nn.free_bounce.back();
+        nn.free_bounce.pop_back();
+        nn.holding[job.slot] = job;
+      }
+    }
+    if (job.slot >= 0) buf = nn.bounce + uint64_t(job.slot) * options_.slice_bytes;
+  }
+  if (st.ok() && write && !job.landed) {
+    // The importer's bytes into the bounce slot first.
+    absl::MutexLock l(&mu_);
+    auto q = nn.qps.find(job.qpn);
+    ibv_sge sge{reinterpret_cast<uintptr_t>(buf), job.length, nn.bounce_mr->lkey};
+    ibv_send_wr wr{};
+    wr.wr_id = StageWr(kSendRead, job.slot);
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_READ;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = job.addr;
+    wr.wr.rdma.rkey = job.rkey;
+    ibv_send_wr* bad = nullptr;
+    if (q == nn.qps.end() || q->second->dead || api->post_send(q->second->qp, &wr, &bad) != 0) {
+      if (q != nn.qps.end() && !q->second->dead) {
+        q->second->dead = true;
+        ToError(api, q->second->qp);  // the importer sees it fail and sends elsewhere
+      }
+      std::optional<StageJob> next = ReleaseLocked(nn, job.slot, job.qpn);
+      if (next) {
+        // Queue takes stage_mu_, which ranks after mu_.
+        absl::MutexLock s(&stage_mu_);
+        if (!stop_.load(std::memory_order_acquire)) jobs_.push_back(std::move(*next));
+      }
+    }
+    return;
+  }
+  if (st.ok()) st = stage_sink_(nn.node, job.grant, write, job.offset, buf, job.length);
+  if (st.ok()) {
+    staged_slices_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    staged_refused_.fetch_add(1, std::memory_order_relaxed);
+    Log()->warn("event=verbs_staged_refused peer={} grant={} write={} offset={} length={} why=\"{}\"", nn.node,
+                job.grant, write, job.offset, job.length, st.message());
+  }
+  // The answer: a good read's bytes, then the acknowledgement (same QP, so
+  // in order), {slot, status} in its immediate.
+  absl::MutexLock l(&mu_);
+  auto q = nn.qps.find(job.qpn);
+  bool posted = false;
+  if (q != nn.qps.end() && !q->second->dead && nn.bounce_mr != nullptr) {
+    ibv_sge data{reinterpret_cast<uintptr_t>(buf), job.length, nn.bounce_mr->lkey};
+    ibv_sge word{reinterpret_cast<uintptr_t>(nn.bounce + uint64_t{kStageSlots} * options_.slice_bytes), kAckBytes,
+                 nn.bounce_mr->lkey};
+    ibv_send_wr wrs[2]{};
+    wrs[0].wr_id = StageWr(kSendData, job.slot);
+    wrs[0].sg_list = &data;
+    wrs[0].num_sge = 1;
+    wrs[0].opcode = IBV_WR_RDMA_WRITE;
+    wrs[0].wr.rdma.remote_addr = job.addr;
+    wrs[0].wr.rdma.rkey = job.rkey;
+    wrs[0].next = &wrs[1];
+    wrs[1].wr_id = job.slot >= 0 ? StageWr(kSendAck, job.slot) : StageWr(kSendRefusal, 0);
+    wrs[1].sg_list = &word;
+    wrs[1].num_sge = 1;
+    wrs[1].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
+    wrs[1].send_flags = IBV_SEND_SIGNALED;
+    wrs[1].imm_data = htonl(AckImm(job.tag, st.code()));
+    wrs[1].wr.rdma.remote_addr = job.ack_addr;
+    wrs[1].wr.rdma.rkey = job.rkey;
+    ibv_send_wr* bad = nullptr;
+    posted = api->post_send(q->second->qp, st.ok() && !write ? &wrs[0] : &wrs[1], &bad) == 0;
+    if (!posted) {
+      q->second->dead = true;
+      ToError(api, q->second->qp);
+    }
+    RepostLocked(nn, job.qpn, job.recv_id);  // answered: the peer may send another
+  } else if (q != nn.qps.end() && !q->second->dead) {
+    // A staged record before any pool (the peer never got a staged
+    // grant): nothing to answer from; its QP goes.
+    q->second->dead = true;
+    ToError(api, q->second->qp);
+  }
+  if (!posted && job.slot >= 0) {
+    std::optional<StageJob> next = ReleaseLocked(nn, job.slot, job.qpn);
+    if (next) {
+      absl::MutexLock s(&stage_mu_);
+      if (!stop_.load(std::memory_order_acquire)) jobs_.push_back(std::move(*next));
     }
   }
 }

@@ -24,6 +24,21 @@
 // when the grant is made, and deregistered when the grant closes or the
 // export goes away. The importer's own QPs allow no remote access at all.
 //
+// Staged grants (the owner cannot register the export for the peer: a GPU
+// export no NIC of it registers by dma-buf, memory it may not pin, or
+// mesh.verbs_staged_only): the owner's CPU or copy engine moves every slice
+// between the export and a bounce pool of its own (registered for local
+// access only), and RDMA moves it between that pool and the importer's
+// staging slot. The importer writes a record {kind, grant, offset, length,
+// slot address and rkey, ack address} into the QP's mailbox (WRITE WITH
+// IMMEDIATE); for a write the owner RDMA READs the slot, copies the bytes in
+// and acknowledges; for a read it copies them out, RDMA WRITEs them into the
+// slot and acknowledges. The acknowledgement is a WRITE WITH IMMEDIATE of
+// {slot, status} into the importer's ack word. The owner's memory is never
+// remotely accessible for such grants; the importer's staging slots and ack
+// words are, to the owner of that path only (its own protection domain).
+// Both sides must speak records of kRecordBytes (OpenVerbs `records`).
+//
 // Connection data (QPN, PSN, GID, MTU, rkeys) travels only over the
 // mutually authenticated control channel (mesh.proto OpenVerbs/OpenRegion).
 #pragma once
@@ -35,6 +50,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -66,6 +82,15 @@ struct VerbsOptions {
   uint32_t max_qps_per_peer = 64;  // exporting side
 };
 
+// Mailbox record versions: 1 is {grant, value} notifications in 16-byte
+// slots; 2 adds staged writes and reads (kRecordBytes slots).
+constexpr uint32_t kRecordsNotifyOnly = 1;
+constexpr uint32_t kRecordsStaged = 2;
+
+// Bounce slots (of VerbsOptions::slice_bytes) per (peer, device) on the
+// owner for staged grants.
+constexpr uint32_t kStageSlots = 8;
+
 // One QP as the other side needs it.
 struct QpWire {
   uint32_t qpn = 0;
@@ -80,6 +105,7 @@ struct SideWire {
   std::array<uint8_t, 16> gid{};
   uint32_t mtu = 0;  // ibv_mtu
   std::vector<QpWire> qps;
+  uint32_t records = kRecordsNotifyOnly;  // mailbox record version this side speaks
 };
 
 // An export registered for one peer on one device of the owner.
@@ -154,6 +180,10 @@ class VerbsLinks final : public DataLinks {
   absl::Status ConnectPath(size_t path, const SideWire& owner) ABSL_LOCKS_EXCLUDED(mu_);
   // The owner's keys for a grant (OpenRegion); dropped with the handle.
   void AddRegion(uint64_t grant, std::vector<RegionKey> keys) ABSL_LOCKS_EXCLUDED(mu_);
+  // A grant the owner stages through its bounce pool (no keys): its slices
+  // go as staged records (file comment), at most `slot_bytes` each (the
+  // owner's bounce slots; 0: this side's slice size).
+  void AddStagedRegion(uint64_t grant, uint64_t slot_bytes = 0) ABSL_LOCKS_EXCLUDED(mu_);
   void DropRegion(uint64_t grant) ABSL_LOCKS_EXCLUDED(mu_);
   // Called (no lock held) with a path's name each time one of its QPs fails
   // (the engine makes a replacement for the failed ones, FailedRemoteQps,
@@ -208,16 +238,18 @@ class VerbsLinks final : public DataLinks {
     Slice slice;
     uint32_t slot = 0;
     bool direct = false;  // from / into the local export itself, not the slot
+    bool staged = false;  // done when the owner's acknowledgement arrives, not at the send's completion
   };
   struct Lane {  // one QP
     Path* path = nullptr;
     ibv_qp* qp = nullptr;
     QpWire remote;
-    char* staging = nullptr;  // slices_in_flight slots of slice_bytes, then the notify slots
+    char* staging = nullptr;  // slices_in_flight slots of slice_bytes, notify slots, records, ack words
     ibv_mr* mr = nullptr;
     std::vector<uint32_t> free_slots;
     std::map<uint64_t, Pending> pending;  // by wr_id
-    uint32_t notify_next = 0;
+    uint32_t notify_next = 0;   // local notification slots
+    uint32_t mailbox_next = 0;  // the owner's mailbox slots (notifications and staged records)
     bool up = false, dead = false, reported = false;
     uint64_t bytes_sent = 0;
   };
@@ -226,6 +258,7 @@ class VerbsLinks final : public DataLinks {
     std::shared_ptr<Nic> nic;
     GidChoice gid;
     std::string remote_device;  // the owner's device at the other end
+    uint32_t records = kRecordsNotifyOnly;  // what the owner answered
     ibv_pd* pd = nullptr;
     ibv_comp_channel* channel = nullptr;
     ibv_cq* cq = nullptr;
@@ -248,6 +281,11 @@ class VerbsLinks final : public DataLinks {
   void Fail(Lane* lane, uint64_t wr_id, const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
   void Finish(const Slice& s, const absl::Status& st);
   void DestroyPath(Path& p);
+  // The owner's acknowledgement of a staged slice (a receive completion).
+  void Acknowledged(Lane* lane, uint32_t imm) ABSL_LOCKS_EXCLUDED(mu_);
+  char* NotifySlot(const Lane& lane, uint32_t i) const;
+  char* RecordSlot(const Lane& lane, uint32_t slot) const;
+  char* AckWord(const Lane& lane, uint32_t slot) const;
 
   const std::string node_;
   const VerbsOptions options_;
@@ -257,6 +295,7 @@ class VerbsLinks final : public DataLinks {
   std::vector<std::unique_ptr<Path>> paths_ ABSL_GUARDED_BY(mu_);
   std::deque<Slice> queue_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::vector<RegionKey>> regions_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, uint64_t> staged_regions_ ABSL_GUARDED_BY(mu_);  // grant -> slice bytes
   uint64_t next_wr_ ABSL_GUARDED_BY(mu_) = 1;
   size_t next_lane_ ABSL_GUARDED_BY(mu_) = 0;
   LinkStats stats_ ABSL_GUARDED_BY(mu_);
@@ -276,7 +315,13 @@ class VerbsServer {
   // Called on a completion thread with a peer's notification; the engine
   // checks the grant belongs to `node`.
   using NotifySink = std::function<void(const std::string& node, uint64_t grant, uint64_t value)>;
-  VerbsServer(Nics* nics, VerbsOptions options, NotifySink sink);
+  // Called on the staging thread for a staged slice of `node`'s grant:
+  // copies `length` bytes at `offset` of the export from `buf` (write) or
+  // into it (read); checks the grant is the node's and the range the
+  // export's. Null: staged records are refused.
+  using StageSink = std::function<absl::Status(const std::string& node, uint64_t grant, bool write, uint64_t offset,
+                                               char* buf, uint64_t length)>;
+  VerbsServer(Nics* nics, VerbsOptions options, NotifySink sink, StageSink stage = nullptr);
   ~VerbsServer();
 
   // A peer's path: `local` is this node's address the peer reaches;
@@ -295,6 +340,16 @@ class VerbsServer {
                                                   std::shared_ptr<MemoryObject> memory, char* addr, uint64_t length,
                                                   std::function<absl::StatusOr<UniqueFd>()> dmabuf = nullptr)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Makes ready the bounce pool of each of `node`'s protection domains for
+  // staged grants (kStageSlots slots of slice_bytes, pinned once per peer
+  // device and kept); FAILED_PRECONDITION when the node's queue pairs do not
+  // speak staged records, RESOURCE_EXHAUSTED when the pool cannot be pinned.
+  absl::Status PrepareStaging(const std::string& node) ABSL_LOCKS_EXCLUDED(mu_);
+  // Staged slices served (acknowledged good) and refused.
+  uint64_t staged_slices() const { return staged_slices_.load(std::memory_order_relaxed); }
+  uint64_t staged_refused() const { return staged_refused_.load(std::memory_order_relaxed); }
+  // The bounce slots' size: staged slices longer than this are refused.
+  uint64_t stage_slot_bytes() const { return options_.slice_bytes; }
   // Drops the registration of `grant` if `node` made it.
   void Unregister(uint64_t grant, const std::string& node) ABSL_LOCKS_EXCLUDED(mu_);
   // Grant and node of every registration.
@@ -307,8 +362,21 @@ class VerbsServer {
  private:
   static constexpr uint32_t kRecvDepth = 16;          // notifications in flight per QP
   static constexpr uint32_t kMailboxSlots = 2 * kRecvDepth;
+  static constexpr uint32_t kSendDepth = 2 * kRecvDepth + 2;  // staged slices' sends per QP
+  static constexpr uint32_t kCqPerQp = kRecvDepth + kSendDepth + 1;
   struct Served;   // one QP of a peer
   struct NodeNic;  // a peer's protection domain and CQ on one device
+  // A staged record on its way through the staging thread.
+  struct StageJob {
+    std::shared_ptr<NodeNic> nn;
+    uint32_t qpn = 0;
+    uint32_t kind = 0;    // the record's
+    bool landed = false;  // a write whose bytes are in the bounce slot
+    uint64_t grant = 0, offset = 0, addr = 0, ack_addr = 0;
+    uint32_t length = 0, rkey = 0, tag = 0;
+    int32_t slot = -1;  // bounce slot, once it has one
+    uint64_t recv_id = 0;  // the receive its record came by: posted again once answered
+  };
   // One export's registration for one peer, shared by that peer's grants
   // of it (one MR per peer device, not per grant).
   struct Registration {
@@ -320,12 +388,31 @@ class VerbsServer {
   using RegKey = std::tuple<std::string, uintptr_t, uint64_t>;  // node, address, length
   void PollLoop(std::shared_ptr<NodeNic> nn);
   void Deregister(Registration& r);
+  void StageLoop();
+  void Stage(StageJob job) ABSL_LOCKS_EXCLUDED(mu_, stage_mu_);
+  void Queue(StageJob job) ABSL_LOCKS_EXCLUDED(stage_mu_);
+  // A send of a staged slice completed (or failed): its bounce slot may be free.
+  void SendDone(const std::shared_ptr<NodeNic>& nn, uint64_t wr_id, uint32_t qpn, bool ok)
+      ABSL_LOCKS_EXCLUDED(mu_, stage_mu_);
+  // Gives bounce slot `slot` back if QP `qpn`'s slice still holds it; a
+  // slice waiting for one, if any, then goes on.
+  std::optional<StageJob> ReleaseLocked(NodeNic& nn, int32_t slot, uint32_t qpn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Posts a receive of QP `qpn` again (a staged record was answered: flow
+  // control, so a peer has at most kRecvDepth records per QP in hand here).
+  void RepostLocked(NodeNic& nn, uint32_t qpn, uint64_t recv_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Nics* const nics_;
   const VerbsOptions options_;
   const NotifySink sink_;
+  const StageSink stage_sink_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> notifies_{0};
+  std::atomic<uint64_t> staged_slices_{0};
+  std::atomic<uint64_t> staged_refused_{0};
+  // The staging thread (started with the first pool) and its jobs.
+  absl::Mutex stage_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  std::deque<StageJob> jobs_ ABSL_GUARDED_BY(stage_mu_);
+  std::thread stager_;
 
   mutable absl::Mutex mu_;
   std::map<std::pair<std::string, std::string>, std::shared_ptr<NodeNic>> node_nics_ ABSL_GUARDED_BY(mu_);
