@@ -997,8 +997,22 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
 
 void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, const pb::OpenRegionRequest& req,
                        RegionDone done) {
+  // Over the caller's queue pairs a relay's grant is staged: its bounce
+  // pool for the caller holds each slice until the next node took it (a
+  // relay has no memory of its own to register). An importer that cannot
+  // take staged grants, or a relay that cannot pin a pool, uses TCP to here.
+  uint64_t staged_slice = 0;
   if (req.verbs()) {
-    return done(absl::FailedPreconditionError("relayed regions ride TCP links (mesh.transport tcp on the importer)"));
+    absl::Status st = req.accepts_staged() ? absl::OkStatus()
+                                           : absl::FailedPreconditionError(
+                                                 "relayed regions ride TCP links to a relay unless staged over verbs");
+    absl::StatusOr<verbs::VerbsServer*> server = VerbsServing();
+    if (st.ok()) st = server.ok() ? (*server)->PrepareStaging(caller) : server.status();
+    if (!st.ok()) {
+      return done(absl::FailedPreconditionError(
+          absl::StrCat("relay ", node_name_, " cannot stage over verbs: ", st.message())));
+    }
+    staged_slice = (*server)->stage_slot_bytes();
   }
   // The next node: the relay after this one (it must be known here), or the
   // destination (whose addresses the origin signed).
@@ -1038,14 +1052,14 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
   if (peer == nullptr) return done(NoPeer());
   auto answer = std::make_shared<RegionDone>(std::move(done));
   Peer* p = peer.get();
-  bool posted = p->Post([this, p, caller, next, req, pod, answer, origin = claim.origin()] {
+  bool posted = p->Post([this, p, caller, next, req, pod, answer, origin = claim.origin(), staged_slice] {
     std::shared_ptr<Peer> peer = p->shared_from_this();
     RegionDone done = std::move(*answer);
     *answer = nullptr;
     if (stopping_.load(std::memory_order_acquire)) return done(StoppingStatus());
     // Onward as for this node's own pods: direct paths (the kernel's routing
     // only where mesh.fallback says so), over TCP where no RDMA path comes up.
-    auto open_on = [this, caller, next, req, pod, done, origin](const std::shared_ptr<Peer>& peer) {
+    auto open_on = [this, caller, next, req, pod, done, origin, staged_slice](const std::shared_ptr<Peer>& peer) {
       // Onward over this node's own transport: over verbs the owner registers
       // the export for this node's queue pairs, as for its own pods.
       std::shared_ptr<verbs::VerbsLinks> vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links());
@@ -1060,7 +1074,7 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
       onward.set_accepts_staged(vl != nullptr);
       if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, onward, &resp), next.node_name); !st.ok()) return done(st);
       // The relay's grant, forwarding to the next node's grant on `carrier`.
-      auto install = [this, caller, req, pod, done, origin, next](const std::shared_ptr<Peer>& carrier,
+      auto install = [this, caller, req, pod, done, origin, next, staged_slice](const std::shared_ptr<Peer>& carrier,
                                                                    pb::OpenRegionResponse resp) {
         auto fwd = std::make_shared<Forward>(Forward{carrier, resp.grant(), resp.size(), resp.instance()});
         bool over = false;
@@ -1093,6 +1107,10 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
         resp.clear_over_tcp_reason();
         resp.clear_staged_reason();
         resp.clear_staged_slice_bytes();
+        if (staged_slice != 0) {
+          resp.set_staged_reason(absl::StrCat("relay ", node_name_, " stores and forwards"));
+          resp.set_staged_slice_bytes(staged_slice);
+        }
         done(std::move(resp));
       };
       CarryGrant(peer, next, resp, [install, resp](const std::shared_ptr<Peer>& carrier) { install(carrier, resp); },
@@ -2160,7 +2178,10 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
           "let the kernel route)")));
     }
   }
-  std::shared_ptr<Peer> peer = PeerFor(hop, /*tcp=*/hop.node_name != target.node_name);
+  // Over this node's transport to a relay too: over verbs the relay stages
+  // the region (its bounce pool holds each slice until the next node took
+  // it); one that cannot is reached over TCP instead (below).
+  std::shared_ptr<Peer> peer = PeerFor(hop, /*tcp=*/false);
   if (peer == nullptr) {
     return done(NoPeer());
   }
@@ -2175,8 +2196,10 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
     std::shared_ptr<Peer> peer = p->shared_from_this();
     OpenDone done = [answer](absl::StatusOr<RemoteRegionInfo> r) { (*answer)(std::move(r)); };
     if (stopping_.load(std::memory_order_acquire)) return done(StoppingStatus());
-    // The open itself, on a connected peer, on that peer's worker.
-    auto open_on = [this, session, hop, req, done, destination, via](const std::shared_ptr<Peer>& peer) {
+    // The open itself, on a connected peer, on that peer's worker (`self`:
+    // this lambda, to open again over TCP).
+    auto open_on = [this, session, hop, req, done, destination, via](const auto& self,
+                                                                     const std::shared_ptr<Peer>& peer) -> void {
       std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
       std::shared_ptr<verbs::VerbsLinks> vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links());
       pb::OpenRegionRequest open = req;
@@ -2188,6 +2211,16 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
       if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, open, &resp), hop.node_name); !st.ok()) {
+        // A relay that cannot stage over verbs (no bounce pool for this
+        // node, or an older version): the hop to it goes over TCP.
+        if (vl != nullptr && hop.node_name != destination && st.code() == absl::StatusCode::kFailedPrecondition) {
+          Log()->info("event=mesh_relay_over_tcp relay={} destination={} why={}", hop.node_name, destination,
+                      LogQuoted(std::string(st.message()).substr(0, 256)));
+          return OverTcp(hop, [self, done](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
+            if (!tcp.ok()) return done(tcp.status());
+            self(self, *tcp);
+          });
+        }
         return done(st);
       }
       // The handle, on the peer whose links carry it.
@@ -2220,7 +2253,8 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
       };
       CarryGrant(peer, hop, resp, install, [done](absl::Status st) { done(std::move(st)); });
     };
-    ConnectOrOverTcp(peer, hop, open_on, [done](absl::Status st) { done(std::move(st)); });
+    ConnectOrOverTcp(peer, hop, [open_on](const std::shared_ptr<Peer>& p) { open_on(open_on, p); },
+                     [done](absl::Status st) { done(std::move(st)); });
   });
   if (!posted) {
     (*answer)(NotQueued(hop.node_name));
@@ -2493,8 +2527,9 @@ absl::StatusOr<verbs::VerbsServer*> MeshEngine::VerbsServing() {
   verbs_server_ = std::make_unique<verbs::VerbsServer>(
       nics_.get(), vo,
       [this](const std::string& node, uint64_t grant, uint64_t value) { DeliverVerbsNotify(node, grant, value); },
-      [this](const std::string& node, uint64_t grant, bool write, uint64_t offset, char* buf, uint64_t length) {
-        return StagedCopy(node, grant, write, offset, buf, length);
+      [this](const std::string& node, uint64_t grant, bool write, uint64_t offset, char* buf, uint64_t length,
+             std::shared_ptr<const void> keep, std::function<void(absl::Status)> done) {
+        StagedSlice(node, grant, write, offset, buf, length, std::move(keep), std::move(done));
       });
   return verbs_server_.get();
 }
@@ -2605,11 +2640,50 @@ absl::Status MeshEngine::RegisterForVerbs(const std::string& node, uint64_t gran
   return absl::OkStatus();
 }
 
-absl::Status MeshEngine::StagedCopy(const std::string& node, uint64_t grant, bool write, uint64_t offset, char* buf,
+void MeshEngine::StagedSlice(const std::string& node, uint64_t grant, bool write, uint64_t offset, char* buf,
+                             uint64_t length, std::shared_ptr<const void> keep, std::function<void(absl::Status)> done) {
+  absl::StatusOr<Granted> granted = LookupGrant(node, grant);
+  if (!granted.ok()) return done(granted.status());
+  if (granted->forward == nullptr) return done(StagedCopy(*granted->record, write, offset, buf, length));
+  // A relay's grant: the slice goes on to the next node from (or into) the
+  // bounce slot, which stays taken until then — the upstream node's bounce
+  // slots here are the relay's staging for it, bounded per peer and device.
+  const Forward& fwd = *granted->forward;
+  absl::Status st;
+  if (length == 0 || offset > fwd.size || length > fwd.size - offset) {
+    st = absl::OutOfRangeError(absl::StrCat("range [", offset, ", +", length, ") exceeds the region of ", fwd.size,
+                                            " bytes"));
+  } else if (fwd.peer->instance.load(std::memory_order_acquire) != fwd.instance) {
+    st = absl::UnavailableError(absl::StrCat("node ", fwd.peer->node(), "'s podlinkd restarted: open the region again"));
+  }
+  std::shared_ptr<DataLinks> links = fwd.peer->links();
+  if (st.ok() && (links == nullptr || links->live() == 0)) {
+    st = absl::UnavailableError(absl::StrCat("this relay has no link up to node ", fwd.peer->node()));
+  }
+  if (!st.ok()) return done(st);
+  LinkOp op;
+  op.type = write ? FrameType::kWrite : FrameType::kRead;
+  op.grant = fwd.grant;
+  op.offset = offset;
+  op.length = length;
+  op.local = buf;
+  op.keep = std::move(keep);
+  op.done = [this, length, done](const absl::Status& result) {
+    if (result.ok()) {
+      absl::MutexLock l(&mu_);
+      relay_forwarded_bytes_ += length;
+    }
+    done(result);
+  };
+  auto failed = op.done;
+  if (absl::Status submitted = links->Submit(std::move(op)); !submitted.ok()) failed(submitted);
+}
+
+absl::Status MeshEngine::StagedCopy(const ExportRecord& export_record, bool write, uint64_t offset, char* buf,
                                     uint64_t length) {
-  // The same checks as a TCP frame's: the node's grant of a live export,
-  // the range inside it, and for host memory every page still there.
-  PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<const ExportRecord> rec, GrantedExport(node, grant));
+  // The same checks as a TCP frame's: the range inside the export, and for
+  // host memory every page still there (the grant was checked by the caller).
+  const ExportRecord* rec = &export_record;
   PODLINK_ASSIGN_OR_RETURN(RelayView view, rec->memory->MapForRelay());
   if (length == 0 || offset > rec->size || length > rec->size - offset) {
     return absl::OutOfRangeError(absl::StrCat("range [", offset, ", +", length, ") exceeds export ", rec->id, " of ",
@@ -2630,8 +2704,27 @@ absl::Status MeshEngine::StagedCopy(const std::string& node, uint64_t grant, boo
 }
 
 void MeshEngine::DeliverVerbsNotify(const std::string& node, uint64_t grant, uint64_t value) {
-  absl::StatusOr<std::shared_ptr<const ExportRecord>> rec = GrantedExport(node, grant);
-  absl::Status st = rec.ok() ? host_->NotifyOwner(**rec, value) : rec.status();
+  absl::StatusOr<Granted> granted = LookupGrant(node, grant);
+  if (granted.ok() && granted->forward != nullptr) {
+    // A relay's grant: on to the next node (the writes before it were
+    // answered only once they had landed there).
+    std::shared_ptr<DataLinks> links = granted->forward->peer->links();
+    LinkOp op;
+    op.type = FrameType::kNotify;
+    op.grant = granted->forward->grant;
+    op.offset = value;
+    op.done = [this, node](const absl::Status& st) {
+      if (st.ok()) return;
+      Log()->warn("event=mesh_notify_refused peer={} transport=verbs relayed=true why=\"{}\"", node, st.message());
+      absl::MutexLock l(&mu_);
+      ++refused_notifies_;
+    };
+    auto failed = op.done;
+    absl::Status submitted = links == nullptr ? absl::UnavailableError("the relay's link went down") : links->Submit(std::move(op));
+    if (!submitted.ok()) failed(submitted);
+    return;
+  }
+  absl::Status st = granted.ok() ? host_->NotifyOwner(*granted->record, value) : granted.status();
   if (!st.ok()) {
     Log()->warn("event=mesh_notify_refused peer={} transport=verbs why=\"{}\"", node, st.message());
     absl::MutexLock l(&mu_);

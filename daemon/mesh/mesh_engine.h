@@ -266,9 +266,10 @@ class MeshEngine final : public MeshPort {
   absl::Status RegisterForVerbs(const std::string& node, uint64_t grant, const std::shared_ptr<const ExportRecord>& rec,
                                 bool over_tcp_ok, bool staged_ok, podlink::mesh::v1::OpenRegionResponse* resp);
   // A staged slice (verbs::VerbsServer::StageSink): between `buf` and the
-  // export of `node`'s grant.
-  absl::Status StagedCopy(const std::string& node, uint64_t grant, bool write, uint64_t offset, char* buf,
-                          uint64_t length);
+  // export of `node`'s grant, or on to the next node for a relay's grant.
+  void StagedSlice(const std::string& node, uint64_t grant, bool write, uint64_t offset, char* buf, uint64_t length,
+                   std::shared_ptr<const void> keep, std::function<void(absl::Status)> done);
+  absl::Status StagedCopy(const ExportRecord& rec, bool write, uint64_t offset, char* buf, uint64_t length);
   void DeliverVerbsNotify(const std::string& node, uint64_t grant, uint64_t value);
   // Registrations whose grant closed or whose export went away are dropped.
   void SweepVerbs();

@@ -11,11 +11,13 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <atomic>
 #include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -366,14 +368,26 @@ class VerbsFake : public ::testing::Test {
         },
         // Staged slices, checked as the engine checks them: the grant is
         // the node's, the range inside region_.
-        [this](const std::string& node, uint64_t g, bool write, uint64_t offset, char* buf, uint64_t len) {
-          std::lock_guard<std::mutex> l(mu_);
-          auto it = staged_.find(g);
-          if (it == staged_.end() || it->second != node) return absl::NotFoundError("no such grant of that node");
-          if (offset > region_.size() || len > region_.size() - offset) return absl::OutOfRangeError("outside");
-          write ? std::memcpy(region_.data() + offset, buf, len) : std::memcpy(buf, region_.data() + offset, len);
-          ++staged_copies_;
-          return absl::OkStatus();
+        [this](const std::string& node, uint64_t g, bool write, uint64_t offset, char* buf, uint64_t len,
+               std::shared_ptr<const void> keep, std::function<void(absl::Status)> done) {
+          absl::Status st = [&] {
+            std::lock_guard<std::mutex> l(mu_);
+            auto it = staged_.find(g);
+            if (it == staged_.end() || it->second != node) return absl::NotFoundError("no such grant of that node");
+            if (offset > region_.size() || len > region_.size() - offset) return absl::OutOfRangeError("outside");
+            write ? std::memcpy(region_.data() + offset, buf, len) : std::memcpy(buf, region_.data() + offset, len);
+            ++staged_copies_;
+            return absl::OkStatus();
+          }();
+          // Answered later, from another thread, as a relay's onward transfer is.
+          if (async_sink_) {
+            std::thread([keep = std::move(keep), done = std::move(done), st, delay = sink_delay_us_.load()] {
+              usleep(delay);
+              done(st);
+            }).detach();
+            return;
+          }
+          done(st);
         });
     region_.assign(1 << 20, 0);
   }
@@ -479,6 +493,8 @@ class VerbsFake : public ::testing::Test {
   std::vector<Note> notes_;
   std::map<uint64_t, std::string> staged_;  // grant -> node, for the staging sink
   uint64_t staged_copies_ = 0;
+  std::atomic<bool> async_sink_{false};      // the sink answers from another thread, after sink_delay_us_
+  std::atomic<int> sink_delay_us_{2000};
 };
 
 std::vector<char> Pattern(size_t n, int seed) {
@@ -1132,6 +1148,49 @@ TEST_F(VerbsFake, AQpFailingWithStagedSlicesOutstandingCostsNoData) {
   EXPECT_EQ(s.connection_failures, 1u);
   EXPECT_GE(s.resent_slices, 1u);
   EXPECT_EQ(links->live(), 1u);
+}
+
+// A sink that answers later from another thread (a relay sending the slice
+// on): byte for byte, and the bounce slots it holds stay taken until it
+// answers even when the importer's queue pairs go meanwhile — then come back.
+TEST_F(VerbsFake, ASinkAnsweringLaterKeepsItsBounceSlotsUntilThenEvenWhenTheQpsGo) {
+  async_sink_ = true;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    staged_[42] = "node-a";
+  }
+  auto links = Connect("node-a");
+  ASSERT_TRUE(server_->PrepareStaging("node-a").ok());
+  EXPECT_EQ(server_->FreeBounceSlots("node-a"), kStageSlots);
+  links->AddStagedRegion(42);
+  std::vector<char> src = Pattern(300 << 10, 51);
+  ASSERT_TRUE(Run(*links, FrameType::kWrite, 42, 0, src.data(), src.size()).ok());
+  std::vector<char> back(src.size());
+  ASSERT_TRUE(Run(*links, FrameType::kRead, 42, 0, back.data(), back.size()).ok());
+  EXPECT_EQ(back, src);
+  // Slices in the sink for 300 ms when the importer's link set goes and a
+  // new one replaces its queue pairs on the owner.
+  sink_delay_us_ = 300000;
+  absl::Notification failed;
+  LinkOp op;
+  op.type = FrameType::kWrite;
+  op.grant = 42;
+  op.length = src.size();
+  op.local = src.data();
+  op.done = [&](const absl::Status&) { failed.Notify(); };
+  ASSERT_TRUE(links->Submit(std::move(op)).ok());
+  for (int i = 0; i < 100 && server_->FreeBounceSlots("node-a") == kStageSlots; ++i) usleep(2000);
+  EXPECT_LT(server_->FreeBounceSlots("node-a"), kStageSlots) << "no slice reached the sink";
+  links.reset();
+  EXPECT_TRUE(failed.HasBeenNotified()) << "the op was not failed when its link set went";
+  sink_delay_us_ = 2000;
+  links = Connect("node-a");  // the owner drops the old QPs; the sink still holds their slots
+  EXPECT_LT(server_->FreeBounceSlots("node-a"), kStageSlots) << "slots a sink still writes freed early";
+  for (int i = 0; i < 200 && server_->FreeBounceSlots("node-a") != kStageSlots; ++i) usleep(5000);
+  EXPECT_EQ(server_->FreeBounceSlots("node-a"), kStageSlots) << "slots lost once the sink answered";
+  links->AddStagedRegion(42);
+  ASSERT_TRUE(Run(*links, FrameType::kRead, 42, 0, back.data(), back.size()).ok());
+  EXPECT_EQ(back, src);
 }
 
 // Staging needs both sides to speak staged records: an owner without a

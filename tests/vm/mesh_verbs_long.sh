@@ -4,9 +4,9 @@
 # each node with its own podlinkd over the verbs transport. Every node of the
 # triangle serves a region and writes, reads back and notifies the other two
 # nodes' regions (six directed transfers over direct paths); node-a and node-d
-# do the same through node-c's daemon as a relay (node-a reaches node-c over
-# TCP, as every hop to a relay goes; node-c reaches node-d over verbs), and
-# node-c and node-d directly. While node-a writes to node-b, node-a's second cable to node-b goes
+# do the same through node-c's daemon as a relay — over verbs on both hops:
+# node-c stages each slice in its bounce pool for the upstream node and sends
+# it on over its own queue pairs — and node-c and node-d directly. While node-a writes to node-b, node-a's second cable to node-b goes
 # down: the QPs on it fail, their slices go over the first cable, and no byte
 # may be lost. The cable comes back PODLINK_VM_CUT_BACK seconds later (default
 # 3) and node-a's daemon makes new QPs on it (the owner drops the failed
@@ -71,6 +71,21 @@ done
 relayed=$(grep -c 'event=mesh_relay_grant' "$out/node-c.podlinkd.log" || true)
 echo "node-c: relayed $relayed regions"
 [ "$relayed" -ge 2 ] || { echo "node-c relayed $relayed regions, expected 2"; rc=1; }
+# RDMA into the relay: node-a's and node-d's hops to node-c carried staged
+# (node-c's bounce pools), every slice of both transfers, none refused.
+for n in node-a node-d; do
+  if grep -q 'event=mesh_region_staged node=node-c' "$out/$n.podlinkd.log"; then
+    echo "$n: reached the relay node-c over verbs ($(grep -h 'event=mesh_region_staged node=node-c' "$out/$n.podlinkd.log" |
+      head -1 | sed 's/.*why=/why=/'))"
+  else
+    echo "$n: its hop to the relay node-c was not staged over verbs"; rc=1
+  fi
+done
+staged=$(awk '$1 == "podlink_mesh_verbs_staged_slices_total" { print $2 + 0 }' "$out/node-c.metrics" 2>/dev/null)
+refused=$(awk '$1 == "podlink_mesh_verbs_staged_refused_total" { print $2 + 0 }' "$out/node-c.metrics" 2>/dev/null)
+slices=$(( 4 * ((bytes + 262143) / 262144) ))  # two transfers, each written and read back, 256 KiB slices
+echo "node-c: ${staged:-no} slices staged through its bounce pools (at least $slices expected), ${refused:-no} refused"
+[ "${staged:-0}" -ge "$slices" ] && [ "${refused:-1}" = 0 ] || rc=1
 # The cut must have cost QPs (and so resent slices), not data.
 failed=$(grep -c 'event=verbs_qp_failed' "$out/node-a.podlinkd.log" || true)
 echo "node-a: $failed queue pairs failed after the cut"

@@ -1059,6 +1059,7 @@ struct VerbsServer::NodeNic {
   // slice_bytes, then a page the acknowledgements are sent from; local
   // access only. Guarded by VerbsServer::mu_.
   char* bounce = nullptr;
+  std::shared_ptr<char> bounce_memory;  // owns `bounce`; sinks hold it while they use a slot
   ibv_mr* bounce_mr = nullptr;
   std::vector<int32_t> free_bounce;
   std::map<int32_t, StageJob> holding;  // by bounce slot: the slice using it
@@ -1066,10 +1067,18 @@ struct VerbsServer::NodeNic {
 };
 
 VerbsServer::VerbsServer(Nics* nics, VerbsOptions options, NotifySink sink, StageSink stage)
-    : nics_(nics), options_(std::move(options)), sink_(std::move(sink)), stage_sink_(std::move(stage)) {}
+    : nics_(nics), options_(std::move(options)), sink_(std::move(sink)), stage_sink_(std::move(stage)) {
+  absl::MutexLock l(&alive_->mu);
+  alive_->server = this;
+}
 
 VerbsServer::~VerbsServer() {
   stop_.store(true, std::memory_order_release);
+  {
+    // A sink finishing later answers nothing (waits for one answering now).
+    absl::MutexLock l(&alive_->mu);
+    alive_->server = nullptr;
+  }
   {
     absl::MutexLock l(&stage_mu_);  // wakes the staging thread: it sees stop_
     jobs_.clear();
@@ -1101,7 +1110,7 @@ VerbsServer::~VerbsServer() {
     nn->holding.clear();
     nn->waiting.clear();
     if (nn->bounce_mr != nullptr) api->dereg_mr(nn->bounce_mr);
-    std::free(nn->bounce);
+    nn->bounce_memory.reset();  // freed once no sink holds it either
     api->destroy_cq(nn->cq);
     api->destroy_comp_channel(nn->channel);
     api->dealloc_pd(nn->pd);
@@ -1133,7 +1142,7 @@ absl::StatusOr<SideWire> VerbsServer::Accept(const std::string& node, uint64_t l
           // Slices of that QP holding bounce slots: no completion comes for
           // them once the QP is destroyed.
           for (auto h = other->holding.begin(); h != other->holding.end();) {
-            if (h->second.qpn == it->first) {
+            if (h->second.qpn == it->first && !h->second.in_sink) {  // a sink's slot goes when it is done
               other->free_bounce.push_back(h->first);
               h = other->holding.erase(h);
             } else {
@@ -1471,6 +1480,7 @@ absl::Status VerbsServer::PrepareStaging(const std::string& node) {
       return st;
     }
     nn->bounce = pool;
+    nn->bounce_memory = std::shared_ptr<char>(pool, [](char* p) { std::free(p); });
     nn->bounce_mr = mr;
     for (uint32_t i = 0; i < kStageSlots; ++i) nn->free_bounce.push_back(static_cast<int32_t>(i));
     Log()->info("event=verbs_bounce_pool peer={} device={} slots={} slot_kib={}", node, nn->nic->name(), kStageSlots,
@@ -1482,6 +1492,15 @@ absl::Status VerbsServer::PrepareStaging(const std::string& node) {
   }
   if (!stager_.joinable()) stager_ = std::thread([this] { StageLoop(); });
   return absl::OkStatus();
+}
+
+size_t VerbsServer::FreeBounceSlots(const std::string& node) const {
+  absl::MutexLock l(&mu_);
+  size_t n = 0;
+  for (const auto& [key, nn] : node_nics_) {
+    if (key.first == node) n += nn->free_bounce.size();
+  }
+  return n;
 }
 
 void VerbsServer::Queue(StageJob job) {
@@ -1610,7 +1629,27 @@ void VerbsServer::Stage(StageJob job) {
     }
     return;
   }
-  if (st.ok()) st = stage_sink_(nn.node, job.grant, write, job.offset, buf, job.length);
+  if (!st.ok()) return Answer(job, st);
+  std::shared_ptr<const void> keep;
+  {
+    absl::MutexLock l(&mu_);
+    auto h = nn.holding.find(job.slot);
+    if (h == nn.holding.end() || h->second.qpn != job.qpn) return;  // its QP went meanwhile: the slot went with it
+    h->second.in_sink = true;
+    job.in_sink = true;
+    keep = nn.bounce_memory;
+  }
+  stage_sink_(nn.node, job.grant, write, job.offset, buf, job.length, std::move(keep),
+              [alive = alive_, job](absl::Status result) {
+                absl::MutexLock l(&alive->mu);
+                if (alive->server != nullptr) alive->server->Answer(job, result);
+              });
+}
+
+void VerbsServer::Answer(const StageJob& job, const absl::Status& st) {
+  const VerbsApi* api = nics_->api();
+  NodeNic& nn = *job.nn;
+  const bool write = job.kind == kRecordStagedWrite;
   if (st.ok()) {
     staged_slices_.fetch_add(1, std::memory_order_relaxed);
   } else {
@@ -1621,6 +1660,11 @@ void VerbsServer::Stage(StageJob job) {
   // The answer: a good read's bytes, then the acknowledgement (same QP, so
   // in order), {slot, status} in its immediate.
   absl::MutexLock l(&mu_);
+  if (job.slot >= 0) {
+    auto h = nn.holding.find(job.slot);
+    if (h != nn.holding.end() && h->second.qpn == job.qpn) h->second.in_sink = false;
+  }
+  char* buf = job.slot >= 0 ? nn.bounce + uint64_t(job.slot) * options_.slice_bytes : nullptr;
   auto q = nn.qps.find(job.qpn);
   bool posted = false;
   if (q != nn.qps.end() && !q->second->dead && nn.bounce_mr != nullptr) {
@@ -1644,7 +1688,7 @@ void VerbsServer::Stage(StageJob job) {
     wrs[1].wr.rdma.remote_addr = job.ack_addr;
     wrs[1].wr.rdma.rkey = job.rkey;
     ibv_send_wr* bad = nullptr;
-    posted = api->post_send(q->second->qp, st.ok() && !write ? &wrs[0] : &wrs[1], &bad) == 0;
+    posted = api->post_send(q->second->qp, st.ok() && !write && buf != nullptr ? &wrs[0] : &wrs[1], &bad) == 0;
     if (!posted) {
       q->second->dead = true;
       ToError(api, q->second->qp);

@@ -316,11 +316,14 @@ class VerbsServer {
   // checks the grant belongs to `node`.
   using NotifySink = std::function<void(const std::string& node, uint64_t grant, uint64_t value)>;
   // Called on the staging thread for a staged slice of `node`'s grant:
-  // copies `length` bytes at `offset` of the export from `buf` (write) or
-  // into it (read); checks the grant is the node's and the range the
-  // export's. Null: staged records are refused.
-  using StageSink = std::function<absl::Status(const std::string& node, uint64_t grant, bool write, uint64_t offset,
-                                               char* buf, uint64_t length)>;
+  // moves `length` bytes at `offset` of the grant's memory from `buf`
+  // (write) or into it (read) — copies them, or (a relay) sends them on —
+  // and calls `done` once, on any thread, when `buf` is free again; checks
+  // the grant is the node's and the range inside it. `keep` keeps `buf`
+  // allocated (the bounce pool) until then. Null: staged records are refused.
+  using StageSink = std::function<void(const std::string& node, uint64_t grant, bool write, uint64_t offset,
+                                       char* buf, uint64_t length, std::shared_ptr<const void> keep,
+                                       std::function<void(absl::Status)> done)>;
   VerbsServer(Nics* nics, VerbsOptions options, NotifySink sink, StageSink stage = nullptr);
   ~VerbsServer();
 
@@ -348,6 +351,8 @@ class VerbsServer {
   // Staged slices served (acknowledged good) and refused.
   uint64_t staged_slices() const { return staged_slices_.load(std::memory_order_relaxed); }
   uint64_t staged_refused() const { return staged_refused_.load(std::memory_order_relaxed); }
+  // Bounce slots free for `node` (all its devices); for tests.
+  size_t FreeBounceSlots(const std::string& node) const ABSL_LOCKS_EXCLUDED(mu_);
   // The bounce slots' size: staged slices longer than this are refused.
   uint64_t stage_slot_bytes() const { return options_.slice_bytes; }
   // Drops the registration of `grant` if `node` made it.
@@ -375,6 +380,7 @@ class VerbsServer {
     uint64_t grant = 0, offset = 0, addr = 0, ack_addr = 0;
     uint32_t length = 0, rkey = 0, tag = 0;
     int32_t slot = -1;  // bounce slot, once it has one
+    bool in_sink = false;  // handed to the sink, not answered yet: the slot stays taken whatever happens to the QP
     uint64_t recv_id = 0;  // the receive its record came by: posted again once answered
   };
   // One export's registration for one peer, shared by that peer's grants
@@ -390,6 +396,10 @@ class VerbsServer {
   void Deregister(Registration& r);
   void StageLoop();
   void Stage(StageJob job) ABSL_LOCKS_EXCLUDED(mu_, stage_mu_);
+  // The answer to a staged slice: a good read's bytes, then the
+  // acknowledgement with `st`'s code; gives the bounce slot back where no
+  // answer can go.
+  void Answer(const StageJob& job, const absl::Status& st) ABSL_LOCKS_EXCLUDED(mu_, stage_mu_);
   void Queue(StageJob job) ABSL_LOCKS_EXCLUDED(stage_mu_);
   // A send of a staged slice completed (or failed): its bounce slot may be free.
   void SendDone(const std::shared_ptr<NodeNic>& nn, uint64_t wr_id, uint32_t qpn, bool ok)
@@ -405,6 +415,12 @@ class VerbsServer {
   const VerbsOptions options_;
   const NotifySink sink_;
   const StageSink stage_sink_;
+  // What a sink's late `done` finds: this server, or null once it is going.
+  struct Alive {
+    absl::Mutex mu;
+    VerbsServer* server ABSL_GUARDED_BY(mu) = nullptr;
+  };
+  std::shared_ptr<Alive> alive_ = std::make_shared<Alive>();
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> notifies_{0};
   std::atomic<uint64_t> staged_slices_{0};
