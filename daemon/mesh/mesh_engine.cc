@@ -23,6 +23,7 @@
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
@@ -36,6 +37,10 @@ namespace podlink::mesh {
 namespace {
 
 const ComponentLog Log("mesh");
+
+// How a relay says it cannot take a region over verbs (the importer then
+// reaches it over TCP).
+constexpr char kRelayCannotStage[] = " cannot stage over verbs: ";
 namespace pb = podlink::mesh::v1;
 
 absl::StatusOr<std::string> ReadPem(const std::string& dir, const char* name) {
@@ -1009,8 +1014,7 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
     absl::StatusOr<verbs::VerbsServer*> server = VerbsServing();
     if (st.ok()) st = server.ok() ? (*server)->PrepareStaging(caller) : server.status();
     if (!st.ok()) {
-      return done(absl::FailedPreconditionError(
-          absl::StrCat("relay ", node_name_, " cannot stage over verbs: ", st.message())));
+      return done(absl::FailedPreconditionError(absl::StrCat("relay ", node_name_, kRelayCannotStage, st.message())));
     }
     staged_slice = (*server)->stage_slot_bytes();
   }
@@ -2213,7 +2217,9 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
       if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, open, &resp), hop.node_name); !st.ok()) {
         // A relay that cannot stage over verbs (no bounce pool for this
         // node, or an older version): the hop to it goes over TCP.
-        if (vl != nullptr && hop.node_name != destination && st.code() == absl::StatusCode::kFailedPrecondition) {
+        if (vl != nullptr && hop.node_name != destination && st.code() == absl::StatusCode::kFailedPrecondition &&
+            (absl::StrContains(st.message(), kRelayCannotStage) ||
+             absl::StrContains(st.message(), "relayed regions ride TCP links"))) {  // a relay before staging
           Log()->info("event=mesh_relay_over_tcp relay={} destination={} why={}", hop.node_name, destination,
                       LogQuoted(std::string(st.message()).substr(0, 256)));
           return OverTcp(hop, [self, done](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
@@ -2705,9 +2711,16 @@ absl::Status MeshEngine::StagedCopy(const ExportRecord& export_record, bool writ
 
 void MeshEngine::DeliverVerbsNotify(const std::string& node, uint64_t grant, uint64_t value) {
   absl::StatusOr<Granted> granted = LookupGrant(node, grant);
+  if (granted.ok() && granted->forward != nullptr &&
+      granted->forward->peer->instance.load(std::memory_order_acquire) != granted->forward->instance) {
+    granted = absl::UnavailableError(absl::StrCat("node ", granted->forward->peer->node(),
+                                                  "'s podlinkd restarted: open the region again"));
+  }
   if (granted.ok() && granted->forward != nullptr) {
     // A relay's grant: on to the next node (the writes before it were
-    // answered only once they had landed there).
+    // answered only once they had landed there). As a notification over
+    // verbs to an owner, it is not answered: a failure onward is logged and
+    // counted here.
     std::shared_ptr<DataLinks> links = granted->forward->peer->links();
     LinkOp op;
     op.type = FrameType::kNotify;
@@ -2778,6 +2791,7 @@ absl::StatusOr<std::shared_ptr<verbs::VerbsLinks>> MeshEngine::ConnectVerbs(cons
   vo.qps_per_path = options_.connections_per_path;
   vo.slice_bytes = options_.slice_bytes;
   vo.slices_in_flight = options_.slices_in_flight;
+  vo.answer_timeout = options_.answer_timeout;
   auto links = std::make_shared<verbs::VerbsLinks>(node, vo);
   absl::Status last;
   for (const Path& path : paths) {

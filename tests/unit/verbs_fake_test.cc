@@ -379,6 +379,11 @@ class VerbsFake : public ::testing::Test {
             ++staged_copies_;
             return absl::OkStatus();
           }();
+          if (hold_sink_) {  // never answered until the test lets go
+            std::lock_guard<std::mutex> l(mu_);
+            held_.emplace_back(std::move(keep), std::move(done));
+            return;
+          }
           // Answered later, from another thread, as a relay's onward transfer is.
           if (async_sink_) {
             std::thread([keep = std::move(keep), done = std::move(done), st, delay = sink_delay_us_.load()] {
@@ -495,6 +500,8 @@ class VerbsFake : public ::testing::Test {
   uint64_t staged_copies_ = 0;
   std::atomic<bool> async_sink_{false};      // the sink answers from another thread, after sink_delay_us_
   std::atomic<int> sink_delay_us_{2000};
+  std::atomic<bool> hold_sink_{false};  // the sink keeps its slices (held_) unanswered
+  std::vector<std::pair<std::shared_ptr<const void>, std::function<void(absl::Status)>>> held_;
 };
 
 std::vector<char> Pattern(size_t n, int seed) {
@@ -1191,6 +1198,74 @@ TEST_F(VerbsFake, ASinkAnsweringLaterKeepsItsBounceSlotsUntilThenEvenWhenTheQpsG
   links->AddStagedRegion(42);
   ASSERT_TRUE(Run(*links, FrameType::kRead, 42, 0, back.data(), back.size()).ok());
   EXPECT_EQ(back, src);
+}
+
+// An owner that never answers a staged slice (a relay whose next hop hangs):
+// the importer's housekeeping fails the QP after answer_timeout, the slices
+// go to the other QP, which times out too, and the op fails UNAVAILABLE —
+// bounded, not a hang. Answers that come after are dropped, their bounce
+// slots given back.
+TEST_F(VerbsFake, AStagedSliceNeverAnsweredFailsItsQpWithinTheAnswerTimeout) {
+  options_.answer_timeout = absl::Milliseconds(300);
+  hold_sink_ = true;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    staged_[42] = "node-a";
+  }
+  auto links = Connect("node-a");
+  ASSERT_TRUE(server_->PrepareStaging("node-a").ok());
+  links->AddStagedRegion(42);
+  std::atomic<bool> stop{false};
+  std::thread sweeper([&] {  // the engine's housekeeping, every 200 ms there
+    while (!stop) {
+      links->Sweep();
+      usleep(50000);
+    }
+  });
+  std::vector<char> src = Pattern(64 << 10, 61);
+  const absl::Time t0 = absl::Now();
+  absl::Status st = Run(*links, FrameType::kWrite, 42, 0, src.data(), src.size());
+  const absl::Duration took = absl::Now() - t0;
+  stop = true;
+  sweeper.join();
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_NE(st.message().find("answered no staged slice"), std::string::npos) << st;
+  EXPECT_LT(took, absl::Seconds(5));
+  EXPECT_EQ(links->live(), 0u);
+  EXPECT_GE(links->Stats().resent_slices, 1u) << "the first QP's slice did not go to the other";
+  std::vector<std::pair<std::shared_ptr<const void>, std::function<void(absl::Status)>>> held;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    held.swap(held_);
+  }
+  EXPECT_EQ(held.size(), 2u);
+  for (auto& [keep, done] : held) done(absl::OkStatus());  // too late: nobody to answer
+  for (int i = 0; i < 200 && server_->FreeBounceSlots("node-a") != kStageSlots; ++i) usleep(5000);
+  EXPECT_EQ(server_->FreeBounceSlots("node-a"), kStageSlots);
+}
+
+// A peer's device reached after its grant was staged (a repaired path on
+// another NIC) has no bounce pool yet: the first record makes it.
+TEST_F(VerbsFake, APeerDeviceWithoutAPoolGetsOneAtItsFirstStagedRecord) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    staged_[42] = "node-a";
+  }
+  auto links = Connect("node-a");
+  ASSERT_TRUE(server_->PrepareStaging("node-b").code() == absl::StatusCode::kFailedPrecondition);  // starts nothing
+  links->AddStagedRegion(42);  // no PrepareStaging("node-a"): as for a device added later
+  EXPECT_EQ(server_->FreeBounceSlots("node-a"), 0u);
+  ASSERT_TRUE(server_->PrepareStaging("node-c").code() == absl::StatusCode::kFailedPrecondition);
+  // The staging thread starts with the first pool of any peer.
+  VerbsLinks other("node-z", options_);
+  ASSERT_TRUE(AddPath(other, "node-z", "z").ok());
+  ASSERT_TRUE(server_->PrepareStaging("node-z").ok());
+  std::vector<char> src = Pattern(100 << 10, 62);
+  ASSERT_TRUE(Run(*links, FrameType::kWrite, 42, 0, src.data(), src.size()).ok());
+  EXPECT_EQ(0, std::memcmp(region_.data(), src.data(), src.size()));
+  // Each slot comes back once its answer's send completed on the owner.
+  for (int i = 0; i < 200 && server_->FreeBounceSlots("node-a") != kStageSlots; ++i) usleep(5000);
+  EXPECT_EQ(server_->FreeBounceSlots("node-a"), kStageSlots);
 }
 
 // Staging needs both sides to speak staged records: an owner without a

@@ -51,6 +51,15 @@ constexpr uint32_t kAckBytes = 8;
 // absl::StatusCode in the low byte.
 uint32_t AckImm(uint32_t tag, absl::StatusCode code) { return (tag << 8) | (static_cast<uint32_t>(code) & 0xff); }
 
+// Said at most every 10 s (a peer must not be able to flood the log).
+bool Due(std::atomic<int64_t>& last) {
+  const int64_t now = absl::ToUnixSeconds(absl::Now());
+  int64_t prev = last.load(std::memory_order_relaxed);
+  return now - prev >= 10 && last.compare_exchange_strong(prev, now, std::memory_order_relaxed);
+}
+std::atomic<int64_t> refused_log{0};
+std::atomic<int64_t> unexpected_ack_log{0};
+
 uint32_t RandomPsn() {
   static thread_local std::mt19937 rng{std::random_device{}()};
   return rng() & 0xffffff;
@@ -361,7 +370,7 @@ absl::StatusOr<std::pair<size_t, SideWire>> VerbsLinks::PreparePath(std::shared_
   path->channel = api->create_comp_channel(nic->ctx());
   if (path->channel == nullptr) return fail(Errno("ibv_create_comp_channel", errno));
   SetNonBlocking(path->channel->fd);
-  path->cq = api->create_cq(nic->ctx(), static_cast<int>(lanes * (2 * slots + kNotifyDepth) + 8), nullptr,
+  path->cq = api->create_cq(nic->ctx(), static_cast<int>(lanes * (3 * slots + kNotifyDepth) + 8), nullptr,
                             path->channel, 0);
   if (path->cq == nullptr) return fail(Errno("ibv_create_cq", errno));
   api->req_notify_cq(path->cq, 0);
@@ -384,8 +393,10 @@ absl::StatusOr<std::pair<size_t, SideWire>> VerbsLinks::PreparePath(std::shared_
     constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
     lane->mr = api->reg_mr(path->pd, lane->staging, bytes, kAccess);
     if (lane->mr == nullptr) return fail(Errno("ibv_reg_mr(staging)", errno));
-    // Receives: one acknowledgement per staging slot at most.
-    lane->qp = CreateRcQp(api, path->pd, path->cq, slots + kNotifyDepth, slots);
+    // Receives: one acknowledgement per staging slot at most. Sends: a
+    // staged slice's slot may be reused (its answer came) before its
+    // record's send completed, so twice the slots.
+    lane->qp = CreateRcQp(api, path->pd, path->cq, 2 * slots + kNotifyDepth, slots);
     if (lane->qp == nullptr) return fail(Errno("ibv_create_qp", errno));
     if (absl::Status st = ToInit(api, lane->qp, gid.port, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
         !st.ok()) {
@@ -605,6 +616,30 @@ std::vector<std::pair<const VerbsLinks::Path*, std::shared_ptr<VerbsLinks::Local
 }
 
 void VerbsLinks::Sweep() {
+  // An owner that never answers a staged slice (its QP moved to error while
+  // this side had nothing to send, a relay whose next hop hangs): the QP
+  // fails, its slices go elsewhere or fail.
+  std::vector<Lane*> stuck;
+  {
+    absl::MutexLock l(&mu_);
+    const absl::Time now = absl::Now();
+    for (auto& p : paths_) {
+      for (auto& lane : p->lanes) {
+        if (lane->dead) continue;
+        for (const auto& [id, pend] : lane->pending) {
+          if (pend.staged && now - pend.since > options_.answer_timeout) {
+            stuck.push_back(lane.get());
+            break;
+          }
+        }
+      }
+    }
+  }
+  for (Lane* lane : stuck) {
+    Fail(lane, 0, absl::UnavailableError(absl::StrCat("node ", node_, " answered no staged slice on path ",
+                                                      lane->path->name, " in ",
+                                                      absl::FormatDuration(options_.answer_timeout))));
+  }
   absl::MutexLock l(&reg_mu_);
   for (auto it = local_regs_.begin(); it != local_regs_.end();) {
     // Its export is gone (whichever peers' link sets registered it too) and
@@ -620,15 +655,19 @@ void VerbsLinks::Sweep() {
 absl::Status VerbsLinks::Submit(LinkOp op) {
   auto st = std::make_shared<OpState>();
   uint64_t slice = options_.slice_bytes;
+  bool staged = false;
   if (op.type != FrameType::kNotify) {
     absl::MutexLock l(&mu_);
-    if (auto it = staged_regions_.find(op.grant); it != staged_regions_.end()) slice = it->second;
+    if (auto it = staged_regions_.find(op.grant); it != staged_regions_.end()) {
+      slice = it->second;
+      staged = true;
+    }
   }
   const uint64_t n = op.type == FrameType::kNotify ? 1 : (op.length + slice - 1) / slice;
   if (n == 0) return absl::InvalidArgumentError("length must be > 0");
   st->remaining.store(n, std::memory_order_relaxed);
   st->slices = n;
-  st->regs = LocalRegs(op);
+  if (!staged) st->regs = LocalRegs(op);  // a staged grant's slices always go through the staging slots
   st->op = std::move(op);
   {
     absl::MutexLock l(&mu_);
@@ -760,7 +799,7 @@ void VerbsLinks::Pump() {
       }
       r.post.slice = std::move(s);
       it = queue_.erase(it);
-      best->pending[r.post.wr_id] = Pending{r.post.slice, r.post.slot, r.post.lkey != 0, r.staged};
+      best->pending[r.post.wr_id] = Pending{r.post.slice, r.post.slot, r.post.lkey != 0, r.staged, absl::Now()};
       if (r.post.lkey != 0) ++stats_.zero_copy_slices;
       ready.push_back(std::move(r));
     }
@@ -922,7 +961,9 @@ void VerbsLinks::Acknowledged(Lane* lane, uint32_t imm) {
   if (!found) {
     // Not one this lane has outstanding (a late answer after a resend, or a
     // confused owner): nothing to finish.
-    Log()->warn("event=verbs_unexpected_ack node={} path={} slot={}", node_, lane->path->name, tag);
+    if (Due(unexpected_ack_log)) {
+      Log()->warn("event=verbs_unexpected_ack node={} path={} slot={}", node_, lane->path->name, tag);
+    }
     return;
   }
   const LinkOp& op = pend.slice.op->op;
@@ -1038,13 +1079,20 @@ struct VerbsServer::Served {
 };
 
 namespace {
-// The owner's sends for staged slices: wr_id = kStageSend | kind << 32 | slot.
+// The owner's sends for staged slices: wr_id = kStageSend | kind << 40 |
+// the record's receive << 24 | slot (24 bits).
 constexpr uint64_t kStageSend = uint64_t{1} << 63;
 constexpr uint64_t kSendRead = 1;   // RDMA READ of the importer's slot into a bounce slot
 constexpr uint64_t kSendData = 2;   // RDMA WRITE of a bounce slot into the importer's (unsignaled)
 constexpr uint64_t kSendAck = 3;    // the acknowledgement of a slice holding a bounce slot
 constexpr uint64_t kSendRefusal = 4;  // the acknowledgement of a slice refused before it had one
-uint64_t StageWr(uint64_t kind, int32_t slot) { return kStageSend | kind << 32 | static_cast<uint32_t>(slot); }
+uint64_t StageWr(uint64_t kind, int32_t slot, uint64_t recv_id = 0) {
+  return kStageSend | kind << 40 | (recv_id & 0xffff) << 24 | (static_cast<uint32_t>(slot) & 0xffffff);
+}
+uint64_t StageKind(uint64_t wr_id) { return (wr_id >> 40) & 0xff; }
+uint64_t StageRecv(uint64_t wr_id) { return (wr_id >> 24) & 0xffff; }
+int32_t StageSlot(uint64_t wr_id) { return static_cast<int32_t>(wr_id & 0xffffff); }
+
 }  // namespace
 
 struct VerbsServer::NodeNic {
@@ -1067,7 +1115,13 @@ struct VerbsServer::NodeNic {
 };
 
 VerbsServer::VerbsServer(Nics* nics, VerbsOptions options, NotifySink sink, StageSink stage)
-    : nics_(nics), options_(std::move(options)), sink_(std::move(sink)), stage_sink_(std::move(stage)) {
+    : nics_(nics),
+      options_(std::move(options)),
+      sink_(std::move(sink)),
+      stage_sink_(std::move(stage)),
+      // At most 32 MiB pinned per (peer, device) however large the slices.
+      stage_slots_(static_cast<uint32_t>(
+          std::clamp<uint64_t>((uint64_t{32} << 20) / std::max<uint64_t>(options_.slice_bytes, 1), 2, kStageSlots))) {
   absl::MutexLock l(&alive_->mu);
   alive_->server = this;
 }
@@ -1127,6 +1181,7 @@ absl::StatusOr<SideWire> VerbsServer::Accept(const std::string& node, uint64_t l
   const VerbsApi* api = nics_->api();
   std::shared_ptr<NodeNic> nn;
   std::vector<std::unique_ptr<Served>> gone;
+  std::vector<std::pair<std::shared_ptr<NodeNic>, uint32_t>> gone_qpns;
   {
     absl::MutexLock l(&mu_);
     // QPs of the peer's earlier link sets (it reconnected or restarted) go.
@@ -1139,16 +1194,7 @@ absl::StatusOr<SideWire> VerbsServer::Accept(const std::string& node, uint64_t l
         bool replaced = key.second == nic->name() &&
                         std::find(replaces.begin(), replaces.end(), it->first) != replaces.end();
         if (it->second->link_instance != link_instance || replaced) {
-          // Slices of that QP holding bounce slots: no completion comes for
-          // them once the QP is destroyed.
-          for (auto h = other->holding.begin(); h != other->holding.end();) {
-            if (h->second.qpn == it->first && !h->second.in_sink) {  // a sink's slot goes when it is done
-              other->free_bounce.push_back(h->first);
-              h = other->holding.erase(h);
-            } else {
-              ++h;
-            }
-          }
+          gone_qpns.emplace_back(other, it->first);
           gone.push_back(std::move(it->second));
           it = other->qps.erase(it);
         } else {
@@ -1196,6 +1242,27 @@ absl::StatusOr<SideWire> VerbsServer::Accept(const std::string& node, uint64_t l
     api->destroy_qp(s->qp);
     api->dereg_mr(s->mr);
     std::free(s->mailbox);
+  }
+  // Only now (no DMA of those QPs can land any more) their bounce slots come
+  // back — those a sink still holds when it answers — and their slices
+  // waiting for one go.
+  if (!gone_qpns.empty()) {
+    std::vector<StageJob> next;
+    absl::MutexLock l(&mu_);
+    for (auto& [other, qpn] : gone_qpns) {
+      std::erase_if(other->waiting, [qpn = qpn](const StageJob& j) { return j.qpn == qpn; });
+      std::vector<int32_t> slots;
+      for (const auto& [slot, job] : other->holding) {
+        if (job.qpn == qpn && !job.in_sink) slots.push_back(slot);
+      }
+      for (int32_t slot : slots) {
+        if (std::optional<StageJob> j = ReleaseLocked(*other, slot, qpn)) next.push_back(std::move(*j));
+      }
+    }
+    absl::MutexLock s(&stage_mu_);
+    if (!stop_.load(std::memory_order_acquire)) {
+      for (auto& j : next) jobs_.push_back(std::move(j));
+    }
   }
   SideWire out;
   out.device = nic->name();
@@ -1449,48 +1516,56 @@ void VerbsServer::PollLoop(std::shared_ptr<NodeNic> nn) {
   }
 }
 
+absl::Status VerbsServer::EnsurePoolLocked(NodeNic& nn) {
+  if (nn.bounce_mr != nullptr) return absl::OkStatus();
+  const VerbsApi* api = nics_->api();
+  const size_t bytes = size_t{stage_slots_} * options_.slice_bytes;
+  char* pool = static_cast<char*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
+  if (pool == nullptr) return absl::ResourceExhaustedError("no memory for a verbs bounce pool");
+  std::memset(pool, 0, bytes);
+  // Local access only: the peer never addresses this memory; this daemon's
+  // HCA reads into it and writes from it.
+  ibv_mr* mr = api->reg_mr(nn.pd, pool, bytes, IBV_ACCESS_LOCAL_WRITE);
+  if (mr == nullptr) {
+    const int err = errno;
+    std::free(pool);
+    absl::Status st = Errno("ibv_reg_mr(bounce pool)", err);
+    if (err == ENOMEM) {
+      return absl::ResourceExhaustedError(absl::StrCat(st.message(), " (", bytes >> 10,
+                                                       " KiB; most often the locked-memory limit, RLIMIT_MEMLOCK, "
+                                                       "of a daemon without CAP_IPC_LOCK)"));
+    }
+    return st;
+  }
+  nn.bounce = pool;
+  nn.bounce_memory = std::shared_ptr<char>(pool, [](char* p) { std::free(p); });
+  nn.bounce_mr = mr;
+  for (uint32_t i = 0; i < stage_slots_; ++i) nn.free_bounce.push_back(static_cast<int32_t>(i));
+  Log()->info("event=verbs_bounce_pool peer={} device={} slots={} slot_kib={}", nn.node, nn.nic->name(), stage_slots_,
+              options_.slice_bytes >> 10);
+  return absl::OkStatus();
+}
+
 absl::Status VerbsServer::PrepareStaging(const std::string& node) {
   if (stage_sink_ == nullptr) return absl::FailedPreconditionError("this daemon does not stage verbs transfers");
-  const VerbsApi* api = nics_->api();
   bool any = false;
-  absl::MutexLock l(&mu_);
-  for (auto& [key, nn] : node_nics_) {
-    if (key.first != node) continue;
-    bool speaks = false;
-    for (const auto& [qpn, q] : nn->qps) speaks = speaks || (q->records >= kRecordsStaged && !q->dead);
-    if (!speaks) continue;
-    any = true;
-    if (nn->bounce_mr != nullptr) continue;
-    const size_t bytes = size_t{kStageSlots} * options_.slice_bytes + 4096;
-    char* pool = static_cast<char*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096));
-    if (pool == nullptr) return absl::ResourceExhaustedError("no memory for a verbs bounce pool");
-    std::memset(pool, 0, bytes);
-    // Local access only: the peer never addresses this memory; this
-    // daemon's HCA reads into it and writes from it.
-    ibv_mr* mr = api->reg_mr(nn->pd, pool, bytes, IBV_ACCESS_LOCAL_WRITE);
-    if (mr == nullptr) {
-      const int err = errno;
-      std::free(pool);
-      absl::Status st = Errno("ibv_reg_mr(bounce pool)", err);
-      if (err == ENOMEM) {
-        return absl::ResourceExhaustedError(absl::StrCat(st.message(), " (", bytes >> 10,
-                                                         " KiB; most often the locked-memory limit, RLIMIT_MEMLOCK, "
-                                                         "of a daemon without CAP_IPC_LOCK)"));
-      }
-      return st;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto& [key, nn] : node_nics_) {
+      if (key.first != node) continue;
+      bool speaks = false;
+      for (const auto& [qpn, q] : nn->qps) speaks = speaks || (q->records >= kRecordsStaged && !q->dead);
+      if (!speaks) continue;
+      any = true;
+      PODLINK_RETURN_IF_ERROR(EnsurePoolLocked(*nn));
     }
-    nn->bounce = pool;
-    nn->bounce_memory = std::shared_ptr<char>(pool, [](char* p) { std::free(p); });
-    nn->bounce_mr = mr;
-    for (uint32_t i = 0; i < kStageSlots; ++i) nn->free_bounce.push_back(static_cast<int32_t>(i));
-    Log()->info("event=verbs_bounce_pool peer={} device={} slots={} slot_kib={}", node, nn->nic->name(), kStageSlots,
-                options_.slice_bytes >> 10);
   }
   if (!any) {
     return absl::FailedPreconditionError(
         absl::StrCat("node ", node, "'s queue pairs to this node do not take staged records (an older podlinkd)"));
   }
-  if (!stager_.joinable()) stager_ = std::thread([this] { StageLoop(); });
+  absl::MutexLock l(&stage_mu_);
+  if (!stager_.joinable() && !stop_.load(std::memory_order_acquire)) stager_ = std::thread([this] { StageLoop(); });
   return absl::OkStatus();
 }
 
@@ -1553,8 +1628,8 @@ std::optional<VerbsServer::StageJob> VerbsServer::ReleaseLocked(NodeNic& nn, int
 }
 
 void VerbsServer::SendDone(const std::shared_ptr<NodeNic>& nn, uint64_t wr_id, uint32_t qpn, bool ok) {
-  const uint64_t kind = (wr_id >> 32) & 0xff;
-  const auto slot = static_cast<int32_t>(wr_id & 0xffffffff);
+  const uint64_t kind = StageKind(wr_id);
+  const int32_t slot = StageSlot(wr_id);
   std::optional<StageJob> next;
   {
     absl::MutexLock l(&mu_);
@@ -1567,6 +1642,9 @@ void VerbsServer::SendDone(const std::shared_ptr<NodeNic>& nn, uint64_t wr_id, u
     } else if (kind == kSendRead || kind == kSendAck) {
       next = ReleaseLocked(*nn, slot, qpn);
     }
+    // An answer went: the peer may send another record (at most kRecvDepth
+    // records, and so 2 * kRecvDepth sends, per QP at once).
+    if (ok && (kind == kSendAck || kind == kSendRefusal)) RepostLocked(*nn, qpn, StageRecv(wr_id));
   }
   if (next) Queue(std::move(*next));
 }
@@ -1585,21 +1663,33 @@ void VerbsServer::Stage(StageJob job) {
   char* buf = nullptr;
   if (st.ok()) {
     absl::MutexLock l(&mu_);
-    if (job.slot < 0) {
-      if (nn.free_bounce.empty() || nn.bounce == nullptr) {
-        if (nn.bounce == nullptr) {
-          st = absl::FailedPreconditionError("no bounce pool for this peer");
-        } else {
-          nn.waiting.push_back(std::move(job));  // at most kRecvDepth per QP: each took a receive
-          return;
+    auto q = nn.qps.find(job.qpn);
+    if (q == nn.qps.end() || q->second->dead) {
+      // Its QP went: nobody to answer. A slot it holds goes back.
+      if (job.slot >= 0) {
+        if (std::optional<StageJob> next = ReleaseLocked(nn, job.slot, job.qpn)) {
+          absl::MutexLock s(&stage_mu_);  // stage_mu_ ranks after mu_
+          if (!stop_.load(std::memory_order_acquire)) jobs_.push_back(std::move(*next));
         }
+      }
+      return;
+    }
+    // A device of the peer reached after its grant was staged gets its pool
+    // at its first record.
+    if (job.slot < 0 && nn.bounce == nullptr) st = EnsurePoolLocked(nn);
+    if (!st.ok()) {
+      // refused below, with the reason
+    } else if (job.slot < 0) {
+      if (nn.free_bounce.empty()) {
+        nn.waiting.push_back(std::move(job));  // at most kRecvDepth per QP: each holds a receive until answered
+        return;
       } else {
         job.slot = nn.free_bounce.back();
         nn.free_bounce.pop_back();
         nn.holding[job.slot] = job;
       }
     }
-    if (job.slot >= 0) buf = nn.bounce + uint64_t(job.slot) * options_.slice_bytes;
+    if (st.ok() && job.slot >= 0) buf = nn.bounce + uint64_t(job.slot) * options_.slice_bytes;
   }
   if (st.ok() && write && !job.landed) {
     // The importer's bytes into the bounce slot first.
@@ -1654,8 +1744,11 @@ void VerbsServer::Answer(const StageJob& job, const absl::Status& st) {
     staged_slices_.fetch_add(1, std::memory_order_relaxed);
   } else {
     staged_refused_.fetch_add(1, std::memory_order_relaxed);
-    Log()->warn("event=verbs_staged_refused peer={} grant={} write={} offset={} length={} why=\"{}\"", nn.node,
-                job.grant, write, job.offset, job.length, st.message());
+    if (Due(refused_log)) {
+      Log()->warn("event=verbs_staged_refused peer={} grant={} write={} offset={} length={} why=\"{}\" (refused so far: {})",
+                  nn.node, job.grant, write, job.offset, job.length, st.message(),
+                  staged_refused_.load(std::memory_order_relaxed));
+    }
   }
   // The answer: a good read's bytes, then the acknowledgement (same QP, so
   // in order), {slot, status} in its immediate.
@@ -1664,13 +1757,16 @@ void VerbsServer::Answer(const StageJob& job, const absl::Status& st) {
     auto h = nn.holding.find(job.slot);
     if (h != nn.holding.end() && h->second.qpn == job.qpn) h->second.in_sink = false;
   }
-  char* buf = job.slot >= 0 ? nn.bounce + uint64_t(job.slot) * options_.slice_bytes : nullptr;
+  char* buf = job.slot >= 0 && nn.bounce != nullptr ? nn.bounce + uint64_t(job.slot) * options_.slice_bytes : nullptr;
   auto q = nn.qps.find(job.qpn);
   bool posted = false;
-  if (q != nn.qps.end() && !q->second->dead && nn.bounce_mr != nullptr) {
-    ibv_sge data{reinterpret_cast<uintptr_t>(buf), job.length, nn.bounce_mr->lkey};
-    ibv_sge word{reinterpret_cast<uintptr_t>(nn.bounce + uint64_t{kStageSlots} * options_.slice_bytes), kAckBytes,
-                 nn.bounce_mr->lkey};
+  if (q != nn.qps.end() && !q->second->dead) {
+    Served& served = *q->second;
+    // The acknowledgement is sent from the QP's own mailbox (registered in
+    // the same protection domain; its content does not matter), so a
+    // refusal needs no bounce pool.
+    ibv_sge word{reinterpret_cast<uintptr_t>(served.mailbox), kAckBytes, served.mr->lkey};
+    ibv_sge data{reinterpret_cast<uintptr_t>(buf), job.length, nn.bounce_mr != nullptr ? nn.bounce_mr->lkey : 0};
     ibv_send_wr wrs[2]{};
     wrs[0].wr_id = StageWr(kSendData, job.slot);
     wrs[0].sg_list = &data;
@@ -1679,7 +1775,7 @@ void VerbsServer::Answer(const StageJob& job, const absl::Status& st) {
     wrs[0].wr.rdma.remote_addr = job.addr;
     wrs[0].wr.rdma.rkey = job.rkey;
     wrs[0].next = &wrs[1];
-    wrs[1].wr_id = job.slot >= 0 ? StageWr(kSendAck, job.slot) : StageWr(kSendRefusal, 0);
+    wrs[1].wr_id = job.slot >= 0 ? StageWr(kSendAck, job.slot, job.recv_id) : StageWr(kSendRefusal, 0, job.recv_id);
     wrs[1].sg_list = &word;
     wrs[1].num_sge = 1;
     wrs[1].opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
@@ -1688,17 +1784,11 @@ void VerbsServer::Answer(const StageJob& job, const absl::Status& st) {
     wrs[1].wr.rdma.remote_addr = job.ack_addr;
     wrs[1].wr.rdma.rkey = job.rkey;
     ibv_send_wr* bad = nullptr;
-    posted = api->post_send(q->second->qp, st.ok() && !write && buf != nullptr ? &wrs[0] : &wrs[1], &bad) == 0;
+    posted = api->post_send(served.qp, st.ok() && !write && buf != nullptr ? &wrs[0] : &wrs[1], &bad) == 0;
     if (!posted) {
-      q->second->dead = true;
-      ToError(api, q->second->qp);
+      served.dead = true;
+      ToError(api, served.qp);
     }
-    RepostLocked(nn, job.qpn, job.recv_id);  // answered: the peer may send another
-  } else if (q != nn.qps.end() && !q->second->dead) {
-    // A staged record before any pool (the peer never got a staged
-    // grant): nothing to answer from; its QP goes.
-    q->second->dead = true;
-    ToError(api, q->second->qp);
   }
   if (!posted && job.slot >= 0) {
     std::optional<StageJob> next = ReleaseLocked(nn, job.slot, job.qpn);

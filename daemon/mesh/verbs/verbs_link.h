@@ -41,6 +41,8 @@
 //
 // Connection data (QPN, PSN, GID, MTU, rkeys) travels only over the
 // mutually authenticated control channel (mesh.proto OpenVerbs/OpenRegion).
+// The importer's QPs and staging allow remote access by that path's owner
+// only (staged grants); its pods' exports are registered for local access.
 #pragma once
 
 #include <array>
@@ -59,6 +61,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/synchronization/mutex.h"
 #include "common/unique_fd.h"
 #include "daemon/mesh/links.h"
@@ -80,6 +83,9 @@ struct VerbsOptions {
   int gid_index = -1;              // -1: chosen by address and RoCE version
   std::string sysfs = "/sys/class/infiniband";
   uint32_t max_qps_per_peer = 64;  // exporting side
+  // A staged slice the owner has not answered in this long fails its QP
+  // (its slices go elsewhere; checked by Sweep).
+  absl::Duration answer_timeout = absl::Seconds(30);
 };
 
 // Mailbox record versions: 1 is {grant, value} notifications in 16-byte
@@ -88,7 +94,7 @@ constexpr uint32_t kRecordsNotifyOnly = 1;
 constexpr uint32_t kRecordsStaged = 2;
 
 // Bounce slots (of VerbsOptions::slice_bytes) per (peer, device) on the
-// owner for staged grants.
+// owner for staged grants (fewer where 8 slices are over 32 MiB).
 constexpr uint32_t kStageSlots = 8;
 
 // One QP as the other side needs it.
@@ -205,7 +211,8 @@ class VerbsLinks final : public DataLinks {
   size_t live() const override ABSL_LOCKS_EXCLUDED(mu_);
   LinkStats Stats() const override ABSL_LOCKS_EXCLUDED(mu_, reg_mu_);
   std::vector<std::tuple<std::string, bool, uint64_t>> Connections() const override ABSL_LOCKS_EXCLUDED(mu_);
-  void Sweep() override ABSL_LOCKS_EXCLUDED(reg_mu_);
+  // Also fails QPs with a staged slice unanswered for answer_timeout.
+  void Sweep() override ABSL_LOCKS_EXCLUDED(mu_, reg_mu_);
   // Local registrations held at most (least recently used idle ones go first).
   static constexpr size_t kMaxLocalRegistrations = 128;
 
@@ -239,6 +246,7 @@ class VerbsLinks final : public DataLinks {
     uint32_t slot = 0;
     bool direct = false;  // from / into the local export itself, not the slot
     bool staged = false;  // done when the owner's acknowledgement arrives, not at the send's completion
+    absl::Time since;     // staged: when its record went
   };
   struct Lane {  // one QP
     Path* path = nullptr;
@@ -395,6 +403,9 @@ class VerbsServer {
   void PollLoop(std::shared_ptr<NodeNic> nn);
   void Deregister(Registration& r);
   void StageLoop();
+  // The (peer, device)'s bounce pool, made if it has none (pinned under mu_:
+  // once per peer device).
+  absl::Status EnsurePoolLocked(NodeNic& nn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Stage(StageJob job) ABSL_LOCKS_EXCLUDED(mu_, stage_mu_);
   // The answer to a staged slice: a good read's bytes, then the
   // acknowledgement with `st`'s code; gives the bounce slot back where no
@@ -415,6 +426,7 @@ class VerbsServer {
   const VerbsOptions options_;
   const NotifySink sink_;
   const StageSink stage_sink_;
+  const uint32_t stage_slots_;  // bounce slots per (peer, device): kStageSlots, fewer for slices over 4 MiB
   // What a sink's late `done` finds: this server, or null once it is going.
   struct Alive {
     absl::Mutex mu;
