@@ -37,9 +37,11 @@ case "$mode" in
     # The two cut-cable mesh tests wait out TCP timeouts (26 s each under
     # TSan) and run in the plain and ASan passes only: TSan still races the
     # TCP links' striping and the verbs links' resend after a failed QP
-    # (VerbsFake), not the TCP resend after a cut (the CI time budget).
+    # (VerbsFake), not the TCP resend after a cut (the CI time budget). So
+    # does Relay.A06 (a 1 GiB host copy: 53 s under TSan for a latency
+    # property; the relay's slicing is raced by the other relay tests).
     ctest_args=(-R '(^|/)(BrokerNamespaces|Attacks|HostileClients|Relay|RelayLifetime|ClientLifetime|CApi|Mesh|MeshHostile|MeshStager|MeshIdle|VerbsFake|NcclNetTrace)\.'
-                -E 'Mesh\.ACutCable')
+                -E 'Mesh\.ACutCable|Relay\.A06_')
     mkdir -p "$build"
     bash scripts/lib/tsan_abseil.sh "$PWD/$build/absl"
     export LD_LIBRARY_PATH="$PWD/$build/absl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

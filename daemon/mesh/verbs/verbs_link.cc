@@ -1008,6 +1008,15 @@ void VerbsLinks::Fail(Lane* lane, uint64_t wr_id, const absl::Status& why) {
       Log()->warn("event=verbs_qp_failed node={} path={} qp={} why=\"{}\" left={}", node_, lane->path->name,
                   lane->qp->qp_num, why.message(), stats_.connections_up);
     }
+  }
+  // The QP goes to error before any of its slices goes out again (outside
+  // the lock: a device call): from then on it sends nothing and answers no
+  // RDMA READ, so an owner cannot take a staged write's bytes from the
+  // failed attempt after the new one; the rest of its requests come back
+  // flushed. The QP lives until the link set goes.
+  if (newly_dead) ToError(lane->path->nic->api(), lane->qp);
+  {
+    absl::MutexLock l(&mu_);
     // Staged slices whose record went wait for an acknowledgement that will
     // not come now: they go elsewhere with the failed request's.
     std::vector<uint64_t> ids{wr_id};
@@ -1036,9 +1045,6 @@ void VerbsLinks::Fail(Lane* lane, uint64_t wr_id, const absl::Status& why) {
       queue_.clear();
     }
   }
-  // Outside the lock (a device call): the rest of its requests come back
-  // flushed. The QP lives until the link set goes.
-  if (newly_dead) ToError(lane->path->nic->api(), lane->qp);
   for (auto& [s, st] : finish) Finish(s, st);
   if (newly_dead) {
     // Each failed QP is replaced (the path's others carry on meanwhile).
