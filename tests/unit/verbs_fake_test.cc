@@ -386,6 +386,7 @@ class VerbsFake : public ::testing::Test {
           }
           // Answered later, from another thread, as a relay's onward transfer is.
           if (async_sink_) {
+            ++sinks_started_;
             std::thread([keep = std::move(keep), done = std::move(done), st, delay = sink_delay_us_.load()] {
               usleep(delay);
               done(st);
@@ -500,6 +501,7 @@ class VerbsFake : public ::testing::Test {
   uint64_t staged_copies_ = 0;
   std::atomic<bool> async_sink_{false};      // the sink answers from another thread, after sink_delay_us_
   std::atomic<int> sink_delay_us_{2000};
+  std::atomic<int> sinks_started_{0};
   std::atomic<bool> hold_sink_{false};  // the sink keeps its slices (held_) unanswered
   std::vector<std::pair<std::shared_ptr<const void>, std::function<void(absl::Status)>>> held_;
 };
@@ -1175,9 +1177,10 @@ TEST_F(VerbsFake, ASinkAnsweringLaterKeepsItsBounceSlotsUntilThenEvenWhenTheQpsG
   std::vector<char> back(src.size());
   ASSERT_TRUE(Run(*links, FrameType::kRead, 42, 0, back.data(), back.size()).ok());
   EXPECT_EQ(back, src);
-  // Slices in the sink for 300 ms when the importer's link set goes and a
+  // Slices in the sink for a second when the importer's link set goes and a
   // new one replaces its queue pairs on the owner.
-  sink_delay_us_ = 300000;
+  sink_delay_us_ = 1000000;
+  const int started = sinks_started_;
   absl::Notification failed;
   LinkOp op;
   op.type = FrameType::kWrite;
@@ -1186,14 +1189,16 @@ TEST_F(VerbsFake, ASinkAnsweringLaterKeepsItsBounceSlotsUntilThenEvenWhenTheQpsG
   op.local = src.data();
   op.done = [&](const absl::Status&) { failed.Notify(); };
   ASSERT_TRUE(links->Submit(std::move(op)).ok());
-  for (int i = 0; i < 100 && server_->FreeBounceSlots("node-a") == kStageSlots; ++i) usleep(2000);
-  EXPECT_LT(server_->FreeBounceSlots("node-a"), kStageSlots) << "no slice reached the sink";
+  // Until a slice is in the sink (not merely holding a slot for its READ,
+  // which the owner may give back once the QP is gone).
+  for (int i = 0; i < 1000 && sinks_started_ == started; ++i) usleep(2000);
+  ASSERT_GT(sinks_started_, started) << "no slice reached the sink";
   links.reset();
   EXPECT_TRUE(failed.HasBeenNotified()) << "the op was not failed when its link set went";
   sink_delay_us_ = 2000;
   links = Connect("node-a");  // the owner drops the old QPs; the sink still holds their slots
   EXPECT_LT(server_->FreeBounceSlots("node-a"), kStageSlots) << "slots a sink still writes freed early";
-  for (int i = 0; i < 200 && server_->FreeBounceSlots("node-a") != kStageSlots; ++i) usleep(5000);
+  for (int i = 0; i < 600 && server_->FreeBounceSlots("node-a") != kStageSlots; ++i) usleep(5000);
   EXPECT_EQ(server_->FreeBounceSlots("node-a"), kStageSlots) << "slots lost once the sink answered";
   links->AddStagedRegion(42);
   ASSERT_TRUE(Run(*links, FrameType::kRead, 42, 0, back.data(), back.size()).ok());
@@ -1206,7 +1211,7 @@ TEST_F(VerbsFake, ASinkAnsweringLaterKeepsItsBounceSlotsUntilThenEvenWhenTheQpsG
 // bounded, not a hang. Answers that come after are dropped, their bounce
 // slots given back.
 TEST_F(VerbsFake, AStagedSliceNeverAnsweredFailsItsQpWithinTheAnswerTimeout) {
-  options_.answer_timeout = absl::Milliseconds(300);
+  options_.answer_timeout = absl::Milliseconds(500);
   hold_sink_ = true;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -1233,14 +1238,20 @@ TEST_F(VerbsFake, AStagedSliceNeverAnsweredFailsItsQpWithinTheAnswerTimeout) {
   EXPECT_LT(took, absl::Seconds(5));
   EXPECT_EQ(links->live(), 0u);
   EXPECT_GE(links->Stats().resent_slices, 1u) << "the first QP's slice did not go to the other";
-  std::vector<std::pair<std::shared_ptr<const void>, std::function<void(absl::Status)>>> held;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    held.swap(held_);
+  // The held slices are answered now, too late (nobody to answer): their
+  // slots come back (a record the owner read late reaches the sink later).
+  size_t answered = 0;
+  for (int i = 0; i < 600 && server_->FreeBounceSlots("node-a") != kStageSlots; ++i) {
+    std::vector<std::pair<std::shared_ptr<const void>, std::function<void(absl::Status)>>> held;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      held.swap(held_);
+    }
+    for (auto& [keep, done] : held) done(absl::OkStatus());
+    answered += held.size();
+    usleep(5000);
   }
-  EXPECT_EQ(held.size(), 2u);
-  for (auto& [keep, done] : held) done(absl::OkStatus());  // too late: nobody to answer
-  for (int i = 0; i < 200 && server_->FreeBounceSlots("node-a") != kStageSlots; ++i) usleep(5000);
+  EXPECT_GE(answered, 1u);
   EXPECT_EQ(server_->FreeBounceSlots("node-a"), kStageSlots);
 }
 
