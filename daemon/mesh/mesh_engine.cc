@@ -3069,6 +3069,12 @@ std::string MeshEngine::RenderMetrics() const {
     one("podlink_mesh_verbs_staged_refused_total", "counter",
         "staged slices refused (grant not the peer's, export gone, range outside it, bad record)",
         static_cast<double>(verbs_server_->staged_refused()));
+    one("podlink_mesh_verbs_staged_late_dropped_total", "counter",
+        "copies of staged writes dropped because their transfer had ended (sent again after their queue pair failed)",
+        static_cast<double>(verbs_server_->staged_late_dropped()));
+    one("podlink_mesh_verbs_staged_done_total", "counter",
+        "staged writes sent partly twice whose end the importer had confirmed (DONE records answered)",
+        static_cast<double>(verbs_server_->staged_done()));
   }
   if (gpu_copies_.count() > 0) {
     absl::StrAppend(&out, "# HELP podlink_mesh_gpu_served_copy_seconds copies between a GPU export and a data ",

@@ -370,7 +370,7 @@ class VerbsFake : public ::testing::Test {
         // the node's, the range inside region_.
         [this](const std::string& node, uint64_t g, bool write, uint64_t offset, char* buf, uint64_t len,
                std::shared_ptr<const void> keep, std::function<void(absl::Status)> done) {
-          absl::Status st = [&] {
+          auto copy = [this, node, g, write, offset, buf, len] {
             std::lock_guard<std::mutex> l(mu_);
             auto it = staged_.find(g);
             if (it == staged_.end() || it->second != node) return absl::NotFoundError("no such grant of that node");
@@ -378,7 +378,15 @@ class VerbsFake : public ::testing::Test {
             write ? std::memcpy(region_.data() + offset, buf, len) : std::memcpy(buf, region_.data() + offset, len);
             ++staged_copies_;
             return absl::OkStatus();
-          }();
+          };
+          if (write && defer_next_write_.exchange(false)) {
+            // Copied and answered when the test says (deferred_), as a
+            // relay's onward send may land long after it took the bytes.
+            std::lock_guard<std::mutex> l(mu_);
+            deferred_ = [copy, keep = std::move(keep), done = std::move(done)] { done(copy()); };
+            return;
+          }
+          absl::Status st = copy();
           if (hold_sink_) {  // never answered until the test lets go
             std::lock_guard<std::mutex> l(mu_);
             held_.emplace_back(std::move(keep), std::move(done));
@@ -504,6 +512,8 @@ class VerbsFake : public ::testing::Test {
   std::atomic<int> sinks_started_{0};
   std::atomic<bool> hold_sink_{false};  // the sink keeps its slices (held_) unanswered
   std::vector<std::pair<std::shared_ptr<const void>, std::function<void(absl::Status)>>> held_;
+  std::atomic<bool> defer_next_write_{false};  // the next staged write's copy waits for the test (deferred_)
+  std::function<void()> deferred_;
 };
 
 std::vector<char> Pattern(size_t n, int seed) {
@@ -1255,6 +1265,70 @@ TEST_F(VerbsFake, AStagedSliceNeverAnsweredFailsItsQpWithinTheAnswerTimeout) {
   EXPECT_EQ(server_->FreeBounceSlots("node-a"), kStageSlots);
 }
 
+// A staged write whose slice went out again after its QP failed, while the
+// owner still held the first attempt's bytes (a relay sending them on, or
+// its staging queue): the write ends only once that old copy landed (the
+// importer's DONE record, answered after the transfer's copies in the
+// sink), so the pod's next write to the same bytes cannot be overwritten
+// by it. (Before: the first write completed at the resend's answer, the
+// second landed, then the old copy over it.)
+TEST_F(VerbsFake, AStagedWriteSentPartlyTwiceEndsOnlyOnceNoOldCopyCanLand) {
+  options_.answer_timeout = absl::Milliseconds(600);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    staged_[42] = "node-a";
+  }
+  auto links = Connect("node-a");
+  ASSERT_TRUE(server_->PrepareStaging("node-a").ok());
+  links->AddStagedRegion(42);
+  std::atomic<bool> stop{false};
+  std::thread sweeper([&] {  // the engine's housekeeping: fails the QP whose slice goes unanswered
+    while (!stop) {
+      links->Sweep();
+      usleep(50000);
+    }
+  });
+  const std::vector<char> first = Pattern(64 << 10, 71), second = Pattern(64 << 10, 72);
+  defer_next_write_ = true;
+  std::atomic<bool> second_done{false};
+  // The first attempt's copy lands 100 ms after the resent one did, or
+  // once the second write is done if that comes first.
+  std::thread releaser([&] {
+    bool resent_landed = false;
+    for (int i = 0; i < 1000 && !resent_landed && !second_done; ++i) {
+      usleep(5000);
+      std::lock_guard<std::mutex> l(mu_);
+      resent_landed = std::memcmp(region_.data(), first.data(), first.size()) == 0;
+    }
+    for (int i = 0; i < 20 && !second_done; ++i) usleep(5000);
+    std::function<void()> late;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      late.swap(deferred_);
+    }
+    if (late) late();
+  });
+  absl::Status a = Run(*links, FrameType::kWrite, 42, 0, const_cast<char*>(first.data()), first.size());
+  absl::Status b = Run(*links, FrameType::kWrite, 42, 0, const_cast<char*>(second.data()), second.size());
+  second_done = true;
+  releaser.join();
+  stop = true;
+  sweeper.join();
+  ASSERT_TRUE(a.ok()) << a;
+  ASSERT_TRUE(b.ok()) << b;
+  EXPECT_EQ(0, std::memcmp(region_.data(), second.data(), second.size()))
+      << "the first write's old copy landed over the second";
+  EXPECT_GE(links->Stats().resent_slices, 1u) << "the first attempt was not sent again";
+  EXPECT_EQ(server_->staged_done(), 1u) << "one DONE record, for the write sent partly twice";
+  EXPECT_EQ(links->live(), 1u);
+  EXPECT_EQ(links->Stats().connection_failures, 1u);
+  // Writes sent once need no DONE.
+  ASSERT_TRUE(Run(*links, FrameType::kWrite, 42, 0, const_cast<char*>(first.data()), first.size()).ok());
+  EXPECT_EQ(server_->staged_done(), 1u);
+  for (int i = 0; i < 200 && server_->FreeBounceSlots("node-a") != kStageSlots; ++i) usleep(5000);
+  EXPECT_EQ(server_->FreeBounceSlots("node-a"), kStageSlots);
+}
+
 // A peer's device reached after its grant was staged (a repaired path on
 // another NIC) has no bounce pool yet: the first record makes it.
 TEST_F(VerbsFake, APeerDeviceWithoutAPoolGetsOneAtItsFirstStagedRecord) {
@@ -1290,7 +1364,7 @@ TEST_F(VerbsFake, AnOwnerThatDoesNotStageSaysSoAndStillTakesNotifications) {
   auto links = std::make_unique<VerbsLinks>("node-a", options_);
   auto sides = AddPath(*links, "node-a", "old-owner");
   ASSERT_TRUE(sides.ok()) << sides.status();
-  EXPECT_EQ(sides->ours.records, kRecordsStaged);
+  EXPECT_EQ(sides->ours.records, kRecordsStagedDone);
   EXPECT_EQ(sides->owner.records, kRecordsNotifyOnly);
   EXPECT_EQ(server_->PrepareStaging("node-a").code(), absl::StatusCode::kFailedPrecondition);
   links->AddRegion(7, Register("node-a", 7));

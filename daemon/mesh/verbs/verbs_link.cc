@@ -29,8 +29,9 @@ constexpr uint32_t kNotifyDepth = 16;
 constexpr uint32_t kMailboxSlots = 2 * kNotifyDepth;
 constexpr uint32_t kNotifyBytes = 16;  // {grant, value}, little endian
 
-// A mailbox record of version 2 (kRecordsStaged), in slots of kRecordBytes;
-// version 1 is its first kNotifyBytes, a notification. Little endian.
+// A mailbox record of version 2 or 3 (kRecordsStaged, kRecordsStagedDone),
+// in slots of kRecordBytes; version 1 is its first kNotifyBytes, a
+// notification. Version 2 is its first 48 bytes. Little endian.
 struct Record {
   uint64_t grant = 0;
   uint64_t value = 0;  // a notification's value; a staged slice's offset in the export
@@ -40,12 +41,15 @@ struct Record {
   uint32_t rkey = 0;   // its key
   uint32_t tag = 0;    // the importer's slot number, echoed in the acknowledgement
   uint64_t ack_addr = 0;  // the importer's ack word for it (same key)
+  uint64_t transfer = 0;  // version 3: the importer's op the slice is of (a DONE record's: the op it ends)
 };
-static_assert(sizeof(Record) == 48);
+static_assert(sizeof(Record) == 56);
+constexpr uint32_t kRecordV2Bytes = 48;
 constexpr uint32_t kRecordBytes = 64;
 constexpr uint32_t kRecordNotify = 0;
 constexpr uint32_t kRecordStagedWrite = 1;
 constexpr uint32_t kRecordStagedRead = 2;
+constexpr uint32_t kRecordStagedDone = 3;  // version 3: every slice of `transfer` landed; answered once no copy of one can land later
 constexpr uint32_t kAckBytes = 8;
 // The acknowledgement's immediate: the importer's slot, then an
 // absl::StatusCode in the low byte.
@@ -264,6 +268,12 @@ struct VerbsLinks::OpState {
     return 0;
   }
   uint64_t slices = 0;  // how many it was cut into
+  uint64_t transfer = 0;  // this link set's number for it
+  bool staged = false;    // its grant is staged by the owner
+  // A staged write some slice of which went out again after its QP failed:
+  // a DONE record ends it (an earlier copy may still be in the owner's hands).
+  std::atomic<bool> resent{false};
+  bool done_sent = false;  // only the thread finishing its last slice reads and sets it
   std::atomic<uint64_t> remaining{0};
   absl::Mutex mu;
   absl::Status first_error ABSL_GUARDED_BY(mu);
@@ -380,7 +390,7 @@ absl::StatusOr<std::pair<size_t, SideWire>> VerbsLinks::PreparePath(std::shared_
   out.mtu = nic->active_mtu();
   const size_t bytes = static_cast<size_t>(slots) * (options_.slice_bytes + kRecordBytes + kAckBytes) +
                        kNotifyDepth * kRecordBytes;
-  out.records = kRecordsStaged;
+  out.records = kRecordsStagedDone;
   for (uint32_t i = 0; i < lanes; ++i) {
     auto lane = std::make_unique<Lane>();
     lane->path = path.get();
@@ -667,6 +677,7 @@ absl::Status VerbsLinks::Submit(LinkOp op) {
   if (n == 0) return absl::InvalidArgumentError("length must be > 0");
   st->remaining.store(n, std::memory_order_relaxed);
   st->slices = n;
+  st->staged = staged;
   if (!staged) st->regs = LocalRegs(op);  // a staged grant's slices always go through the staging slots
   st->op = std::move(op);
   {
@@ -678,6 +689,7 @@ absl::Status VerbsLinks::Submit(LinkOp op) {
         !staged_regions_.contains(st->op.grant)) {
       return absl::FailedPreconditionError("the remote region has no verbs registration");
     }
+    st->transfer = next_transfer_++;
     for (uint64_t i = 0; i < n; ++i) {
       Slice s;
       s.op = st;
@@ -727,7 +739,7 @@ void VerbsLinks::Pump() {
         if (s.op->op.prefer != nullptr && up.empty()) {
           for (Lane* l : lanes) up.insert(l->path->name);
         }
-        if (!MayUse(s.op->op.prefer.get(), s.op->slices == 1, lane->path->name, up)) {
+        if (!s.done_record && !MayUse(s.op->op.prefer.get(), s.op->slices == 1, lane->path->name, up)) {
           restricted = true;
           continue;
         }
@@ -756,7 +768,13 @@ void VerbsLinks::Pump() {
       r.post.wr_id = next_wr_++;
       r.records = best->path->records;
       const uint64_t stride = r.records >= kRecordsStaged ? kRecordBytes : kNotifyBytes;
-      r.staged = !notify && staged_regions_.contains(s.op->op.grant);
+      r.staged = s.done_record || (!notify && staged_regions_.contains(s.op->op.grant));
+      if (s.done_record && r.records < kRecordsStagedDone) {
+        // An owner of an older version has no late-copy guard to ask.
+        failed.emplace_back(std::move(s), absl::OkStatus());
+        it = queue_.erase(it);
+        continue;
+      }
       if (r.staged && r.records < kRecordsStaged) {
         failed.emplace_back(std::move(s), absl::FailedPreconditionError(absl::StrCat(
                                               "node ", node_, " stages this region but its queue pairs on device ",
@@ -828,12 +846,16 @@ void VerbsLinks::Pump() {
     if (r.staged) {
       // The slot's bytes (a write) and a record telling the owner where they
       // are; the owner answers into the slot's ack word.
-      if (op.type == FrameType::kWrite) std::memcpy(slot, op.local + r.post.slice.offset, r.post.slice.length);
+      const bool done_record = r.post.slice.done_record;
+      if (op.type == FrameType::kWrite && !done_record) {
+        std::memcpy(slot, op.local + r.post.slice.offset, r.post.slice.length);
+      }
       Record rec;
       rec.grant = op.grant;
       rec.value = op.offset + r.post.slice.offset;
-      rec.kind = op.type == FrameType::kWrite ? kRecordStagedWrite : kRecordStagedRead;
+      rec.kind = done_record ? kRecordStagedDone : op.type == FrameType::kWrite ? kRecordStagedWrite : kRecordStagedRead;
       rec.length = static_cast<uint32_t>(r.post.slice.length);
+      rec.transfer = r.post.slice.op->transfer;
       rec.addr = reinterpret_cast<uintptr_t>(slot);
       rec.rkey = lane.mr->rkey;
       rec.tag = r.post.slot;
@@ -841,7 +863,7 @@ void VerbsLinks::Pump() {
       char* record = RecordSlot(lane, r.post.slot);
       std::memcpy(record, &rec, sizeof rec);
       sge.addr = reinterpret_cast<uintptr_t>(record);
-      sge.length = sizeof rec;
+      sge.length = r.records >= kRecordsStagedDone ? sizeof rec : kRecordV2Bytes;
       wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
       wr.imm_data = htonl(r.mailbox_slot);
       ibv_send_wr* bad = nullptr;
@@ -972,10 +994,16 @@ void VerbsLinks::Acknowledged(Lane* lane, uint32_t imm) {
     const auto sc = code <= static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)
                         ? static_cast<absl::StatusCode>(code)
                         : absl::StatusCode::kUnknown;
-    st = absl::Status(sc, absl::StrCat("node ", node_, " refused a staged ",
-                                       op.type == FrameType::kWrite ? "write" : "read", " of ", pend.slice.length,
-                                       " bytes at offset ", op.offset + pend.slice.offset,
-                                       " of its region (its podlinkd's log says why)"));
+    st = pend.slice.done_record
+             ? absl::Status(sc, absl::StrCat("node ", node_, " could not end a staged write of ", op.length,
+                                             " bytes some slices of which were sent twice (its podlinkd's log says "
+                                             "why)"))
+             : absl::Status(sc, absl::StrCat("node ", node_, " refused a staged ",
+                                             op.type == FrameType::kWrite ? "write" : "read", " of ",
+                                             pend.slice.length, " bytes at offset ", op.offset + pend.slice.offset,
+                                             " of its region (its podlinkd's log says why)"));
+  } else if (pend.slice.done_record) {
+    // nothing to copy
   } else if (op.type == FrameType::kRead) {
     std::memcpy(op.local + pend.slice.offset, lane->staging + uint64_t{pend.slot} * options_.slice_bytes,
                 pend.slice.length);
@@ -983,8 +1011,10 @@ void VerbsLinks::Acknowledged(Lane* lane, uint32_t imm) {
   {
     absl::MutexLock l(&mu_);
     lane->free_slots.push_back(pend.slot);
-    ++stats_.slices;
-    if (st.ok() && op.type == FrameType::kWrite) {
+    if (!pend.slice.done_record) ++stats_.slices;
+    if (pend.slice.done_record) {
+      // not data
+    } else if (st.ok() && op.type == FrameType::kWrite) {
       stats_.bytes_sent += pend.slice.length;
       lane->bytes_sent += pend.slice.length;
     } else if (st.ok()) {
@@ -1034,7 +1064,10 @@ void VerbsLinks::Fail(Lane* lane, uint64_t wr_id, const absl::Status& why) {
         // It may have arrived: never sent twice.
         finish.emplace_back(std::move(s), why);
       } else if (++s.attempts < kMaxAttempts && stats_.connections_up > 0) {
-        ++stats_.resent_slices;
+        if (!s.done_record) ++stats_.resent_slices;
+        // A staged write's first attempt may still be copied by the owner
+        // (it read the bytes before the QP failed): the op ends with DONE.
+        if (s.op->staged && s.op->op.type == FrameType::kWrite) s.op->resent.store(true, std::memory_order_release);
         queue_.push_front(std::move(s));
       } else {
         finish.emplace_back(std::move(s), why);
@@ -1069,6 +1102,28 @@ void VerbsLinks::Finish(const Slice& s, const absl::Status& st) {
   {
     absl::MutexLock l(&op.mu);
     result = op.first_error;
+  }
+  if (result.ok() && op.resent.load(std::memory_order_acquire) && !op.done_sent) {
+    // Every slice landed, but a copy of one may still be in the owner's
+    // hands from the attempt that failed: the owner answers this DONE
+    // record once no such copy can land any more (it drops later ones), so
+    // the pod's next write to these bytes cannot be overwritten by it.
+    op.done_sent = true;
+    op.remaining.store(1, std::memory_order_release);
+    Slice d;
+    d.op = s.op;
+    d.done_record = true;
+    bool queued = false;
+    {
+      absl::MutexLock l(&mu_);
+      if (!stop_.load(std::memory_order_acquire) && stats_.connections_up > 0) {
+        queue_.push_front(std::move(d));
+        queued = true;
+      }
+    }
+    if (queued) return Pump();
+    result = absl::UnavailableError(absl::StrCat("no verbs queue pair to node ", node_,
+                                                 " is up to end a staged write sent partly twice"));
   }
   if (op.op.done) op.op.done(result);
 }
@@ -1285,7 +1340,9 @@ absl::StatusOr<SideWire> VerbsServer::Accept(const std::string& node, uint64_t l
   };
   // Staged records where the importer speaks them (and this server can
   // serve them); notifications only otherwise.
-  out.records = importer.records >= kRecordsStaged && stage_sink_ != nullptr ? kRecordsStaged : kRecordsNotifyOnly;
+  out.records = importer.records >= kRecordsStaged && stage_sink_ != nullptr
+                    ? std::min(importer.records, kRecordsStagedDone)
+                    : kRecordsNotifyOnly;
   const uint32_t record_bytes = out.records >= kRecordsStaged ? kRecordBytes : kNotifyBytes;
   static_assert(kMailboxSlots * kRecordBytes <= 4096);
   for (const QpWire& theirs : importer.qps) {
@@ -1468,7 +1525,8 @@ void VerbsServer::PollLoop(std::shared_ptr<NodeNic> nn) {
       for (int i = 0; i < n; ++i) {
         const ibv_wc& wc = wcs[i];
         Record rec;
-        bool deliver = false, stage = false;
+        bool deliver = false, stage = false, guarded = false;
+        uint64_t link_instance = 0;
         {
           absl::MutexLock l(&mu_);
           auto it = nn->qps.find(wc.qp_num);
@@ -1485,11 +1543,15 @@ void VerbsServer::PollLoop(std::shared_ptr<NodeNic> nn) {
             if (wc.opcode != IBV_WC_RECV_RDMA_WITH_IMM) continue;
             uint32_t slot = ntohl(wc.imm_data);
             if (slot < kMailboxSlots) {
-              const uint32_t bytes = q.records >= kRecordsStaged ? sizeof(Record) : kNotifyBytes;
+              const uint32_t bytes = q.records >= kRecordsStagedDone ? sizeof(Record)
+                                     : q.records >= kRecordsStaged    ? kRecordV2Bytes
+                                                                      : kNotifyBytes;
               std::memcpy(&rec, q.mailbox + uint64_t{slot} * (q.records >= kRecordsStaged ? kRecordBytes : kNotifyBytes),
                           bytes);
               deliver = rec.kind == kRecordNotify;
               stage = !deliver;
+              link_instance = q.link_instance;
+              guarded = q.records >= kRecordsStagedDone;
             }
             // The slot is read: its receive goes back (file comment: a slot
             // is rewritten only after this) — for a staged record once it is
@@ -1515,6 +1577,9 @@ void VerbsServer::PollLoop(std::shared_ptr<NodeNic> nn) {
           job.tag = rec.tag;
           job.ack_addr = rec.ack_addr;
           job.recv_id = wc.wr_id;
+          job.link_instance = link_instance;
+          job.transfer = rec.transfer;
+          job.guarded = guarded;
           Queue(std::move(job));
         }
       }
@@ -1655,11 +1720,69 @@ void VerbsServer::SendDone(const std::shared_ptr<NodeNic>& nn, uint64_t wr_id, u
   if (next) Queue(std::move(*next));
 }
 
+VerbsServer::TransferKey VerbsServer::KeyOf(const StageJob& job) {
+  return {job.nn->node, job.link_instance, job.transfer};
+}
+
+bool VerbsServer::EndedLocked(const TransferKey& key) const {
+  auto it = ended_.find(std::get<0>(key));
+  return it != ended_.end() && it->second.contains({std::get<1>(key), std::get<2>(key)});
+}
+
+void VerbsServer::EndLocked(const TransferKey& key) {
+  // A late copy is one whose QP failed after the owner took its bytes: it
+  // reaches the sink within about the importer's answer_timeout, so twice
+  // that (a minute at least) of memory suffices, bounded per node and in all.
+  constexpr size_t kPerNode = 65536, kNodes = 1024;
+  const absl::Time now = absl::Now();
+  const absl::Time old = now - std::max(absl::Minutes(1), 2 * options_.answer_timeout);
+  if (now - last_prune_ >= absl::Seconds(1)) {  // expiry walks everything: at most once a second
+    last_prune_ = now;
+    for (auto it = ended_.begin(); it != ended_.end();) {
+      auto& m = it->second;
+      for (auto e = m.begin(); e != m.end();) e = e->second < old ? m.erase(e) : std::next(e);
+      it = m.empty() ? ended_.erase(it) : std::next(it);
+    }
+  }
+  const std::string& node = std::get<0>(key);
+  if (!ended_.contains(node) && ended_.size() >= kNodes) ended_.erase(ended_.begin());
+  auto& m = ended_[node];
+  m[{std::get<1>(key), std::get<2>(key)}] = now;
+  if (m.size() > kPerNode) m.erase(m.begin());
+}
+
 void VerbsServer::Stage(StageJob job) {
   const VerbsApi* api = nics_->api();
   NodeNic& nn = *job.nn;
   absl::Status st;
   const bool write = job.kind == kRecordStagedWrite;
+  if (job.kind == kRecordStagedDone && job.guarded) {
+    // Every slice of the transfer was answered, some of one attempt that
+    // failed: its copies already in the sink land before this is answered
+    // (this thread copied those queued before it), later ones are dropped.
+    {
+      absl::MutexLock x(&xfer_mu_);
+      const TransferKey key = KeyOf(job);
+      EndLocked(key);
+      // Held until they finish; bounded, as each holds its QP's receive.
+      if (writing_.contains(key)) return done_waiting_[key].push_back(std::move(job));
+    }
+    return Answer(job, absl::OkStatus());
+  }
+  if (write && job.guarded) {
+    bool ended = false;
+    {
+      absl::MutexLock x(&xfer_mu_);
+      ended = EndedLocked(KeyOf(job));
+    }
+    if (ended) {
+      // A copy from an attempt that failed over, of a transfer that ended:
+      // the bytes the pod wrote since must not be overwritten by it.
+      staged_late_dropped_.fetch_add(1, std::memory_order_relaxed);
+      job.dropped = true;
+      return Answer(job, absl::OkStatus());
+    }
+  }
   if (job.kind != kRecordStagedWrite && job.kind != kRecordStagedRead) {
     st = absl::InvalidArgumentError(absl::StrCat("unknown mailbox record kind ", job.kind));
   } else if (job.length == 0 || job.length > options_.slice_bytes) {
@@ -1735,6 +1858,13 @@ void VerbsServer::Stage(StageJob job) {
     job.in_sink = true;
     keep = nn.bounce_memory;
   }
+  if (write && job.guarded) {
+    // In the sink until answered: a DONE of its transfer waits for it (this
+    // thread also serves DONE records, so none came since the check above).
+    absl::MutexLock x(&xfer_mu_);
+    ++writing_[KeyOf(job)];
+    job.counted = true;
+  }
   stage_sink_(nn.node, job.grant, write, job.offset, buf, job.length, std::move(keep),
               [alive = alive_, job](absl::Status result) {
                 absl::MutexLock l(&alive->mu);
@@ -1746,7 +1876,30 @@ void VerbsServer::Answer(const StageJob& job, const absl::Status& st) {
   const VerbsApi* api = nics_->api();
   NodeNic& nn = *job.nn;
   const bool write = job.kind == kRecordStagedWrite;
-  if (st.ok()) {
+  if (job.counted) {
+    // The transfer's last write in the sink answered: DONE records held for
+    // it are answered now (before this slice's own acknowledgement: its
+    // bytes are where they go already).
+    std::vector<StageJob> released;
+    {
+      absl::MutexLock x(&xfer_mu_);
+      const TransferKey key = KeyOf(job);
+      auto it = writing_.find(key);
+      if (it != writing_.end() && --it->second == 0) {
+        writing_.erase(it);
+        if (auto w = done_waiting_.find(key); w != done_waiting_.end()) {
+          released = std::move(w->second);
+          done_waiting_.erase(w);
+        }
+      }
+    }
+    for (const StageJob& d : released) Answer(d, absl::OkStatus());
+  }
+  if (job.kind == kRecordStagedDone && job.guarded) {
+    if (st.ok()) staged_done_.fetch_add(1, std::memory_order_relaxed);
+  } else if (job.dropped) {
+    // counted as dropped
+  } else if (st.ok()) {
     staged_slices_.fetch_add(1, std::memory_order_relaxed);
   } else {
     staged_refused_.fetch_add(1, std::memory_order_relaxed);

@@ -89,9 +89,12 @@ struct VerbsOptions {
 };
 
 // Mailbox record versions: 1 is {grant, value} notifications in 16-byte
-// slots; 2 adds staged writes and reads (kRecordBytes slots).
+// slots; 2 adds staged writes and reads (kRecordBytes slots); 3 numbers
+// each staged slice's transfer and adds the DONE record that ends a staged
+// write some slice of which was sent twice (VerbsServer: the late-copy guard).
 constexpr uint32_t kRecordsNotifyOnly = 1;
 constexpr uint32_t kRecordsStaged = 2;
+constexpr uint32_t kRecordsStagedDone = 3;
 
 // Bounce slots (of VerbsOptions::slice_bytes) per (peer, device) on the
 // owner for staged grants (fewer where 8 slices are over 32 MiB).
@@ -240,6 +243,7 @@ class VerbsLinks final : public DataLinks {
     uint64_t offset = 0;  // within the op
     uint64_t length = 0;
     uint32_t attempts = 0;
+    bool done_record = false;  // not a slice: the DONE record of a staged write sent partly twice
   };
   struct Pending {
     Slice slice;
@@ -305,6 +309,7 @@ class VerbsLinks final : public DataLinks {
   std::map<uint64_t, std::vector<RegionKey>> regions_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, uint64_t> staged_regions_ ABSL_GUARDED_BY(mu_);  // grant -> slice bytes
   uint64_t next_wr_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_transfer_ ABSL_GUARDED_BY(mu_) = 1;  // numbers the ops (staged records carry it)
   size_t next_lane_ ABSL_GUARDED_BY(mu_) = 0;
   LinkStats stats_ ABSL_GUARDED_BY(mu_);
   std::function<void(const std::string&)> on_path_down_ ABSL_GUARDED_BY(mu_);
@@ -359,6 +364,11 @@ class VerbsServer {
   // Staged slices served (acknowledged good) and refused.
   uint64_t staged_slices() const { return staged_slices_.load(std::memory_order_relaxed); }
   uint64_t staged_refused() const { return staged_refused_.load(std::memory_order_relaxed); }
+  // Copies of staged writes dropped because their transfer had ended (an
+  // attempt that failed over to another QP, reaching this side late).
+  uint64_t staged_late_dropped() const { return staged_late_dropped_.load(std::memory_order_relaxed); }
+  // DONE records answered (transfers whose staged writes were guarded).
+  uint64_t staged_done() const { return staged_done_.load(std::memory_order_relaxed); }
   // Bounce slots free for `node` (all its devices); for tests.
   size_t FreeBounceSlots(const std::string& node) const ABSL_LOCKS_EXCLUDED(mu_);
   // The bounce slots' size: staged slices longer than this are refused.
@@ -384,6 +394,12 @@ class VerbsServer {
     std::shared_ptr<NodeNic> nn;
     uint32_t qpn = 0;
     uint32_t kind = 0;    // the record's
+    // The importer's link set and transfer (records v3; guarded = false
+    // before): a write of a transfer that ended is a late copy.
+    uint64_t link_instance = 0, transfer = 0;
+    bool guarded = false;
+    bool counted = false;  // a write in the sink, counted in writing_ until answered
+    bool dropped = false;  // a late copy, answered without being copied
     bool landed = false;  // a write whose bytes are in the bounce slot
     uint64_t grant = 0, offset = 0, addr = 0, ack_addr = 0;
     uint32_t length = 0, rkey = 0, tag = 0;
@@ -421,6 +437,14 @@ class VerbsServer {
   // Posts a receive of QP `qpn` again (a staged record was answered: flow
   // control, so a peer has at most kRecvDepth records per QP in hand here).
   void RepostLocked(NodeNic& nn, uint32_t qpn, uint64_t recv_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The late-copy guard (as the TCP server's BeginWrite / DONE): a DONE
+  // record ends its transfer; a write of an ended transfer is dropped, and
+  // DONE is answered once the transfer's writes already in the sink finish.
+  using TransferKey = std::tuple<std::string, uint64_t, uint64_t>;  // node, link instance, transfer
+  static TransferKey KeyOf(const StageJob& job);
+  bool EndedLocked(const TransferKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(xfer_mu_);
+  // Marks `key` ended (bounded: a minute of memory, 65536 per peer node).
+  void EndLocked(const TransferKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(xfer_mu_);
 
   Nics* const nics_;
   const VerbsOptions options_;
@@ -437,6 +461,14 @@ class VerbsServer {
   std::atomic<uint64_t> notifies_{0};
   std::atomic<uint64_t> staged_slices_{0};
   std::atomic<uint64_t> staged_refused_{0};
+  std::atomic<uint64_t> staged_late_dropped_{0};
+  std::atomic<uint64_t> staged_done_{0};
+  // The late-copy guard's state (taken alone: never with mu_ or stage_mu_ held).
+  absl::Mutex xfer_mu_;
+  std::map<std::string, std::map<std::pair<uint64_t, uint64_t>, absl::Time>> ended_ ABSL_GUARDED_BY(xfer_mu_);
+  std::map<TransferKey, uint32_t> writing_ ABSL_GUARDED_BY(xfer_mu_);
+  std::map<TransferKey, std::vector<StageJob>> done_waiting_ ABSL_GUARDED_BY(xfer_mu_);
+  absl::Time last_prune_ ABSL_GUARDED_BY(xfer_mu_);
   // The staging thread (started with the first pool) and its jobs.
   absl::Mutex stage_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::deque<StageJob> jobs_ ABSL_GUARDED_BY(stage_mu_);
