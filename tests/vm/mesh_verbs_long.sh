@@ -10,7 +10,11 @@
 # down: the QPs on it fail, their slices go over the first cable, and no byte
 # may be lost. The cable comes back PODLINK_VM_CUT_BACK seconds later (default
 # 3) and node-a's daemon makes new QPs on it (the owner drops the failed
-# ones).
+# ones). node-b runs with mesh.verbs_staged_only (PODLINK_VM_B_STAGED=0: it
+# registers its region instead): the cut write's slices go through node-b's
+# bounce pool, those outstanding on the failed QPs are sent again, and the
+# write ends with a DONE record node-b answers once no old copy can land
+# (podlink_mesh_verbs_staged_done_total).
 #
 #   tests/vm/mesh_verbs_long.sh [build dir] [output dir]
 #
@@ -26,6 +30,9 @@ bytes=${PODLINK_VM_BYTES:-16777216}
 limit=${PODLINK_VM_TIMEOUT:-900}
 cut_after=${PODLINK_VM_CUT_AFTER:-0.5}
 cut_back=${PODLINK_VM_CUT_BACK:-3}
+b_staged=${PODLINK_VM_B_STAGED:-1}
+b_extra=
+[ "$b_staged" = 1 ] && b_extra="PODLINK_VM_MESH_EXTRA=', \"verbs_staged_only\": true'"
 source "$here/lib.sh"
 source "$here/../common/mesh_certs.sh"
 
@@ -48,7 +55,7 @@ vm_log "booting node-a, node-b, node-c, node-d (kernel $VM_KVER, soft-RoCE); $by
 # learns node-c's addresses (its Hello), through which it routes to the other.
 vm_start node_a 1 "$env PODLINK_VM_CUT='node-b eth1 $cut_after $cut_back' PODLINK_VM_NAME=node-a sh $here/node.sh $build pair $bytes node-b node-c node-d"
 sleep 1
-vm_start node_b 2 "$env PODLINK_VM_NAME=node-b sh $here/node.sh $build pair $bytes node-a node-c"
+vm_start node_b 2 "$env $b_extra PODLINK_VM_NAME=node-b sh $here/node.sh $build pair $bytes node-a node-c"
 sleep 1
 vm_start node_c 3 "$env PODLINK_VM_NAME=node-c sh $here/node.sh $build pair $bytes node-a node-b node-d"
 sleep 1
@@ -95,6 +102,18 @@ dropped=$(grep -h 'event=verbs_qps_dropped peer=node-a' "$out/node-b.podlinkd.lo
   awk '{s += $1} END {print s + 0}')
 echo "node-b: dropped $dropped of node-a's queue pairs"
 [ "$dropped" = "$failed" ] || { echo "node-b dropped $dropped queue pairs, node-a saw $failed fail"; rc=1; }
+if [ "$b_staged" = 1 ]; then
+  # The cut write was staged by node-b, and sent partly twice: it ended with
+  # a DONE record node-b answered (and any old copy was dropped, counted).
+  metric() { awk -v m="$1" '$1 == m { print $2 + 0 }' "$out/node-b.metrics" 2>/dev/null; }
+  echo "node-b (verbs_staged_only): $(metric podlink_mesh_verbs_staged_slices_total) slices staged," \
+    "$(metric podlink_mesh_verbs_staged_done_total) DONE records answered," \
+    "$(metric podlink_mesh_verbs_staged_late_dropped_total) late copies dropped," \
+    "$(metric podlink_mesh_verbs_staged_refused_total) refused"
+  [ "$(metric podlink_mesh_verbs_staged_done_total)" -ge 1 ] 2>/dev/null ||
+    { echo "node-b answered no DONE record: the cut write was not sent partly twice, or not guarded"; rc=1; }
+  [ "$(metric podlink_mesh_verbs_staged_refused_total)" = 0 ] || rc=1
+fi
 if grep -q 'event=mesh_connection_repaired' "$out/node-a.podlinkd.log"; then
   echo "node-a: $(grep -h 'event=mesh_connection_repaired' "$out/node-a.podlinkd.log" | head -1 | sed 's/.*event=/event=/')"
 else
@@ -104,7 +123,7 @@ grep -h 'podlink_mesh' "$out/node-a.metrics" 2>/dev/null | grep -E 'resent|failu
 {
   echo "machine: $(nproc) cores, host kernel $(uname -r), guests: Debian $VM_KVER under QEMU TCG, 1 vCPU, ${VM_MEM_MB} MiB each"
   echo "date: $(date -u +%Y-%m-%dT%H:%MZ); commit: $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  echo "command: tests/vm/mesh_verbs_long.sh; $bytes bytes per transfer; node-a's eth1 to node-b cut ${cut_after} s into its write, back ${cut_back} s later; node-a and node-d through node-c"
+  echo "command: tests/vm/mesh_verbs_long.sh; $bytes bytes per transfer; node-a's eth1 to node-b cut ${cut_after} s into its write, back ${cut_back} s later; node-a and node-d through node-c; node-b verbs_staged_only=$b_staged"
 } > "$out/machine.txt"
 rm -rf "$out/certs" "$out"/*.pid "$out"/*.desc-* "$out"/*.idx
 [ "$rc" = 0 ] && echo "triangle + cut cable + a node through a relay over verbs (soft-RoCE, four guests): PASS" ||
