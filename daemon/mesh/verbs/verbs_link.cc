@@ -269,7 +269,6 @@ struct VerbsLinks::OpState {
   }
   uint64_t slices = 0;  // how many it was cut into
   uint64_t transfer = 0;  // this link set's number for it
-  bool staged = false;    // its grant is staged by the owner
   // A staged write some slice of which went out again after its QP failed:
   // a DONE record ends it (an earlier copy may still be in the owner's hands).
   std::atomic<bool> resent{false};
@@ -677,7 +676,6 @@ absl::Status VerbsLinks::Submit(LinkOp op) {
   if (n == 0) return absl::InvalidArgumentError("length must be > 0");
   st->remaining.store(n, std::memory_order_relaxed);
   st->slices = n;
-  st->staged = staged;
   if (!staged) st->regs = LocalRegs(op);  // a staged grant's slices always go through the staging slots
   st->op = std::move(op);
   {
@@ -1059,15 +1057,19 @@ void VerbsLinks::Fail(Lane* lane, uint64_t wr_id, const absl::Status& why) {
       auto it = lane->pending.find(id);
       if (it == lane->pending.end()) continue;
       Slice s = std::move(it->second.slice);
+      const bool staged = it->second.staged;
       lane->pending.erase(it);
+      // A staged write's slice whose record went may still be copied by the
+      // owner (it read the bytes before the QP failed): the op ends with
+      // DONE, whether this slice goes out again or fails.
+      if (staged && !s.done_record && s.op->op.type == FrameType::kWrite) {
+        s.op->resent.store(true, std::memory_order_release);
+      }
       if (s.op->op.type == FrameType::kNotify) {
         // It may have arrived: never sent twice.
         finish.emplace_back(std::move(s), why);
       } else if (++s.attempts < kMaxAttempts && stats_.connections_up > 0) {
         if (!s.done_record) ++stats_.resent_slices;
-        // A staged write's first attempt may still be copied by the owner
-        // (it read the bytes before the QP failed): the op ends with DONE.
-        if (s.op->staged && s.op->op.type == FrameType::kWrite) s.op->resent.store(true, std::memory_order_release);
         queue_.push_front(std::move(s));
       } else {
         finish.emplace_back(std::move(s), why);
@@ -1103,11 +1105,13 @@ void VerbsLinks::Finish(const Slice& s, const absl::Status& st) {
     absl::MutexLock l(&op.mu);
     result = op.first_error;
   }
-  if (result.ok() && op.resent.load(std::memory_order_acquire) && !op.done_sent) {
-    // Every slice landed, but a copy of one may still be in the owner's
-    // hands from the attempt that failed: the owner answers this DONE
-    // record once no such copy can land any more (it drops later ones), so
-    // the pod's next write to these bytes cannot be overwritten by it.
+  if (op.resent.load(std::memory_order_acquire) && !op.done_sent) {
+    // Every slice was answered (or failed), but a copy of one may still be
+    // in the owner's hands from an attempt whose QP failed: the owner
+    // answers this DONE record once no such copy can land any more (it
+    // drops later ones), so the pod's next write to these bytes cannot be
+    // overwritten by it — after a failed op too. The op's own result stays
+    // (first_error).
     op.done_sent = true;
     op.remaining.store(1, std::memory_order_release);
     Slice d;
@@ -1122,8 +1126,10 @@ void VerbsLinks::Finish(const Slice& s, const absl::Status& st) {
       }
     }
     if (queued) return Pump();
-    result = absl::UnavailableError(absl::StrCat("no verbs queue pair to node ", node_,
-                                                 " is up to end a staged write sent partly twice"));
+    if (result.ok()) {
+      result = absl::UnavailableError(absl::StrCat("no verbs queue pair to node ", node_,
+                                                   " is up to end a staged write sent partly twice"));
+    }
   }
   if (op.op.done) op.op.done(result);
 }
@@ -1760,14 +1766,24 @@ void VerbsServer::Stage(StageJob job) {
     // Every slice of the transfer was answered, some of one attempt that
     // failed: its copies already in the sink land before this is answered
     // (this thread copied those queued before it), later ones are dropped.
+    absl::Status answer;
     {
       absl::MutexLock x(&xfer_mu_);
       const TransferKey key = KeyOf(job);
       EndLocked(key);
-      // Held until they finish; bounded, as each holds its QP's receive.
-      if (writing_.contains(key)) return done_waiting_[key].push_back(std::move(job));
+      if (writing_.contains(key)) {
+        // Held until they finish. Each holds its QP's receive, but QPs can
+        // be replaced meanwhile: at most kMaxHeldDone per peer node.
+        size_t held = 0;
+        for (auto it = done_waiting_.lower_bound({std::get<0>(key), 0, 0});
+             it != done_waiting_.end() && std::get<0>(it->first) == std::get<0>(key); ++it) {
+          held += it->second.size();
+        }
+        if (held < kMaxHeldDone) return done_waiting_[key].push_back(std::move(job));
+        answer = absl::ResourceExhaustedError("too many DONE records held for this node");
+      }
     }
-    return Answer(job, absl::OkStatus());
+    return Answer(job, answer);
   }
   if (write && job.guarded) {
     bool ended = false;

@@ -387,6 +387,7 @@ class VerbsServer {
   static constexpr uint32_t kMailboxSlots = 2 * kRecvDepth;
   static constexpr uint32_t kSendDepth = 2 * kRecvDepth + 2;  // staged slices' sends per QP
   static constexpr uint32_t kCqPerQp = kRecvDepth + kSendDepth + 1;
+  static constexpr size_t kMaxHeldDone = 256;  // DONE records held for writes in the sink, per peer node
   struct Served;   // one QP of a peer
   struct NodeNic;  // a peer's protection domain and CQ on one device
   // A staged record on its way through the staging thread.
