@@ -660,9 +660,11 @@ absl::StatusOr<Imported> Client::OpenRemote(const std::string& node_name, const 
   req.set_mesh_port(mesh_port);
   req.set_export_id(export_id);
   // The first open of a node dials it: TLS, link set up (QPs on every path
-  // for verbs), the owner's registration of the export.
+  // for verbs), the owner's registration of the export; through relays each
+  // of them may dial the next node too. The daemon bounds each step itself
+  // (mesh.open_timeout_seconds per node ahead): this is a backstop.
   PODLINK_ASSIGN_OR_RETURN(v1::OpenRemoteResponse r, (impl_->Call<v1::OpenRemoteRequest, v1::OpenRemoteResponse>(
-                                                         &v1::Broker::Stub::OpenRemote, req, absl::Seconds(60))));
+                                                         &v1::Broker::Stub::OpenRemote, req, absl::Seconds(180))));
   Imported imp;
   imp.info_ = FromProto(r.export_());
   imp.remote_handle_ = r.handle();

@@ -906,6 +906,7 @@ absl::StatusOr<MeshEngine::CheckedClaim> MeshEngine::CheckClaim(const std::strin
     }
     before = at == 0 ? claim.origin() : via.Get(at - 1);
     out.next_is_relay = at + 1 < via.size();
+    out.relays_after = via.size() - at - 1;
     out.next = out.next_is_relay ? via.Get(at + 1) : claim.destination().node();
   }
   if (caller != before) {
@@ -1051,32 +1052,52 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
       return done(absl::ResourceExhaustedError(absl::StrCat("node ", caller, " or its pod holds its limit of grants")));
     }
   }
-  // The hop to another relay is TCP (a relay's grant has no memory to register).
-  std::shared_ptr<Peer> peer = PeerFor(next, /*tcp=*/checked.next_is_relay);
+  // Over this node's transport to the next node, a relay too: over verbs
+  // the next relay stages the region for this one (as this one does for the
+  // caller); one that cannot is reached over TCP instead (below).
+  std::shared_ptr<Peer> peer = PeerFor(next, /*tcp=*/false);
   if (peer == nullptr) return done(NoPeer());
   auto answer = std::make_shared<RegionDone>(std::move(done));
   Peer* p = peer.get();
-  bool posted = p->Post([this, p, caller, next, req, pod, answer, origin = claim.origin(), staged_slice] {
+  bool posted = p->Post([this, p, caller, next, req, pod, answer, origin = claim.origin(), staged_slice,
+                         destination = claim.destination().node(), next_is_relay = checked.next_is_relay,
+                         relays_after = checked.relays_after] {
     std::shared_ptr<Peer> peer = p->shared_from_this();
     RegionDone done = std::move(*answer);
     *answer = nullptr;
     if (stopping_.load(std::memory_order_acquire)) return done(StoppingStatus());
     // Onward as for this node's own pods: direct paths (the kernel's routing
     // only where mesh.fallback says so), over TCP where no RDMA path comes up.
-    auto open_on = [this, caller, next, req, pod, done, origin, staged_slice](const std::shared_ptr<Peer>& peer) {
+    // `self`: this lambda, to open again over TCP.
+    auto open_on = [this, caller, next, req, pod, done, origin, staged_slice, destination, next_is_relay,
+                    relays_after](const auto& self, const std::shared_ptr<Peer>& peer) -> void {
       // Onward over this node's own transport: over verbs the owner registers
       // the export for this node's queue pairs, as for its own pods.
       std::shared_ptr<verbs::VerbsLinks> vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links());
       pb::OpenRegionResponse resp;
       grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.open_per_hop * (1 + relays_after)));
       std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
       pb::OpenRegionRequest onward = req;
       onward.set_caller_instance(instance_);
       onward.set_verbs(vl != nullptr);
       onward.set_accepts_over_tcp(true);
       onward.set_accepts_staged(vl != nullptr);
-      if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, onward, &resp), next.node_name); !st.ok()) return done(st);
+      if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, onward, &resp), next.node_name); !st.ok()) {
+        // The next relay cannot stage over verbs (no bounce pool for this
+        // node, or an older version): the hop to it goes over TCP.
+        if (vl != nullptr && next_is_relay && st.code() == absl::StatusCode::kFailedPrecondition &&
+            (absl::StrContains(st.message(), kRelayCannotStage) ||
+             absl::StrContains(st.message(), "relayed regions ride TCP links"))) {
+          Log()->info("event=mesh_relay_over_tcp relay={} destination={} why={}", next.node_name, destination,
+                      LogQuoted(std::string(st.message()).substr(0, 256)));
+          return OverTcp(next, [self, done](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
+            if (!tcp.ok()) return done(tcp.status());
+            self(self, *tcp);
+          });
+        }
+        return done(st);
+      }
       // The relay's grant, forwarding to the next node's grant on `carrier`.
       auto install = [this, caller, req, pod, done, origin, next, staged_slice](const std::shared_ptr<Peer>& carrier,
                                                                    pb::OpenRegionResponse resp) {
@@ -1120,7 +1141,9 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
       CarryGrant(peer, next, resp, [install, resp](const std::shared_ptr<Peer>& carrier) { install(carrier, resp); },
                  [done](absl::Status st) { done(std::move(st)); });
     };
-    ConnectOrOverTcp(peer, next, open_on, [done](absl::Status st) { done(std::move(st)); });
+    ConnectOrOverTcp(
+        peer, next, [open_on](const std::shared_ptr<Peer>& peer) { open_on(open_on, peer); },
+        [done](absl::Status st) { done(std::move(st)); });
   });
   if (!posted) {
     (*answer)(NotQueued(next.node_name));
@@ -2213,7 +2236,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
       open.set_caller_instance(instance_);
       pb::OpenRegionResponse resp;
       grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.open_per_hop * static_cast<int64_t>(1 + via.size())));
       if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, open, &resp), hop.node_name); !st.ok()) {
         // A relay that cannot stage over verbs (no bounce pool for this
         // node, or an older version): the hop to it goes over TCP.

@@ -84,6 +84,10 @@ struct MeshOptions {
   uint32_t max_data_connections = 256;   // accepted, all peers together
   absl::Duration connect_timeout = absl::Seconds(5);
   absl::Duration io_timeout = absl::Seconds(5);  // TCP_USER_TIMEOUT and keepalive on data connections
+  // How long opening another node's region may take per node still ahead on
+  // its route (each relay may first set up its own link to the next node;
+  // each relay waits less than its caller).
+  absl::Duration open_per_hop = absl::Seconds(10);
   // A request the peer leaves unanswered this long fails its connection (its
   // slices go elsewhere, or fail UNAVAILABLE).
   absl::Duration answer_timeout = absl::Seconds(30);
@@ -217,6 +221,7 @@ class MeshEngine final : public MeshPort {
     podlink::mesh::v1::OriginClaim claim;
     std::string next;
     bool next_is_relay = false;
+    int relays_after = 0;  // relays on the route after this node
   };
   absl::StatusOr<CheckedClaim> CheckClaim(const std::string& caller, const podlink::mesh::v1::Route& route) const;
   // This node relays `req` (its claim checked) to the next node of its route.
