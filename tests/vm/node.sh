@@ -16,6 +16,8 @@
 #                                    then the NCCL plugin's conformance
 #                                    scenarios with it (nccl_pair.sh; the node
 #                                    whose name sorts first sends).
+#   node.sh BUILD relay NODE...     serve nothing; relay for the others until
+#                                    each NODE has finished (at most 600 s)
 #
 # PODLINK_VM_MESH_EXTRA: more of the daemon's mesh options, as JSON that
 # follows the others (', "verbs_staged_only": true').
@@ -164,6 +166,11 @@ sys.exit(0 if v and v[0]["mismatches"] == 0 else 1)' "$out/$name.serve-$peer.out
     # Stay up until every peer has finished with our regions.
     echo "$rc" > "$out/$name.finished"
     for peer in "$@"; do wait_for "$out/$peer.finished" 300 || true; done
+    ;;
+  relay)
+    rc=0
+    for peer in "$@"; do wait_for "$out/$peer.finished" 600 || rc=1; done
+    echo "$rc" > "$out/$name.finished"
     ;;
   *)
     log "unknown role $role"
