@@ -66,6 +66,10 @@ struct Fabric {
   int fake_device = 0;
   void* refuse_registration = nullptr;  // reg_mr of this address fails (as over a read-only mapping)
   bool dmabuf = true;                   // the device registers dma-bufs (read when a device is opened)
+  // RDMA READs whose completion is held back (the bytes land at once): the
+  // next `hold_reads` of them, until the test completes them (ReleaseReads).
+  int hold_reads = 0;
+  std::vector<std::pair<FakeCq*, ibv_wc>> held_reads;
   ibv_device* devices[2] = {reinterpret_cast<ibv_device*>(&fake_device), nullptr};
 };
 Fabric* fabric = new Fabric;
@@ -163,6 +167,11 @@ int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     }
     if (wr->opcode == IBV_WR_RDMA_READ) {
       std::memcpy(local, remote, s.length);
+      if (fabric->hold_reads > 0) {
+        --fabric->hold_reads;
+        fabric->held_reads.emplace_back(Cq(qp->send_cq), wc);
+        continue;
+      }
     } else {
       std::memcpy(remote, local, s.length);
     }
@@ -170,6 +179,14 @@ int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   }
   *bad = nullptr;
   return 0;
+}
+
+// Completes the READs held back (their completion handled late, as by a
+// poller that is behind).
+void ReleaseReads() {
+  std::lock_guard<std::recursive_mutex> l(fabric->mu);
+  for (auto& [cq, wc] : fabric->held_reads) Complete(cq, wc);
+  fabric->held_reads.clear();
 }
 
 int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
@@ -1327,6 +1344,53 @@ TEST_F(VerbsFake, AStagedWriteSentPartlyTwiceEndsOnlyOnceNoOldCopyCanLand) {
   EXPECT_EQ(server_->staged_done(), 1u);
   for (int i = 0; i < 200 && server_->FreeBounceSlots("node-a") != kStageSlots; ++i) usleep(5000);
   EXPECT_EQ(server_->FreeBounceSlots("node-a"), kStageSlots);
+}
+
+// The owner READ a staged write's bytes but handles that READ's completion
+// late (its poller behind, or another device's): meanwhile the importer's
+// QP failed, the slice went again over the other QP, the write ended with
+// DONE and the pod wrote the same bytes again. The old attempt's copy then
+// reaches the staging thread: its transfer has ended, so it is dropped
+// (counted), never copied over the newer bytes.
+TEST_F(VerbsFake, AStagedWritesOldAttemptReachingTheOwnerAfterItsDoneIsDropped) {
+  options_.answer_timeout = absl::Milliseconds(600);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    staged_[42] = "node-a";
+  }
+  auto links = Connect("node-a");
+  ASSERT_TRUE(server_->PrepareStaging("node-a").ok());
+  links->AddStagedRegion(42);
+  std::atomic<bool> stop{false};
+  std::thread sweeper([&] {
+    while (!stop) {
+      links->Sweep();
+      usleep(50000);
+    }
+  });
+  const std::vector<char> first = Pattern(64 << 10, 81), second = Pattern(64 << 10, 82);
+  {
+    std::lock_guard<std::recursive_mutex> l(fabric->mu);
+    fabric->hold_reads = 1;  // the first attempt's READ lands; its completion waits
+  }
+  absl::Status a = Run(*links, FrameType::kWrite, 42, 0, const_cast<char*>(first.data()), first.size());
+  absl::Status b = Run(*links, FrameType::kWrite, 42, 0, const_cast<char*>(second.data()), second.size());
+  stop = true;
+  sweeper.join();
+  ASSERT_TRUE(a.ok()) << a;
+  ASSERT_TRUE(b.ok()) << b;
+  EXPECT_EQ(server_->staged_done(), 1u);
+  EXPECT_EQ(server_->staged_late_dropped(), 0u);
+  ReleaseReads();
+  for (int i = 0; i < 400 && server_->staged_late_dropped() == 0; ++i) usleep(5000);
+  EXPECT_EQ(server_->staged_late_dropped(), 1u) << "the old attempt's copy was not dropped";
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    EXPECT_EQ(0, std::memcmp(region_.data(), second.data(), second.size()))
+        << "the first write's old attempt landed over the second";
+  }
+  for (int i = 0; i < 200 && server_->FreeBounceSlots("node-a") != kStageSlots; ++i) usleep(5000);
+  EXPECT_EQ(server_->FreeBounceSlots("node-a"), kStageSlots) << "the dropped copy's bounce slot was kept";
 }
 
 // A peer's device reached after its grant was staged (a repaired path on
