@@ -33,14 +33,15 @@ case "$mode" in
     build=${PODLINK_TSAN_BUILD_DIR:-build-tsan}
     flags="thread"
     targets=(podlinkd podlink-demo broker_namespaces_test hostile_clients_test relay_test client_lifetime_test c_api_test
-             mesh_test verbs_fake_test nccl_net_conformance_test mesh_stager_test mesh_idle_test mesh_over_tcp_test)
+             mesh_test verbs_fake_test nccl_net_conformance_test mesh_stager_test mesh_idle_test mesh_over_tcp_test
+             mesh_zero_copy_test)
     # The two cut-cable mesh tests wait out TCP timeouts (26 s each under
     # TSan) and run in the plain and ASan passes only: TSan still races the
     # TCP links' striping and the verbs links' resend after a failed QP
     # (VerbsFake), not the TCP resend after a cut (the CI time budget). So
     # does Relay.A06 (a 1 GiB host copy: 53 s under TSan for a latency
     # property; the relay's slicing is raced by the other relay tests).
-    ctest_args=(-R '(^|/)(BrokerNamespaces|Attacks|HostileClients|Relay|RelayLifetime|ClientLifetime|CApi|Mesh|MeshHostile|MeshStager|MeshIdle|VerbsFake|NcclNetTrace)\.'
+    ctest_args=(-R '(^|/)(BrokerNamespaces|Attacks|HostileClients|Relay|RelayLifetime|ClientLifetime|CApi|Mesh|MeshHostile|MeshStager|MeshIdle|VerbsFake|NcclNetTrace|ZeroCopy)\.'
                 -E 'Mesh\.ACutCable|Relay\.A06_')
     mkdir -p "$build"
     bash scripts/lib/tsan_abseil.sh "$PWD/$build/absl"

@@ -35,6 +35,12 @@ struct LinkOp {
   std::shared_ptr<MemoryObject> local_memory;
   char* local_base = nullptr;
   uint64_t local_size = 0;
+  // `local` lies in a pod's host export (pages only that pod's memory ever
+  // holds, mapped until `done`): TCP may send from it without a copy
+  // (MSG_ZEROCOPY). Never set for staging buffers, which are reused for
+  // others' bytes once the transfer is over while a failed connection may
+  // still be sending from them.
+  bool local_is_export = false;
   std::function<void(const absl::Status&)> done;
   // Which paths to use (nic_rank.h: MayUse); nullptr: any.
   std::shared_ptr<const PathPreference> prefer;
@@ -45,6 +51,11 @@ struct LinkStats {
   uint64_t resent_slices = 0;
   uint64_t zero_copy_slices = 0;     // verbs: slices sent from / read into the local export itself
   uint64_t local_registrations = 0;  // verbs: local exports registered for that (now)
+  // TCP, MSG_ZEROCOPY (wire.h ZeroCopySends): payload bytes handed to the
+  // kernel without a copy, sends it reported done, of those the ones it copied
+  // after all, sends copied because it refused to pin.
+  uint64_t tcp_zero_copy_bytes = 0, tcp_zero_copy_completed = 0, tcp_zero_copy_copied = 0,
+           tcp_zero_copy_fell_back = 0;
 };
 
 class DataLinks {

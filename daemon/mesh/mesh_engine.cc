@@ -232,7 +232,10 @@ absl::Status SendAck(int fd, uint64_t tag, const absl::Status& st) {
 // descriptor is closed and its number may be reused).
 class MeshEngine::ConnWriter {
  public:
-  explicit ConnWriter(int fd) : fd_(fd) {}
+  // `zero_copy`: counters for payloads sent without a copy (nullptr: never).
+  ConnWriter(int fd, ZeroCopyCounters* zero_copy) : fd_(fd), zc_(zero_copy) {
+    if (zero_copy != nullptr) zc_.Enable(fd);
+  }
   absl::Status Ack(uint64_t tag, const absl::Status& st) {
     absl::MutexLock l(&mu_);
     if (closed_) return absl::UnavailableError("connection closed");
@@ -242,6 +245,13 @@ class MeshEngine::ConnWriter {
     absl::MutexLock l(&mu_);
     if (closed_) return absl::UnavailableError("connection closed");
     return WriteFrame(fd_, h, payload, len);
+  }
+  // A frame whose payload lies in a pod's host export (mapped until the
+  // caller is done with it): without a copy where the kernel can.
+  absl::Status FrameFromExport(const FrameHeader& h, const void* payload, size_t len) {
+    absl::MutexLock l(&mu_);
+    if (closed_) return absl::UnavailableError("connection closed");
+    return zc_.WriteFrame(fd_, h, payload, len);
   }
   // Held while the serving thread writes a frame in pieces.
   absl::Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }
@@ -254,6 +264,7 @@ class MeshEngine::ConnWriter {
   absl::Mutex mu_;
   const int fd_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  ZeroCopySends zc_;  // thread-safe; frames written under mu_
 };
 
 // ---------------------------------------------------------------------------
@@ -1676,7 +1687,7 @@ void MeshEngine::TradeAdverts() {
 }
 
 void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_instance) {
-  auto writer = std::make_shared<ConnWriter>(fd);
+  auto writer = std::make_shared<ConnWriter>(fd, options_.tcp_zero_copy ? &served_zero_copy_ : nullptr);
   // Completions of forwarded requests write nothing after this returns.
   struct CloseOnExit {
     ConnWriter* w;
@@ -1824,7 +1835,7 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
             }
           }
         } else {
-          io = writer->Frame(d, reinterpret_cast<const char*>(view->address) + h.offset, h.length);
+          io = writer->FrameFromExport(d, reinterpret_cast<const char*>(view->address) + h.offset, h.length);
         }
         if (io.ok()) {
           absl::MutexLock l(&mu_);
@@ -2093,7 +2104,7 @@ absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const Remote
     PODLINK_RETURN_IF_ERROR(FromGrpc(stub->OpenLink(&ctx, req, &link), target.node_name));
   }
   auto links = std::make_shared<PeerLinks>(target.node_name, options_.slice_bytes, options_.slices_in_flight,
-                                           options_.answer_timeout);
+                                           options_.answer_timeout, options_.tcp_zero_copy);
   int cookie = 0;
   absl::Status last;
   for (const Path& path : paths) {
@@ -2511,13 +2522,15 @@ absl::Status MeshEngine::Start(MeshTransfer t, Done done) {
   op.keep = t.keep;
   op.done = std::move(done);
   // A host export's own mapping (not a GPU export's staging): RDMA can go
-  // straight from and into it.
-  if (t.keep != nullptr && t.staging == nullptr && t.keep->memory != nullptr &&
-      std::string_view(links->transport()) == "verbs") {
+  // straight from and into it, TCP send from it without a copy.
+  if (t.keep != nullptr && t.staging == nullptr && t.keep->memory != nullptr) {
     if (absl::StatusOr<RelayView> view = t.keep->memory->MapForRelay(); view.ok() && !view->on_gpu) {
-      op.local_memory = t.keep->memory;
-      op.local_base = reinterpret_cast<char*>(view->address);
-      op.local_size = t.keep->size;
+      op.local_is_export = true;
+      if (std::string_view(links->transport()) == "verbs") {
+        op.local_memory = t.keep->memory;
+        op.local_base = reinterpret_cast<char*>(view->address);
+        op.local_size = t.keep->size;
+      }
     }
   }
   const std::string place = t.keep != nullptr ? host_->GpuBusId(*t.keep) : std::string();
@@ -2951,7 +2964,8 @@ podlink::v1::MeshStatus MeshEngine::Status() const {
 
 std::string MeshEngine::RenderMetrics() const {
   std::string out;
-  std::map<std::string, double> up, sent, received, failures, resent, zero_copy, local_regs;
+  std::map<std::string, double> up, sent, received, failures, resent, zero_copy, local_regs, tcp_zc_bytes,
+      tcp_zc_copied, tcp_zc_fell_back;
   std::vector<std::shared_ptr<Peer>> peers;
   double grants = 0, handles = 0, repaired = 0;
   uint64_t in = 0, out_bytes = 0, refused_frames = 0, refused_conns = 0, denials = 0, late = 0, dup_notifies = 0;
@@ -2987,6 +3001,9 @@ std::string MeshEngine::RenderMetrics() const {
     failures[p->node()] += static_cast<double>(s.connection_failures);
     resent[p->node()] += static_cast<double>(s.resent_slices);
     zero_copy[p->node()] += static_cast<double>(s.zero_copy_slices);
+    tcp_zc_bytes[p->node()] += static_cast<double>(s.tcp_zero_copy_bytes);
+    tcp_zc_copied[p->node()] += static_cast<double>(s.tcp_zero_copy_copied);
+    tcp_zc_fell_back[p->node()] += static_cast<double>(s.tcp_zero_copy_fell_back);
     local_regs[p->node()] += static_cast<double>(s.local_registrations);
   }
   RenderFamily(&out, "podlink_mesh_connections_up", "gauge", "data connections up, per peer node", up, "peer");
@@ -2998,6 +3015,15 @@ std::string MeshEngine::RenderMetrics() const {
                "slices sent again over another connection after theirs failed", resent, "peer");
   RenderFamily(&out, "podlink_mesh_zero_copy_slices_total", "counter",
                "verbs: slices sent from or read into a local export directly (no copy through staging)", zero_copy,
+               "peer");
+  RenderFamily(&out, "podlink_mesh_tcp_zero_copy_bytes_total", "counter",
+               "TCP: bytes of pods' host exports written to peer nodes without a copy (MSG_ZEROCOPY)", tcp_zc_bytes,
+               "peer");
+  RenderFamily(&out, "podlink_mesh_tcp_zero_copy_copied_total", "counter",
+               "TCP: zero-copy sends the kernel copied after all (loopback, veth: the connection then stops asking)",
+               tcp_zc_copied, "peer");
+  RenderFamily(&out, "podlink_mesh_tcp_zero_copy_fell_back_total", "counter",
+               "TCP: sends the kernel would not pin (locked-memory limit, optmem), copied instead", tcp_zc_fell_back,
                "peer");
   RenderFamily(&out, "podlink_mesh_local_registrations", "gauge",
                "verbs: local exports registered with the RDMA device for that, per peer node", local_regs, "peer");
@@ -3017,6 +3043,15 @@ std::string MeshEngine::RenderMetrics() const {
       static_cast<double>(in));
   one("podlink_mesh_served_read_bytes_total", "counter", "bytes peers read from this node's exports",
       static_cast<double>(out_bytes));
+  one("podlink_mesh_tcp_zero_copy_served_bytes_total", "counter",
+      "TCP: bytes of this node's host exports sent to peers' reads without a copy (MSG_ZEROCOPY)",
+      static_cast<double>(served_zero_copy_.bytes.load(std::memory_order_relaxed)));
+  one("podlink_mesh_tcp_zero_copy_served_copied_total", "counter",
+      "TCP: zero-copy sends of read answers the kernel copied after all",
+      static_cast<double>(served_zero_copy_.copied.load(std::memory_order_relaxed)));
+  one("podlink_mesh_tcp_zero_copy_served_fell_back_total", "counter",
+      "TCP: read answers the kernel would not pin (locked-memory limit, optmem), copied instead",
+      static_cast<double>(served_zero_copy_.fell_back.load(std::memory_order_relaxed)));
   one("podlink_mesh_refused_frames_total", "counter", "data connections closed for a malformed frame",
       static_cast<double>(refused_frames));
   one("podlink_mesh_refused_connections_total", "counter",

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cstring>
 #include <random>
 #include <set>
 
@@ -24,12 +25,13 @@ uint64_t RandomInstance() {
 }  // namespace
 
 PeerLinks::PeerLinks(std::string node, uint64_t slice_bytes, uint32_t slices_in_flight,
-                     absl::Duration answer_timeout)
+                     absl::Duration answer_timeout, bool zero_copy)
     : node_(std::move(node)),
       instance_(RandomInstance()),
       slice_bytes_(std::clamp<uint64_t>(slice_bytes, 4096, kMaxFramePayload)),
       slices_in_flight_(std::max<uint32_t>(slices_in_flight, 1)),
-      answer_timeout_(answer_timeout) {}
+      answer_timeout_(answer_timeout),
+      zero_copy_(zero_copy) {}
 
 PeerLinks::~PeerLinks() {
   std::vector<Conn*> all;
@@ -79,9 +81,14 @@ void PeerLinks::AddConnection(UniqueFd fd, std::string path) {
     if (c->rx.joinable()) c->rx.join();
   }
   absl::MutexLock l(&mu_);
-  auto c = std::make_unique<Conn>();
+  auto c = std::make_unique<Conn>(&zc_counters_);
   c->fd = std::move(fd);
   c->path = std::move(path);
+  if (zero_copy_ && !c->zc.Enable(c->fd.get())) {
+    Log()->info("event=mesh_tcp_zero_copy_off node={} path={} reason=\"SO_ZEROCOPY refused: {}\"", node_, c->path,
+                std::strerror(errno));
+    c->zc_logged_off = true;
+  }
   Conn* raw = c.get();
   conns_.push_back(std::move(c));
   ++stats_.connections_up;
@@ -97,7 +104,12 @@ size_t PeerLinks::live() const {
 
 LinkStats PeerLinks::Stats() const {
   absl::MutexLock l(&mu_);
-  return stats_;
+  LinkStats s = stats_;
+  s.tcp_zero_copy_bytes = zc_counters_.bytes.load(std::memory_order_relaxed);
+  s.tcp_zero_copy_completed = zc_counters_.completed.load(std::memory_order_relaxed);
+  s.tcp_zero_copy_copied = zc_counters_.copied.load(std::memory_order_relaxed);
+  s.tcp_zero_copy_fell_back = zc_counters_.fell_back.load(std::memory_order_relaxed);
+  return s;
 }
 
 std::vector<std::tuple<std::string, bool, uint64_t>> PeerLinks::Connections() const {
@@ -210,8 +222,11 @@ void PeerLinks::Send(Conn& c) {
     const LinkOp& op = s.op->op;
     const char* payload =
         op.type == FrameType::kWrite && s.index != kDoneSlice ? op.local + s.offset : nullptr;
-    absl::Status st = WriteFrame(c.fd.get(), h, payload, payload != nullptr ? s.length : 0);
+    const size_t len = payload != nullptr ? s.length : 0;
+    const bool zero = op.local_is_export && c.zc.on();
+    absl::Status st = zero ? c.zc.WriteFrame(c.fd.get(), h, payload, len) : WriteFrame(c.fd.get(), h, payload, len);
     if (!st.ok()) return Kill(c, st);
+    if (zero && !c.zc.on()) ReapZeroCopy(c);
     absl::MutexLock l(&mu_);
     if (payload != nullptr) {
       c.bytes_sent += s.length;
@@ -228,6 +243,17 @@ void PeerLinks::Receive(Conn& c) {
     pollfd p{c.fd.get(), POLLIN, 0};
     int ready = ::poll(&p, 1, 500);
     if (ready < 0 && errno == EINTR) continue;
+    if (ready > 0 && (p.revents & POLLERR) != 0 && (p.revents & (POLLIN | POLLHUP)) == 0) {
+      // Zero-copy completions on the error queue (taken here, or just now by
+      // the sending thread), or a socket error: never block in the read
+      // below for it, which would stop the unanswered-request watch.
+      if (ReapZeroCopy(c) > 0) continue;
+      int err = 0;
+      socklen_t n = sizeof(err);
+      if (::getsockopt(c.fd.get(), SOL_SOCKET, SO_ERROR, &err, &n) != 0) err = errno;
+      if (err == 0) continue;
+      return Kill(c, absl::UnavailableError(absl::StrCat("mesh link to node ", node_, ": ", std::strerror(err))));
+    }
     if (ready == 0) {
       absl::Time oldest = absl::InfiniteFuture();
       {
@@ -291,6 +317,18 @@ void PeerLinks::Receive(Conn& c) {
     cv_.SignalAll();
     Finish(s, result);
   }
+}
+
+int PeerLinks::ReapZeroCopy(Conn& c) {
+  const int taken = c.zc.Reap(c.fd.get());
+  if (!zero_copy_ || c.zc.on()) return taken;
+  absl::MutexLock l(&mu_);
+  if (c.zc_logged_off) return taken;
+  c.zc_logged_off = true;
+  Log()->info("event=mesh_tcp_zero_copy_off node={} path={} reason=\"the kernel copied the pages (loopback, veth or "
+              "a device without scatter-gather)\"",
+              node_, c.path);
+  return taken;
 }
 
 void PeerLinks::Kill(Conn& c, const absl::Status& why, Slice* owned) {

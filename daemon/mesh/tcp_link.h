@@ -15,6 +15,10 @@
 // that ends with DONE, so the receiver drops late copies (wire.h). When no
 // connection is left, everything queued fails with UNAVAILABLE and the peer
 // must be dialed again.
+//
+// With `zero_copy`, a write's slices of a pod's host export go to the kernel
+// without a copy (MSG_ZEROCOPY: ZeroCopySends in wire.h), per connection
+// while the kernel can.
 #pragma once
 
 #include <atomic>
@@ -45,7 +49,7 @@ class PeerLinks final : public DataLinks {
   // A request unanswered for `answer_timeout` (the peer is alive but silent)
   // fails its connection like a reset would.
   PeerLinks(std::string node, uint64_t slice_bytes, uint32_t slices_in_flight,
-            absl::Duration answer_timeout = absl::Seconds(30));
+            absl::Duration answer_timeout = absl::Seconds(30), bool zero_copy = false);
   // Random per instance; sent in every connection's AUTH (wire.h).
   const char* transport() const override { return "tcp"; }
   uint64_t instance() const override { return instance_; }
@@ -95,6 +99,9 @@ class PeerLinks final : public DataLinks {
     bool dead = false;                  // guarded by PeerLinks::mu_
     std::map<uint64_t, Slice> unacked;  // guarded by PeerLinks::mu_
     uint64_t bytes_sent = 0;            // guarded by PeerLinks::mu_
+    explicit Conn(ZeroCopyCounters* counters) : zc(counters) {}
+    ZeroCopySends zc;                   // sends by tx; completions reaped by tx and rx
+    bool zc_logged_off = false;         // guarded by PeerLinks::mu_
     std::thread tx, rx;
   };
 
@@ -107,12 +114,16 @@ class PeerLinks final : public DataLinks {
   // took out of c.unacked), go to the other connections or fail.
   void Kill(Conn& c, const absl::Status& why, Slice* owned = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
   void Finish(const Slice& s, const absl::Status& st) ABSL_LOCKS_EXCLUDED(mu_);
+  // Takes c's zero-copy completions (returns how many messages); says once
+  // when the kernel made the connection stop asking.
+  int ReapZeroCopy(Conn& c) ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string node_;
   const uint64_t instance_;
   const uint64_t slice_bytes_;
   const uint32_t slices_in_flight_;
   const absl::Duration answer_timeout_;
+  const bool zero_copy_;
 
   mutable absl::Mutex mu_;  // protects everything below and the Conn fields marked so
   absl::CondVar cv_;        // queue, room or state changed
@@ -122,6 +133,7 @@ class PeerLinks final : public DataLinks {
   uint32_t next_op_ ABSL_GUARDED_BY(mu_) = 1;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   LinkStats stats_ ABSL_GUARDED_BY(mu_);
+  ZeroCopyCounters zc_counters_;  // all connections'; atomics
   std::function<void(const std::string&)> on_down_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -26,6 +26,8 @@
 // authenticated by their connection, not encrypted (docs/security.md).
 #pragma once
 
+#include <atomic>
+#include <cstddef>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -68,5 +70,46 @@ absl::Status WriteFull(int fd, const void* buf, size_t len);
 absl::Status WriteFrame(int fd, const FrameHeader& h, const void* payload, size_t len);
 // Reads `len` bytes and throws them away.
 absl::Status Discard(int fd, size_t len);
+
+// Frame payloads sent without a copy into the kernel (MSG_ZEROCOPY, Linux
+// 4.14+): the NIC reads them from the caller's pages. Only for memory that
+// stays mapped and unchanged until the peer has answered the frame (a pod's
+// host export during its transfer; never a buffer the caller refills at
+// once): the kernel holds the pages, not their contents, until it is done.
+// The header is always copied (it lives on the caller's stack). Where the
+// kernel cannot (no SO_ZEROCOPY; ENOBUFS: the locked-memory limit or optmem
+// reached; EFAULT: pages it cannot pin), the payload is copied as before; where it had to copy after all
+// (loopback, veth, a device without scatter-gather: the completion says
+// COPIED, which costs more than a plain copy), the socket stops asking.
+// Completions are read off the socket's error queue by Reap (the sender after
+// each frame, and whoever polls the socket when it reports POLLERR).
+// Thread-safe: one thread writes frames, any may reap.
+struct ZeroCopyCounters {
+  std::atomic<uint64_t> bytes{0};      // payload bytes handed to the kernel with MSG_ZEROCOPY
+  std::atomic<uint64_t> completed{0};  // sends the kernel reported done
+  std::atomic<uint64_t> copied{0};     // of those, sends it had to copy after all
+  std::atomic<uint64_t> fell_back{0};  // sends refused (ENOBUFS, EFAULT) and copied instead
+};
+
+class ZeroCopySends {
+ public:
+  static constexpr size_t kMinPayload = 16 << 10;  // below this a copy is cheaper than pinning
+
+  // Counts into `counters` (shared by the sockets of one owner; outlives this).
+  explicit ZeroCopySends(ZeroCopyCounters* counters) : counters_(counters) {}
+  // Turns SO_ZEROCOPY on for `fd`; false (and every frame copied) where the
+  // kernel or the socket refuses.
+  bool Enable(int fd);
+  bool on() const { return on_.load(std::memory_order_relaxed); }
+  // WriteFrame, the payload without a copy when on and at least kMinPayload.
+  absl::Status WriteFrame(int fd, const FrameHeader& h, const void* payload, size_t len);
+  // Reads the completions queued on `fd`'s error queue without blocking;
+  // returns how many messages it took.
+  int Reap(int fd);
+
+ private:
+  ZeroCopyCounters* const counters_;
+  std::atomic<bool> on_{false};
+};
 
 }  // namespace podlink::mesh

@@ -66,6 +66,13 @@ TEST(DaemonConfig, MeshGrantIdleAndKeepalive) {
   EXPECT_EQ(d->broker.mesh.keepalive, absl::Seconds(60));
 }
 
+TEST(DaemonConfig, MeshTcpZeroCopy) {
+  EXPECT_TRUE(ParseDaemonConfig("{}")->broker.mesh.tcp_zero_copy);
+  auto c = ParseDaemonConfig(R"({"mesh": {"tcp_zero_copy": false}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->broker.mesh.tcp_zero_copy);
+}
+
 TEST(DaemonConfig, MeshSysfsRoot) {
   auto c = ParseDaemonConfig(R"({"mesh": {"sysfs": "/host/sys"}})");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -109,6 +116,7 @@ TEST(DaemonConfig, RejectsBadInputWithReason) {
            {R"({"mesh": {"open_timeout_seconds": 0}})", "open_timeout_seconds"},
            {R"({"mesh": {"cert_refresh_seconds": 0}})", "cert_refresh_seconds"},
            {R"({"mesh": {"sysfs": ""}})", "sysfs"},
+           {R"({"mesh": {"tcp_zero_copy": 1}})", "tcp_zero_copy"},
            {R"({"mesh": {"verbs_timeout": 40}})", "verbs_timeout"},
            {R"({"mesh": {"verbs_retry_count": 8}})", "verbs_retry_count"},
            {R"({"mesh": {"verbs_gid_index": -2}})", "verbs_gid_index"},
