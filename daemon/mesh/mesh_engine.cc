@@ -233,9 +233,7 @@ absl::Status SendAck(int fd, uint64_t tag, const absl::Status& st) {
 class MeshEngine::ConnWriter {
  public:
   // `zero_copy`: counters for payloads sent without a copy (nullptr: never).
-  ConnWriter(int fd, ZeroCopyCounters* zero_copy) : fd_(fd), zc_(zero_copy) {
-    if (zero_copy != nullptr) zc_.Enable(fd);
-  }
+  ConnWriter(int fd, ZeroCopyCounters* zero_copy) : fd_(fd), zc_(zero_copy) { zc_.Enable(fd); }
   absl::Status Ack(uint64_t tag, const absl::Status& st) {
     absl::MutexLock l(&mu_);
     if (closed_) return absl::UnavailableError("connection closed");

@@ -77,7 +77,7 @@ absl::Status Discard(int fd, size_t len) {
 
 bool ZeroCopySends::Enable(int fd) {
   int one = 1;
-  bool ok = ::setsockopt(fd, SOL_SOCKET, SO_ZEROCOPY, &one, sizeof(one)) == 0;
+  bool ok = counters_ != nullptr && ::setsockopt(fd, SOL_SOCKET, SO_ZEROCOPY, &one, sizeof(one)) == 0;
   on_.store(ok, std::memory_order_relaxed);
   return ok;
 }

@@ -95,7 +95,8 @@ class ZeroCopySends {
  public:
   static constexpr size_t kMinPayload = 16 << 10;  // below this a copy is cheaper than pinning
 
-  // Counts into `counters` (shared by the sockets of one owner; outlives this).
+  // Counts into `counters` (shared by the sockets of one owner; outlives
+  // this). Null: never enabled, every frame copied.
   explicit ZeroCopySends(ZeroCopyCounters* counters) : counters_(counters) {}
   // Turns SO_ZEROCOPY on for `fd`; false (and every frame copied) where the
   // kernel or the socket refuses.
