@@ -2963,7 +2963,7 @@ podlink::v1::MeshStatus MeshEngine::Status() const {
 std::string MeshEngine::RenderMetrics() const {
   std::string out;
   std::map<std::string, double> up, sent, received, failures, resent, zero_copy, local_regs, tcp_zc_bytes,
-      tcp_zc_copied, tcp_zc_fell_back;
+      tcp_zc_completed, tcp_zc_copied, tcp_zc_fell_back;
   std::vector<std::shared_ptr<Peer>> peers;
   double grants = 0, handles = 0, repaired = 0;
   uint64_t in = 0, out_bytes = 0, refused_frames = 0, refused_conns = 0, denials = 0, late = 0, dup_notifies = 0;
@@ -3000,6 +3000,7 @@ std::string MeshEngine::RenderMetrics() const {
     resent[p->node()] += static_cast<double>(s.resent_slices);
     zero_copy[p->node()] += static_cast<double>(s.zero_copy_slices);
     tcp_zc_bytes[p->node()] += static_cast<double>(s.tcp_zero_copy_bytes);
+    tcp_zc_completed[p->node()] += static_cast<double>(s.tcp_zero_copy_completed);
     tcp_zc_copied[p->node()] += static_cast<double>(s.tcp_zero_copy_copied);
     tcp_zc_fell_back[p->node()] += static_cast<double>(s.tcp_zero_copy_fell_back);
     local_regs[p->node()] += static_cast<double>(s.local_registrations);
@@ -3017,6 +3018,8 @@ std::string MeshEngine::RenderMetrics() const {
   RenderFamily(&out, "podlink_mesh_tcp_zero_copy_bytes_total", "counter",
                "TCP: bytes of pods' host exports written to peer nodes without a copy (MSG_ZEROCOPY)", tcp_zc_bytes,
                "peer");
+  RenderFamily(&out, "podlink_mesh_tcp_zero_copy_completed_total", "counter",
+               "TCP: zero-copy sends the kernel reported done (copied or not)", tcp_zc_completed, "peer");
   RenderFamily(&out, "podlink_mesh_tcp_zero_copy_copied_total", "counter",
                "TCP: zero-copy sends the kernel copied after all (loopback, veth: the connection then stops asking)",
                tcp_zc_copied, "peer");

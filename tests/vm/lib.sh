@@ -93,8 +93,10 @@ INIT
 
 # vm_start NAME IDX CMD... : guest IDX (1-based) gets VM_NICS_<NAME> cables, a
 # space-separated list of "listen:PORT" or "connect:PORT" (QEMU socket netdevs:
-# a point-to-point Ethernet cable between two guests). NIC k of the guest is
-# ethk, MAC 52:54:00:00:IDX:k.
+# a point-to-point Ethernet cable between two guests) or "tap:IFNAME" (a tap
+# device the caller made, e.g. on a bridge; QEMU passes the virtio-net header,
+# so the guest's NIC offers checksum offload and scatter-gather, which a
+# socket netdev cannot). NIC k of the guest is ethk, MAC 52:54:00:00:IDX:k.
 vm_start() {
   local name="$1" idx="$2"; shift 2
   local nics_var="VM_NICS_${name}" k=0 args=() cable waited
@@ -112,8 +114,12 @@ vm_start() {
         sleep 0.1; waited=$((waited + 1))
       done
     fi
-    args+=(-netdev "socket,id=n$k,${cable%%:*}=127.0.0.1:${cable#*:}"
-           -device "virtio-net-pci,netdev=n$k,mac=52:54:00:00:$(printf %02x "$idx"):$(printf %02x "$k")")
+    if [ "${cable%%:*}" = tap ]; then
+      args+=(-netdev "tap,id=n$k,ifname=${cable#*:},script=no,downscript=no")
+    else
+      args+=(-netdev "socket,id=n$k,${cable%%:*}=127.0.0.1:${cable#*:}")
+    fi
+    args+=(-device "virtio-net-pci,netdev=n$k,mac=52:54:00:00:$(printf %02x "$idx"):$(printf %02x "$k")")
     k=$((k + 1))
   done
   printf '%s\n' "$@" > "$VM_RUN/$name.cmd"
