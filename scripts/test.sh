@@ -15,6 +15,10 @@ PODLINK_VM_TIMEOUT=${PODLINK_VM_TIMEOUT:-300} bash tests/vm/mesh_verbs.sh "${POD
 # (tests/vm/mesh_verbs_over_tcp.sh; about 30 s).
 PODLINK_VM_TIMEOUT=${PODLINK_VM_TIMEOUT:-300} bash tests/vm/mesh_verbs_over_tcp.sh "${PODLINK_BUILD_DIR:-build}" \
   "$(mktemp -d /tmp/podlink-vm-XXXXXX)"
+# Zero-copy TCP sends for real: two guests on tap cables, whose NICs offer
+# scatter-gather (tests/vm/mesh_tcp_zero_copy.sh; about 25 s).
+PODLINK_VM_TIMEOUT=${PODLINK_VM_TIMEOUT:-300} bash tests/vm/mesh_tcp_zero_copy.sh "${PODLINK_BUILD_DIR:-build}" \
+  "$(mktemp -d /tmp/podlink-vm-XXXXXX)"
 # The same tests under AddressSanitizer + UndefinedBehaviorSanitizer, the
 # broker and relay integration tests under ThreadSanitizer, then every
 # libFuzzer target for 10 s (tests/fuzz/README.md). PODLINK_QUICK=1 skips
