@@ -15,6 +15,10 @@ PODLINK_VM_TIMEOUT=${PODLINK_VM_TIMEOUT:-300} bash tests/vm/mesh_verbs.sh "${POD
 # (tests/vm/mesh_verbs_over_tcp.sh; about 30 s).
 PODLINK_VM_TIMEOUT=${PODLINK_VM_TIMEOUT:-300} bash tests/vm/mesh_verbs_over_tcp.sh "${PODLINK_BUILD_DIR:-build}" \
   "$(mktemp -d /tmp/podlink-vm-XXXXXX)"
+# Queue pairs forced into error for real: a region withdrawn mid-write
+# (tests/vm/mesh_verbs_qp_error.sh; about 40 s).
+PODLINK_VM_TIMEOUT=${PODLINK_VM_TIMEOUT:-300} bash tests/vm/mesh_verbs_qp_error.sh "${PODLINK_BUILD_DIR:-build}" \
+  "$(mktemp -d /tmp/podlink-vm-XXXXXX)"
 # Zero-copy TCP sends for real: two guests on tap cables, whose NICs offer
 # scatter-gather (tests/vm/mesh_tcp_zero_copy.sh; about 25 s).
 PODLINK_VM_TIMEOUT=${PODLINK_VM_TIMEOUT:-300} bash tests/vm/mesh_tcp_zero_copy.sh "${PODLINK_BUILD_DIR:-build}" \

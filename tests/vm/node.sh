@@ -18,6 +18,16 @@
 #                                    whose name sorts first sends).
 #   node.sh BUILD relay NODE...     serve nothing; relay for the others until
 #                                    each NODE has finished (at most 600 s)
+#   node.sh BUILD withdraw SIZE PEER serve a region for PEER and kill its pod
+#                                    (the export goes, and with it the RDMA
+#                                    registration) 1 s after PEER says its
+#                                    write is under way; then serve a second
+#                                    region and check what PEER writes there
+#   node.sh BUILD write-withdrawn SIZE PEER
+#                                    write PEER's first region (expected to
+#                                    fail: withdrawn mid-write, the queue
+#                                    pairs hit a remote access error), then
+#                                    write, read back and notify its second
 #
 # PODLINK_VM_MESH_EXTRA: more of the daemon's mesh options, as JSON that
 # follows the others (', "verbs_staged_only": true').
@@ -166,6 +176,77 @@ sys.exit(0 if v and v[0]["mismatches"] == 0 else 1)' "$out/$name.serve-$peer.out
     # Stay up until every peer has finished with our regions.
     echo "$rc" > "$out/$name.finished"
     for peer in "$@"; do wait_for "$out/$peer.finished" 300 || true; done
+    ;;
+  withdraw)
+    size=$1
+    peer=$2
+    serve() {  # which
+      "$demo" kv-serve --size "$size" --verify "$PODLINK_VM_IDX" > "$out/$name.serve-$1.out" 2> "$out/$name.serve-$1.err" &
+      server=$!
+      i=0
+      until grep -q '"serving"' "$out/$name.serve-$1.out" 2>/dev/null; do
+        i=$((i + 1))
+        [ "$i" -lt 600 ] || { log "kv-serve did not start"; exit 1; }
+        kill -0 "$server" 2>/dev/null || { log "kv-serve failed: $(cat "$out/$name.serve-$1.err")"; exit 1; }
+        sleep 0.1
+      done
+      python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["descriptor"])' \
+        "$out/$name.serve-$1.out" > "$out/$name.desc-$1.tmp"
+      mv "$out/$name.desc-$1.tmp" "$out/$name.desc-$1"
+    }
+    rc=0
+    serve first
+    wait_for "$out/$peer.writing" 240 || rc=1
+    sleep 1
+    kill -9 "$server"
+    wait "$server" 2>/dev/null || true
+    log "withdrew the first region (its pod killed) while $peer writes"
+    serve second
+    wait "$server" || rc=1
+    cat "$out/$name.serve-second.out"
+    python3 -c 'import json,sys
+v=[json.loads(l) for l in open(sys.argv[1]) if "verified" in l]
+sys.exit(0 if v and v[0]["mismatches"] == 0 else 1)' "$out/$name.serve-second.out" ||
+      { log "the second region was not right"; rc=1; }
+    echo "$rc" > "$out/$name.finished"
+    wait_for "$out/$peer.finished" 300 || true
+    ;;
+  write-withdrawn)
+    size=$1
+    peer=$2
+    peer_idx=$(cat "$out/$peer.idx")
+    rc=0
+    wait_for "$out/$peer.desc-first" 240 || rc=1
+    # Under way once this daemon's queue pairs to the peer are up (the open
+    # done, the write starting).
+    (
+      i=0
+      until grep -q "event=verbs_path_up node=$peer" "$out/$name.podlinkd.log"; do
+        i=$((i + 1))
+        [ "$i" -lt 1200 ] || exit 0
+        sleep 0.1
+      done
+      echo 1 > "$out/$name.writing"
+    ) &
+    log "writing $size bytes to $peer's first region (it will be withdrawn mid-write)"
+    start=$(date +%s)
+    if timeout 120 "$demo" kv-put --desc "$(cat "$out/$peer.desc-first")" --seed "$peer_idx" \
+        > "$out/$name.put-first.out" 2> "$out/$name.put-first.err"; then
+      log "the write to the withdrawn region succeeded: it was not under way when the region went"
+      rc=1
+    else
+      log "the write to the withdrawn region failed after $(( $(date +%s) - start )) s: $(tail -1 "$out/$name.put-first.err")"
+    fi
+    wait_for "$out/$peer.desc-second" 120 || rc=1
+    log "writing $size bytes to $peer's second region, reading them back, notifying"
+    if ! timeout 300 "$demo" kv-put --desc "$(cat "$out/$peer.desc-second")" --seed "$peer_idx" --read-back \
+        > "$out/$name.put-second.out" 2> "$out/$name.put-second.err"; then
+      log "kv-put to $peer's second region failed: $(tail -3 "$out/$name.put-second.err")"
+      rc=1
+    fi
+    cat "$out/$name.put-second.out"
+    echo "$rc" > "$out/$name.finished"
+    wait_for "$out/$peer.finished" 300 || true
     ;;
   relay)
     rc=0
