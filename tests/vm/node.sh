@@ -235,7 +235,7 @@ sys.exit(0 if v and v[0]["mismatches"] == 0 else 1)' "$out/$name.serve-second.ou
       log "the write to the withdrawn region succeeded: it was not under way when the region went"
       rc=1
     else
-      log "the write to the withdrawn region failed after $(( $(date +%s) - start )) s: $(tail -1 "$out/$name.put-first.err")"
+      log "the write to the withdrawn region failed after $(( $(date +%s) - start )) s: $(grep '"error"' "$out/$name.put-first.out")"
     fi
     wait_for "$out/$peer.desc-second" 120 || rc=1
     log "writing $size bytes to $peer's second region, reading them back, notifying"
