@@ -35,11 +35,11 @@ struct LinkOp {
   std::shared_ptr<MemoryObject> local_memory;
   char* local_base = nullptr;
   uint64_t local_size = 0;
-  // `local` lies in a pod's host export (pages only that pod's memory ever
-  // holds, mapped until `done`): TCP may send from it without a copy
-  // (MSG_ZEROCOPY). Never set for staging buffers, which are reused for
-  // others' bytes once the transfer is over while a failed connection may
-  // still be sending from them.
+  // `local` lies in the transferring pod's own host export (mapped until
+  // `done`): TCP may send from it without a copy (MSG_ZEROCOPY). The kernel
+  // may read those pages until it is done with them — after the transfer
+  // failed, too — so never set for staging buffers (reused for others' bytes)
+  // nor for another pod's export the session imported.
   bool local_is_export = false;
   std::function<void(const absl::Status&)> done;
   // Which paths to use (nic_rank.h: MayUse); nullptr: any.

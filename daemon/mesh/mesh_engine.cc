@@ -232,8 +232,7 @@ absl::Status SendAck(int fd, uint64_t tag, const absl::Status& st) {
 // descriptor is closed and its number may be reused).
 class MeshEngine::ConnWriter {
  public:
-  // `zero_copy`: counters for payloads sent without a copy (nullptr: never).
-  ConnWriter(int fd, ZeroCopyCounters* zero_copy) : fd_(fd), zc_(zero_copy) { zc_.Enable(fd); }
+  explicit ConnWriter(int fd) : fd_(fd) {}
   absl::Status Ack(uint64_t tag, const absl::Status& st) {
     absl::MutexLock l(&mu_);
     if (closed_) return absl::UnavailableError("connection closed");
@@ -243,13 +242,6 @@ class MeshEngine::ConnWriter {
     absl::MutexLock l(&mu_);
     if (closed_) return absl::UnavailableError("connection closed");
     return WriteFrame(fd_, h, payload, len);
-  }
-  // A frame whose payload lies in a pod's host export (mapped until the
-  // caller is done with it): without a copy where the kernel can.
-  absl::Status FrameFromExport(const FrameHeader& h, const void* payload, size_t len) {
-    absl::MutexLock l(&mu_);
-    if (closed_) return absl::UnavailableError("connection closed");
-    return zc_.WriteFrame(fd_, h, payload, len);
   }
   // Held while the serving thread writes a frame in pieces.
   absl::Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }
@@ -262,7 +254,6 @@ class MeshEngine::ConnWriter {
   absl::Mutex mu_;
   const int fd_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  ZeroCopySends zc_;  // thread-safe; frames written under mu_
 };
 
 // ---------------------------------------------------------------------------
@@ -1685,7 +1676,7 @@ void MeshEngine::TradeAdverts() {
 }
 
 void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_instance) {
-  auto writer = std::make_shared<ConnWriter>(fd, options_.tcp_zero_copy ? &served_zero_copy_ : nullptr);
+  auto writer = std::make_shared<ConnWriter>(fd);
   // Completions of forwarded requests write nothing after this returns.
   struct CloseOnExit {
     ConnWriter* w;
@@ -1833,7 +1824,10 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
             }
           }
         } else {
-          io = writer->FrameFromExport(d, reinterpret_cast<const char*>(view->address) + h.offset, h.length);
+          // Copied into the kernel, never sent from the pages themselves: a
+          // zero-copy answer still queued when the grant ends would carry
+          // whatever the owning pod writes there afterwards.
+          io = writer->Frame(d, reinterpret_cast<const char*>(view->address) + h.offset, h.length);
         }
         if (io.ok()) {
           absl::MutexLock l(&mu_);
@@ -2520,10 +2514,16 @@ absl::Status MeshEngine::Start(MeshTransfer t, Done done) {
   op.keep = t.keep;
   op.done = std::move(done);
   // A host export's own mapping (not a GPU export's staging): RDMA can go
-  // straight from and into it, TCP send from it without a copy.
+  // straight from and into it; TCP may send from it without a copy when it is
+  // this session's own export (pages that may still be read after the
+  // transfer ended hold only the transferring pod's bytes) and the range lies
+  // inside it.
   if (t.keep != nullptr && t.staging == nullptr && t.keep->memory != nullptr) {
     if (absl::StatusOr<RelayView> view = t.keep->memory->MapForRelay(); view.ok() && !view->on_gpu) {
-      op.local_is_export = true;
+      const auto* base = reinterpret_cast<const char*>(view->address);
+      op.local_is_export = t.keep->owner_session == t.session && t.local >= base &&
+                           static_cast<uint64_t>(t.local - base) <= t.keep->size &&
+                           t.length <= t.keep->size - static_cast<uint64_t>(t.local - base);
       if (std::string_view(links->transport()) == "verbs") {
         op.local_memory = t.keep->memory;
         op.local_base = reinterpret_cast<char*>(view->address);
@@ -3044,15 +3044,6 @@ std::string MeshEngine::RenderMetrics() const {
       static_cast<double>(in));
   one("podlink_mesh_served_read_bytes_total", "counter", "bytes peers read from this node's exports",
       static_cast<double>(out_bytes));
-  one("podlink_mesh_tcp_zero_copy_served_bytes_total", "counter",
-      "TCP: bytes of this node's host exports sent to peers' reads without a copy (MSG_ZEROCOPY)",
-      static_cast<double>(served_zero_copy_.bytes.load(std::memory_order_relaxed)));
-  one("podlink_mesh_tcp_zero_copy_served_copied_total", "counter",
-      "TCP: zero-copy sends of read answers the kernel copied after all",
-      static_cast<double>(served_zero_copy_.copied.load(std::memory_order_relaxed)));
-  one("podlink_mesh_tcp_zero_copy_served_fell_back_total", "counter",
-      "TCP: read answers the kernel would not pin (locked-memory limit, optmem), copied instead",
-      static_cast<double>(served_zero_copy_.fell_back.load(std::memory_order_relaxed)));
   one("podlink_mesh_refused_frames_total", "counter", "data connections closed for a malformed frame",
       static_cast<double>(refused_frames));
   one("podlink_mesh_refused_connections_total", "counter",

@@ -75,9 +75,9 @@ struct MeshOptions {
   // grant is staged through this node's bounce pools (the pods' memory is
   // never remotely addressable; each slice costs a copy here).
   bool verbs_staged_only = false;
-  // TCP: a write's slices of a pod's host export, and a read's answer from a
-  // host export here, go to the kernel without a copy (MSG_ZEROCOPY) on each
-  // connection while the kernel can (wire.h ZeroCopySends).
+  // TCP: a write's slices of the writing pod's own host export go to the
+  // kernel without a copy (MSG_ZEROCOPY) on each connection while the kernel
+  // can (wire.h ZeroCopySends).
   bool tcp_zero_copy = true;
   uint32_t connections_per_path = 4;
   uint64_t slice_bytes = 512 << 10;
@@ -466,8 +466,6 @@ class MeshEngine final : public MeshPort {
   uint64_t remote_denials_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t late_slices_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t duplicate_notifies_ ABSL_GUARDED_BY(mu_) = 0;
-  // Reads of host exports here answered without a copy (atomics).
-  ZeroCopyCounters served_zero_copy_;
   std::map<LinkKey, std::map<uint32_t, absl::Time>> finished_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<LinkKey, uint32_t>, uint32_t> writing_ ABSL_GUARDED_BY(mu_);
   absl::Time last_prune_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

@@ -237,24 +237,17 @@ void PeerLinks::Send(Conn& c) {
 }
 
 void PeerLinks::Receive(Conn& c) {
+  absl::Time checked = absl::Now();
+  bool error_queue_was_empty = false;
   for (;;) {
     // Wait for the next answer, watching for requests the peer leaves
     // unanswered (alive but stuck: TCP's own timeouts never fire then).
     pollfd p{c.fd.get(), POLLIN, 0};
     int ready = ::poll(&p, 1, 500);
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready > 0 && (p.revents & POLLERR) != 0 && (p.revents & (POLLIN | POLLHUP)) == 0) {
-      // Zero-copy completions on the error queue (taken here, or just now by
-      // the sending thread), or a socket error: never block in the read
-      // below for it, which would stop the unanswered-request watch.
-      if (ReapZeroCopy(c) > 0) continue;
-      int err = 0;
-      socklen_t n = sizeof(err);
-      if (::getsockopt(c.fd.get(), SOL_SOCKET, SO_ERROR, &err, &n) != 0) err = errno;
-      if (err == 0) continue;
-      return Kill(c, absl::UnavailableError(absl::StrCat("mesh link to node ", node_, ": ", std::strerror(err))));
-    }
-    if (ready == 0) {
+    const int poll_errno = errno;
+    if (ready < 0 && poll_errno == EINTR) continue;
+    if (ready == 0 || absl::Now() - checked >= absl::Milliseconds(500)) {
+      checked = absl::Now();
       absl::Time oldest = absl::InfiniteFuture();
       {
         absl::MutexLock l(&mu_);
@@ -265,8 +258,26 @@ void PeerLinks::Receive(Conn& c) {
         return Kill(c, absl::DeadlineExceededError(absl::StrCat("node ", node_, " left a request unanswered for ",
                                                                 absl::FormatDuration(answer_timeout_))));
       }
-      continue;
     }
+    if (ready < 0) {
+      return Kill(c, absl::UnavailableError(absl::StrCat("mesh link to node ", node_, ": poll: ", std::strerror(poll_errno))));
+    }
+    if (ready == 0) continue;
+    if ((p.revents & POLLERR) != 0 && (p.revents & (POLLIN | POLLHUP)) == 0) {
+      // Zero-copy completions on the error queue: take them and wait on,
+      // never blocking in the read below (which would stop the watch above).
+      // Nothing there (the sending thread just took them) twice in a row: a
+      // socket error, which the read reports at once.
+      if (ReapZeroCopy(c) > 0) {
+        error_queue_was_empty = false;
+        continue;
+      }
+      if (!error_queue_was_empty) {
+        error_queue_was_empty = true;
+        continue;
+      }
+    }
+    error_queue_was_empty = false;
     FrameHeader h;
     if (absl::Status st = ReadFull(c.fd.get(), &h, sizeof(h)); !st.ok()) return Kill(c, st);
     auto type = static_cast<FrameType>(h.type);

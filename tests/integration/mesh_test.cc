@@ -527,11 +527,6 @@ TEST_F(Mesh, TwoCablesBothCarryATransfer) {
   EXPECT_GT(value(metrics, "podlink_mesh_tcp_zero_copy_bytes_total{peer=\"node-b\"}"), 0.0) << metrics;
   EXPECT_GE(value(metrics, "podlink_mesh_tcp_zero_copy_copied_total{peer=\"node-b\"}"), 1.0) << metrics;
   EXPECT_TRUE(na->WaitForLog("event=mesh_tcp_zero_copy_off node=node-b"));
-  // Node b answered the read-back from its pod's export the same way.
-  std::string metrics_b = RunCommand(absl::StrCat(
-      "ip netns exec ", b, " python3 -c 'import urllib.request as u; print(u.urlopen(\"http://127.0.0.1:",
-      nb->metrics_port(), "/metrics\").read().decode())'"));
-  EXPECT_GT(value(metrics_b, "podlink_mesh_tcp_zero_copy_served_bytes_total"), 0.0) << metrics_b;
 }
 
 // Each daemon reads the NICs under its addresses from sysfs and advertises
