@@ -41,6 +41,15 @@ const ComponentLog Log("mesh");
 // How a relay says it cannot take a region over verbs (the importer then
 // reaches it over TCP).
 constexpr char kRelayCannotStage[] = " cannot stage over verbs: ";
+
+// A relay's refusal to stage a region over verbs for its caller (no bounce
+// pool for it; or, from a relay of a version before staging, "relayed
+// regions ride TCP links"): the hop to it can still go over TCP.
+bool RelayCannotStage(const absl::Status& st) {
+  return st.code() == absl::StatusCode::kFailedPrecondition &&
+         (absl::StrContains(st.message(), kRelayCannotStage) ||
+          absl::StrContains(st.message(), "relayed regions ride TCP links"));
+}
 namespace pb = podlink::mesh::v1;
 
 absl::StatusOr<std::string> ReadPem(const std::string& dir, const char* name) {
@@ -1086,9 +1095,7 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
       if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, onward, &resp), next.node_name); !st.ok()) {
         // The next relay cannot stage over verbs (no bounce pool for this
         // node, or an older version): the hop to it goes over TCP.
-        if (vl != nullptr && next_is_relay && st.code() == absl::StatusCode::kFailedPrecondition &&
-            (absl::StrContains(st.message(), kRelayCannotStage) ||
-             absl::StrContains(st.message(), "relayed regions ride TCP links"))) {
+        if (vl != nullptr && next_is_relay && RelayCannotStage(st)) {
           Log()->info("event=mesh_relay_over_tcp relay={} destination={} why={}", next.node_name, destination,
                       LogQuoted(std::string(st.message()).substr(0, 256)));
           return OverTcp(next, [self, done](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
@@ -2243,9 +2250,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
       if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, open, &resp), hop.node_name); !st.ok()) {
         // A relay that cannot stage over verbs (no bounce pool for this
         // node, or an older version): the hop to it goes over TCP.
-        if (vl != nullptr && hop.node_name != destination && st.code() == absl::StatusCode::kFailedPrecondition &&
-            (absl::StrContains(st.message(), kRelayCannotStage) ||
-             absl::StrContains(st.message(), "relayed regions ride TCP links"))) {  // a relay before staging
+        if (vl != nullptr && hop.node_name != destination && RelayCannotStage(st)) {
           Log()->info("event=mesh_relay_over_tcp relay={} destination={} why={}", hop.node_name, destination,
                       LogQuoted(std::string(st.message()).substr(0, 256)));
           return OverTcp(hop, [self, done](absl::StatusOr<std::shared_ptr<Peer>> tcp) {

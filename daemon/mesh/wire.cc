@@ -88,25 +88,24 @@ absl::Status ZeroCopySends::WriteFrame(int fd, const FrameHeader& h, const void*
   // payload's first segment.
   if (absl::Status st = SendAll(fd, &h, sizeof(h), MSG_MORE); !st.ok()) return st;
   const auto* p = static_cast<const char*>(payload);
-  bool copy = false;
+  absl::Status st;
   while (len > 0) {
-    const bool zero = !copy && on();
-    ssize_t n = ::send(fd, p, len, MSG_NOSIGNAL | (zero ? MSG_ZEROCOPY : 0));
+    ssize_t n = ::send(fd, p, len, MSG_NOSIGNAL | MSG_ZEROCOPY);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == ENOBUFS || errno == EFAULT) && zero) {
+    if (n < 0 && (errno == ENOBUFS || errno == EFAULT)) {
       // Pinning refused (the locked-memory limit, no room for the
-      // completion, pages that cannot be pinned): this frame is copied.
+      // completion, pages that cannot be pinned): the rest is copied.
       counters_->fell_back.fetch_add(1, std::memory_order_relaxed);
-      copy = true;
-      continue;
+      st = SendAll(fd, p, len, 0);
+      break;
     }
     if (n <= 0) return SocketError("write", errno);
-    if (zero) counters_->bytes.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+    counters_->bytes.fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
     p += n;
     len -= static_cast<size_t>(n);
   }
   Reap(fd);
-  return absl::OkStatus();
+  return st;
 }
 
 int ZeroCopySends::Reap(int fd) {
