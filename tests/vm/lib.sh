@@ -164,6 +164,24 @@ vm_begin() {
   trap vm_stop_all EXIT
 }
 
+# vm_check WHAT CMD... : runs CMD; prints "ok: WHAT" or "FAILED: WHAT" and
+# then sets the caller's rc to 1.
+vm_check() {
+  local what=$1
+  shift
+  if "$@"; then echo "ok: $what"; else echo "FAILED: $what"; rc=1; fi
+}
+
+# vm_machine OUT WHAT : writes OUT/machine.txt (this machine, the guests, the
+# date, the commit) with WHAT (the command and its settings) as its last line.
+vm_machine() {
+  {
+    echo "machine: $(nproc) cores, host kernel $(uname -r), guests: Debian $VM_KVER under QEMU TCG, 1 vCPU, ${VM_MEM_MB} MiB each"
+    echo "date: $(date -u +%Y-%m-%dT%H:%MZ); commit: $(git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "command: $2"
+  } > "$1/machine.txt"
+}
+
 vm_show() {
   local n
   for n in "$@"; do

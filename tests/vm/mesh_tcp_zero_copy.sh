@@ -90,11 +90,7 @@ for node, peer in (("node-a", "node-b"), ("node-b", "node-a")):
     ok = ok and good
 sys.exit(0 if ok else 1)
 PY
-{
-  echo "machine: $(nproc) cores, host kernel $(uname -r), guests: Debian $VM_KVER under QEMU TCG, 1 vCPU, ${VM_MEM_MB} MiB each"
-  echo "date: $(date -u +%Y-%m-%dT%H:%MZ); commit: $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  echo "command: tests/vm/mesh_tcp_zero_copy.sh; region $bytes bytes; cable: two tap devices on a bridge; transport tcp"
-} > "$out/machine.txt"
+vm_machine "$out" "tests/vm/mesh_tcp_zero_copy.sh; region $bytes bytes; cable: two tap devices on a bridge; transport tcp"
 [ "$rc" = 0 ] && echo "mesh TCP links sending without a copy (two guests on tap cables): PASS" ||
   echo "mesh TCP links sending without a copy (two guests on tap cables): FAIL"
 exit "$rc"

@@ -86,10 +86,6 @@ for n in node-a node-b; do
     grep "event=mesh_importer_gone" "$out/$n.podlinkd.log" 2>/dev/null | tail -2; rc=1
   fi
 done
-{
-  echo "machine: $(nproc) cores, host kernel $(uname -r), guests: Debian $VM_KVER under QEMU TCG, 1 vCPU, ${VM_MEM_MB} MiB each"
-  echo "date: $(date -u +%Y-%m-%dT%H:%MZ); commit: $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  echo "command: tests/vm/mesh_verbs.sh; region $bytes bytes"
-} > "$out/machine.txt"
+vm_machine "$out" "tests/vm/mesh_verbs.sh; region $bytes bytes"
 [ "$rc" = 0 ] && echo "mesh over verbs (soft-RoCE, two guests): PASS" || echo "mesh over verbs (soft-RoCE, two guests): FAIL"
 exit "$rc"

@@ -120,11 +120,7 @@ else
   echo "node-a: the path was not repaired after the cable came back"; rc=1
 fi
 grep -h 'podlink_mesh' "$out/node-a.metrics" 2>/dev/null | grep -E 'resent|failures|connections' || true
-{
-  echo "machine: $(nproc) cores, host kernel $(uname -r), guests: Debian $VM_KVER under QEMU TCG, 1 vCPU, ${VM_MEM_MB} MiB each"
-  echo "date: $(date -u +%Y-%m-%dT%H:%MZ); commit: $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  echo "command: tests/vm/mesh_verbs_long.sh; $bytes bytes per transfer; node-a's eth1 to node-b cut ${cut_after} s into its write, back ${cut_back} s later; node-a and node-d through node-c; node-b verbs_staged_only=$b_staged"
-} > "$out/machine.txt"
+vm_machine "$out" "tests/vm/mesh_verbs_long.sh; $bytes bytes per transfer; node-a's eth1 to node-b cut ${cut_after} s into its write, back ${cut_back} s later; node-a and node-d through node-c; node-b verbs_staged_only=$b_staged"
 rm -rf "$out/certs" "$out"/*.pid "$out"/*.desc-* "$out"/*.idx
 [ "$rc" = 0 ] && echo "triangle + cut cable + a node through a relay over verbs (soft-RoCE, four guests): PASS" ||
   echo "triangle + cut cable + a node through a relay over verbs (soft-RoCE, four guests): FAIL"

@@ -47,29 +47,24 @@ vm_wait node_b 60 || rc=1
 vm_log "guests done in $(( $(date +%s) - t0 )) s"
 vm_show node_a node_b
 python3 "$here/summary.py" "$out" node-a:node-b node-b:node-a || rc=1
-check() {  # description, then a command that must succeed
-  local what=$1
-  shift
-  if "$@"; then echo "ok: $what"; else echo "FAILED: $what"; rc=1; fi
-}
-check "node-b could not register its pod's region and granted it over TCP ($(grep -o 'event=mesh_grant_over_tcp.*' \
+vm_check "node-b could not register its pod's region and granted it over TCP ($(grep -o 'event=mesh_grant_over_tcp.*' \
   "$out/node-b.podlinkd.log" 2>/dev/null | head -1))" grep -q "event=mesh_grant_over_tcp" "$out/node-b.podlinkd.log"
-check "node-b counted it" grep -Eq '^podlink_mesh_grants_over_tcp_total [1-9]' "$out/node-b.metrics"
-check "node-a carried that region over TCP" grep -q "event=mesh_region_over_tcp node=node-b" "$out/node-a.podlinkd.log"
-check "node-b could not pin a bounce pool for it either" grep -q "no staging over RDMA either" "$out/node-b.podlinkd.log"
-check "node-a (verbs_staged_only) staged its region for node-b ($(grep -o 'event=mesh_grant_staged.*' \
+vm_check "node-b counted it" grep -Eq '^podlink_mesh_grants_over_tcp_total [1-9]' "$out/node-b.metrics"
+vm_check "node-a carried that region over TCP" grep -q "event=mesh_region_over_tcp node=node-b" "$out/node-a.podlinkd.log"
+vm_check "node-b could not pin a bounce pool for it either" grep -q "no staging over RDMA either" "$out/node-b.podlinkd.log"
+vm_check "node-a (verbs_staged_only) staged its region for node-b ($(grep -o 'event=mesh_grant_staged.*' \
   "$out/node-a.podlinkd.log" 2>/dev/null | head -1))" grep -q "event=mesh_grant_staged peer=node-b" "$out/node-a.podlinkd.log"
-check "node-b carried node-a's region staged over its queue pairs" \
+vm_check "node-b carried node-a's region staged over its queue pairs" \
   grep -q "event=mesh_region_staged node=node-a" "$out/node-b.podlinkd.log"
 # 4 MiB in 256 KiB slices, written and read back: 32 slices through node-a's pool.
-check "node-a copied every slice through its bounce pool ($(grep '^podlink_mesh_verbs_staged_slices_total' \
+vm_check "node-a copied every slice through its bounce pool ($(grep '^podlink_mesh_verbs_staged_slices_total' \
   "$out/node-a.metrics" 2>/dev/null))" \
   awk '$1 == "podlink_mesh_verbs_staged_slices_total" && $2 >= 32 { ok = 1 } END { exit !ok }' "$out/node-a.metrics"
-check "node-a refused none" grep -Eq '^podlink_mesh_verbs_staged_refused_total 0$' "$out/node-a.metrics"
+vm_check "node-a refused none" grep -Eq '^podlink_mesh_verbs_staged_refused_total 0$' "$out/node-a.metrics"
 # node-a's writes over TCP left its pod's export without a copy into the
 # kernel (MSG_ZEROCOPY); how many sends the kernel copied after all (a socket
 # cable's NIC has no scatter-gather) is reported.
-check "node-a sent its pod's slices to node-b without a copy ($(grep -E '^podlink_mesh_tcp_zero_copy_(bytes|copied|fell_back)_total' "$out/node-a.metrics" 2>/dev/null | tr '\n' ' '))" \
+vm_check "node-a sent its pod's slices to node-b without a copy ($(grep -E '^podlink_mesh_tcp_zero_copy_(bytes|copied|fell_back)_total' "$out/node-a.metrics" 2>/dev/null | tr '\n' ' '))" \
   grep -Eq '^podlink_mesh_tcp_zero_copy_bytes_total\{peer="node-b"\} [1-9]' "$out/node-a.metrics"
 # What each node's operator sees (kubectl podlink links): node-a's bytes to
 # node-b went over TCP links; node-b's to node-a over its queue pairs.
@@ -87,11 +82,7 @@ for me, peer, transport in (("node-a", "node-b", "tcp"), ("node-b", "node-a", "v
     print(f"{'ok' if good else 'FAILED'}: {me} -> {peer} over {transport}: {sent} bytes sent (kubectl podlink links)")
 sys.exit(0 if ok else 1)
 PY
-{
-  echo "machine: $(nproc) cores, host kernel $(uname -r), guests: Debian $VM_KVER under QEMU TCG, 1 vCPU, ${VM_MEM_MB} MiB each"
-  echo "date: $(date -u +%Y-%m-%dT%H:%MZ); commit: $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  echo "command: tests/vm/mesh_verbs_over_tcp.sh; region $bytes bytes; node-b's podlinkd: no CAP_IPC_LOCK, ulimit -l 3072; node-a's: verbs_staged_only"
-} > "$out/machine.txt"
+vm_machine "$out" "tests/vm/mesh_verbs_over_tcp.sh; region $bytes bytes; node-b's podlinkd: no CAP_IPC_LOCK, ulimit -l 3072; node-a's: verbs_staged_only"
 [ "$rc" = 0 ] && echo "mesh over verbs, a region staged through a bounce pool and one carried over TCP (two guests): PASS" ||
   echo "mesh over verbs, a region staged through a bounce pool and one carried over TCP (two guests): FAIL"
 exit "$rc"

@@ -42,31 +42,22 @@ vm_wait node_a "$limit" || rc=1
 vm_wait node_b 60 || rc=1
 vm_log "guests done in $(( $(date +%s) - t0 )) s"
 vm_show node_a node_b
-check() {  # description, then a command that must succeed
-  local what=$1
-  shift
-  if "$@"; then echo "ok: $what"; else echo "FAILED: $what"; rc=1; fi
-}
-check "node-a's write to the withdrawn region failed ($(grep -o 'failed after.*' "$out/node_a.log" 2>/dev/null | head -1))" \
+vm_check "node-a's write to the withdrawn region failed ($(grep -o 'failed after.*' "$out/node_a.log" 2>/dev/null | head -1))" \
   grep -q "the write to the withdrawn region failed" "$out/node_a.log"
-check "the pod was told UNAVAILABLE ($(grep -o '"code":"[A-Z_]*"' "$out/node-a.put-first.out" 2>/dev/null))" \
+vm_check "the pod was told UNAVAILABLE ($(grep -o '"code":"[A-Z_]*"' "$out/node-a.put-first.out" 2>/dev/null))" \
   grep -q '"code":"UNAVAILABLE"' "$out/node-a.put-first.out"
-check "node-a's queue pairs went into error on the remote access error ($(grep -c 'event=verbs_qp_failed node=node-b' \
+vm_check "node-a's queue pairs went into error on the remote access error ($(grep -c 'event=verbs_qp_failed node=node-b' \
   "$out/node-a.podlinkd.log" 2>/dev/null) failed; $(grep -o 'event=verbs_qp_failed.*' "$out/node-a.podlinkd.log" 2>/dev/null | head -1))" \
   grep -Eq 'event=verbs_qp_failed node=node-b .*why="[^"]*remote access' "$out/node-a.podlinkd.log"
-check "node-a's second region write, read-back and notification went through" \
+vm_check "node-a's second region write, read-back and notification went through" \
   grep -q '"event":"read_back".*"mismatches":0' "$out/node-a.put-second.out"
-check "node-a wrote the second region over verbs ($(grep -c 'event=verbs_path_up node=node-b' "$out/node-a.podlinkd.log" 2>/dev/null) path(s) up in all)" \
+vm_check "node-a wrote the second region over verbs ($(grep -c 'event=verbs_path_up node=node-b' "$out/node-a.podlinkd.log" 2>/dev/null) path(s) up in all)" \
   python3 -c 'import json,sys
 p = next(x for x in json.load(open(sys.argv[1]))["peers"] if x["node"] == "node-b")
 sys.exit(0 if p["transport"] == "verbs" and p["connections_up"] >= 1 else 1)' "$out/node-a.links.json"
-check "node-b found every byte of its second region right" \
+vm_check "node-b found every byte of its second region right" \
   grep -q '"event":"verified".*"mismatches":0' "$out/node-b.serve-second.out"
-{
-  echo "machine: $(nproc) cores, host kernel $(uname -r), guests: Debian $VM_KVER under QEMU TCG, 1 vCPU, ${VM_MEM_MB} MiB each"
-  echo "date: $(date -u +%Y-%m-%dT%H:%MZ); commit: $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  echo "command: tests/vm/mesh_verbs_qp_error.sh; region $bytes bytes, withdrawn 1 s into the write"
-} > "$out/machine.txt"
+vm_machine "$out" "tests/vm/mesh_verbs_qp_error.sh; region $bytes bytes, withdrawn 1 s into the write"
 [ "$rc" = 0 ] && echo "queue pairs forced into error by a withdrawn region, and the link after (two guests): PASS" ||
   echo "queue pairs forced into error by a withdrawn region, and the link after (two guests): FAIL"
 exit "$rc"

@@ -62,30 +62,25 @@ vm_log "guests done in $(( $(date +%s) - t0 )) s"
 vm_show node_a node_b node_c node_d
 python3 "$here/summary.py" "$out" node-a:node-d node-d:node-a || rc=1
 
-check() {  # description, then the command that must succeed
-  local what=$1
-  shift
-  if "$@"; then echo "ok: $what"; else echo "FAILED: $what"; rc=1; fi
-}
 metric() { awk -v m="$2" '$1 == m { print $2 + 0 }' "$out/$1.metrics" 2>/dev/null; }
 # Each end routed through both relays, in order.
-check "node-a routed to node-d via node-b,node-c" grep -q 'event=mesh_route destination=node-d via=node-b,node-c$' \
+vm_check "node-a routed to node-d via node-b,node-c" grep -q 'event=mesh_route destination=node-d via=node-b,node-c$' \
   "$out/node-a.podlinkd.log"
-check "node-d routed to node-a via node-c,node-b" grep -q 'event=mesh_route destination=node-a via=node-c,node-b$' \
+vm_check "node-d routed to node-a via node-c,node-b" grep -q 'event=mesh_route destination=node-a via=node-c,node-b$' \
   "$out/node-d.podlinkd.log"
 # Every hop over queue pairs: the origins' hops to the first relay, and the
 # first relay's on to the second (relay to relay), staged by the relay ahead.
 for hop in "node-a node-b" "node-d node-c" "node-b node-c" "node-c node-b"; do
   set -- $hop
-  check "$1 reached the relay $2 over verbs (staged by it)" \
+  vm_check "$1 reached the relay $2 over verbs (staged by it)" \
     grep -q "event=mesh_region_staged node=$2 .*why=\"relay $2 stores and forwards\"" "$out/$1.podlinkd.log"
 done
-check "node-b relayed node-a's open on to the relay node-c" \
+vm_check "node-b relayed node-a's open on to the relay node-c" \
   grep -q 'event=mesh_relay_grant peer=node-a origin=node-a next=node-c ' "$out/node-b.podlinkd.log"
-check "node-c relayed node-d's open on to the relay node-b" \
+vm_check "node-c relayed node-d's open on to the relay node-b" \
   grep -q 'event=mesh_relay_grant peer=node-d origin=node-d next=node-b ' "$out/node-c.podlinkd.log"
 for n in node-a node-b node-c node-d; do
-  check "$n took no hop over TCP" bash -c "! grep -q 'event=mesh_relay_over_tcp\|event=mesh_verbs_fallback' '$out/$n.podlinkd.log'"
+  vm_check "$n took no hop over TCP" bash -c "! grep -q 'event=mesh_relay_over_tcp\|event=mesh_verbs_fallback' '$out/$n.podlinkd.log'"
 done
 # Each relay staged every slice of both transfers for the node before it
 # (written and read back: 4 x bytes / 256 KiB), none refused.
@@ -93,14 +88,10 @@ slices=$(( 4 * ((bytes + 262143) / 262144) ))
 for n in node-b node-c; do
   staged=$(metric "$n" podlink_mesh_verbs_staged_slices_total)
   refused=$(metric "$n" podlink_mesh_verbs_staged_refused_total)
-  check "$n staged ${staged:-no} slices (at least $slices), ${refused:-no} refused" \
+  vm_check "$n staged ${staged:-no} slices (at least $slices), ${refused:-no} refused" \
     test "${staged:-0}" -ge "$slices" -a "${refused:-1}" = 0
 done
-{
-  echo "machine: $(nproc) cores, host kernel $(uname -r), guests: Debian $VM_KVER under QEMU TCG, 1 vCPU, ${VM_MEM_MB} MiB each"
-  echo "date: $(date -u +%Y-%m-%dT%H:%MZ); commit: $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  echo "command: tests/vm/mesh_verbs_two_relays.sh; $bytes bytes per transfer; chain node-a - node-b - node-c - node-d"
-} > "$out/machine.txt"
+vm_machine "$out" "tests/vm/mesh_verbs_two_relays.sh; $bytes bytes per transfer; chain node-a - node-b - node-c - node-d"
 rm -rf "$out/certs" "$out"/*.pid "$out"/*.desc-* "$out"/*.idx
 [ "$rc" = 0 ] && echo "two relays in a row over verbs (soft-RoCE, four guests): PASS" ||
   echo "two relays in a row over verbs (soft-RoCE, four guests): FAIL"

@@ -97,6 +97,23 @@ wait_for() {  # file seconds
   done
 }
 
+# serve SIZE WHICH: a region of SIZE bytes served by kv-serve (its pid in
+# $server), its descriptor published as $out/$name.desc-WHICH once it serves.
+serve() {
+  "$demo" kv-serve --size "$1" --verify "$PODLINK_VM_IDX" > "$out/$name.serve-$2.out" 2> "$out/$name.serve-$2.err" &
+  server=$!
+  i=0
+  until grep -q '"serving"' "$out/$name.serve-$2.out" 2>/dev/null; do
+    i=$((i + 1))
+    [ "$i" -lt 600 ] || { log "kv-serve did not start"; exit 1; }
+    kill -0 "$server" 2>/dev/null || { log "kv-serve failed: $(cat "$out/$name.serve-$2.err")"; exit 1; }
+    sleep 0.1
+  done
+  python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["descriptor"])' \
+    "$out/$name.serve-$2.out" > "$out/$name.desc-$2.tmp"
+  mv "$out/$name.desc-$2.tmp" "$out/$name.desc-$2"
+}
+
 case "$role" in
   pair)
     # One region per peer (each writer notifies its own owner), so a region
@@ -105,20 +122,8 @@ case "$role" in
     shift
     servers=""
     for peer in "$@"; do
-      "$demo" kv-serve --size "$size" --verify "$PODLINK_VM_IDX" > "$out/$name.serve-$peer.out" \
-        2> "$out/$name.serve-$peer.err" &
-      server=$!
+      serve "$size" "$peer"
       servers="$servers $server"
-      i=0
-      until grep -q '"serving"' "$out/$name.serve-$peer.out" 2>/dev/null; do
-        i=$((i + 1))
-        [ "$i" -lt 600 ] || { log "kv-serve did not start"; exit 1; }
-        kill -0 "$server" 2>/dev/null || { log "kv-serve failed: $(cat "$out/$name.serve-$peer.err")"; exit 1; }
-        sleep 0.1
-      done
-      python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["descriptor"])' \
-        "$out/$name.serve-$peer.out" > "$out/$name.desc-$peer.tmp"
-      mv "$out/$name.desc-$peer.tmp" "$out/$name.desc-$peer"
     done
     rc=0
     for peer in "$@"; do
@@ -180,28 +185,14 @@ sys.exit(0 if v and v[0]["mismatches"] == 0 else 1)' "$out/$name.serve-$peer.out
   withdraw)
     size=$1
     peer=$2
-    serve() {  # which
-      "$demo" kv-serve --size "$size" --verify "$PODLINK_VM_IDX" > "$out/$name.serve-$1.out" 2> "$out/$name.serve-$1.err" &
-      server=$!
-      i=0
-      until grep -q '"serving"' "$out/$name.serve-$1.out" 2>/dev/null; do
-        i=$((i + 1))
-        [ "$i" -lt 600 ] || { log "kv-serve did not start"; exit 1; }
-        kill -0 "$server" 2>/dev/null || { log "kv-serve failed: $(cat "$out/$name.serve-$1.err")"; exit 1; }
-        sleep 0.1
-      done
-      python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["descriptor"])' \
-        "$out/$name.serve-$1.out" > "$out/$name.desc-$1.tmp"
-      mv "$out/$name.desc-$1.tmp" "$out/$name.desc-$1"
-    }
     rc=0
-    serve first
+    serve "$size" first
     wait_for "$out/$peer.writing" 240 || rc=1
     sleep 1
     kill -9 "$server"
     wait "$server" 2>/dev/null || true
     log "withdrew the first region (its pod killed) while $peer writes"
-    serve second
+    serve "$size" second
     wait "$server" || rc=1
     cat "$out/$name.serve-second.out"
     python3 -c 'import json,sys
