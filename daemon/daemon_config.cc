@@ -38,13 +38,14 @@ absl::Status ParseMeshConfig(const nlohmann::json& m, mesh::MeshOptions* o) {
     const nlohmann::json& v = it.value();
     uint64_t n = 0;
     if (k == "enabled" || k == "fallback" || k == "verbs_tcp_fallback" || k == "verbs_staged_only" ||
-        k == "tcp_zero_copy") {
+        k == "tcp_zero_copy" || k == "two_hop_stripe") {
       if (!v.is_boolean()) return bad(k, "true or false");
       (k == "enabled"              ? o->enabled
        : k == "fallback"           ? o->fallback
        : k == "verbs_tcp_fallback" ? o->verbs_tcp_fallback
        : k == "verbs_staged_only"  ? o->verbs_staged_only
-                                   : o->tcp_zero_copy) = v.get<bool>();
+       : k == "tcp_zero_copy"      ? o->tcp_zero_copy
+                                   : o->two_hop_stripe) = v.get<bool>();
     } else if (k == "listen" || k == "cert_dir") {
       if (!v.is_string() || v.get<std::string>().empty()) return bad(k, "a non-empty string");
       (k == "listen" ? o->listen : o->cert_dir) = v.get<std::string>();

@@ -41,6 +41,11 @@ const ComponentLog Log("mesh");
 // How a relay says it cannot take a region over verbs (the importer then
 // reaches it over TCP).
 constexpr char kRelayCannotStage[] = " cannot stage over verbs: ";
+// Two-hop striping (mesh.two_hop_stripe): transfers from this size, in
+// chunks of this size, at most this many in flight per route.
+constexpr uint64_t kTwoHopMinBytes = 8 << 20;
+constexpr uint64_t kTwoHopChunk = 4 << 20;
+constexpr uint32_t kTwoHopWindow = 4;
 
 // A relay's refusal to stage a region over verbs for its caller (no bounce
 // pool for it; or, from a relay of a version before staging, "relayed
@@ -356,6 +361,14 @@ class MeshEngine::Service final : public pb::Mesh::CallbackService {
       return absl::OkStatus();
     });
   }
+  grpc::ServerUnaryReactor* FenceRoute(grpc::CallbackServerContext* ctx, const pb::FenceRouteRequest* req,
+                                       pb::FenceRouteResponse* resp) override {
+    return Run(ctx, [&](const std::string& node) -> absl::Status {
+      PODLINK_ASSIGN_OR_RETURN(uint32_t closed, e_->FenceRoute(node, req->nonce()));
+      resp->set_grants_closed(closed);
+      return absl::OkStatus();
+    });
+  }
   grpc::ServerUnaryReactor* CloseRegion(grpc::CallbackServerContext* ctx, const pb::CloseRegionRequest* req,
                                         pb::CloseRegionResponse*) override {
     return Run(ctx, [&](const std::string& node) {
@@ -649,6 +662,11 @@ absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions option
   e->RefreshOwnAdvert();  // before the first Hello it could be asked for
   e->repair_thread_ = std::thread([p = e.get()] { p->RepairLoop(); });
   e->housekeeping_thread_ = std::thread([p = e.get()] { p->HousekeepingLoop(); });
+  if (e->options_.two_hop_stripe) {
+    absl::MutexLock l(&e->pump_mu_);
+    e->pump_running_ = true;
+    e->pump_thread_ = std::thread([p = e.get()] { p->PumpLoop(); });
+  }
   for (const PeerEntry& peer : o.peers) e->Learn(peer.node, peer.addresses, peer.port);
   std::vector<std::string> adv;
   for (const IpPrefix& a : e->advertised_) adv.push_back(a.ToString());
@@ -690,6 +708,12 @@ void MeshEngine::Stop() {
   // is in flight into the relay, still alive.
   for (auto& [node, p] : peers) p->Stop();
   for (auto& [node, p] : peers) p->set_links(nullptr);
+  // Striped transfers still waiting for submissions find no links now and end.
+  {
+    absl::MutexLock l(&pump_mu_);
+    pump_stop_ = true;
+  }
+  if (pump_thread_.joinable()) pump_thread_.join();
   peers.clear();
   // Relay grants hold their next node; it was one of the peers above. Pods'
   // handles go too (an open finishing meanwhile was refused: stopping).
@@ -823,7 +847,7 @@ uint64_t MeshEngine::GrantForTesting(const std::string& node, std::shared_ptr<co
   absl::MutexLock l(&mu_);
   uint64_t g = 0;
   while (g == 0 || grants_.contains(g)) g = RandomU64();
-  grants_[g] = Grant{node, rec, node + "/test", nullptr, 0};
+  grants_[g] = Grant{node, rec, node + "/test", nullptr, 0, {}, 0};
   SeenLocked(node);  // a grant given is a sign of life, however long the node was quiet
   ++grants_per_node_[node];
   return g;
@@ -988,7 +1012,8 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
     ++mine;
     uint64_t g = 0;
     while (g == 0 || grants_.contains(g)) g = RandomU64();  // unguessable, never reused across restarts
-    grants_[g] = Grant{node, *rec, pod.key, nullptr, req.caller_instance()};
+    grants_[g] = Grant{node, *rec, pod.key, nullptr, req.caller_instance(), claim != nullptr ? origin : std::string(),
+                       claim != nullptr ? claim->nonce() : 0};
     SeenLocked(node);  // a grant given is a sign of life, however long the node was quiet
     resp.set_grant(g);
   }
@@ -1122,7 +1147,7 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
             ++count;
             ++mine;
             while (g == 0 || grants_.contains(g)) g = RandomU64();
-            grants_[g] = Grant{caller, {}, pod, fwd, req.caller_instance()};
+            grants_[g] = Grant{caller, {}, pod, fwd, req.caller_instance(), {}, 0};
             SeenLocked(caller);  // a grant given is a sign of life, however long the node was quiet
             ++relayed_opens_;
           }
@@ -1271,7 +1296,7 @@ void MeshEngine::CloseRegion(const std::string& node, uint64_t grant) {
   if (fwd != nullptr) ReleaseRemoteGrant(fwd->peer.get(), fwd->grant);
 }
 
-absl::StatusOr<MeshEngine::Granted> MeshEngine::LookupGrant(const std::string& node, uint64_t grant) {
+absl::StatusOr<MeshEngine::Granted> MeshEngine::LookupGrant(const std::string& node, uint64_t grant, bool write) {
   Granted g;
   {
     absl::MutexLock l(&mu_);
@@ -1284,12 +1309,49 @@ absl::StatusOr<MeshEngine::Granted> MeshEngine::LookupGrant(const std::string& n
       return g;
     }
     g.record = it->second.record.lock();
+    if (write) ++grant_writes_[grant];
   }
   if (g.record == nullptr || !host_->ExportLive(*g.record)) {
+    if (write) EndGrantWrite(grant);
     CloseRegion(node, grant);
     return absl::NotFoundError(absl::StrCat("the export behind grant ", grant, " was withdrawn"));
   }
   return g;
+}
+
+void MeshEngine::EndGrantWrite(uint64_t grant) {
+  absl::MutexLock l(&mu_);
+  auto it = grant_writes_.find(grant);
+  if (it != grant_writes_.end() && --it->second == 0) grant_writes_.erase(it);
+}
+
+absl::StatusOr<uint32_t> MeshEngine::FenceRoute(const std::string& origin, uint64_t nonce) {
+  if (nonce == 0) return absl::InvalidArgumentError("a route's nonce is not 0");
+  std::vector<std::pair<std::string, uint64_t>> fenced;  // holder (the last relay), grant
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [g, grant] : grants_) {
+      if (grant.nonce == nonce && grant.origin == origin) fenced.emplace_back(grant.node, g);
+    }
+  }
+  // Closed first (frames on them are refused from now on, RDMA keys
+  // revoked), then the writes already past their look-up finish.
+  for (const auto& [holder, g] : fenced) CloseRegion(holder, g);
+  absl::MutexLock l(&mu_);
+  fenced_grants_ += fenced.size();
+  auto quiet = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& f : fenced) {
+      if (grant_writes_.contains(f.second)) return false;
+    }
+    return true;
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&quiet), 2 * options_.io_timeout)) {
+    Log()->warn("event=mesh_fence_timeout origin={} grants={}", origin, fenced.size());
+    return absl::DeadlineExceededError(absl::StrCat("node ", node_name_, ": a write on node ", origin,
+                                                    "'s fenced route is still landing"));
+  }
+  Log()->info("event=mesh_fence origin={} grants={}", origin, fenced.size());
+  return static_cast<uint32_t>(fenced.size());
 }
 
 absl::StatusOr<std::shared_ptr<const ExportRecord>> MeshEngine::GrantedExport(const std::string& node,
@@ -1736,7 +1798,7 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
       continue;
     }
     // One look at the grant: a relay's goes on to the next node.
-    absl::StatusOr<Granted> granted = LookupGrant(node, h.grant);
+    absl::StatusOr<Granted> granted = LookupGrant(node, h.grant, type == FrameType::kWrite);
     if (granted.ok() && granted->forward != nullptr) {
       if (!ServeForward(writer, fd, h, node, link_instance, *granted->forward).ok()) return;
       continue;
@@ -1746,10 +1808,13 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
       const LinkKey& key;
       uint32_t transfer;
       bool active;
+      uint64_t grant;  // 0: no write counted on a grant
       ~EndWriteOnExit() {
         if (active) e->EndWrite(key, transfer);
+        if (grant != 0) e->EndGrantWrite(grant);
       }
-    } end_write{this, key, transfer, type == FrameType::kWrite};
+    } end_write{this, key, transfer, type == FrameType::kWrite,
+                type == FrameType::kWrite && granted.ok() ? h.grant : 0};
     absl::StatusOr<std::shared_ptr<const ExportRecord>> rec =
         granted.ok() ? absl::StatusOr<std::shared_ptr<const ExportRecord>>(granted->record) : granted.status();
     absl::StatusOr<RelayView> view = rec.ok() ? (*rec)->memory->MapForRelay() : rec.status();
@@ -1916,7 +1981,10 @@ std::shared_ptr<MeshEngine::Peer> MeshEngine::PeerFor(const RemoteTarget& target
     // Forget peers that are idle, hold no connection and back no handle
     // (names pods asked for that never answered, for example).
     std::set<const Peer*> in_use;
-    for (const auto& [id, h] : handles_) in_use.insert(h.peer.get());
+    for (const auto& [id, h] : handles_) {
+      in_use.insert(h.peer.get());
+      if (h.two_hop != nullptr) in_use.insert(h.two_hop->peer.get());
+    }
     for (const auto& [id, g] : grants_) {
       if (g.forward != nullptr) in_use.insert(g.forward->peer.get());
     }
@@ -2152,6 +2220,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
   } else {
     req.set_export_id(target.export_id);
   }
+  const pb::OpenRegionRequest unrouted = req;
   // The node to call: the owner when a cable reaches it, else the first
   // relay of the shortest route through nodes this one knows, else (only if
   // configured) the owner through the kernel's routing.
@@ -2162,7 +2231,8 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
   for (const std::string& a : target.addresses) {
     if (absl::StatusOr<IpPrefix> ip = IpPrefix::Parse(a); ip.ok()) remote.push_back(*ip);
   }
-  if (ChoosePaths(local, remote, false).empty()) {
+  const bool cabled = !ChoosePaths(local, remote, false).empty();
+  if (!cabled) {
     std::map<std::string, std::vector<IpPrefix>> graph;
     std::map<std::string, Known> known;
     {
@@ -2177,27 +2247,8 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
     graph[target.node_name] = remote;  // the descriptor's word, for this open only
     std::optional<std::vector<std::string>> via = RelayPath(node_name_, local, graph, target.node_name);
     if (via.has_value() && !via->empty()) {
-      pb::OriginClaim claim;
-      claim.set_origin(node_name_);
-      *claim.mutable_importer() = req.importer();
-      claim.mutable_destination()->set_node(target.node_name);
-      for (const std::string& a : target.addresses) claim.mutable_destination()->add_addresses(a);
-      claim.mutable_destination()->set_port(target.port);
-      for (const std::string& v : *via) claim.add_via(v);
-      if (!target.name.empty()) {
-        claim.set_name(target.name);
-      } else {
-        claim.set_export_id(target.export_id);
-      }
-      claim.set_issued_unix_seconds(absl::ToUnixSeconds(absl::Now()));
-      claim.set_nonce(RandomU64());
-      pb::Route* route = req.mutable_route();
-      claim.SerializeToString(route->mutable_claim());
-      const Pems pems = CurrentPems();
-      absl::StatusOr<std::string> sig = SignWithKey(pems.key, route->claim());
-      if (!sig.ok()) return done(sig.status());
-      route->set_signature(*std::move(sig));
-      route->set_origin_cert(pems.cert);
+      uint64_t nonce = 0;
+      if (absl::Status st = SignRoute(target, *via, &req, &nonce); !st.ok()) return done(st);
       relays = *via;
       hop.node_name = via->front();
       hop.addresses = known[hop.node_name].addresses;
@@ -2215,28 +2266,94 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
           "let the kernel route)")));
     }
   }
+  const bool two_hop = cabled && options_.two_hop_stripe && options_.transport == "tcp";
+  OpenThrough(hop, req, target.node_name, relays.size(),
+              [this, session, done = std::move(done), destination = target.node_name, via = relays, two_hop, target,
+               unrouted](absl::StatusOr<Carried> opened) {
+                if (!opened.ok()) return done(opened.status());
+                const pb::OpenRegionResponse& resp = opened->resp;
+                RemoteRegionInfo info;
+                bool over = false;
+                {
+                  absl::MutexLock l(&mu_);
+                  uint32_t& mine = handles_per_session_[session];
+                  if (stopping_.load(std::memory_order_acquire) || mine >= options_.max_handles_per_session) {
+                    over = true;
+                  } else {
+                    ++mine;
+                    info.handle = kRemoteHandleBit | next_handle_++;
+                    handles_[info.handle] =
+                        Handle{session, opened->carrier, resp.grant(), resp.size(), resp.instance(),
+                               destination, via, nullptr};
+                  }
+                }
+                if (over) {
+                  ReleaseRemoteGrant(opened->carrier.get(), resp.grant());  // its verbs keys too
+                  if (stopping_.load(std::memory_order_acquire)) return done(StoppingStatus());
+                  return done(absl::ResourceExhaustedError(absl::StrCat(
+                      "this session holds ", options_.max_handles_per_session, " remote regions (the limit)")));
+                }
+                info.export_id = resp.export_id();
+                info.size = resp.size();
+                info.handle_type = resp.handle_type();
+                info.owner_namespace = resp.owner_namespace();
+                info.owner_name = resp.owner_name();
+                const uint64_t handle = info.handle;
+                done(info);
+                if (two_hop) AddTwoHop(session, handle, target, unrouted);
+              });
+}
+
+absl::Status MeshEngine::SignRoute(const RemoteTarget& target, const std::vector<std::string>& via,
+                                   pb::OpenRegionRequest* req, uint64_t* nonce) const {
+  pb::OriginClaim claim;
+  claim.set_origin(node_name_);
+  *claim.mutable_importer() = req->importer();
+  claim.mutable_destination()->set_node(target.node_name);
+  for (const std::string& a : target.addresses) claim.mutable_destination()->add_addresses(a);
+  claim.mutable_destination()->set_port(target.port);
+  for (const std::string& v : via) claim.add_via(v);
+  if (!target.name.empty()) {
+    claim.set_name(target.name);
+  } else {
+    claim.set_export_id(target.export_id);
+  }
+  claim.set_issued_unix_seconds(absl::ToUnixSeconds(absl::Now()));
+  do {
+    *nonce = RandomU64();
+  } while (*nonce == 0);
+  claim.set_nonce(*nonce);
+  pb::Route* route = req->mutable_route();
+  claim.SerializeToString(route->mutable_claim());
+  const Pems pems = CurrentPems();
+  PODLINK_ASSIGN_OR_RETURN(std::string sig, SignWithKey(pems.key, route->claim()));
+  route->set_signature(std::move(sig));
+  route->set_origin_cert(pems.cert);
+  return absl::OkStatus();
+}
+
+void MeshEngine::OpenThrough(const RemoteTarget& hop, pb::OpenRegionRequest req, const std::string& destination,
+                             size_t relays, std::function<void(absl::StatusOr<Carried>)> got) {
   // Over this node's transport to a relay too: over verbs the relay stages
   // the region (its bounce pool holds each slice until the next node took
   // it); one that cannot is reached over TCP instead (below).
   std::shared_ptr<Peer> peer = PeerFor(hop, /*tcp=*/false);
-  if (peer == nullptr) {
-    return done(NoPeer());
-  }
+  if (peer == nullptr) return got(NoPeer());
   // The task holds no reference to the peer (it runs on the peer's own
   // worker, which the peer outlives). Whatever holds the open's answer — the
   // task, the open over TCP it may go on to — answers it once; one dropped
   // on the way (engine stopping) answers as it goes.
-  auto answer = std::make_shared<AnswerOnce<RemoteRegionInfo>>(
-      std::move(done), absl::StrCat("the open of a region of node ", target.node_name, " was dropped (podlinkd is stopping)"));
+  auto answer = std::make_shared<AnswerOnce<Carried>>(
+      std::move(got), absl::StrCat("the open of a region of node ", destination, " was dropped (podlinkd is stopping)"));
   Peer* p = peer.get();
-  bool posted = p->Post([this, p, session, hop, req, answer, destination = target.node_name, via = relays] {
+  bool posted = p->Post([this, p, hop, req = std::move(req), answer, destination, relays] {
     std::shared_ptr<Peer> peer = p->shared_from_this();
-    OpenDone done = [answer](absl::StatusOr<RemoteRegionInfo> r) { (*answer)(std::move(r)); };
+    auto done = [answer](absl::StatusOr<Carried> r) { (*answer)(std::move(r)); };
     if (stopping_.load(std::memory_order_acquire)) return done(StoppingStatus());
     // The open itself, on a connected peer, on that peer's worker (`self`:
     // this lambda, to open again over TCP).
-    auto open_on = [this, session, hop, req, done, destination, via](const auto& self,
-                                                                     const std::shared_ptr<Peer>& peer) -> void {
+    auto open_on = [this, hop, req, done, destination, relays](const auto& self,
+                                                               const std::shared_ptr<Peer>& peer) -> void {
       std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
       std::shared_ptr<verbs::VerbsLinks> vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links());
       pb::OpenRegionRequest open = req;
@@ -2246,7 +2363,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
       open.set_caller_instance(instance_);
       pb::OpenRegionResponse resp;
       grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.open_per_hop * static_cast<int64_t>(1 + via.size())));
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.open_per_hop * static_cast<int64_t>(1 + relays)));
       if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, open, &resp), hop.node_name); !st.ok()) {
         // A relay that cannot stage over verbs (no bounce pool for this
         // node, or an older version): the hop to it goes over TCP.
@@ -2260,35 +2377,9 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
         }
         return done(st);
       }
-      // The handle, on the peer whose links carry it.
-      auto install = [this, session, resp, done, destination, via](const std::shared_ptr<Peer>& carrier) {
-        RemoteRegionInfo info;
-        bool over = false;
-        {
-          absl::MutexLock l(&mu_);
-          uint32_t& mine = handles_per_session_[session];
-          if (stopping_.load(std::memory_order_acquire) || mine >= options_.max_handles_per_session) {
-            over = true;
-          } else {
-            ++mine;
-            info.handle = kRemoteHandleBit | next_handle_++;
-            handles_[info.handle] = Handle{session, carrier, resp.grant(), resp.size(), resp.instance(), destination, via};
-          }
-        }
-        if (over) {
-          ReleaseRemoteGrant(carrier.get(), resp.grant());  // its verbs keys too
-          if (stopping_.load(std::memory_order_acquire)) return done(StoppingStatus());
-          return done(absl::ResourceExhaustedError(
-              absl::StrCat("this session holds ", options_.max_handles_per_session, " remote regions (the limit)")));
-        }
-        info.export_id = resp.export_id();
-        info.size = resp.size();
-        info.handle_type = resp.handle_type();
-        info.owner_namespace = resp.owner_namespace();
-        info.owner_name = resp.owner_name();
-        done(info);
-      };
-      CarryGrant(peer, hop, resp, install, [done](absl::Status st) { done(std::move(st)); });
+      CarryGrant(
+          peer, hop, resp, [done, resp](const std::shared_ptr<Peer>& carrier) { done(Carried{carrier, resp}); },
+          [done](absl::Status st) { done(std::move(st)); });
     };
     ConnectOrOverTcp(peer, hop, [open_on](const std::shared_ptr<Peer>& p) { open_on(open_on, p); },
                      [done](absl::Status st) { done(std::move(st)); });
@@ -2296,6 +2387,68 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
   if (!posted) {
     (*answer)(NotQueued(hop.node_name));
   }
+}
+
+void MeshEngine::AddTwoHop(uint64_t session, uint64_t handle, const RemoteTarget& target, pb::OpenRegionRequest req) {
+  // A relay: a node this one knows that shares a subnet with this node and
+  // with the target (the first such by name).
+  std::vector<IpPrefix> local = LocalForPaths(), remote;
+  for (const std::string& a : target.addresses) {
+    if (absl::StatusOr<IpPrefix> ip = IpPrefix::Parse(a); ip.ok()) remote.push_back(*ip);
+  }
+  std::map<std::string, Known> known;
+  {
+    absl::MutexLock l(&mu_);
+    known = known_;
+  }
+  RemoteTarget hop;
+  for (const auto& [name, k] : known) {
+    if (name == target.node_name || name == node_name_) continue;
+    std::vector<IpPrefix> theirs;
+    for (const std::string& a : k.addresses) {
+      if (absl::StatusOr<IpPrefix> ip = IpPrefix::Parse(a); ip.ok()) theirs.push_back(*ip);
+    }
+    if (!ChoosePaths(local, theirs, false).empty() && !ChoosePaths(theirs, remote, false).empty()) {
+      hop.node_name = name;
+      hop.addresses = k.addresses;
+      hop.port = k.port;
+      break;
+    }
+  }
+  if (hop.node_name.empty()) return;  // no such relay known (yet): direct links only
+  uint64_t nonce = 0;
+  if (absl::Status st = SignRoute(target, {hop.node_name}, &req, &nonce); !st.ok()) {
+    Log()->warn("event=mesh_two_hop_failed destination={} relay={} why={}", target.node_name, hop.node_name,
+                LogQuoted(st.message()));
+    return;
+  }
+  OpenThrough(hop, req, target.node_name, 1,
+              [this, session, handle, nonce, relay = hop.node_name,
+               destination = target.node_name](absl::StatusOr<Carried> opened) {
+                if (!opened.ok()) {
+                  Log()->warn("event=mesh_two_hop_failed destination={} relay={} why={}", destination, relay,
+                              LogQuoted(opened.status().message().substr(0, 512)));
+                  return;
+                }
+                auto route = std::make_shared<TwoHop>();
+                route->peer = opened->carrier;
+                route->grant = opened->resp.grant();
+                route->instance = opened->resp.instance();
+                route->nonce = nonce;
+                bool attached = false;
+                {
+                  absl::MutexLock l(&mu_);
+                  auto it = handles_.find(handle);
+                  if (!stopping_.load(std::memory_order_acquire) && it != handles_.end() &&
+                      it->second.session == session && it->second.two_hop == nullptr) {
+                    it->second.two_hop = route;
+                    attached = true;
+                  }
+                }
+                if (!attached) return ReleaseRemoteGrant(route->peer.get(), route->grant);  // the handle went first
+                two_hop_routes_.fetch_add(1, std::memory_order_relaxed);
+                Log()->info("event=mesh_two_hop destination={} relay={} handle={}", destination, relay, handle);
+              });
 }
 
 absl::Status MeshEngine::DropHandle(uint64_t session, uint64_t handle) {
@@ -2312,6 +2465,7 @@ absl::Status MeshEngine::DropHandle(uint64_t session, uint64_t handle) {
     if (--handles_per_session_[session] == 0) handles_per_session_.erase(session);
   }
   ReleaseRemoteGrant(h.peer.get(), h.grant);
+  if (h.two_hop != nullptr) ReleaseRemoteGrant(h.two_hop->peer.get(), h.two_hop->grant);
   return absl::OkStatus();
 }
 
@@ -2497,6 +2651,230 @@ absl::StatusOr<MeshEngine::Handle> MeshEngine::FindHandle(uint64_t session, uint
   return it->second;
 }
 
+// ---------------------------------------------------------------------------
+// Two-hop striping: a transfer cut into chunks that the direct links and the
+// relay's route each pull while they have fewer than kTwoHopWindow in flight.
+// A chunk the relay's route fails is sent again on the direct links — for a
+// write, only once the owner fenced the route (nothing the relay still holds
+// can land after that); the transfer ends when every chunk landed, or with
+// the direct links' error, and only once nothing of it is in flight.
+
+class MeshEngine::TwoRoutes : public std::enable_shared_from_this<MeshEngine::TwoRoutes> {
+ public:
+  TwoRoutes(MeshEngine* e, LinkOp whole, std::shared_ptr<Peer> direct, std::shared_ptr<TwoHop> route,
+            std::shared_ptr<const PathPreference> alt_prefer)
+      : e_(e),
+        whole_(std::move(whole)),
+        direct_(direct),
+        route_(route),
+        alt_grant_(route->grant),
+        alt_prefer_(std::move(alt_prefer)),
+        chunks_((whole_.length + kTwoHopChunk - 1) / kTwoHopChunk) {}
+
+  // The first submissions, from Start: the transfer cannot end (and call
+  // `done`) before Start returned.
+  void Begin() {
+    Pump();
+    bool finish = false;
+    {
+      absl::MutexLock l(&mu_);
+      begun_ = true;
+      finish = Over();
+    }
+    if (finish && !e_->QueueTask([self = shared_from_this()] { self->Finish(); })) Finish();
+  }
+
+  // Submits what each route may take now, a chunk to each in turn. Never on
+  // a link's own thread (the link set it holds for a moment could be its
+  // last reference): from Start, the two-hop thread or the direct peer's
+  // worker.
+  void Pump() {
+    for (bool more = true; more;) {
+      more = false;
+      for (int route : {kDirect, kAlt}) {
+        uint64_t chunk = 0;
+        {
+          absl::MutexLock l(&mu_);
+          if (!failed_.ok() || in_flight_[route] >= kTwoHopWindow || (route == kAlt && alt_down_)) continue;
+          if (route == kDirect && !redo_.empty() && (!writes() || fence_ == Fence::kDone)) {
+            chunk = redo_.front();
+            redo_.pop_front();
+          } else if (next_ < chunks_) {
+            chunk = next_++;
+          } else {
+            continue;
+          }
+          ++in_flight_[route];
+        }
+        more = true;
+        absl::Status st = Submit(route, chunk);
+        if (!st.ok()) Ended(route, chunk, st, /*on_link_thread=*/false);
+      }
+    }
+  }
+
+ private:
+  enum { kDirect = 0, kAlt = 1 };
+  enum class Fence { kNone, kPending, kDone };
+  bool writes() const { return whole_.type == FrameType::kWrite; }
+
+  absl::Status Submit(int route, uint64_t chunk) {
+    std::shared_ptr<Peer> peer;
+    if (route == kDirect) {
+      peer = direct_.lock();
+    } else if (std::shared_ptr<TwoHop> r = route_.lock(); r != nullptr && !r->failed.load(std::memory_order_acquire) &&
+                                                          r->peer->instance.load(std::memory_order_acquire) ==
+                                                              r->instance) {
+      peer = r->peer;
+    }
+    std::shared_ptr<DataLinks> links = peer != nullptr ? peer->links() : nullptr;
+    if (links == nullptr || links->live() == 0) {
+      return absl::UnavailableError(absl::StrCat("no link of the ", route == kDirect ? "direct" : "two-hop",
+                                                 " route is up"));
+    }
+    const uint64_t at = chunk * kTwoHopChunk;
+    LinkOp op;
+    op.type = whole_.type;
+    op.grant = route == kDirect ? whole_.grant : alt_grant_;
+    op.offset = whole_.offset + at;
+    op.length = std::min<uint64_t>(kTwoHopChunk, whole_.length - at);
+    op.local = whole_.local + at;
+    op.keep = whole_.keep;
+    op.local_is_export = whole_.local_is_export;
+    op.prefer = route == kDirect ? whole_.prefer : alt_prefer_;
+    op.done = [self = shared_from_this(), route, chunk](const absl::Status& st) {
+      self->Ended(route, chunk, st, /*on_link_thread=*/true);
+    };
+    return links->Submit(std::move(op));
+  }
+
+  void Ended(int route, uint64_t chunk, const absl::Status& st, bool on_link_thread) {
+    bool fence = false, finish = false, failover = false;
+    {
+      absl::MutexLock l(&mu_);
+      --in_flight_[route];
+      if (st.ok()) {
+        ++landed_;
+        if (route == kAlt) {
+          e_->two_hop_bytes_.fetch_add(std::min<uint64_t>(kTwoHopChunk, whole_.length - chunk * kTwoHopChunk),
+                                       std::memory_order_relaxed);
+        }
+      } else if (route == kDirect) {
+        if (failed_.ok()) failed_ = st;
+      } else {
+        failover = !alt_down_;
+        alt_down_ = true;
+        redo_.push_back(chunk);
+        e_->two_hop_failovers_.fetch_add(1, std::memory_order_relaxed);
+        if (writes() && fence_ == Fence::kNone) {
+          fence_ = Fence::kPending;
+          fence = true;
+        }
+      }
+      finish = Over();
+    }
+    if (failover) {
+      std::shared_ptr<TwoHop> r = route_.lock();
+      if (r != nullptr && !r->failed.exchange(true, std::memory_order_acq_rel)) {
+        Log()->warn("event=mesh_two_hop_down relay={} why={} (its chunks go on the direct links)",
+                    r->peer->node(), LogQuoted(st.message().substr(0, 256)));
+      }
+    }
+    if (fence) StartFence();
+    if (finish) return Finish();
+    // From Pump, which goes on by itself.
+    if (on_link_thread && !e_->QueueTask([self = shared_from_this()] { self->Pump(); })) Pump();
+  }
+
+  // Asks the owner, over the direct link's control channel, to close the
+  // relay's grant and let its landing writes finish.
+  void StartFence() {
+    std::shared_ptr<Peer> peer = direct_.lock();
+    auto self = shared_from_this();
+    auto answer = std::make_shared<AnswerOnce<uint32_t>>(
+        [self](absl::StatusOr<uint32_t> r) { self->Fenced(r.status()); }, "the fence was dropped (podlinkd is stopping)");
+    const uint64_t nonce = [&] {
+      std::shared_ptr<TwoHop> r = route_.lock();
+      return r != nullptr ? r->nonce : 0;
+    }();
+    if (peer == nullptr || nonce == 0) return (*answer)(absl::UnavailableError("the region was dropped"));
+    Peer* p = peer.get();
+    MeshEngine* e = e_;
+    if (!p->Post([p, e, nonce, answer] {
+          std::shared_ptr<pb::Mesh::Stub> stub = p->stub();
+          if (stub == nullptr) return (*answer)(absl::UnavailableError("no control channel to the owner"));
+          grpc::ClientContext ctx;
+          ctx.set_deadline(absl::ToChronoTime(absl::Now() + 2 * e->options_.io_timeout + absl::Seconds(5)));
+          pb::FenceRouteRequest req;
+          req.set_nonce(nonce);
+          pb::FenceRouteResponse resp;
+          absl::Status st = FromGrpc(stub->FenceRoute(&ctx, req, &resp), p->node());
+          if (!st.ok()) return (*answer)(st);
+          e->two_hop_fences_.fetch_add(1, std::memory_order_relaxed);
+          (*answer)(resp.grants_closed());
+        })) {
+      (*answer)(e_->NotQueued(p->node()));
+    }
+  }
+
+  void Fenced(const absl::Status& st) {
+    bool finish = false;
+    {
+      absl::MutexLock l(&mu_);
+      fence_ = Fence::kDone;
+      if (!st.ok() && failed_.ok()) {
+        failed_ = absl::UnavailableError(absl::StrCat(
+            "a relay's route of this striped transfer failed, and the owner could not fence it: ", st.message()));
+      }
+      finish = Over();
+    }
+    if (finish) return Finish();
+    // On the direct peer's worker: never a link's thread.
+    Pump();
+  }
+
+  // Nothing in flight, no fence pending, and every chunk landed or the
+  // transfer failed.
+  bool Over() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!begun_ || in_flight_[kDirect] > 0 || in_flight_[kAlt] > 0 || fence_ == Fence::kPending || finished_) {
+      return false;
+    }
+    if (failed_.ok() && landed_ < chunks_) return false;
+    finished_ = true;
+    return true;
+  }
+
+  void Finish() {
+    absl::Status result;
+    {
+      absl::MutexLock l(&mu_);
+      result = failed_;
+    }
+    auto done = std::move(whole_.done);
+    whole_.done = nullptr;
+    done(result);
+  }
+
+  MeshEngine* const e_;
+  LinkOp whole_;
+  // Weak: a link's thread may drop the last reference to this transfer.
+  const std::weak_ptr<Peer> direct_;
+  const std::weak_ptr<TwoHop> route_;
+  const uint64_t alt_grant_;
+  const std::shared_ptr<const PathPreference> alt_prefer_;
+  const uint64_t chunks_;
+  absl::Mutex mu_;
+  uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;    // the next chunk no route took yet
+  uint64_t landed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<uint64_t> redo_ ABSL_GUARDED_BY(mu_);  // chunks the relay's route failed
+  uint32_t in_flight_[2] ABSL_GUARDED_BY(mu_) = {0, 0};
+  bool alt_down_ ABSL_GUARDED_BY(mu_) = false;
+  Fence fence_ ABSL_GUARDED_BY(mu_) = Fence::kNone;
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);
+  bool begun_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
 absl::Status MeshEngine::Start(MeshTransfer t, Done done) {
   PODLINK_ASSIGN_OR_RETURN(Handle h, FindHandle(t.session, t.handle));
   PODLINK_RETURN_IF_ERROR(CheckInstance(h));
@@ -2538,7 +2916,44 @@ absl::Status MeshEngine::Start(MeshTransfer t, Done done) {
   }
   const std::string place = t.keep != nullptr ? host_->GpuBusId(*t.keep) : std::string();
   op.prefer = h.peer->Preference(place, [&](const std::vector<Path>& paths) { return RankFor(paths, place); });
+  if (std::shared_ptr<TwoHop> route = h.two_hop;
+      route != nullptr && t.length >= kTwoHopMinBytes && !route->failed.load(std::memory_order_acquire)) {
+    std::shared_ptr<DataLinks> alt = route->peer->links();
+    if (alt != nullptr && alt->live() > 0 && route->peer->instance.load(std::memory_order_acquire) == route->instance) {
+      auto alt_prefer =
+          route->peer->Preference(place, [&](const std::vector<Path>& paths) { return RankFor(paths, place); });
+      auto striped = std::make_shared<TwoRoutes>(this, std::move(op), h.peer, route, std::move(alt_prefer));
+      two_hop_transfers_.fetch_add(1, std::memory_order_relaxed);
+      striped->Begin();
+      return absl::OkStatus();
+    }
+  }
   return links->Submit(std::move(op));
+}
+
+bool MeshEngine::QueueTask(std::function<void()> task) {
+  absl::MutexLock l(&pump_mu_);
+  if (!pump_running_ || pump_stop_) return false;
+  pump_queue_.push_back(std::move(task));
+  return true;
+}
+
+void MeshEngine::PumpLoop() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      absl::MutexLock l(&pump_mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pump_mu_) { return pump_stop_ || !pump_queue_.empty(); };
+      pump_mu_.Await(absl::Condition(&ready));
+      if (pump_queue_.empty()) {
+        pump_running_ = false;
+        return;
+      }
+      task = std::move(pump_queue_.front());
+      pump_queue_.pop_front();
+    }
+    task();
+  }
 }
 
 absl::Status MeshEngine::Notify(uint64_t session, uint64_t handle, uint64_t value, Done done) {
@@ -2687,9 +3102,13 @@ absl::Status MeshEngine::RegisterForVerbs(const std::string& node, uint64_t gran
 
 void MeshEngine::StagedSlice(const std::string& node, uint64_t grant, bool write, uint64_t offset, char* buf,
                              uint64_t length, std::shared_ptr<const void> keep, std::function<void(absl::Status)> done) {
-  absl::StatusOr<Granted> granted = LookupGrant(node, grant);
+  absl::StatusOr<Granted> granted = LookupGrant(node, grant, write);
   if (!granted.ok()) return done(granted.status());
-  if (granted->forward == nullptr) return done(StagedCopy(*granted->record, write, offset, buf, length));
+  if (granted->forward == nullptr) {
+    absl::Status copied = StagedCopy(*granted->record, write, offset, buf, length);
+    if (write) EndGrantWrite(grant);
+    return done(copied);
+  }
   // A relay's grant: the slice goes on to the next node from (or into) the
   // bounce slot, which stays taken until then — the upstream node's bounce
   // slots here are the relay's staging for it, bounded per peer and device.
@@ -3059,6 +3478,23 @@ std::string MeshEngine::RenderMetrics() const {
       static_cast<double>(late));
   one("podlink_mesh_duplicate_notifies_total", "counter", "notifications received again and not delivered twice",
       static_cast<double>(dup_notifies));
+  auto counted = [](const std::atomic<uint64_t>& a) { return static_cast<double>(a.load(std::memory_order_relaxed)); };
+  one("podlink_mesh_two_hop_routes_total", "counter",
+      "second routes through a relay opened for regions of cabled nodes (mesh.two_hop_stripe)",
+      counted(two_hop_routes_));
+  one("podlink_mesh_two_hop_transfers_total", "counter", "transfers striped over the direct links and a two-hop route",
+      counted(two_hop_transfers_));
+  one("podlink_mesh_two_hop_bytes_total", "counter", "bytes such transfers moved over their two-hop route",
+      counted(two_hop_bytes_));
+  one("podlink_mesh_two_hop_failovers_total", "counter",
+      "chunks a two-hop route failed, sent again on the direct links", counted(two_hop_failovers_));
+  one("podlink_mesh_two_hop_fences_total", "counter",
+      "two-hop routes the owner fenced before their chunks went again on the direct links", counted(two_hop_fences_));
+  {
+    absl::MutexLock l(&mu_);
+    one("podlink_mesh_fenced_grants_total", "counter",
+        "grants given relays that their origin node fenced (FenceRoute)", static_cast<double>(fenced_grants_));
+  }
   uint64_t refused_notifies = 0;
   {
     absl::MutexLock l(&mu_);

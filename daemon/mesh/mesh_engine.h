@@ -79,6 +79,13 @@ struct MeshOptions {
   // kernel without a copy (MSG_ZEROCOPY) on each connection while the kernel
   // can (wire.h ZeroCopySends).
   bool tcp_zero_copy = true;
+  // TCP: a transfer of at least kTwoHopMinBytes to a node cabled to this one
+  // also goes through a relay cabled to both (a second route, opened in the
+  // background after the region), in 4 MiB chunks each route pulls while it
+  // has fewer than 4 in flight. It uses the relay's cables and staging, so it
+  // is off by default. A chunk the relay's route fails goes again on the
+  // direct links once the owner has fenced that route (FenceRoute).
+  bool two_hop_stripe = false;
   uint32_t connections_per_path = 4;
   uint64_t slice_bytes = 512 << 10;
   uint32_t slices_in_flight = 4;         // per connection
@@ -213,6 +220,10 @@ class MeshEngine final : public MeshPort {
     std::string pod;  // "mesh/" + origin node + "/" + the importing pod's identity key
     std::shared_ptr<const Forward> forward;  // set on a relay
     uint64_t caller_instance = 0;            // the holder daemon's instance (0: it did not say)
+    // A routed open's (given to the last relay): the origin node and its
+    // claim's nonce, by which the origin may fence the route (FenceRoute).
+    std::string origin;
+    uint64_t nonce = 0;
   };
   // A node's daemon said its instance: when it changed (a restart), the
   // grants the old instance held are dropped.
@@ -327,7 +338,15 @@ class MeshEngine final : public MeshPort {
     std::shared_ptr<const ExportRecord> record;
     std::shared_ptr<const Forward> forward;
   };
-  absl::StatusOr<Granted> LookupGrant(const std::string& node, uint64_t grant) ABSL_LOCKS_EXCLUDED(mu_);
+  // `write`: a write into the export is about to land; counted until
+  // EndGrantWrite (FenceRoute waits for it), in the same step as the look-up.
+  absl::StatusOr<Granted> LookupGrant(const std::string& node, uint64_t grant, bool write = false)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void EndGrantWrite(uint64_t grant) ABSL_LOCKS_EXCLUDED(mu_);
+  // Closes the grants given relays for `origin`'s routed opens under claim
+  // nonce `nonce`, then waits (2 x io_timeout at most) until no write on them
+  // is landing; DEADLINE_EXCEEDED when one still is. Returns how many closed.
+  absl::StatusOr<uint32_t> FenceRoute(const std::string& origin, uint64_t nonce) ABSL_LOCKS_EXCLUDED(mu_);
   // The export only (a relay's grant is NOT_FOUND here).
   absl::StatusOr<std::shared_ptr<const ExportRecord>> GrantedExport(const std::string& node, uint64_t grant)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -374,6 +393,45 @@ class MeshEngine final : public MeshPort {
   // grant the owner gave over TCP though RDMA was asked for
   // (OpenRegionResponse.over_tcp_reason); `next` gets it or why not.
   void OverTcp(const RemoteTarget& target, std::function<void(absl::StatusOr<std::shared_ptr<Peer>>)> next);
+  // A second route to a node this one is cabled to, through a relay cabled
+  // to both (mesh.two_hop_stripe); it joins large transfers' stripes.
+  struct TwoHop {
+    std::shared_ptr<Peer> peer;  // the relay's, whose links carry the route
+    uint64_t grant = 0;          // the relay's grant
+    uint64_t instance = 0;       // the relay daemon's instance that issued it
+    uint64_t nonce = 0;          // the route's claim: the owner fences it by this
+    std::atomic<bool> failed{false};  // a chunk failed on it: not used again
+  };
+  // A transfer striped over the direct links and a TwoHop (StartTwoHop).
+  class TwoRoutes;
+  // Opens `req` (its route, if any, already signed) on `hop`'s daemon, on
+  // that peer's worker; `got` gets the peer whose links carry the grant and
+  // the answer — the grant is then the caller's to keep or give back.
+  struct Carried {
+    std::shared_ptr<Peer> carrier;
+    podlink::mesh::v1::OpenRegionResponse resp;
+  };
+  void OpenThrough(const RemoteTarget& hop, podlink::mesh::v1::OpenRegionRequest req, const std::string& destination,
+                   size_t relays, std::function<void(absl::StatusOr<Carried>)> got);
+  // Signs `req`'s route to `target` through `via` (the claim's nonce in *nonce).
+  absl::Status SignRoute(const RemoteTarget& target, const std::vector<std::string>& via,
+                         podlink::mesh::v1::OpenRegionRequest* req, uint64_t* nonce) const ABSL_LOCKS_EXCLUDED(pem_mu_);
+  // After a direct open: a relay cabled to this node and to `target` is
+  // asked for the same region; its grant joins the session's `handle`.
+  void AddTwoHop(uint64_t session, uint64_t handle, const RemoteTarget& target,
+                 podlink::mesh::v1::OpenRegionRequest req) ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs `task` (a TwoRoutes' next submissions, or its end) on the two-hop
+  // thread, never on a link's own thread; false when that thread is not
+  // running (mesh.two_hop_stripe off, or the engine stopping).
+  bool QueueTask(std::function<void()> task) ABSL_LOCKS_EXCLUDED(pump_mu_);
+  void PumpLoop();
+  absl::Mutex pump_mu_;
+  std::deque<std::function<void()>> pump_queue_ ABSL_GUARDED_BY(pump_mu_);
+  bool pump_running_ ABSL_GUARDED_BY(pump_mu_) = false;
+  bool pump_stop_ ABSL_GUARDED_BY(pump_mu_) = false;
+  std::thread pump_thread_;
+  std::atomic<uint64_t> two_hop_routes_{0}, two_hop_bytes_{0}, two_hop_transfers_{0}, two_hop_failovers_{0},
+      two_hop_fences_{0};
   struct Handle {
     uint64_t session = 0;
     std::shared_ptr<Peer> peer;
@@ -382,6 +440,7 @@ class MeshEngine final : public MeshPort {
     uint64_t instance = 0;  // the peer daemon's instance that issued the grant
     std::string destination;        // the owner's node (peer is the first relay when via is set)
     std::vector<std::string> via;   // relays, first hop first
+    std::shared_ptr<TwoHop> two_hop;  // mesh.two_hop_stripe: a second route, once open
   };
   absl::Status CheckInstance(const Handle& h) const;
   // A data connection over `path` to `port`, AUTH sent with `cookie`.
@@ -468,6 +527,8 @@ class MeshEngine final : public MeshPort {
   uint64_t duplicate_notifies_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<LinkKey, std::map<uint32_t, absl::Time>> finished_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<LinkKey, uint32_t>, uint32_t> writing_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, uint32_t> grant_writes_ ABSL_GUARDED_BY(mu_);  // writes landing, by grant
+  uint64_t fenced_grants_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_prune_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   size_t unauthenticated_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Repair> repairs_ ABSL_GUARDED_BY(mu_);

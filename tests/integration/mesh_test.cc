@@ -909,6 +909,97 @@ TEST_F(Mesh, ARelayCarriesNodesWithoutACableAndItsDeathFailsCleanly) {
   EXPECT_TRUE(nd->Alive());
 }
 
+// Two-hop striping (mesh.two_hop_stripe): A and B are cabled to each other,
+// C to both, every cable shaped alike. A's transfers to B's pod also go
+// through C: byte for byte, writes and reads, each route carrying a real
+// share (the rates: tests/mesh/bench.sh). Then C is killed mid-write: its chunks go again
+// over A's cable to B once B has fenced the route through C, and the write
+// completes byte for byte.
+TEST_F(Mesh, TwoHopStripingAddsARelaysCablesAndOutlivesTheRelay) {
+  std::string a = topo_.Node("a"), b = topo_.Node("b"), c = topo_.Node("c");
+  auto [ab_a, ab_b] = topo_.Cable(a, b, 1);
+  auto [bc_b, bc_c] = topo_.Cable(b, c, 2);
+  auto [ac_a, ac_c] = topo_.Cable(a, c, 3);
+  for (const auto& [ns, dev] : std::vector<std::pair<std::string, std::string>>{
+           {a, ab_a}, {a, ac_a}, {b, ab_b}, {b, bc_b}, {c, bc_c}, {c, ac_c}}) {
+    Shape(ns, dev);
+  }
+  PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable"), pc(RandomPodUid(), "burstable");
+  std::string pods = Rule(pa, "ml", "a", "job-7") + "," + Rule(pb, "ml", "b", "job-7") + "," + Rule(pc, "ml", "c", "job-7");
+  auto na = StartNode("node-a", a, {ab_a, ac_a}, pods, "",
+                      R"(, "two_hop_stripe": true, "peers": [{"node": "node-c", "addresses": ["10.77.2.2/30", "10.77.3.2/30"], "port": 7446}])");
+  auto nb = StartNode("node-b", b, {ab_b, bc_b}, pods);
+  auto nc = StartNode("node-c", c, {bc_c, ac_c}, pods);
+  auto metric = [&](const std::string& series) {
+    std::string m = RunCommand(absl::StrCat(
+        "ip netns exec ", a, " python3 -c 'import urllib.request as u; print(u.urlopen(\"http://127.0.0.1:",
+        na->metrics_port(), "/metrics\").read().decode())'"));
+    size_t at = m.find("\n" + series + " ");
+    return at == std::string::npos ? -1.0 : std::strtod(m.c_str() + at + series.size() + 2, nullptr);
+  };
+  const uint64_t size = 32 << 20;
+  // A to B: the route through C opens beside the direct one (the pod waits a
+  // second before writing, so every transfer finds it), three whole writes,
+  // then a read back; both sides check every byte.
+  uint64_t ab0 = TxBytes(a, ab_a), ac0 = TxBytes(a, ac_a);
+  KvAcrossNodes(*nb, pb, *na, pa, size, 101, {}, {"--idle-ms", "1000", "--repeat", "3"});
+  uint64_t direct_bytes = TxBytes(a, ab_a) - ab0, relay_bytes = TxBytes(a, ac_a) - ac0;
+  EXPECT_TRUE(na->WaitForLog("event=mesh_two_hop destination=node-b relay=node-c")) << na->Log();
+  EXPECT_NE(nc->Log().find("event=mesh_relay_grant peer=node-a origin=node-a next=node-b"), std::string::npos)
+      << nc->Log();
+  EXPECT_NE(nb->Log().find("event=mesh_grant peer=node-c pod=ml/a "), std::string::npos) << nb->Log();
+  // Each route carried a real share of the 3 writes (96 MiB).
+  EXPECT_GT(relay_bytes, 3 * size / 5) << "direct " << direct_bytes << ", through C " << relay_bytes;
+  EXPECT_GT(direct_bytes, 3 * size / 5) << "direct " << direct_bytes << ", through C " << relay_bytes;
+  EXPECT_GE(metric("podlink_mesh_two_hop_transfers_total"), 4.0);  // 3 writes and a read, at least one op each
+  EXPECT_GT(metric("podlink_mesh_two_hop_bytes_total"), static_cast<double>(size));
+  EXPECT_GT(TxBytes(c, bc_c), 3 * size / 5) << "C passed on to B what A sent it for B";
+  EXPECT_EQ(metric("podlink_mesh_two_hop_failovers_total"), 0.0);
+  std::printf("RESULT mesh_two_hop cable=200mbit bytes=%llu direct_share=%.3f\n",
+              static_cast<unsigned long long>(3 * size),
+              static_cast<double>(direct_bytes) / static_cast<double>(direct_bytes + relay_bytes));
+
+  // C dies while a 128 MiB write to B is striped through it (about 3 s over
+  // both routes).
+  Pod server(*nb, &pb, {"kv-serve", "--size", std::to_string(128 << 20), "--verify", "103"});
+  json s = server.Expect("serving");
+  ASSERT_EQ(s["event"], "serving") << s.dump();
+  const size_t routes = CountInLog(*na, "event=mesh_two_hop destination=node-b");
+  const double striped_before = metric("podlink_mesh_two_hop_transfers_total");
+  Pod client(*na, &pa, {"kv-put", "--desc", s["descriptor"], "--seed", "103", "--idle-ms", "1500"});
+  ASSERT_TRUE(WaitForCount(*na, "event=mesh_two_hop destination=node-b", routes + 1)) << na->Log();
+  for (int i = 0; i < 200 && metric("podlink_mesh_two_hop_transfers_total") <= striped_before; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_GT(metric("podlink_mesh_two_hop_transfers_total"), striped_before) << na->Log();
+  const auto striping = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  ::kill(nc->pid(), SIGKILL);
+  const auto killed_after = std::chrono::steady_clock::now() - striping;
+  json put = client.Expect("put", 60000);
+  ASSERT_EQ(put["event"], "put") << put.dump() << "\n" << na->Log();
+  json v = server.Expect("verified", 60000);
+  EXPECT_EQ(v["mismatches"], 0) << v.dump();
+  EXPECT_EQ(v["notification"], 1);
+  EXPECT_EQ(server.Wait(), 0);
+  EXPECT_EQ(client.Wait(), 0);
+  EXPECT_NE(na->Log().find("event=mesh_two_hop_down relay=node-c"), std::string::npos) << na->Log();
+  EXPECT_NE(nb->Log().find("event=mesh_fence origin=node-a grants=1"), std::string::npos) << nb->Log();
+  EXPECT_GE(metric("podlink_mesh_two_hop_failovers_total"), 1.0);
+  EXPECT_GE(metric("podlink_mesh_two_hop_fences_total"), 1.0);
+  // The failover as the logs tell it (for people reading the test's output).
+  for (const auto& [d, what] : std::vector<std::pair<Daemon*, std::string>>{
+           {na.get(), "event=mesh_two_hop"}, {nb.get(), "event=mesh_fence"}}) {
+    for (absl::string_view line : absl::StrSplit(d->Log(), '\n')) {
+      if (absl::StrContains(line, what)) std::cerr << line << "\n";
+    }
+  }
+  std::cerr << "killed node c " << std::chrono::duration<double>(killed_after).count()
+            << " s into the write; the write took " << put["seconds"] << " s\n";
+  EXPECT_TRUE(na->Alive());
+  EXPECT_TRUE(nb->Alive());
+}
+
 TEST_F(Mesh, PolicyOfTheOwnersNodeDecides) {
   std::string a = topo_.Node("a"), b = topo_.Node("b");
   auto [da, db] = topo_.Cable(a, b, 1);
@@ -983,6 +1074,46 @@ class MeshHostile : public Mesh {
     return stub.OpenRegion(&ctx, req, resp);
   }
 
+  // A routed open as a relay passes it on: the origin's signed claim.
+  struct Claim {
+    std::string origin = "node-a", importer_node = "node-a", signer = "claim-a", cert = "claim-a";
+    std::string destination = "node-b";
+    std::vector<std::string> via = {"node-t"};
+    int64_t age_seconds = 0;
+    uint64_t nonce = 0;
+  };
+  // Opens the fixture's export through `stub` under `c`, signed with the key
+  // in dir_/<c.signer>.
+  grpc::Status OpenRouted(pb::Mesh::Stub& stub, const Claim& c, pb::OpenRegionResponse* resp) {
+    pb::OriginClaim claim;
+    claim.set_origin(c.origin);
+    pb::ForwardedIdentity* who = claim.mutable_importer();
+    who->set_node(c.importer_node);
+    who->set_key("pod-key");
+    who->set_namespace_("ml");
+    who->set_pod_name("prefill-0");
+    (*who->mutable_annotations())["podlink.io/peer-group"] = "job-7";
+    claim.mutable_destination()->set_node(c.destination);
+    claim.mutable_destination()->add_addresses("10.77.1.2/30");
+    claim.mutable_destination()->set_port(7446);
+    for (const std::string& v : c.via) claim.add_via(v);
+    claim.set_export_id(export_id_);
+    claim.set_issued_unix_seconds(absl::ToUnixSeconds(absl::Now()) - c.age_seconds);
+    claim.set_nonce(c.nonce);
+    pb::OpenRegionRequest req;
+    *req.mutable_importer() = *who;  // ignored for routed requests: the claim decides
+    req.set_export_id(export_id_);
+    claim.SerializeToString(req.mutable_route()->mutable_claim());
+    absl::StatusOr<std::string> sig =
+        mesh::SignWithKey(ReadFile(dir_ + "/" + c.signer + "/tls.key"), req.route().claim());
+    EXPECT_TRUE(sig.ok()) << sig.status();
+    req.mutable_route()->set_signature(sig.value_or(""));
+    req.mutable_route()->set_origin_cert(ReadFile(dir_ + "/" + c.cert + "/tls.crt"));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    return stub.OpenRegion(&ctx, req, resp);
+  }
+
   PodCgroup owner_{RandomPodUid(), "burstable"}, other_{RandomPodUid(), "burstable"};
   std::unique_ptr<Daemon> na_, nb_;
   std::unique_ptr<Pod> server_;
@@ -1035,43 +1166,9 @@ TEST_F(MeshHostile, ARelayCannotSpeakForAnotherNodesPods) {
   ca_->Issue("node-a", dir_ + "/claim-a");  // node a's key, to sign as node a would
   ca_->Issue("node-b", dir_ + "/claim-b");
   auto t = Stub(dir_ + "/node-t"), u = Stub(dir_ + "/node-u");
-  struct Claim {
-    std::string origin = "node-a", importer_node = "node-a", signer = "claim-a", cert = "claim-a";
-    std::string destination = "node-b";
-    std::vector<std::string> via = {"node-t"};
-    int64_t age_seconds = 0;
-  };
-  auto open = [&](pb::Mesh::Stub& stub, const Claim& c, pb::OpenRegionResponse* resp) {
-    pb::OriginClaim claim;
-    claim.set_origin(c.origin);
-    pb::ForwardedIdentity* who = claim.mutable_importer();
-    who->set_node(c.importer_node);
-    who->set_key("pod-key");
-    who->set_namespace_("ml");
-    who->set_pod_name("prefill-0");
-    (*who->mutable_annotations())["podlink.io/peer-group"] = "job-7";
-    claim.mutable_destination()->set_node(c.destination);
-    claim.mutable_destination()->add_addresses("10.77.1.2/30");
-    claim.mutable_destination()->set_port(7446);
-    for (const std::string& v : c.via) claim.add_via(v);
-    claim.set_export_id(export_id_);
-    claim.set_issued_unix_seconds(absl::ToUnixSeconds(absl::Now()) - c.age_seconds);
-    pb::OpenRegionRequest req;
-    *req.mutable_importer() = *who;  // ignored for routed requests: the claim decides
-    req.set_export_id(export_id_);
-    claim.SerializeToString(req.mutable_route()->mutable_claim());
-    absl::StatusOr<std::string> sig =
-        mesh::SignWithKey(ReadFile(dir_ + "/" + c.signer + "/tls.key"), req.route().claim());
-    EXPECT_TRUE(sig.ok()) << sig.status();
-    req.mutable_route()->set_signature(sig.value_or(""));
-    req.mutable_route()->set_origin_cert(ReadFile(dir_ + "/" + c.cert + "/tls.crt"));
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-    return stub.OpenRegion(&ctx, req, resp);
-  };
   pb::OpenRegionResponse resp;
   // The honest case: node a's pod through relay t, which B serves as node-a's pod.
-  grpc::Status st = open(*t, Claim{}, &resp);
+  grpc::Status st = OpenRouted(*t, Claim{}, &resp);
   ASSERT_TRUE(st.ok()) << st.error_message();
   EXPECT_NE(resp.grant(), 0u);
   EXPECT_NE(nb_->Log().find("event=mesh_grant peer=node-t pod=ml/prefill-0"), std::string::npos) << nb_->Log();
@@ -1126,7 +1223,7 @@ TEST_F(MeshHostile, ARelayCannotSpeakForAnotherNodesPods) {
   }
   for (const Case& c : cases) {
     pb::OpenRegionResponse r;
-    st = open(*c.from, c.claim, &r);
+    st = OpenRouted(*c.from, c.claim, &r);
     EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << c.what << ": " << st.error_message();
     EXPECT_EQ(r.grant(), 0u) << c.what;
     std::printf("refused: %s: %s\n", c.what, st.error_message().c_str());
@@ -1153,12 +1250,58 @@ TEST_F(MeshHostile, ARelayCannotSpeakForAnotherNodesPods) {
     c.via = {"node-b"};
     auto t0 = std::chrono::steady_clock::now();
     pb::OpenRegionResponse r;
-    st = open(*t, c, &r);
+    st = OpenRouted(*t, c, &r);
     EXPECT_FALSE(st.ok());
     EXPECT_NE(st.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << st.error_message();
     EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15));
   }
   EXPECT_TRUE(nb_->Alive());
+}
+
+// FenceRoute closes a route's grants only for the node that signed the
+// route: not for the relay that carried the claim (it saw the nonce), not for
+// any other node, and never for nonce 0 (grants of direct opens have none).
+TEST_F(MeshHostile, OnlyARoutesOriginCanFenceIt) {
+  ca_->Issue("node-t", dir_ + "/node-t");
+  ca_->Issue("node-u", dir_ + "/node-u");
+  ca_->Issue("node-a", dir_ + "/claim-a");
+  auto t = Stub(dir_ + "/node-t"), u = Stub(dir_ + "/node-u"), origin = Stub(dir_ + "/claim-a");
+  Claim c;
+  c.nonce = 0x5eed5eed5eedull;
+  pb::OpenRegionResponse resp;
+  grpc::Status st = OpenRouted(*t, c, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  pb::OpenRegionResponse direct;
+  ASSERT_TRUE(Open(*u, "node-u", &direct).ok());  // a direct grant (nonce 0) of another node
+  auto fence = [](pb::Mesh::Stub& stub, uint64_t nonce, uint32_t* closed) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    pb::FenceRouteRequest req;
+    req.set_nonce(nonce);
+    pb::FenceRouteResponse r;
+    grpc::Status st = stub.FenceRoute(&ctx, req, &r);
+    *closed = r.grants_closed();
+    return st;
+  };
+  uint32_t closed = 99;
+  EXPECT_TRUE(fence(*t, c.nonce, &closed).ok());
+  EXPECT_EQ(closed, 0u) << "the relay fenced the origin's route";
+  EXPECT_TRUE(fence(*u, c.nonce, &closed).ok());
+  EXPECT_EQ(closed, 0u) << "a stranger fenced the origin's route";
+  st = fence(*u, 0, &closed);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_EQ(CountInLog(*nb_, "event=mesh_fence origin=node-a"), 0u) << nb_->Log();
+  EXPECT_NE(nb_->Log().find("event=mesh_fence origin=node-t grants=0"), std::string::npos) << nb_->Log();
+  // The origin fences it: the relay's grant is gone (its frames are refused
+  // from now on), the stranger's direct grant stays.
+  EXPECT_TRUE(fence(*origin, c.nonce, &closed).ok());
+  EXPECT_EQ(closed, 1u);
+  EXPECT_TRUE(nb_->WaitForLog("event=mesh_fence origin=node-a grants=1"));
+  EXPECT_TRUE(fence(*origin, c.nonce, &closed).ok());
+  EXPECT_EQ(closed, 0u) << "fenced twice";
+  json links = LinksOf(*nb_);
+  ASSERT_TRUE(links.is_object()) << links.dump();
+  EXPECT_EQ(links["grants"], 1) << links.dump();
 }
 
 // The verbs control messages are hostile input too: a peer daemon chooses

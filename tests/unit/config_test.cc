@@ -73,6 +73,13 @@ TEST(DaemonConfig, MeshTcpZeroCopy) {
   EXPECT_FALSE(c->broker.mesh.tcp_zero_copy);
 }
 
+TEST(DaemonConfig, MeshTwoHopStripeIsOffUnlessAskedFor) {
+  EXPECT_FALSE(ParseDaemonConfig("{}")->broker.mesh.two_hop_stripe);
+  auto c = ParseDaemonConfig(R"({"mesh": {"two_hop_stripe": true}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->broker.mesh.two_hop_stripe);
+}
+
 TEST(DaemonConfig, MeshSysfsRoot) {
   auto c = ParseDaemonConfig(R"({"mesh": {"sysfs": "/host/sys"}})");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -117,6 +124,7 @@ TEST(DaemonConfig, RejectsBadInputWithReason) {
            {R"({"mesh": {"cert_refresh_seconds": 0}})", "cert_refresh_seconds"},
            {R"({"mesh": {"sysfs": ""}})", "sysfs"},
            {R"({"mesh": {"tcp_zero_copy": 1}})", "tcp_zero_copy"},
+           {R"({"mesh": {"two_hop_stripe": "yes"}})", "two_hop_stripe"},
            {R"({"mesh": {"verbs_timeout": 40}})", "verbs_timeout"},
            {R"({"mesh": {"verbs_retry_count": 8}})", "verbs_retry_count"},
            {R"({"mesh": {"verbs_gid_index": -2}})", "verbs_gid_index"},
