@@ -163,7 +163,7 @@ podSource: standalone
 criSocket: ""
 devicePlugin: {enabled: false}
 mesh: {enabled: true, port: 7456, dataPort: 7457, certHostPath: /var/lib/podlink-mesh, interfaces: [ens1f0],
-       connectionsPerPath: 2, transport: verbs, verbsTcpFallback: false, verbsStagedOnly: true, tcpZeroCopy: false, relayStagingMib: 32, grantIdleSeconds: 300, keepaliveSeconds: 20,
+       connectionsPerPath: 2, transport: verbs, verbsTcpFallback: false, verbsStagedOnly: true, tcpZeroCopy: false, twoHopStripe: true, relayStagingMib: 32, grantIdleSeconds: 300, keepaliveSeconds: 20,
        certRefreshSeconds: 30, advertSeconds: 15,
        peers: [{node: node-c, addresses: [10.0.3.2/30, 10.0.4.1/30], port: 7446}]}
 VALUES
@@ -181,7 +181,7 @@ cm = next(d for d in docs if d["kind"] == "ConfigMap")
 mesh = json.loads(cm["data"]["config.json"])["mesh"]
 assert mesh == {"enabled": True, "listen": "0.0.0.0:7456", "data_port": 7457, "cert_dir": "/etc/podlink-mesh",
                 "interfaces": ["ens1f0"], "fallback": False, "connections_per_path": 2,
-                "transport": "verbs", "verbs_tcp_fallback": False, "verbs_staged_only": True, "tcp_zero_copy": False, "relay_staging_mib": 32, "grant_idle_seconds": 300, "keepalive_seconds": 20,
+                "transport": "verbs", "verbs_tcp_fallback": False, "verbs_staged_only": True, "tcp_zero_copy": False, "two_hop_stripe": True, "relay_staging_mib": 32, "grant_idle_seconds": 300, "keepalive_seconds": 20,
                 "cert_refresh_seconds": 30, "advert_seconds": 15,
                 "peers": [{"node": "node-c", "addresses": ["10.0.3.2/30", "10.0.4.1/30"], "port": 7446}]}, mesh
 print("mesh render: host network, ports", ports, "config", mesh)
@@ -262,6 +262,7 @@ mesh: {enabled: true, transport: udp}|mesh.transport must be tcp or verbs
 mesh: {enabled: true, verbsTcpFallback: "no"}|mesh.verbsTcpFallback must be true or false
 mesh: {enabled: true, verbsStagedOnly: "yes"}|mesh.verbsStagedOnly must be true or false
 mesh: {enabled: true, tcpZeroCopy: 0}|mesh.tcpZeroCopy must be true or false
+mesh: {enabled: true, twoHopStripe: "on"}|mesh.twoHopStripe must be true or false
 mesh: {enabled: true, fallback: 1}|mesh.fallback must be true or false
 mesh: {enabled: true, relayStagingMib: 8}|mesh.relayStagingMib must be in 16..65536
 mesh: {enabled: true, keepaliveSeconds: 0}|mesh.grantIdleSeconds must be in 1..604800

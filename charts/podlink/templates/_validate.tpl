@@ -68,7 +68,7 @@
 {{- if not (has (toString .Values.mesh.transport) (list "tcp" "verbs")) -}}
 {{- fail "mesh.transport must be tcp or verbs" -}}
 {{- end -}}
-{{- range $k := list "fallback" "verbsTcpFallback" "verbsStagedOnly" "tcpZeroCopy" -}}
+{{- range $k := list "fallback" "verbsTcpFallback" "verbsStagedOnly" "tcpZeroCopy" "twoHopStripe" -}}
 {{- if not (kindIs "bool" (get $.Values.mesh $k)) -}}
 {{- fail (printf "mesh.%s must be true or false" $k) -}}
 {{- end -}}
