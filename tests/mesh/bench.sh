@@ -18,6 +18,8 @@
 #   podlink_relay                                the same from node a to node b through node c's
 #                                                daemon: a third node cabled to both (cables 3
 #                                                and 4, shaped alike), a and b using only those
+#   podlink_two_hop                              a to b over cable 1 and, striped with it, through
+#                                                c over cables 3 and 4 (mesh.two_hop_stripe on a)
 # Raw results: <output dir>/raw.jsonl (one JSON object per run) and the
 # daemons' logs; the table: tests/mesh/table.py <output dir>/raw.jsonl.
 # Needs root, iproute2 (ip, tc), openssl and python3. Reports; asserts only
@@ -189,6 +191,16 @@ start_node c "[\"${tag}c3y\", \"${tag}c4x\"]"
 start_node b "[\"${tag}c4y\"]"
 podlink_case podlink_relay
 grep -q "event=mesh_relay_grant" "$out/podlinkd-node-c.log" || { echo "mesh bench: node c relayed nothing" >&2; exit 1; }
+stop_daemons
+# Two-hop striping: a reaches b over cable 1, and also through c (cables 3
+# and 4); a stripes its transfers to b over both routes.
+start_node a "[\"${tag}c1x\", \"${tag}c3x\"]" \
+  ', "two_hop_stripe": true, "peers": [{"node": "node-c", "addresses": ["10.78.3.2/30", "10.78.4.1/30"]}]'
+start_node c "[\"${tag}c3y\", \"${tag}c4x\"]"
+start_node b "[\"${tag}c1y\", \"${tag}c4y\"]"
+podlink_case podlink_two_hop
+grep -q "event=mesh_two_hop destination=node-b relay=node-c" "$out/podlinkd-node-a.log" ||
+  { echo "mesh bench: node a opened no route through node c" >&2; exit 1; }
 stop_daemons
 
 {

@@ -33,6 +33,9 @@ def main(path):
     ratio("two links vs one", "podlink_2cables", "podlink_1cable", 1.8)
     ratio("two links vs raw TCP on both", "podlink_2cables", "raw_tcp_2cables_4conn", 0.9)
     ratio("one relay hop vs one link", "podlink_relay", "podlink_1cable", 0.9)
+    # Optional in the issue, without a target of its own: a direct cable plus
+    # a two-hop route are two links' worth at best (the 1.8 of two cables).
+    ratio("direct cable + two-hop route vs one link", "podlink_two_hop", "podlink_1cable", 1.8)
 
 
 if __name__ == "__main__":
