@@ -132,6 +132,9 @@ absl::Status ParseMeshConfig(const nlohmann::json& m, mesh::MeshOptions* o) {
     } else if (k == "open_timeout_seconds") {
       PODLINK_RETURN_IF_ERROR(number(v, k, 1, 600, &n));
       o->open_per_hop = absl::Seconds(static_cast<int64_t>(n));
+    } else if (k == "answer_timeout_seconds") {
+      PODLINK_RETURN_IF_ERROR(number(v, k, 1, 600, &n));
+      o->answer_timeout = absl::Seconds(static_cast<int64_t>(n));
     } else {
       return absl::InvalidArgumentError(absl::StrCat("config: unknown key mesh.", k));
     }

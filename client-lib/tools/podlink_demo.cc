@@ -53,6 +53,11 @@ ABSL_FLAG(uint64_t, count, 100, "cycle: export/import/close rounds");
 ABSL_FLAG(uint64_t, idle_ms, 0,
           "kv-put: hold the opened peer region this long before writing (an idle holder: its daemons must keep the "
           "grant alive)");
+ABSL_FLAG(int, rewrite_seed, -1,
+          "kv-put: after the writes, fill the region with the pattern of this seed and write it whole once more "
+          "(before the read back, which then expects it); -1: no");
+ABSL_FLAG(uint64_t, verify_again_ms, 0,
+          "kv-serve: after the check, wait this long and check every byte again (a late write would show)");
 ABSL_FLAG(uint64_t, repeat, 1,
           "kv-put: write the whole region this many times and report the last (steady state: mappings and "
           "connections warm) beside the first");
@@ -69,11 +74,12 @@ else /run/podlink). Every result is one JSON line on stdout.
          [--await-import] [--expect-writeback S2] [--commands]
   import (--id N | --name X) [--gpu D] [--verify S] [--writeback S2] [--hold] [--watch]
   cycle [--count N] [--size B]         export/import/close rounds on fresh sessions (leak tests)
-  kv-serve [--size N] [--gpu D] --verify S
+  kv-serve [--size N] [--gpu D] --verify S [--verify-again-ms M]
                                        register a region, print its descriptor, wait for a
-                                       notification, then check every byte
-  kv-put --desc D [--gpu D] --seed S [--relay]
-                                       write a whole peer region one-sided, then notify
+                                       notification, then check every byte (again after M ms)
+  kv-put --desc D [--gpu D] --seed S [--relay] [--repeat N] [--rewrite-seed S2] [--read-back]
+                                       write a whole peer region one-sided (N times; then once
+                                       more with S2's pattern), read it back, then notify
 
 Exit status: 0 done; 1 an operation failed (an "error" JSON line says which); 2 a bad
 command line; 3 bytes did not match.
@@ -88,7 +94,8 @@ struct Opts {
   std::string name;
   uint64_t id = 0;
   std::vector<podlink::PodRef> allow;
-  int seed = -1, writeback = -1, verify = -1, expect_writeback = -1;
+  int seed = -1, writeback = -1, verify = -1, expect_writeback = -1, rewrite_seed = -1;
+  uint64_t verify_again_ms = 0;
   bool await_import = false, commands = false, hold = false, watch = false, relay = false, read_back = false;
   std::string desc;
   uint64_t count = 100;
@@ -208,6 +215,8 @@ absl::StatusOr<Opts> OptsFromFlags(const std::vector<std::string>& args) {
   o.count = absl::GetFlag(FLAGS_count);
   o.repeat = std::max<uint64_t>(1, absl::GetFlag(FLAGS_repeat));
   o.idle_ms = std::min<uint64_t>(absl::GetFlag(FLAGS_idle_ms), 600000);
+  o.rewrite_seed = absl::GetFlag(FLAGS_rewrite_seed);
+  o.verify_again_ms = std::min<uint64_t>(absl::GetFlag(FLAGS_verify_again_ms), 600000);
   if (o.size == 0) return absl::InvalidArgumentError("--size must be a positive integer (got '0')");
   if (o.count == 0) return absl::InvalidArgumentError("--count must be a positive integer (got '0')");
   if (o.gpu < -1) {
@@ -456,6 +465,11 @@ int KvServe(podlink::Client& c, const Opts& o) {
   auto [bad, first] = Check(k.region, 0, k.region.size, o.verify);
   Emit({{"event", "verified"}, {"notification", n[0].value}, {"bytes", k.region.size}, {"mismatches", bad},
         {"first_bad", first}});
+  if (o.verify_again_ms > 0 && bad == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(o.verify_again_ms));
+    std::tie(bad, first) = Check(k.region, 0, k.region.size, o.verify);
+    Emit({{"event", "verified_again"}, {"after_ms", o.verify_again_ms}, {"mismatches", bad}, {"first_bad", first}});
+  }
   return bad == 0 ? 0 : 3;
 }
 
@@ -486,6 +500,16 @@ int KvPut(podlink::Client& c, const Opts& o) {
   }
   Emit({{"event", "put"}, {"transport", podlink::TransportName(remote->transport)}, {"bytes", desc->size},
         {"seconds", secs}, {"gbps", desc->size / secs / 1e9}, {"repeat", o.repeat}, {"first_seconds", first}});
+  int expect = o.seed;
+  if (o.rewrite_seed >= 0) {
+    Fill(k.region, 0, k.region.size, o.rewrite_seed);
+    auto t0 = std::chrono::steady_clock::now();
+    st = k.engine->Writev(ops);
+    if (!st.ok()) Die("rewrite", st);
+    Emit({{"event", "rewrote"}, {"bytes", desc->size},
+          {"seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()}});
+    expect = o.rewrite_seed;
+  }
   if (o.read_back) {
     // One-sided read of the whole peer region into a second local region
     // (zeroed first), then every byte compared with what was written; before
@@ -503,7 +527,7 @@ int KvPut(podlink::Client& c, const Opts& o) {
     auto r1 = std::chrono::steady_clock::now();
     if (!st.ok()) Die("read", st);
     Region got{(*back)->data(), 0, (*back)->size(), -1};
-    auto [bad, first] = Check(got, 0, desc->size, o.seed);
+    auto [bad, first] = Check(got, 0, desc->size, expect);
     double rs = std::chrono::duration<double>(r1 - r0).count();
     Emit({{"event", "read_back"}, {"bytes", desc->size}, {"mismatches", bad}, {"first_bad", first},
           {"seconds", rs}, {"gbps", desc->size / rs / 1e9}});

@@ -721,6 +721,7 @@ void MeshEngine::Stop() {
   {
     absl::MutexLock l(&mu_);
     grants.swap(grants_);
+    routed_grants_.clear();
     handles_.clear();
     handles_per_session_.clear();
   }
@@ -1014,6 +1015,7 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
     while (g == 0 || grants_.contains(g)) g = RandomU64();  // unguessable, never reused across restarts
     grants_[g] = Grant{node, *rec, pod.key, nullptr, req.caller_instance(), claim != nullptr ? origin : std::string(),
                        claim != nullptr ? claim->nonce() : 0};
+    if (claim != nullptr && claim->nonce() != 0) routed_grants_.emplace(claim->nonce(), g);
     SeenLocked(node);  // a grant given is a sign of life, however long the node was quiet
     resp.set_grant(g);
   }
@@ -1290,13 +1292,23 @@ void MeshEngine::CloseRegion(const std::string& node, uint64_t grant) {
       grants_per_pod_.erase(p);
     }
     fwd = std::move(it->second.forward);
+    if (const uint64_t nonce = it->second.nonce; nonce != 0) {
+      auto [from, to] = routed_grants_.equal_range(nonce);
+      for (auto r = from; r != to; ++r) {
+        if (r->second == grant) {
+          routed_grants_.erase(r);
+          break;
+        }
+      }
+    }
     grants_.erase(it);
   }
   // A relay closes its own grant onward.
   if (fwd != nullptr) ReleaseRemoteGrant(fwd->peer.get(), fwd->grant);
 }
 
-absl::StatusOr<MeshEngine::Granted> MeshEngine::LookupGrant(const std::string& node, uint64_t grant, bool write) {
+absl::StatusOr<MeshEngine::Granted> MeshEngine::LookupGrant(const std::string& node, uint64_t grant, bool write,
+                                                            int fd) {
   Granted g;
   {
     absl::MutexLock l(&mu_);
@@ -1309,20 +1321,25 @@ absl::StatusOr<MeshEngine::Granted> MeshEngine::LookupGrant(const std::string& n
       return g;
     }
     g.record = it->second.record.lock();
-    if (write) ++grant_writes_[grant];
+    if (write) grant_writes_.emplace(grant, fd);
   }
   if (g.record == nullptr || !host_->ExportLive(*g.record)) {
-    if (write) EndGrantWrite(grant);
+    if (write) EndGrantWrite(grant, fd);
     CloseRegion(node, grant);
     return absl::NotFoundError(absl::StrCat("the export behind grant ", grant, " was withdrawn"));
   }
   return g;
 }
 
-void MeshEngine::EndGrantWrite(uint64_t grant) {
+void MeshEngine::EndGrantWrite(uint64_t grant, int fd) {
   absl::MutexLock l(&mu_);
-  auto it = grant_writes_.find(grant);
-  if (it != grant_writes_.end() && --it->second == 0) grant_writes_.erase(it);
+  auto [from, to] = grant_writes_.equal_range(grant);
+  for (auto it = from; it != to; ++it) {
+    if (it->second == fd) {
+      grant_writes_.erase(it);
+      return;
+    }
+  }
 }
 
 absl::StatusOr<uint32_t> MeshEngine::FenceRoute(const std::string& origin, uint64_t nonce) {
@@ -1330,22 +1347,39 @@ absl::StatusOr<uint32_t> MeshEngine::FenceRoute(const std::string& origin, uint6
   std::vector<std::pair<std::string, uint64_t>> fenced;  // holder (the last relay), grant
   {
     absl::MutexLock l(&mu_);
-    for (const auto& [g, grant] : grants_) {
-      if (grant.nonce == nonce && grant.origin == origin) fenced.emplace_back(grant.node, g);
+    // The wait below holds a gRPC thread: one per origin at a time.
+    if (!fencing_.insert(origin).second) {
+      return absl::ResourceExhaustedError(absl::StrCat("node ", origin, " has a fence waiting here already"));
+    }
+    auto [from, to] = routed_grants_.equal_range(nonce);
+    for (auto r = from; r != to; ++r) {
+      auto it = grants_.find(r->second);
+      if (it != grants_.end() && it->second.origin == origin) fenced.emplace_back(it->second.node, r->second);
     }
   }
   // Closed first (frames on them are refused from now on, RDMA keys
-  // revoked), then the writes already past their look-up finish.
+  // revoked). A write already past its look-up may be waiting for the rest
+  // of its frame from a relay that stalled: its connection is shut down
+  // (the relay's link resends what else it carried over its other
+  // connections), so the write ends now instead of landing later.
   for (const auto& [holder, g] : fenced) CloseRegion(holder, g);
   absl::MutexLock l(&mu_);
   fenced_grants_ += fenced.size();
+  for (const auto& f : fenced) {
+    auto [from, to] = grant_writes_.equal_range(f.second);
+    for (auto it = from; it != to; ++it) {
+      if (it->second >= 0) ::shutdown(it->second, SHUT_RDWR);
+    }
+  }
   auto quiet = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (const auto& f : fenced) {
       if (grant_writes_.contains(f.second)) return false;
     }
     return true;
   };
-  if (!mu_.AwaitWithTimeout(absl::Condition(&quiet), 2 * options_.io_timeout)) {
+  const bool landed = mu_.AwaitWithTimeout(absl::Condition(&quiet), 2 * options_.io_timeout);
+  fencing_.erase(origin);
+  if (!landed) {
     Log()->warn("event=mesh_fence_timeout origin={} grants={}", origin, fenced.size());
     return absl::DeadlineExceededError(absl::StrCat("node ", node_name_, ": a write on node ", origin,
                                                     "'s fenced route is still landing"));
@@ -1798,7 +1832,7 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
       continue;
     }
     // One look at the grant: a relay's goes on to the next node.
-    absl::StatusOr<Granted> granted = LookupGrant(node, h.grant, type == FrameType::kWrite);
+    absl::StatusOr<Granted> granted = LookupGrant(node, h.grant, type == FrameType::kWrite, fd);
     if (granted.ok() && granted->forward != nullptr) {
       if (!ServeForward(writer, fd, h, node, link_instance, *granted->forward).ok()) return;
       continue;
@@ -1808,13 +1842,14 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
       const LinkKey& key;
       uint32_t transfer;
       bool active;
-      uint64_t grant;  // 0: no write counted on a grant
+      uint64_t grant;  // 0: no write registered on a grant
+      int fd;
       ~EndWriteOnExit() {
         if (active) e->EndWrite(key, transfer);
-        if (grant != 0) e->EndGrantWrite(grant);
+        if (grant != 0) e->EndGrantWrite(grant, fd);
       }
     } end_write{this, key, transfer, type == FrameType::kWrite,
-                type == FrameType::kWrite && granted.ok() ? h.grant : 0};
+                type == FrameType::kWrite && granted.ok() ? h.grant : 0, fd};
     absl::StatusOr<std::shared_ptr<const ExportRecord>> rec =
         granted.ok() ? absl::StatusOr<std::shared_ptr<const ExportRecord>>(granted->record) : granted.status();
     absl::StatusOr<RelayView> view = rec.ok() ? (*rec)->memory->MapForRelay() : rec.status();
@@ -3106,7 +3141,7 @@ void MeshEngine::StagedSlice(const std::string& node, uint64_t grant, bool write
   if (!granted.ok()) return done(granted.status());
   if (granted->forward == nullptr) {
     absl::Status copied = StagedCopy(*granted->record, write, offset, buf, length);
-    if (write) EndGrantWrite(grant);
+    if (write) EndGrantWrite(grant, -1);
     return done(copied);
   }
   // A relay's grant: the slice goes on to the next node from (or into) the

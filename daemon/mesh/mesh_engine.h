@@ -338,14 +338,17 @@ class MeshEngine final : public MeshPort {
     std::shared_ptr<const ExportRecord> record;
     std::shared_ptr<const Forward> forward;
   };
-  // `write`: a write into the export is about to land; counted until
-  // EndGrantWrite (FenceRoute waits for it), in the same step as the look-up.
-  absl::StatusOr<Granted> LookupGrant(const std::string& node, uint64_t grant, bool write = false)
+  // `write`: a write into the export is about to land, read from data
+  // connection `fd` (-1: not from a connection); registered until
+  // EndGrantWrite in the same step as the look-up (FenceRoute cuts `fd` and
+  // waits for it).
+  absl::StatusOr<Granted> LookupGrant(const std::string& node, uint64_t grant, bool write = false, int fd = -1)
       ABSL_LOCKS_EXCLUDED(mu_);
-  void EndGrantWrite(uint64_t grant) ABSL_LOCKS_EXCLUDED(mu_);
+  void EndGrantWrite(uint64_t grant, int fd) ABSL_LOCKS_EXCLUDED(mu_);
   // Closes the grants given relays for `origin`'s routed opens under claim
-  // nonce `nonce`, then waits (2 x io_timeout at most) until no write on them
-  // is landing; DEADLINE_EXCEEDED when one still is. Returns how many closed.
+  // nonce `nonce`, shuts down the data connections a write on them is still
+  // being read from, and waits (2 x io_timeout at most) until those writes
+  // ended; DEADLINE_EXCEEDED when one has not. Returns how many closed.
   absl::StatusOr<uint32_t> FenceRoute(const std::string& origin, uint64_t nonce) ABSL_LOCKS_EXCLUDED(mu_);
   // The export only (a relay's grant is NOT_FOUND here).
   absl::StatusOr<std::shared_ptr<const ExportRecord>> GrantedExport(const std::string& node, uint64_t grant)
@@ -527,7 +530,13 @@ class MeshEngine final : public MeshPort {
   uint64_t duplicate_notifies_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<LinkKey, std::map<uint32_t, absl::Time>> finished_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<LinkKey, uint32_t>, uint32_t> writing_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, uint32_t> grant_writes_ ABSL_GUARDED_BY(mu_);  // writes landing, by grant
+  std::multimap<uint64_t, int> grant_writes_ ABSL_GUARDED_BY(mu_);  // writes landing: grant -> connection (-1: none)
+  // Grants of routed opens, by their claim's nonce (FenceRoute looks them
+  // up without walking every grant: a peer may call it as often as it likes).
+  std::multimap<uint64_t, uint64_t> routed_grants_ ABSL_GUARDED_BY(mu_);
+  // Origins with a FenceRoute waiting (one each: an honest daemon sends its
+  // fences one at a time, from the owner's peer worker).
+  std::set<std::string> fencing_ ABSL_GUARDED_BY(mu_);
   uint64_t fenced_grants_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_prune_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   size_t unauthenticated_ ABSL_GUARDED_BY(mu_) = 0;

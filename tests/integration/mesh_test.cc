@@ -107,10 +107,12 @@ json LinksOf(const Daemon& d) {
   return json::parse(RunCommand(absl::StrCat(KUBECTL_PODLINK_PATH, " links -o json --socket ", d.dir())), nullptr, false);
 }
 
-// Shapes `dev` of namespace `ns` to 200 Mbit/s (tc tbf): the cable, not the
-// CPU, is then the limit, and a large transfer lasts long enough to cut.
-void Shape(const std::string& ns, const std::string& dev) {
-  Sh(absl::StrCat("ip netns exec ", ns, " tc qdisc add dev ", dev, " root tbf rate 200mbit burst 256kb latency 50ms"));
+// Shapes `dev` of namespace `ns` to 200 Mbit/s (tc tbf), or `rate`: the
+// cable, not the CPU, is then the limit, and a large transfer lasts long
+// enough to cut.
+void Shape(const std::string& ns, const std::string& dev, const std::string& rate = "200mbit") {
+  Sh(absl::StrCat("ip netns exec ", ns, " tc qdisc add dev ", dev, " root tbf rate ", rate,
+                  " burst 256kb latency 50ms"));
 }
 
 // A CA and node certificates (SAN DNS:<node>), made with the openssl CLI.
@@ -998,6 +1000,59 @@ TEST_F(Mesh, TwoHopStripingAddsARelaysCablesAndOutlivesTheRelay) {
             << " s into the write; the write took " << put["seconds"] << " s\n";
   EXPECT_TRUE(na->Alive());
   EXPECT_TRUE(nb->Alive());
+}
+
+// Why the fence: a relay that stalls (SIGSTOP: its kernel keeps the
+// connections up) holds chunks it may still deliver later. A's chunks on it
+// go unanswered for mesh.answer_timeout_seconds (3 here), then go direct once
+// B fenced the route; A then writes the region again with other bytes; C
+// resumes. C's cable to B is slower than A's to C, so C holds slices it read
+// but has not sent yet when it stops. Without the fence they land over the
+// new bytes when C resumes (checked: B's second check, 4 s later, found
+// them); with it, none.
+TEST_F(Mesh, AStalledRelaysChunksCannotLandAfterTheDirectCopy) {
+  std::string a = topo_.Node("a"), b = topo_.Node("b"), c = topo_.Node("c");
+  auto [ab_a, ab_b] = topo_.Cable(a, b, 1);
+  auto [bc_b, bc_c] = topo_.Cable(b, c, 2);
+  auto [ac_a, ac_c] = topo_.Cable(a, c, 3);
+  Shape(a, ab_a);
+  Shape(a, ac_a);
+  Shape(c, bc_c, "50mbit");
+  PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable");
+  std::string pods = Rule(pa, "ml", "a", "job-7") + "," + Rule(pb, "ml", "b", "job-7");
+  auto na = StartNode("node-a", a, {ab_a, ac_a}, pods, "",
+                      R"(, "two_hop_stripe": true, "answer_timeout_seconds": 3, "peers": [{"node": "node-c", "addresses": ["10.77.2.2/30", "10.77.3.2/30"], "port": 7446}])");
+  auto nb = StartNode("node-b", b, {ab_b, bc_b}, pods);
+  auto nc = StartNode("node-c", c, {bc_c, ac_c}, pods);
+  const uint64_t size = 64 << 20;
+  Pod server(*nb, &pb, {"kv-serve", "--size", std::to_string(size), "--verify", "112", "--verify-again-ms", "4000"});
+  json s = server.Expect("serving");
+  ASSERT_EQ(s["event"], "serving") << s.dump();
+  Pod client(*na, &pa, {"kv-put", "--desc", s["descriptor"], "--seed", "111", "--rewrite-seed", "112", "--idle-ms",
+                        "1500"});
+  ASSERT_TRUE(na->WaitForLog("event=mesh_two_hop destination=node-b relay=node-c", 20000)) << na->Log();
+  ASSERT_EQ(client.Expect("idle")["event"], "idle");
+  std::this_thread::sleep_for(std::chrono::milliseconds(2200));  // 0.7 s into the striped write
+  ASSERT_EQ(::kill(nc->pid(), SIGSTOP), 0);
+  struct Resume {
+    pid_t pid;
+    ~Resume() { ::kill(pid, SIGCONT); }
+  } resume{nc->pid()};
+  json put = client.Expect("put", 60000);
+  ASSERT_EQ(put["event"], "put") << put.dump() << "\n" << na->Log();
+  json again = client.Expect("rewrote", 60000);
+  ASSERT_EQ(again["event"], "rewrote") << again.dump();
+  json v = server.Expect("verified", 60000);
+  EXPECT_EQ(v["mismatches"], 0) << v.dump();
+  ::kill(nc->pid(), SIGCONT);  // whatever C still holds may go now
+  json late = server.Expect("verified_again", 20000);
+  EXPECT_EQ(late["mismatches"], 0) << late.dump() << " (a stalled relay's chunks landed after the direct copy)";
+  EXPECT_EQ(server.Wait(), 0);
+  EXPECT_EQ(client.Wait(), 0);
+  EXPECT_NE(na->Log().find("event=mesh_two_hop_down relay=node-c"), std::string::npos) << na->Log();
+  EXPECT_NE(nb->Log().find("event=mesh_fence origin=node-a grants=1"), std::string::npos) << nb->Log();
+  std::cerr << "first write " << put["seconds"] << " s (C stopped 0.7 s in), second " << again["seconds"] << " s\n";
+  EXPECT_TRUE(nc->Alive());
 }
 
 TEST_F(Mesh, PolicyOfTheOwnersNodeDecides) {

@@ -52,15 +52,17 @@ TEST(DaemonConfig, MeshPeersAndRelayStaging) {
 TEST(DaemonConfig, MeshGrantIdleAndKeepalive) {
   auto c = ParseDaemonConfig(
       R"({"mesh": {"grant_idle_seconds": 900, "keepalive_seconds": 30, "cert_refresh_seconds": 5, "advert_seconds": 7,
-                   "open_timeout_seconds": 25}})");
+                   "open_timeout_seconds": 25, "answer_timeout_seconds": 4}})");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->broker.mesh.cert_refresh, absl::Seconds(5));
   EXPECT_EQ(c->broker.mesh.grant_idle_timeout, absl::Seconds(900));
   EXPECT_EQ(c->broker.mesh.keepalive, absl::Seconds(30));
   EXPECT_EQ(c->broker.mesh.advert_interval, absl::Seconds(7));
   EXPECT_EQ(c->broker.mesh.open_per_hop, absl::Seconds(25));
+  EXPECT_EQ(c->broker.mesh.answer_timeout, absl::Seconds(4));
   auto d = ParseDaemonConfig("{}");
   EXPECT_EQ(d->broker.mesh.open_per_hop, absl::Seconds(10));
+  EXPECT_EQ(d->broker.mesh.answer_timeout, absl::Seconds(30));
   EXPECT_EQ(d->broker.mesh.advert_interval, absl::Seconds(60));
   EXPECT_EQ(d->broker.mesh.grant_idle_timeout, absl::Minutes(10));
   EXPECT_EQ(d->broker.mesh.keepalive, absl::Seconds(60));
@@ -121,6 +123,7 @@ TEST(DaemonConfig, RejectsBadInputWithReason) {
            {R"({"mesh": {"keepalive_seconds": 7200}})", "keepalive_seconds"},
            {R"({"mesh": {"advert_seconds": 0}})", "advert_seconds"},
            {R"({"mesh": {"open_timeout_seconds": 0}})", "open_timeout_seconds"},
+           {R"({"mesh": {"answer_timeout_seconds": 0}})", "answer_timeout_seconds"},
            {R"({"mesh": {"cert_refresh_seconds": 0}})", "cert_refresh_seconds"},
            {R"({"mesh": {"sysfs": ""}})", "sysfs"},
            {R"({"mesh": {"tcp_zero_copy": 1}})", "tcp_zero_copy"},
