@@ -186,11 +186,12 @@ absl::StatusOr<UniqueFd> Dial(const Path& path, uint16_t port, absl::Duration ti
 }
 
 // ReadFull with an absolute deadline over the whole read.
-// GPU exports served to other nodes: the bytes pass through a host buffer
-// of the connection's thread, a chunk at a time (MemoryObject::CopyIn/Out).
+// GPU exports served to other nodes, and writes on a fenceable route's grant:
+// the bytes pass through a host buffer of the connection's thread, a chunk at
+// a time (MemoryObject::CopyIn/Out; LandFenceable).
 constexpr uint64_t kGpuChunk = uint64_t{4} << 20;
 constexpr uint64_t kMaxGpuFrame = uint64_t{64} << 20;
-char* GpuStaging() {
+char* ChunkBuffer() {
   thread_local std::unique_ptr<char[]> buf;
   if (buf == nullptr) buf.reset(new char[kGpuChunk]);
   return buf.get();
@@ -675,7 +676,16 @@ absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions option
   return e;
 }
 
-MeshEngine::~MeshEngine() { Stop(); }
+MeshEngine::~MeshEngine() {
+  Stop();
+  // The two-hop thread outlives Stop: a striped transfer started meanwhile
+  // still ends on it, never inside its Start. Nothing is queued after this.
+  {
+    absl::MutexLock l(&pump_mu_);
+    pump_stop_ = true;
+  }
+  if (pump_thread_.joinable()) pump_thread_.join();
+}
 
 void MeshEngine::Stop() {
   if (stopped_.exchange(true, std::memory_order_acq_rel)) return;
@@ -708,12 +718,8 @@ void MeshEngine::Stop() {
   // is in flight into the relay, still alive.
   for (auto& [node, p] : peers) p->Stop();
   for (auto& [node, p] : peers) p->set_links(nullptr);
-  // Striped transfers still waiting for submissions find no links now and end.
-  {
-    absl::MutexLock l(&pump_mu_);
-    pump_stop_ = true;
-  }
-  if (pump_thread_.joinable()) pump_thread_.join();
+  // Striped transfers still waiting for submissions find no links now and
+  // end (on the two-hop thread, which the destructor stops).
   peers.clear();
   // Relay grants hold their next node; it was one of the peers above. Pods'
   // handles go too (an open finishing meanwhile was refused: stopping).
@@ -972,6 +978,11 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
     if (origin == node_name_) {
       return absl::PermissionDeniedError("a relay presented a claim of this node's own pods");
     }
+    absl::MutexLock l(&mu_);
+    if (fenced_nonces_.contains({origin, claim->nonce()})) {
+      ++remote_denials_;
+      return absl::PermissionDeniedError(absl::StrCat("node ", origin, " fenced this route"));
+    }
   }
   const pb::ForwardedIdentity& who = req.importer();
   if (who.node() != origin) {
@@ -1013,14 +1024,18 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
     ++mine;
     uint64_t g = 0;
     while (g == 0 || grants_.contains(g)) g = RandomU64();  // unguessable, never reused across restarts
-    grants_[g] = Grant{node, *rec, pod.key, nullptr, req.caller_instance(), claim != nullptr ? origin : std::string(),
-                       claim != nullptr ? claim->nonce() : 0};
-    if (claim != nullptr && claim->nonce() != 0) routed_grants_.emplace(claim->nonce(), g);
+    // A fenceable route's grant: known by its nonce, its writes landing
+    // chunk by chunk (LandFenceable), never registered for RDMA below.
+    const bool fenceable = claim != nullptr && claim->fenceable() && claim->nonce() != 0;
+    grants_[g] = Grant{node, *rec, pod.key, nullptr, req.caller_instance(), fenceable ? origin : std::string(),
+                       fenceable ? claim->nonce() : 0};
+    if (fenceable) routed_grants_.emplace(claim->nonce(), g);
     SeenLocked(node);  // a grant given is a sign of life, however long the node was quiet
     resp.set_grant(g);
   }
   if (req.verbs()) {
-    absl::Status st = RegisterForVerbs(node, resp.grant(), *rec, req.accepts_over_tcp(), req.accepts_staged(), &resp);
+    absl::Status st = RegisterForVerbs(node, resp.grant(), *rec, req.accepts_over_tcp(), req.accepts_staged(),
+                                       /*may_register=*/claim == nullptr || !claim->fenceable(), &resp);
     if (!st.ok()) {
       CloseRegion(node, resp.grant());
       return st;
@@ -1307,8 +1322,7 @@ void MeshEngine::CloseRegion(const std::string& node, uint64_t grant) {
   if (fwd != nullptr) ReleaseRemoteGrant(fwd->peer.get(), fwd->grant);
 }
 
-absl::StatusOr<MeshEngine::Granted> MeshEngine::LookupGrant(const std::string& node, uint64_t grant, bool write,
-                                                            int fd) {
+absl::StatusOr<MeshEngine::Granted> MeshEngine::LookupGrant(const std::string& node, uint64_t grant) {
   Granted g;
   {
     absl::MutexLock l(&mu_);
@@ -1321,25 +1335,41 @@ absl::StatusOr<MeshEngine::Granted> MeshEngine::LookupGrant(const std::string& n
       return g;
     }
     g.record = it->second.record.lock();
-    if (write) grant_writes_.emplace(grant, fd);
+    g.fenceable = it->second.nonce != 0;
   }
   if (g.record == nullptr || !host_->ExportLive(*g.record)) {
-    if (write) EndGrantWrite(grant, fd);
     CloseRegion(node, grant);
     return absl::NotFoundError(absl::StrCat("the export behind grant ", grant, " was withdrawn"));
   }
   return g;
 }
 
-void MeshEngine::EndGrantWrite(uint64_t grant, int fd) {
+bool MeshEngine::BeginLanding(uint64_t grant) {
   absl::MutexLock l(&mu_);
-  auto [from, to] = grant_writes_.equal_range(grant);
-  for (auto it = from; it != to; ++it) {
-    if (it->second == fd) {
-      grant_writes_.erase(it);
-      return;
+  if (!grants_.contains(grant)) return false;
+  ++grant_writes_[grant];
+  return true;
+}
+
+void MeshEngine::EndLanding(uint64_t grant) {
+  absl::MutexLock l(&mu_);
+  auto it = grant_writes_.find(grant);
+  if (it != grant_writes_.end() && --it->second == 0) grant_writes_.erase(it);
+}
+
+absl::Status MeshEngine::LandFenceable(int fd, uint64_t grant, char* dst, uint64_t n, absl::Status* landed) {
+  for (uint64_t done = 0; done < n;) {
+    const uint64_t chunk = std::min<uint64_t>(kGpuChunk, n - done);
+    char* buf = ChunkBuffer();
+    PODLINK_RETURN_IF_ERROR(ReadFull(fd, buf, chunk));
+    if (landed->ok() && !BeginLanding(grant)) *landed = absl::FailedPreconditionError("the route was fenced");
+    if (landed->ok()) {
+      std::memcpy(dst + done, buf, chunk);
+      EndLanding(grant);
     }
+    done += chunk;
   }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<uint32_t> MeshEngine::FenceRoute(const std::string& origin, uint64_t nonce) {
@@ -1351,26 +1381,26 @@ absl::StatusOr<uint32_t> MeshEngine::FenceRoute(const std::string& origin, uint6
     if (!fencing_.insert(origin).second) {
       return absl::ResourceExhaustedError(absl::StrCat("node ", origin, " has a fence waiting here already"));
     }
+    // A relay presenting the claim again gets nothing (claims live a minute).
+    constexpr size_t kFencedNonces = 4096;
+    const absl::Time now = absl::Now();
+    for (auto it = fenced_nonces_.begin(); it != fenced_nonces_.end();) {
+      it = now - it->second > absl::Minutes(2) ? fenced_nonces_.erase(it) : std::next(it);
+    }
+    if (fenced_nonces_.size() >= kFencedNonces) fenced_nonces_.erase(fenced_nonces_.begin());
+    fenced_nonces_[{origin, nonce}] = now;
     auto [from, to] = routed_grants_.equal_range(nonce);
     for (auto r = from; r != to; ++r) {
       auto it = grants_.find(r->second);
       if (it != grants_.end() && it->second.origin == origin) fenced.emplace_back(it->second.node, r->second);
     }
   }
-  // Closed first (frames on them are refused from now on, RDMA keys
-  // revoked). A write already past its look-up may be waiting for the rest
-  // of its frame from a relay that stalled: its connection is shut down
-  // (the relay's link resends what else it carried over its other
-  // connections), so the write ends now instead of landing later.
+  // Closed first: frames on them are refused from now on, and a frame
+  // already being read lands no further chunk (BeginLanding). Then the
+  // chunks being copied in right now finish.
   for (const auto& [holder, g] : fenced) CloseRegion(holder, g);
   absl::MutexLock l(&mu_);
   fenced_grants_ += fenced.size();
-  for (const auto& f : fenced) {
-    auto [from, to] = grant_writes_.equal_range(f.second);
-    for (auto it = from; it != to; ++it) {
-      if (it->second >= 0) ::shutdown(it->second, SHUT_RDWR);
-    }
-  }
   auto quiet = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (const auto& f : fenced) {
       if (grant_writes_.contains(f.second)) return false;
@@ -1381,8 +1411,8 @@ absl::StatusOr<uint32_t> MeshEngine::FenceRoute(const std::string& origin, uint6
   fencing_.erase(origin);
   if (!landed) {
     Log()->warn("event=mesh_fence_timeout origin={} grants={}", origin, fenced.size());
-    return absl::DeadlineExceededError(absl::StrCat("node ", node_name_, ": a write on node ", origin,
-                                                    "'s fenced route is still landing"));
+    return absl::DeadlineExceededError(absl::StrCat("node ", node_name_, ": a chunk on node ", origin,
+                                                    "'s fenced route is still being copied in"));
   }
   Log()->info("event=mesh_fence origin={} grants={}", origin, fenced.size());
   return static_cast<uint32_t>(fenced.size());
@@ -1557,7 +1587,10 @@ void MeshEngine::KeepAlive() {
     absl::MutexLock l(&mu_);
     if (absl::Now() - last_keepalive_ < options_.keepalive) return;
     last_keepalive_ = absl::Now();
-    for (const auto& [id, h] : handles_) peers.insert(h.peer);
+    for (const auto& [id, h] : handles_) {
+      peers.insert(h.peer);
+      if (h.two_hop != nullptr) peers.insert(h.two_hop->peer);
+    }
     for (const auto& [id, g] : grants_) {
       if (g.forward != nullptr) peers.insert(g.forward->peer);  // a relay holds grants onward too
     }
@@ -1832,7 +1865,7 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
       continue;
     }
     // One look at the grant: a relay's goes on to the next node.
-    absl::StatusOr<Granted> granted = LookupGrant(node, h.grant, type == FrameType::kWrite, fd);
+    absl::StatusOr<Granted> granted = LookupGrant(node, h.grant);
     if (granted.ok() && granted->forward != nullptr) {
       if (!ServeForward(writer, fd, h, node, link_instance, *granted->forward).ok()) return;
       continue;
@@ -1842,14 +1875,11 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
       const LinkKey& key;
       uint32_t transfer;
       bool active;
-      uint64_t grant;  // 0: no write registered on a grant
-      int fd;
       ~EndWriteOnExit() {
         if (active) e->EndWrite(key, transfer);
-        if (grant != 0) e->EndGrantWrite(grant, fd);
       }
-    } end_write{this, key, transfer, type == FrameType::kWrite,
-                type == FrameType::kWrite && granted.ok() ? h.grant : 0, fd};
+    } end_write{this, key, transfer, type == FrameType::kWrite};
+    const bool fenceable = granted.ok() && granted->fenceable;
     absl::StatusOr<std::shared_ptr<const ExportRecord>> rec =
         granted.ok() ? absl::StatusOr<std::shared_ptr<const ExportRecord>>(granted->record) : granted.status();
     absl::StatusOr<RelayView> view = rec.ok() ? (*rec)->memory->MapForRelay() : rec.status();
@@ -1879,16 +1909,27 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
         if (view->on_gpu) {
           // Through this thread's staging buffer, a chunk at a time, copied
           // to the GPU by its copy engine; a failed copy still reads the frame.
+          // A fenceable grant's chunk is copied only while the grant is open.
           absl::Status copy;
           for (uint64_t done = 0; done < h.length && io.ok();) {
             uint64_t n = std::min<uint64_t>(kGpuChunk, h.length - done);
-            char* buf = GpuStaging();
+            char* buf = ChunkBuffer();
             io = ReadFull(fd, buf, n);
-            if (io.ok() && copy.ok()) copy = TimedGpuCopy([&] { return (*rec)->memory->CopyIn(h.offset + done, buf, n); });
+            if (io.ok() && copy.ok() && fenceable && !BeginLanding(h.grant)) {
+              copy = absl::FailedPreconditionError("the route was fenced");
+            } else if (io.ok() && copy.ok()) {
+              copy = TimedGpuCopy([&] { return (*rec)->memory->CopyIn(h.offset + done, buf, n); });
+              if (fenceable) EndLanding(h.grant);
+            }
             done += n;
           }
           if (io.ok()) io = writer->Ack(h.tag, copy);
           if (!copy.ok()) break;
+        } else if (fenceable) {
+          absl::Status landed;
+          io = LandFenceable(fd, h.grant, reinterpret_cast<char*>(view->address) + h.offset, h.length, &landed);
+          if (io.ok()) io = writer->Ack(h.tag, landed);
+          if (!landed.ok()) break;
         } else {
           io = ReadFull(fd, reinterpret_cast<char*>(view->address) + h.offset, h.length);
           if (io.ok()) io = writer->Ack(h.tag, absl::OkStatus());
@@ -1913,7 +1954,7 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
           // The first chunk is copied before the header goes, so an export
           // that cannot be copied is refused instead of cut off.
           uint64_t n = std::min<uint64_t>(kGpuChunk, h.length);
-          char* buf = GpuStaging();
+          char* buf = ChunkBuffer();
           if (absl::Status c = TimedGpuCopy([&] { return (*rec)->memory->CopyOut(h.offset, buf, n); }); !c.ok()) {
             io = writer->Ack(h.tag, c);
             break;
@@ -2333,14 +2374,14 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
                 info.handle_type = resp.handle_type();
                 info.owner_namespace = resp.owner_namespace();
                 info.owner_name = resp.owner_name();
-                const uint64_t handle = info.handle;
+                const uint64_t handle = info.handle, export_id = info.export_id, size = info.size;
                 done(info);
-                if (two_hop) AddTwoHop(session, handle, target, unrouted);
+                if (two_hop) AddTwoHop(session, handle, target, unrouted, export_id, size);
               });
 }
 
 absl::Status MeshEngine::SignRoute(const RemoteTarget& target, const std::vector<std::string>& via,
-                                   pb::OpenRegionRequest* req, uint64_t* nonce) const {
+                                   pb::OpenRegionRequest* req, uint64_t* nonce, bool fenceable) const {
   pb::OriginClaim claim;
   claim.set_origin(node_name_);
   *claim.mutable_importer() = req->importer();
@@ -2358,6 +2399,7 @@ absl::Status MeshEngine::SignRoute(const RemoteTarget& target, const std::vector
     *nonce = RandomU64();
   } while (*nonce == 0);
   claim.set_nonce(*nonce);
+  claim.set_fenceable(fenceable);
   pb::Route* route = req->mutable_route();
   claim.SerializeToString(route->mutable_claim());
   const Pems pems = CurrentPems();
@@ -2424,7 +2466,14 @@ void MeshEngine::OpenThrough(const RemoteTarget& hop, pb::OpenRegionRequest req,
   }
 }
 
-void MeshEngine::AddTwoHop(uint64_t session, uint64_t handle, const RemoteTarget& target, pb::OpenRegionRequest req) {
+void MeshEngine::AddTwoHop(uint64_t session, uint64_t handle, RemoteTarget target, pb::OpenRegionRequest req,
+                           uint64_t export_id, uint64_t size) {
+  // The export the direct open found, by id: a name could by now stand for
+  // another export of the owner's.
+  target.name.clear();
+  target.export_id = export_id;
+  req.clear_name();
+  req.set_export_id(export_id);
   // A relay: a node this one knows that shares a subnet with this node and
   // with the target (the first such by name).
   std::vector<IpPrefix> local = LocalForPaths(), remote;
@@ -2452,18 +2501,24 @@ void MeshEngine::AddTwoHop(uint64_t session, uint64_t handle, const RemoteTarget
   }
   if (hop.node_name.empty()) return;  // no such relay known (yet): direct links only
   uint64_t nonce = 0;
-  if (absl::Status st = SignRoute(target, {hop.node_name}, &req, &nonce); !st.ok()) {
+  if (absl::Status st = SignRoute(target, {hop.node_name}, &req, &nonce, /*fenceable=*/true); !st.ok()) {
     Log()->warn("event=mesh_two_hop_failed destination={} relay={} why={}", target.node_name, hop.node_name,
                 LogQuoted(st.message()));
     return;
   }
   OpenThrough(hop, req, target.node_name, 1,
-              [this, session, handle, nonce, relay = hop.node_name,
+              [this, session, handle, nonce, export_id, size, relay = hop.node_name,
                destination = target.node_name](absl::StatusOr<Carried> opened) {
                 if (!opened.ok()) {
                   Log()->warn("event=mesh_two_hop_failed destination={} relay={} why={}", destination, relay,
                               LogQuoted(opened.status().message().substr(0, 512)));
                   return;
+                }
+                if (opened->resp.export_id() != export_id || opened->resp.size() != size) {
+                  Log()->warn("event=mesh_two_hop_failed destination={} relay={} why=\"the route reached export {} of "
+                              "{} bytes, not {} of {}\"",
+                              destination, relay, opened->resp.export_id(), opened->resp.size(), export_id, size);
+                  return ReleaseRemoteGrant(opened->carrier.get(), opened->resp.grant());
                 }
                 auto route = std::make_shared<TwoHop>();
                 route->peer = opened->carrier;
@@ -2808,17 +2863,31 @@ class MeshEngine::TwoRoutes : public std::enable_shared_from_this<MeshEngine::Tw
       }
       finish = Over();
     }
-    if (failover) {
-      std::shared_ptr<TwoHop> r = route_.lock();
-      if (r != nullptr && !r->failed.exchange(true, std::memory_order_acq_rel)) {
-        Log()->warn("event=mesh_two_hop_down relay={} why={} (its chunks go on the direct links)",
-                    r->peer->node(), LogQuoted(st.message().substr(0, 256)));
-      }
+    // What locks the route or the direct peer runs off the link's thread:
+    // a reference taken there could be the last one.
+    auto next = [self = shared_from_this(), failover, fence, finish, why = std::string(st.message().substr(0, 256))] {
+      if (failover) self->RouteDown(why);
+      if (fence) self->StartFence();
+      if (finish) return self->Finish();
+      self->Pump();
+    };
+    if (on_link_thread) {
+      if (!e_->QueueTask(next)) next();  // only once the engine is being destroyed
+      return;
     }
-    if (fence) StartFence();
-    if (finish) return Finish();
     // From Pump, which goes on by itself.
-    if (on_link_thread && !e_->QueueTask([self = shared_from_this()] { self->Pump(); })) Pump();
+    if (failover) RouteDown(std::string(st.message().substr(0, 256)));
+    if (fence) StartFence();
+    if (finish) Finish();
+  }
+
+  // The relay's route failed: not used again for this region.
+  void RouteDown(const std::string& why) {
+    std::shared_ptr<TwoHop> r = route_.lock();
+    if (r != nullptr && !r->failed.exchange(true, std::memory_order_acq_rel)) {
+      Log()->warn("event=mesh_two_hop_down relay={} why={} (its chunks go on the direct links)", r->peer->node(),
+                  LogQuoted(why));
+    }
   }
 
   // Asks the owner, over the direct link's control channel, to close the
@@ -3071,12 +3140,15 @@ absl::StatusOr<pb::OpenVerbsResponse> MeshEngine::AcceptVerbs(const std::string&
 
 absl::Status MeshEngine::RegisterForVerbs(const std::string& node, uint64_t grant,
                                           const std::shared_ptr<const ExportRecord>& rec, bool over_tcp_ok,
-                                          bool staged_ok, pb::OpenRegionResponse* resp) {
+                                          bool staged_ok, bool may_register, pb::OpenRegionResponse* resp) {
   // The TCP server needs the mapping too: an export without one is refused.
   PODLINK_ASSIGN_OR_RETURN(RelayView view, rec->memory->MapForRelay());
   absl::StatusOr<std::vector<verbs::RegionKey>> keys = absl::UnknownError("not registered");
   if (options_.verbs_staged_only) {
     keys = absl::FailedPreconditionError("mesh.verbs_staged_only: no export is registered for peers");
+  } else if (!may_register) {
+    // A fenceable route: its writes must land where a fence can stop them.
+    keys = absl::FailedPreconditionError("a fenceable route's export is staged, never registered for the relay");
   } else if (absl::Status populated = rec->memory->CheckPopulated(0, rec->size); !populated.ok()) {
     // Registration pins every page: a range the owner punched out would be
     // faulted in at podlinkd's expense, so it is not registered (over TCP,
@@ -3137,11 +3209,13 @@ absl::Status MeshEngine::RegisterForVerbs(const std::string& node, uint64_t gran
 
 void MeshEngine::StagedSlice(const std::string& node, uint64_t grant, bool write, uint64_t offset, char* buf,
                              uint64_t length, std::shared_ptr<const void> keep, std::function<void(absl::Status)> done) {
-  absl::StatusOr<Granted> granted = LookupGrant(node, grant, write);
+  absl::StatusOr<Granted> granted = LookupGrant(node, grant);
   if (!granted.ok()) return done(granted.status());
   if (granted->forward == nullptr) {
+    const bool landing = write && granted->fenceable;
+    if (landing && !BeginLanding(grant)) return done(absl::FailedPreconditionError("the route was fenced"));
     absl::Status copied = StagedCopy(*granted->record, write, offset, buf, length);
-    if (write) EndGrantWrite(grant, -1);
+    if (landing) EndLanding(grant);
     return done(copied);
   }
   // A relay's grant: the slice goes on to the next node from (or into) the

@@ -220,8 +220,9 @@ class MeshEngine final : public MeshPort {
     std::string pod;  // "mesh/" + origin node + "/" + the importing pod's identity key
     std::shared_ptr<const Forward> forward;  // set on a relay
     uint64_t caller_instance = 0;            // the holder daemon's instance (0: it did not say)
-    // A routed open's (given to the last relay): the origin node and its
-    // claim's nonce, by which the origin may fence the route (FenceRoute).
+    // A fenceable routed open's (given to the last relay): the origin node
+    // and its claim's nonce, by which the origin may fence the route
+    // (FenceRoute); 0 for every other grant.
     std::string origin;
     uint64_t nonce = 0;
   };
@@ -283,8 +284,10 @@ class MeshEngine final : public MeshPort {
   // it over the caller's queue pairs through this node's bounce pool (resp's
   // staged_reason); failing that, where the caller `over_tcp_ok`, grants it
   // over TCP (resp's over_tcp_reason). Errors: the export cannot be served.
+  // `may_register` false (a fenceable route): staged or over TCP only.
   absl::Status RegisterForVerbs(const std::string& node, uint64_t grant, const std::shared_ptr<const ExportRecord>& rec,
-                                bool over_tcp_ok, bool staged_ok, podlink::mesh::v1::OpenRegionResponse* resp);
+                                bool over_tcp_ok, bool staged_ok, bool may_register,
+                                podlink::mesh::v1::OpenRegionResponse* resp);
   // A staged slice (verbs::VerbsServer::StageSink): between `buf` and the
   // export of `node`'s grant, or on to the next node for a relay's grant.
   void StagedSlice(const std::string& node, uint64_t grant, bool write, uint64_t offset, char* buf, uint64_t length,
@@ -337,18 +340,23 @@ class MeshEngine final : public MeshPort {
   struct Granted {
     std::shared_ptr<const ExportRecord> record;
     std::shared_ptr<const Forward> forward;
+    bool fenceable = false;  // writes land chunk by chunk, each after BeginLanding
   };
-  // `write`: a write into the export is about to land, read from data
-  // connection `fd` (-1: not from a connection); registered until
-  // EndGrantWrite in the same step as the look-up (FenceRoute cuts `fd` and
-  // waits for it).
-  absl::StatusOr<Granted> LookupGrant(const std::string& node, uint64_t grant, bool write = false, int fd = -1)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  void EndGrantWrite(uint64_t grant, int fd) ABSL_LOCKS_EXCLUDED(mu_);
-  // Closes the grants given relays for `origin`'s routed opens under claim
-  // nonce `nonce`, shuts down the data connections a write on them is still
-  // being read from, and waits (2 x io_timeout at most) until those writes
-  // ended; DEADLINE_EXCEEDED when one has not. Returns how many closed.
+  absl::StatusOr<Granted> LookupGrant(const std::string& node, uint64_t grant) ABSL_LOCKS_EXCLUDED(mu_);
+  // A fenceable grant's bytes are copied into the export a chunk at a time,
+  // each between these two: false when the grant is closed (fenced) by now.
+  bool BeginLanding(uint64_t grant) ABSL_LOCKS_EXCLUDED(mu_);
+  void EndLanding(uint64_t grant) ABSL_LOCKS_EXCLUDED(mu_);
+  // Host memory of a fenceable grant: `n` bytes of the frame from `fd`
+  // through this thread's 4 MiB buffer into `dst`, a chunk at a time; the
+  // rest of the frame is read and dropped once the grant is closed
+  // (FAILED_PRECONDITION in *landed, the connection going on).
+  absl::Status LandFenceable(int fd, uint64_t grant, char* dst, uint64_t n, absl::Status* landed);
+  // Closes the grants given relays for `origin`'s fenceable routed opens
+  // under claim nonce `nonce`, then waits (2 x io_timeout at most) for the
+  // chunks being copied into them; DEADLINE_EXCEEDED when one still is.
+  // Returns how many closed. A claim with that nonce is refused for two
+  // minutes afterwards (a relay replaying it).
   absl::StatusOr<uint32_t> FenceRoute(const std::string& origin, uint64_t nonce) ABSL_LOCKS_EXCLUDED(mu_);
   // The export only (a relay's grant is NOT_FOUND here).
   absl::StatusOr<std::shared_ptr<const ExportRecord>> GrantedExport(const std::string& node, uint64_t grant)
@@ -416,13 +424,16 @@ class MeshEngine final : public MeshPort {
   };
   void OpenThrough(const RemoteTarget& hop, podlink::mesh::v1::OpenRegionRequest req, const std::string& destination,
                    size_t relays, std::function<void(absl::StatusOr<Carried>)> got);
-  // Signs `req`'s route to `target` through `via` (the claim's nonce in *nonce).
+  // Signs `req`'s route to `target` through `via` (the claim's nonce in
+  // *nonce; `fenceable`: the owner lands it so that FenceRoute can stop it).
   absl::Status SignRoute(const RemoteTarget& target, const std::vector<std::string>& via,
-                         podlink::mesh::v1::OpenRegionRequest* req, uint64_t* nonce) const ABSL_LOCKS_EXCLUDED(pem_mu_);
-  // After a direct open: a relay cabled to this node and to `target` is
-  // asked for the same region; its grant joins the session's `handle`.
-  void AddTwoHop(uint64_t session, uint64_t handle, const RemoteTarget& target,
-                 podlink::mesh::v1::OpenRegionRequest req) ABSL_LOCKS_EXCLUDED(mu_);
+                         podlink::mesh::v1::OpenRegionRequest* req, uint64_t* nonce, bool fenceable = false) const
+      ABSL_LOCKS_EXCLUDED(pem_mu_);
+  // After a direct open of export `export_id` (`size` bytes): a relay cabled
+  // to this node and to `target` is asked for the same export (a fenceable
+  // route); its grant joins the session's `handle` when it names that export.
+  void AddTwoHop(uint64_t session, uint64_t handle, RemoteTarget target, podlink::mesh::v1::OpenRegionRequest req,
+                 uint64_t export_id, uint64_t size) ABSL_LOCKS_EXCLUDED(mu_);
   // Runs `task` (a TwoRoutes' next submissions, or its end) on the two-hop
   // thread, never on a link's own thread; false when that thread is not
   // running (mesh.two_hop_stripe off, or the engine stopping).
@@ -530,8 +541,9 @@ class MeshEngine final : public MeshPort {
   uint64_t duplicate_notifies_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<LinkKey, std::map<uint32_t, absl::Time>> finished_ ABSL_GUARDED_BY(mu_);
   std::map<std::pair<LinkKey, uint32_t>, uint32_t> writing_ ABSL_GUARDED_BY(mu_);
-  std::multimap<uint64_t, int> grant_writes_ ABSL_GUARDED_BY(mu_);  // writes landing: grant -> connection (-1: none)
-  // Grants of routed opens, by their claim's nonce (FenceRoute looks them
+  std::map<uint64_t, uint32_t> grant_writes_ ABSL_GUARDED_BY(mu_);  // fenceable grants' chunks being copied in
+  std::map<std::pair<std::string, uint64_t>, absl::Time> fenced_nonces_ ABSL_GUARDED_BY(mu_);  // origin, nonce
+  // Grants of fenceable routed opens, by their claim's nonce (FenceRoute looks them
   // up without walking every grant: a peer may call it as often as it likes).
   std::multimap<uint64_t, uint64_t> routed_grants_ ABSL_GUARDED_BY(mu_);
   // Origins with a FenceRoute waiting (one each: an honest daemon sends its

@@ -13,7 +13,8 @@
 #    podlinkd's relay, the plugin's GPU bounce buffers, TCP with page-locked
 #    staging.
 # 3. mesh_test's GPU cases: a pod on another (emulated) node writes and reads a
-#    GPU export through both daemons' mesh; the NCCL plugin between two nodes
+#    GPU export through both daemons' mesh, and through a relay node too
+#    (two-hop striping, GPU memory at both ends); the NCCL plugin between two nodes
 #    with GPU buffers, one device per GPU and one per rail group.
 # 4. podlink-bench on GPU 0 (relay and in-process copies, timed).
 # Exits non-zero when any step fails; the last lines are a summary table.
@@ -55,9 +56,10 @@ step "nccl_net_conformance_test GpuModes/*" "$OUT/nccl_net_gpu.log" \
 IPW=$(mktemp -d /tmp/podlink-ipw.XXXXXX)
 printf '#!/bin/sh\nexec %s "$@"\n' "$PODLINK_TEST_IP" > "$IPW/ip" && chmod +x "$IPW/ip"
 mesh_gpu() {
-  PATH="$IPW:$PATH" "$BIN/mesh_test" --gtest_filter='Mesh.APodWritesAndReadsAGpuExportOfAnotherNode' || return 1
+  PATH="$IPW:$PATH" "$BIN/mesh_test" \
+    --gtest_filter='Mesh.APodWritesAndReadsAGpuExportOfAnotherNode:Mesh.TwoHopStripingCarriesGpuMemory' || return 1
 }
-step "mesh_test: another node's pod writes a GPU export" "$OUT/mesh_gpu.log" mesh_gpu
+step "mesh_test: another node's pod writes a GPU export (direct, two-hop)" "$OUT/mesh_gpu.log" mesh_gpu
 grep -q '^\[  SKIPPED' "$OUT/mesh_gpu.log" && { echo "mesh GPU test skipped (no openssl or ip netns?)"; FAILED=1; }
 # The NCCL plugin across the emulated nodes with NCCL's buffers in GPU memory:
 # the conformance scenarios, and one device per rail group of a fake sysfs

@@ -107,6 +107,15 @@ json LinksOf(const Daemon& d) {
   return json::parse(RunCommand(absl::StrCat(KUBECTL_PODLINK_PATH, " links -o json --socket ", d.dir())), nullptr, false);
 }
 
+// One series of `d`'s /metrics, read inside namespace `ns` (-1: absent).
+double MetricOf(const std::string& ns, const Daemon& d, const std::string& series) {
+  std::string m = RunCommand(absl::StrCat("ip netns exec ", ns,
+                                          " python3 -c 'import urllib.request as u; print(u.urlopen(\"http://127.0.0.1:",
+                                          d.metrics_port(), "/metrics\").read().decode())'"));
+  size_t at = m.find("\n" + series + " ");
+  return at == std::string::npos ? -1.0 : std::strtod(m.c_str() + at + series.size() + 2, nullptr);
+}
+
 // Shapes `dev` of namespace `ns` to 200 Mbit/s (tc tbf), or `rate`: the
 // cable, not the CPU, is then the limit, and a large transfer lasts long
 // enough to cut.
@@ -932,13 +941,7 @@ TEST_F(Mesh, TwoHopStripingAddsARelaysCablesAndOutlivesTheRelay) {
                       R"(, "two_hop_stripe": true, "peers": [{"node": "node-c", "addresses": ["10.77.2.2/30", "10.77.3.2/30"], "port": 7446}])");
   auto nb = StartNode("node-b", b, {ab_b, bc_b}, pods);
   auto nc = StartNode("node-c", c, {bc_c, ac_c}, pods);
-  auto metric = [&](const std::string& series) {
-    std::string m = RunCommand(absl::StrCat(
-        "ip netns exec ", a, " python3 -c 'import urllib.request as u; print(u.urlopen(\"http://127.0.0.1:",
-        na->metrics_port(), "/metrics\").read().decode())'"));
-    size_t at = m.find("\n" + series + " ");
-    return at == std::string::npos ? -1.0 : std::strtod(m.c_str() + at + series.size() + 2, nullptr);
-  };
+  auto metric = [&](const std::string& series) { return MetricOf(a, *na, series); };
   const uint64_t size = 32 << 20;
   // A to B: the route through C opens beside the direct one (the pod waits a
   // second before writing, so every transfer finds it), three whole writes,
@@ -1000,6 +1003,38 @@ TEST_F(Mesh, TwoHopStripingAddsARelaysCablesAndOutlivesTheRelay) {
             << " s into the write; the write took " << put["seconds"] << " s\n";
   EXPECT_TRUE(na->Alive());
   EXPECT_TRUE(nb->Alive());
+}
+
+// Two-hop striping with GPU memory at both ends (skipped without a GPU): the
+// importer's staging and the owner's GPU frames, over both routes.
+TEST_F(Mesh, TwoHopStripingCarriesGpuMemory) {
+  auto d = cu::LoadDriver();
+  int n = 0;
+  if (!d.ok() || (*d)->DeviceGetCount(&n) != cu::kSuccess || n == 0) GTEST_SKIP() << "no GPU";
+  std::string a = topo_.Node("a"), b = topo_.Node("b"), c = topo_.Node("c");
+  auto [ab_a, ab_b] = topo_.Cable(a, b, 1);
+  auto [bc_b, bc_c] = topo_.Cable(b, c, 2);
+  auto [ac_a, ac_c] = topo_.Cable(a, c, 3);
+  PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable");
+  std::string pods = Rule(pa, "ml", "a", "job-7") + "," + Rule(pb, "ml", "b", "job-7");
+  auto na = StartNode("node-a", a, {ab_a, ac_a}, pods, "",
+                      R"(, "two_hop_stripe": true, "peers": [{"node": "node-c", "addresses": ["10.77.2.2/30", "10.77.3.2/30"], "port": 7446}])",
+                      /*gpu=*/true);
+  auto nb = StartNode("node-b", b, {ab_b, bc_b}, pods, "", "", /*gpu=*/true);
+  auto nc = StartNode("node-c", c, {bc_c, ac_c}, pods);
+  const std::vector<std::string> striped = {"--idle-ms", "1000", "--repeat", "2"};
+  auto with = [&](std::vector<std::string> v) {
+    v.insert(v.end(), striped.begin(), striped.end());
+    return v;
+  };
+  const uint64_t size = 48 << 20;
+  KvAcrossNodes(*nb, pb, *na, pa, size, 121, {"--gpu", "0"}, with({}));               // host on a -> GPU on b
+  KvAcrossNodes(*nb, pb, *na, pa, size, 122, {"--gpu", "0"}, with({"--gpu", "0"}));  // GPU on a -> GPU on b
+  EXPECT_TRUE(na->WaitForLog("event=mesh_two_hop destination=node-b relay=node-c")) << na->Log();
+  EXPECT_GE(MetricOf(a, *na, "podlink_mesh_two_hop_transfers_total"), 4.0);
+  EXPECT_GT(MetricOf(a, *na, "podlink_mesh_two_hop_bytes_total"), static_cast<double>(size));
+  EXPECT_EQ(MetricOf(a, *na, "podlink_mesh_two_hop_failovers_total"), 0.0);
+  EXPECT_NE(nb->Log().find("event=mesh_grant peer=node-c pod=ml/a "), std::string::npos) << nb->Log();
 }
 
 // Why the fence: a relay that stalls (SIGSTOP: its kernel keeps the
@@ -1136,6 +1171,7 @@ class MeshHostile : public Mesh {
     std::vector<std::string> via = {"node-t"};
     int64_t age_seconds = 0;
     uint64_t nonce = 0;
+    bool fenceable = false;
   };
   // Opens the fixture's export through `stub` under `c`, signed with the key
   // in dir_/<c.signer>.
@@ -1155,6 +1191,7 @@ class MeshHostile : public Mesh {
     claim.set_export_id(export_id_);
     claim.set_issued_unix_seconds(absl::ToUnixSeconds(absl::Now()) - c.age_seconds);
     claim.set_nonce(c.nonce);
+    claim.set_fenceable(c.fenceable);
     pb::OpenRegionRequest req;
     *req.mutable_importer() = *who;  // ignored for routed requests: the claim decides
     req.set_export_id(export_id_);
@@ -1314,8 +1351,9 @@ TEST_F(MeshHostile, ARelayCannotSpeakForAnotherNodesPods) {
 }
 
 // FenceRoute closes a route's grants only for the node that signed the
-// route: not for the relay that carried the claim (it saw the nonce), not for
-// any other node, and never for nonce 0 (grants of direct opens have none).
+// route, and only a route it signed fenceable: not for the relay that carried
+// the claim (it saw the nonce), not for any other node, never with nonce 0;
+// and the relay cannot get a new grant by presenting the claim again.
 TEST_F(MeshHostile, OnlyARoutesOriginCanFenceIt) {
   ca_->Issue("node-t", dir_ + "/node-t");
   ca_->Issue("node-u", dir_ + "/node-u");
@@ -1323,9 +1361,14 @@ TEST_F(MeshHostile, OnlyARoutesOriginCanFenceIt) {
   auto t = Stub(dir_ + "/node-t"), u = Stub(dir_ + "/node-u"), origin = Stub(dir_ + "/claim-a");
   Claim c;
   c.nonce = 0x5eed5eed5eedull;
+  c.fenceable = true;
   pb::OpenRegionResponse resp;
   grpc::Status st = OpenRouted(*t, c, &resp);
   ASSERT_TRUE(st.ok()) << st.error_message();
+  Claim plain;  // a route the origin did not sign fenceable: no fence reaches it
+  plain.nonce = 0x0bad0bad0badull;
+  pb::OpenRegionResponse plain_resp;
+  ASSERT_TRUE(OpenRouted(*t, plain, &plain_resp).ok());
   pb::OpenRegionResponse direct;
   ASSERT_TRUE(Open(*u, "node-u", &direct).ok());  // a direct grant (nonce 0) of another node
   auto fence = [](pb::Mesh::Stub& stub, uint64_t nonce, uint32_t* closed) {
@@ -1354,9 +1397,17 @@ TEST_F(MeshHostile, OnlyARoutesOriginCanFenceIt) {
   EXPECT_TRUE(nb_->WaitForLog("event=mesh_fence origin=node-a grants=1"));
   EXPECT_TRUE(fence(*origin, c.nonce, &closed).ok());
   EXPECT_EQ(closed, 0u) << "fenced twice";
+  EXPECT_TRUE(fence(*origin, plain.nonce, &closed).ok());
+  EXPECT_EQ(closed, 0u) << "a route not signed fenceable was fenced";
+  // The relay presents the fenced claim again: refused.
+  pb::OpenRegionResponse again;
+  st = OpenRouted(*t, c, &again);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
+  EXPECT_NE(st.error_message().find("fenced this route"), std::string::npos) << st.error_message();
+  EXPECT_EQ(again.grant(), 0u);
   json links = LinksOf(*nb_);
   ASSERT_TRUE(links.is_object()) << links.dump();
-  EXPECT_EQ(links["grants"], 1) << links.dump();
+  EXPECT_EQ(links["grants"], 2) << links.dump();  // the stranger's direct grant and the plain route's
 }
 
 // The verbs control messages are hostile input too: a peer daemon chooses
