@@ -276,6 +276,27 @@ class Mesh : public ::testing::Test {
     std::tie(t.cd_c, t.cd_d) = topo_.Cable(t.c, t.d, 4);
     t.pods = Rule(t.pa, "ml", "a", "job-7") + "," + Rule(t.pd, "ml", "d", "job-7");
   }
+  // A triangle for two-hop striping: a and b cabled to each other (cable 1),
+  // c cabled to both (b - c 2, a - c 3); a pod on a and one on b in one peer
+  // group. Node a stripes through c with kStripesThroughC.
+  struct Triangle {
+    std::string a, b, c, ab_a, ab_b, bc_b, bc_c, ac_a, ac_c;
+    PodCgroup pa{RandomPodUid(), "burstable"}, pb{RandomPodUid(), "burstable"};
+    std::string pods;
+  };
+  void JoinTriangle(Triangle& t) {
+    t.a = topo_.Node("a");
+    t.b = topo_.Node("b");
+    t.c = topo_.Node("c");
+    std::tie(t.ab_a, t.ab_b) = topo_.Cable(t.a, t.b, 1);
+    std::tie(t.bc_b, t.bc_c) = topo_.Cable(t.b, t.c, 2);
+    std::tie(t.ac_a, t.ac_c) = topo_.Cable(t.a, t.c, 3);
+    t.pods = Rule(t.pa, "ml", "a", "job-7") + "," + Rule(t.pb, "ml", "b", "job-7");
+  }
+  // mesh keys for node a of a Triangle: two-hop striping, node c known from
+  // mesh.peers with both its addresses.
+  static constexpr const char* kStripesThroughC =
+      R"(, "two_hop_stripe": true, "peers": [{"node": "node-c", "addresses": ["10.77.2.2/30", "10.77.3.2/30"], "port": 7446}])";
   // mesh.peers naming node c with both its addresses (a and d know it so).
   static constexpr const char* kKnowsC =
       R"(, "peers": [{"node": "node-c", "addresses": ["10.77.3.2/30", "10.77.4.1/30"]}])";
@@ -927,18 +948,14 @@ TEST_F(Mesh, ARelayCarriesNodesWithoutACableAndItsDeathFailsCleanly) {
 // over A's cable to B once B has fenced the route through C, and the write
 // completes byte for byte.
 TEST_F(Mesh, TwoHopStripingAddsARelaysCablesAndOutlivesTheRelay) {
-  std::string a = topo_.Node("a"), b = topo_.Node("b"), c = topo_.Node("c");
-  auto [ab_a, ab_b] = topo_.Cable(a, b, 1);
-  auto [bc_b, bc_c] = topo_.Cable(b, c, 2);
-  auto [ac_a, ac_c] = topo_.Cable(a, c, 3);
+  Triangle t;
+  JoinTriangle(t);
+  [[maybe_unused]] auto& [a, b, c, ab_a, ab_b, bc_b, bc_c, ac_a, ac_c, pa, pb, pods] = t;
   for (const auto& [ns, dev] : std::vector<std::pair<std::string, std::string>>{
            {a, ab_a}, {a, ac_a}, {b, ab_b}, {b, bc_b}, {c, bc_c}, {c, ac_c}}) {
     Shape(ns, dev);
   }
-  PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable"), pc(RandomPodUid(), "burstable");
-  std::string pods = Rule(pa, "ml", "a", "job-7") + "," + Rule(pb, "ml", "b", "job-7") + "," + Rule(pc, "ml", "c", "job-7");
-  auto na = StartNode("node-a", a, {ab_a, ac_a}, pods, "",
-                      R"(, "two_hop_stripe": true, "peers": [{"node": "node-c", "addresses": ["10.77.2.2/30", "10.77.3.2/30"], "port": 7446}])");
+  auto na = StartNode("node-a", a, {ab_a, ac_a}, pods, "", kStripesThroughC);
   auto nb = StartNode("node-b", b, {ab_b, bc_b}, pods);
   auto nc = StartNode("node-c", c, {bc_c, ac_c}, pods);
   auto metric = [&](const std::string& series) { return MetricOf(a, *na, series); };
@@ -1011,15 +1028,10 @@ TEST_F(Mesh, TwoHopStripingCarriesGpuMemory) {
   auto d = cu::LoadDriver();
   int n = 0;
   if (!d.ok() || (*d)->DeviceGetCount(&n) != cu::kSuccess || n == 0) GTEST_SKIP() << "no GPU";
-  std::string a = topo_.Node("a"), b = topo_.Node("b"), c = topo_.Node("c");
-  auto [ab_a, ab_b] = topo_.Cable(a, b, 1);
-  auto [bc_b, bc_c] = topo_.Cable(b, c, 2);
-  auto [ac_a, ac_c] = topo_.Cable(a, c, 3);
-  PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable");
-  std::string pods = Rule(pa, "ml", "a", "job-7") + "," + Rule(pb, "ml", "b", "job-7");
-  auto na = StartNode("node-a", a, {ab_a, ac_a}, pods, "",
-                      R"(, "two_hop_stripe": true, "peers": [{"node": "node-c", "addresses": ["10.77.2.2/30", "10.77.3.2/30"], "port": 7446}])",
-                      /*gpu=*/true);
+  Triangle t;
+  JoinTriangle(t);
+  [[maybe_unused]] auto& [a, b, c, ab_a, ab_b, bc_b, bc_c, ac_a, ac_c, pa, pb, pods] = t;
+  auto na = StartNode("node-a", a, {ab_a, ac_a}, pods, "", kStripesThroughC, /*gpu=*/true);
   auto nb = StartNode("node-b", b, {ab_b, bc_b}, pods, "", "", /*gpu=*/true);
   auto nc = StartNode("node-c", c, {bc_c, ac_c}, pods);
   const std::vector<std::string> striped = {"--idle-ms", "1000", "--repeat", "2"};
@@ -1046,17 +1058,14 @@ TEST_F(Mesh, TwoHopStripingCarriesGpuMemory) {
 // new bytes when C resumes (checked: B's second check, 4 s later, found
 // them); with it, none.
 TEST_F(Mesh, AStalledRelaysChunksCannotLandAfterTheDirectCopy) {
-  std::string a = topo_.Node("a"), b = topo_.Node("b"), c = topo_.Node("c");
-  auto [ab_a, ab_b] = topo_.Cable(a, b, 1);
-  auto [bc_b, bc_c] = topo_.Cable(b, c, 2);
-  auto [ac_a, ac_c] = topo_.Cable(a, c, 3);
+  Triangle t;
+  JoinTriangle(t);
+  [[maybe_unused]] auto& [a, b, c, ab_a, ab_b, bc_b, bc_c, ac_a, ac_c, pa, pb, pods] = t;
   Shape(a, ab_a);
   Shape(a, ac_a);
   Shape(c, bc_c, "50mbit");
-  PodCgroup pa(RandomPodUid(), "burstable"), pb(RandomPodUid(), "burstable");
-  std::string pods = Rule(pa, "ml", "a", "job-7") + "," + Rule(pb, "ml", "b", "job-7");
   auto na = StartNode("node-a", a, {ab_a, ac_a}, pods, "",
-                      R"(, "two_hop_stripe": true, "answer_timeout_seconds": 3, "peers": [{"node": "node-c", "addresses": ["10.77.2.2/30", "10.77.3.2/30"], "port": 7446}])");
+                      absl::StrCat(kStripesThroughC, R"(, "answer_timeout_seconds": 3)"));
   auto nb = StartNode("node-b", b, {ab_b, bc_b}, pods);
   auto nc = StartNode("node-c", c, {bc_c, ac_c}, pods);
   const uint64_t size = 64 << 20;
