@@ -69,6 +69,14 @@ bool IpPrefix::SameNetwork(const IpPrefix& o) const {
   return (addr[full] & mask) == (o.addr[full] & mask);
 }
 
+std::vector<IpPrefix> ParsePrefixes(const std::vector<std::string>& texts) {
+  std::vector<IpPrefix> out;
+  for (const std::string& t : texts) {
+    if (absl::StatusOr<IpPrefix> ip = IpPrefix::Parse(t); ip.ok()) out.push_back(*ip);
+  }
+  return out;
+}
+
 std::vector<IpPrefix> LocalAddresses(const std::vector<std::string>& interfaces) {
   std::vector<IpPrefix> out;
   ifaddrs* list = nullptr;

@@ -36,6 +36,10 @@ struct IpPrefix {
   bool operator==(const IpPrefix& o) const { return family == o.family && addr == o.addr && prefix == o.prefix; }
 };
 
+// The "addr/prefix" entries of `texts` that parse (peers' and descriptors'
+// address lists; the rest is skipped).
+std::vector<IpPrefix> ParsePrefixes(const std::vector<std::string>& texts);
+
 // The node's addresses, from getifaddrs: up interfaces, no loopback, no IPv6
 // link-local. `interfaces` non-empty: only those netdevs.
 std::vector<IpPrefix> LocalAddresses(const std::vector<std::string>& interfaces);

@@ -1770,10 +1770,7 @@ void MeshEngine::TradeAdverts() {
   for (const auto& entry : neighbours) {
     const std::string node = entry.first;  // a copy: the callback below keeps it (clang cannot capture a binding)
     const Known& k = entry.second;
-    std::vector<IpPrefix> remote;
-    for (const std::string& a : k.addresses) {
-      if (absl::StatusOr<IpPrefix> ip = IpPrefix::Parse(a); ip.ok()) remote.push_back(*ip);
-    }
+    std::vector<IpPrefix> remote = ParsePrefixes(k.addresses);
     // Cabled to this node (a shared subnet): adverts travel hop by hop.
     std::vector<Path> paths = ChoosePaths(local, remote, false);
     if (paths.empty()) continue;
@@ -2175,11 +2172,7 @@ void MeshEngine::OverTcp(const RemoteTarget& target,
 absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const RemoteTarget& target, bool* verbs_failed) {
   Peer& p = *peer;
   if (auto links = p.links(); links != nullptr && links->live() > 0 && p.stub() != nullptr) return absl::OkStatus();
-  std::vector<IpPrefix> remote;
-  for (const std::string& a : target.addresses) {
-    absl::StatusOr<IpPrefix> ip = IpPrefix::Parse(a);
-    if (ip.ok()) remote.push_back(*ip);
-  }
+  std::vector<IpPrefix> remote = ParsePrefixes(target.addresses);
   std::vector<IpPrefix> local = LocalForPaths();
   std::vector<Path> paths = ChoosePaths(local, remote, options_.fallback);
   if (paths.empty()) {
@@ -2303,10 +2296,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
   RemoteTarget hop = target;
   std::vector<std::string> relays;  // the route's, first hop first; empty: direct
   std::vector<IpPrefix> local = LocalForPaths();
-  std::vector<IpPrefix> remote;
-  for (const std::string& a : target.addresses) {
-    if (absl::StatusOr<IpPrefix> ip = IpPrefix::Parse(a); ip.ok()) remote.push_back(*ip);
-  }
+  std::vector<IpPrefix> remote = ParsePrefixes(target.addresses);
   const bool cabled = !ChoosePaths(local, remote, false).empty();
   if (!cabled) {
     std::map<std::string, std::vector<IpPrefix>> graph;
@@ -2315,11 +2305,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
       absl::MutexLock l(&mu_);
       known = known_;
     }
-    for (const auto& [name, k] : known) {
-      for (const std::string& a : k.addresses) {
-        if (absl::StatusOr<IpPrefix> ip = IpPrefix::Parse(a); ip.ok()) graph[name].push_back(*ip);
-      }
-    }
+    for (const auto& [name, k] : known) graph[name] = ParsePrefixes(k.addresses);
     graph[target.node_name] = remote;  // the descriptor's word, for this open only
     std::optional<std::vector<std::string>> via = RelayPath(node_name_, local, graph, target.node_name);
     if (via.has_value() && !via->empty()) {
@@ -2476,10 +2462,7 @@ void MeshEngine::AddTwoHop(uint64_t session, uint64_t handle, RemoteTarget targe
   req.set_export_id(export_id);
   // A relay: a node this one knows that shares a subnet with this node and
   // with the target (the first such by name).
-  std::vector<IpPrefix> local = LocalForPaths(), remote;
-  for (const std::string& a : target.addresses) {
-    if (absl::StatusOr<IpPrefix> ip = IpPrefix::Parse(a); ip.ok()) remote.push_back(*ip);
-  }
+  std::vector<IpPrefix> local = LocalForPaths(), remote = ParsePrefixes(target.addresses);
   std::map<std::string, Known> known;
   {
     absl::MutexLock l(&mu_);
@@ -2488,10 +2471,7 @@ void MeshEngine::AddTwoHop(uint64_t session, uint64_t handle, RemoteTarget targe
   RemoteTarget hop;
   for (const auto& [name, k] : known) {
     if (name == target.node_name || name == node_name_) continue;
-    std::vector<IpPrefix> theirs;
-    for (const std::string& a : k.addresses) {
-      if (absl::StatusOr<IpPrefix> ip = IpPrefix::Parse(a); ip.ok()) theirs.push_back(*ip);
-    }
+    std::vector<IpPrefix> theirs = ParsePrefixes(k.addresses);
     if (!ChoosePaths(local, theirs, false).empty() && !ChoosePaths(theirs, remote, false).empty()) {
       hop.node_name = name;
       hop.addresses = k.addresses;
@@ -2863,22 +2843,18 @@ class MeshEngine::TwoRoutes : public std::enable_shared_from_this<MeshEngine::Tw
       }
       finish = Over();
     }
-    // What locks the route or the direct peer runs off the link's thread:
-    // a reference taken there could be the last one.
-    auto next = [self = shared_from_this(), failover, fence, finish, why = std::string(st.message().substr(0, 256))] {
+    // What locks the route or the direct peer runs off the link's thread (a
+    // reference taken there could be the last one); from Pump, here, and
+    // Pump goes on by itself.
+    auto next = [self = shared_from_this(), failover, fence, finish, pump = on_link_thread,
+                 why = std::string(st.message().substr(0, 256))] {
       if (failover) self->RouteDown(why);
       if (fence) self->StartFence();
       if (finish) return self->Finish();
-      self->Pump();
+      if (pump) self->Pump();
     };
-    if (on_link_thread) {
-      if (!e_->QueueTask(next)) next();  // only once the engine is being destroyed
-      return;
-    }
-    // From Pump, which goes on by itself.
-    if (failover) RouteDown(std::string(st.message().substr(0, 256)));
-    if (fence) StartFence();
-    if (finish) Finish();
+    if (on_link_thread && e_->QueueTask(next)) return;
+    next();  // from Pump, or once the engine is being destroyed
   }
 
   // The relay's route failed: not used again for this region.
