@@ -164,6 +164,35 @@ vm_begin() {
   trap vm_stop_all EXIT
 }
 
+# vm_dirs DEFAULT_OUT [BUILD [OUT]] : sets the caller's build (BUILD, else
+# ./build) and out (OUT, else DEFAULT_OUT; "tmp": a new /tmp directory), both
+# absolute, out made.
+vm_dirs() {
+  local default=$1
+  shift
+  build=$(cd "${1:-build}" && pwd)
+  out=${2:-$default}
+  [ "$out" = tmp ] && out=$(mktemp -d /tmp/podlink-vm-XXXXXX)
+  mkdir -p "$out"
+  out=$(cd "$out" && pwd)
+}
+
+# vm_wait_all T0 FIRST_LIMIT LIMIT NAME... : waits for the guests in order
+# (the first FIRST_LIMIT seconds at most, each after it LIMIT), says how long
+# they took since T0 (date +%s) and shows their logs; 1 when one did not end
+# well.
+vm_wait_all() {
+  local t0=$1 limit=$2 rest=$3 rc=0 n
+  shift 3
+  for n in "$@"; do
+    vm_wait "$n" "$limit" || rc=1
+    limit=$rest
+  done
+  vm_log "guests done in $(( $(date +%s) - t0 )) s"
+  vm_show "$@"
+  return $rc
+}
+
 # vm_check WHAT CMD... : runs CMD; prints "ok: WHAT" or "FAILED: WHAT" and
 # then sets the caller's rc to 1.
 vm_check() {

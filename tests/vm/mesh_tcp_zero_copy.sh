@@ -19,13 +19,10 @@
 # 300 s).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-build=$(cd "${1:-build}" && pwd)
-out=${2:-$(mktemp -d /tmp/podlink-vm-XXXXXX)}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
 bytes=${PODLINK_VM_BYTES:-16777216}
 limit=${PODLINK_VM_TIMEOUT:-300}
 source "$here/lib.sh"
+vm_dirs "tmp" "$@"
 source "$here/../common/mesh_certs.sh"
 
 if [ "$(id -u)" != 0 ] || [ ! -c /dev/net/tun ]; then
@@ -62,10 +59,7 @@ vm_log "booting node-a and node-b (kernel $VM_KVER) on tap cables; TCP transport
 vm_start node_a 1 "$tcp PODLINK_VM_NAME=node-a sh $here/node.sh $build pair $bytes node-b"
 vm_start node_b 2 "$tcp PODLINK_VM_NAME=node-b sh $here/node.sh $build pair $bytes node-a"
 rc=0
-vm_wait node_a "$limit" || rc=1
-vm_wait node_b 60 || rc=1
-vm_log "guests done in $(( $(date +%s) - t0 )) s"
-vm_show node_a node_b
+vm_wait_all "$t0" "$limit" 60 node_a node_b || rc=1
 python3 "$here/summary.py" "$out" node-a:node-b node-b:node-a || rc=1
 for n in node-a node-b; do
   echo "$n: $(grep -E '^podlink_mesh_tcp_zero_copy_' "$out/$n.metrics" 2>/dev/null | tr '\n' ' ')"

@@ -16,13 +16,10 @@
 # output directory.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-build=$(cd "${1:-build}" && pwd)
-out=${2:-$(mktemp -d /tmp/podlink-vm-XXXXXX)}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
 bytes=${PODLINK_VM_BYTES:-4194304}
 limit=${PODLINK_VM_TIMEOUT:-600}
 source "$here/lib.sh"
+vm_dirs "tmp" "$@"
 source "$here/../common/mesh_certs.sh"
 
 vm_begin "$out"
@@ -42,10 +39,7 @@ vm_start node_a 1 "PODLINK_VM_NCCL=1 $idle PODLINK_VM_GDB=${PODLINK_VM_GDB:-0} P
 sleep 1
 vm_start node_b 2 "PODLINK_VM_NCCL=1 $idle PODLINK_VM_GDB=${PODLINK_VM_GDB:-0} PODLINK_VM_NAME=node-b sh $here/node.sh $build pair $bytes node-a"
 rc=0
-vm_wait node_a "$limit" || rc=1
-vm_wait node_b 60 || rc=1
-vm_log "guests done in $(( $(date +%s) - t0 )) s"
-vm_show node_a node_b
+vm_wait_all "$t0" "$limit" 60 node_a node_b || rc=1
 python3 "$here/summary.py" "$out" node-a:node-b node-b:node-a || rc=1
 # What an operator sees on each node (kubectl podlink links): the peer over verbs, its QPs up.
 python3 - "$out" <<'PY' || rc=1

@@ -22,10 +22,6 @@
 # write then under way; default 0.5: four guests share the host's cores), PODLINK_VM_TIMEOUT (default 900 s).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-build=$(cd "${1:-build}" && pwd)
-out=${2:-docs/results/verbs-softroce-relay-$(date -u +%Y-%m-%d)-local}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
 bytes=${PODLINK_VM_BYTES:-16777216}
 limit=${PODLINK_VM_TIMEOUT:-900}
 cut_after=${PODLINK_VM_CUT_AFTER:-0.5}
@@ -34,6 +30,7 @@ b_staged=${PODLINK_VM_B_STAGED:-1}
 b_extra=
 [ "$b_staged" = 1 ] && b_extra="PODLINK_VM_MESH_EXTRA=', \"verbs_staged_only\": true'"
 source "$here/lib.sh"
+vm_dirs "docs/results/verbs-softroce-relay-$(date -u +%Y-%m-%d)-local" "$@"
 source "$here/../common/mesh_certs.sh"
 
 vm_begin "$out"
@@ -61,9 +58,7 @@ vm_start node_c 3 "$env PODLINK_VM_NAME=node-c sh $here/node.sh $build pair $byt
 sleep 1
 vm_start node_d 4 "$env PODLINK_VM_NAME=node-d sh $here/node.sh $build pair $bytes node-c node-a"
 rc=0
-for n in node_a node_b node_c node_d; do vm_wait "$n" "$limit" || rc=1; done
-vm_log "guests done in $(( $(date +%s) - t0 )) s"
-vm_show node_a node_b node_c node_d
+vm_wait_all "$t0" "$limit" "$limit" node_a node_b node_c node_d || rc=1
 python3 "$here/summary.py" "$out" node-a:node-b node-a:node-c node-b:node-a node-b:node-c node-c:node-a node-c:node-b \
   node-c:node-d node-d:node-c node-a:node-d node-d:node-a || rc=1
 # node-a and node-d reached each other through node-c's daemon, not around it.

@@ -21,13 +21,10 @@
 # non-zero when a check fails; the guests' logs stay in the output directory.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-build=$(cd "${1:-build}" && pwd)
-out=${2:-$(mktemp -d /tmp/podlink-vm-XXXXXX)}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
 bytes=4194304
 limit=${PODLINK_VM_TIMEOUT:-600}
 source "$here/lib.sh"
+vm_dirs "tmp" "$@"
 source "$here/../common/mesh_certs.sh"
 
 vm_begin "$out"
@@ -42,10 +39,7 @@ vm_log "booting node-a and node-b (kernel $VM_KVER, soft-RoCE); node-b's podlink
 vm_start node_a 1 "PODLINK_VM_MESH_EXTRA=', \"verbs_staged_only\": true' PODLINK_VM_NAME=node-a sh $here/node.sh $build pair $bytes node-b"
 vm_start node_b 2 "PODLINK_VM_MEMLOCK_KIB=3072 PODLINK_VM_NAME=node-b sh $here/node.sh $build pair $bytes node-a"
 rc=0
-vm_wait node_a "$limit" || rc=1
-vm_wait node_b 60 || rc=1
-vm_log "guests done in $(( $(date +%s) - t0 )) s"
-vm_show node_a node_b
+vm_wait_all "$t0" "$limit" 60 node_a node_b || rc=1
 python3 "$here/summary.py" "$out" node-a:node-b node-b:node-a || rc=1
 vm_check "node-b could not register its pod's region and granted it over TCP ($(grep -o 'event=mesh_grant_over_tcp.*' \
   "$out/node-b.podlinkd.log" 2>/dev/null | head -1))" grep -q "event=mesh_grant_over_tcp" "$out/node-b.podlinkd.log"

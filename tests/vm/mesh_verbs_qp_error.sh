@@ -16,13 +16,10 @@
 # default 300 s in all).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-build=$(cd "${1:-build}" && pwd)
-out=${2:-$(mktemp -d /tmp/podlink-vm-XXXXXX)}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
 bytes=${PODLINK_VM_BYTES:-67108864}
 limit=${PODLINK_VM_TIMEOUT:-300}
 source "$here/lib.sh"
+vm_dirs "tmp" "$@"
 source "$here/../common/mesh_certs.sh"
 
 vm_begin "$out"
@@ -38,10 +35,7 @@ vm_log "booting node-a and node-b (kernel $VM_KVER, soft-RoCE); node-b withdraws
 vm_start node_a 1 "PODLINK_VM_NAME=node-a sh $here/node.sh $build write-withdrawn $bytes node-b"
 vm_start node_b 2 "PODLINK_VM_NAME=node-b sh $here/node.sh $build withdraw $bytes node-a"
 rc=0
-vm_wait node_a "$limit" || rc=1
-vm_wait node_b 60 || rc=1
-vm_log "guests done in $(( $(date +%s) - t0 )) s"
-vm_show node_a node_b
+vm_wait_all "$t0" "$limit" 60 node_a node_b || rc=1
 vm_check "node-a's write to the withdrawn region failed ($(grep -o 'failed after.*' "$out/node_a.log" 2>/dev/null | head -1))" \
   grep -q "the write to the withdrawn region failed" "$out/node_a.log"
 vm_check "the pod was told UNAVAILABLE ($(grep -o '"code":"[A-Z_]*"' "$out/node-a.put-first.out" 2>/dev/null))" \

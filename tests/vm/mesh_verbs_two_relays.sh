@@ -16,13 +16,10 @@
 # PODLINK_VM_BYTES (default 16 MiB), PODLINK_VM_TIMEOUT (default 900 s).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-build=$(cd "${1:-build}" && pwd)
-out=${2:-docs/results/verbs-softroce-two-relays-$(date -u +%Y-%m-%d)-local}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
 bytes=${PODLINK_VM_BYTES:-16777216}
 limit=${PODLINK_VM_TIMEOUT:-900}
 source "$here/lib.sh"
+vm_dirs "docs/results/verbs-softroce-two-relays-$(date -u +%Y-%m-%d)-local" "$@"
 source "$here/../common/mesh_certs.sh"
 
 vm_begin "$out"
@@ -57,9 +54,7 @@ vm_start node_c 3 "$env PODLINK_VM_MESH_EXTRA='$extra_c' PODLINK_VM_NAME=node-c 
 sleep 1
 vm_start node_d 4 "$env PODLINK_VM_MESH_EXTRA='$extra_d' PODLINK_VM_NAME=node-d sh $here/node.sh $build pair $bytes node-a"
 rc=0
-for n in node_a node_b node_c node_d; do vm_wait "$n" "$limit" || rc=1; done
-vm_log "guests done in $(( $(date +%s) - t0 )) s"
-vm_show node_a node_b node_c node_d
+vm_wait_all "$t0" "$limit" "$limit" node_a node_b node_c node_d || rc=1
 python3 "$here/summary.py" "$out" node-a:node-d node-d:node-a || rc=1
 
 metric() { awk -v m="$2" '$1 == m { print $2 + 0 }' "$out/$1.metrics" 2>/dev/null; }
