@@ -142,6 +142,53 @@ absl::Status ParseMeshConfig(const nlohmann::json& m, mesh::MeshOptions* o) {
   return absl::OkStatus();
 }
 
+absl::Status ParseNcclNativeConfig(const nlohmann::json& m, NcclNativeOptions* o) {
+  if (!m.is_object()) return absl::InvalidArgumentError("config: \"nccl_native\" must be an object");
+  auto bad = [](const std::string& key, const char* want) {
+    return absl::InvalidArgumentError(absl::StrCat("config: nccl_native.", key, " must be ", want));
+  };
+  auto number = [&](const nlohmann::json& v, const std::string& key, uint64_t lo, uint64_t hi,
+                    uint64_t* out) -> absl::Status {
+    if (!v.is_number_unsigned() || v.get<uint64_t>() < lo || v.get<uint64_t>() > hi) {
+      return bad(key, absl::StrCat("an integer from ", lo, " to ", hi).c_str());
+    }
+    *out = v.get<uint64_t>();
+    return absl::OkStatus();
+  };
+  for (auto it = m.begin(); it != m.end(); ++it) {
+    const std::string& k = it.key();
+    const nlohmann::json& v = it.value();
+    uint64_t n = 0;
+    if (k == "enabled") {
+      if (!v.is_boolean()) return bad(k, "true or false");
+      o->enabled = v.get<bool>();
+    } else if (k == "shm_dir") {
+      if (!v.is_string() || v.get<std::string>().empty() || v.get<std::string>()[0] != '/') {
+        return bad(k, "an absolute path");
+      }
+      o->shm_dir = v.get<std::string>();
+    } else if (k == "shm_size_mib") {
+      PODLINK_RETURN_IF_ERROR(number(v, k, 16, 1 << 20, &n));
+      o->shm_size_bytes = n << 20;
+    } else if (k == "max_names_per_pod") {
+      PODLINK_RETURN_IF_ERROR(number(v, k, 1, 65536, &n));
+      o->bridge.max_names_per_pod = n;
+    } else if (k == "max_answers_per_pod") {
+      PODLINK_RETURN_IF_ERROR(number(v, k, 1, 65536, &n));
+      o->bridge.max_answers_per_pod = n;
+    } else if (k == "rescan_interval_ms") {
+      PODLINK_RETURN_IF_ERROR(number(v, k, 10, 3600000, &n));
+      o->bridge.rescan_interval = absl::Milliseconds(static_cast<int64_t>(n));
+    } else if (k == "datagrams_per_second") {
+      PODLINK_RETURN_IF_ERROR(number(v, k, 1, 1000000, &n));
+      o->bridge.datagrams_per_second = static_cast<uint32_t>(n);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("config: unknown key \"nccl_native.", k, "\""));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<DaemonConfig> ParseDaemonConfig(const std::string& json_text) {
@@ -152,7 +199,7 @@ absl::StatusOr<DaemonConfig> ParseDaemonConfig(const std::string& json_text) {
   }
   for (auto it = doc.begin(); it != doc.end(); ++it) {
     if (it.key() != "limits" && it.key() != "pods" && it.key() != "identity" && it.key() != "mesh" &&
-        it.key() != "node") {
+        it.key() != "node" && it.key() != "nccl_native") {
       return absl::InvalidArgumentError(absl::StrCat("config: unknown key \"", it.key(), "\""));
     }
   }
@@ -228,6 +275,9 @@ absl::StatusOr<DaemonConfig> ParseDaemonConfig(const std::string& json_text) {
   }
   if (doc.contains("mesh")) {
     PODLINK_RETURN_IF_ERROR(ParseMeshConfig(doc["mesh"], &cfg.broker.mesh));
+  }
+  if (doc.contains("nccl_native")) {
+    PODLINK_RETURN_IF_ERROR(ParseNcclNativeConfig(doc["nccl_native"], &cfg.broker.nccl_native));
   }
   auto rules = StandalonePodSource::ParseRules(json_text);
   if (!rules.ok()) return rules.status();

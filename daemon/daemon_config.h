@@ -6,7 +6,10 @@
 //    "pods": [ ...standalone pod rules... ],
 //    "node": {"name": "node-a", "id": "node-a"},
 //    "mesh": {"enabled": true, "listen": "0.0.0.0:7446", "data_port": 7447,
-//             "cert_dir": "/etc/podlink/mesh", "interfaces": ["ens1f0"], ...}}
+//             "cert_dir": "/etc/podlink/mesh", "interfaces": ["ens1f0"], ...},
+//    "nccl_native": {"enabled": true, "shm_dir": "/run/podlink/nccl-shm", "shm_size_mib": 1024,
+//                    "max_names_per_pod": 1024, "max_answers_per_pod": 256, "datagrams_per_second": 20000,
+//                    "rescan_interval_ms": 200}}
 #pragma once
 
 #include <string>

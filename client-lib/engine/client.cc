@@ -733,6 +733,25 @@ absl::StatusOr<Client::MeshStatus> Client::GetMeshStatus() {
   return out;
 }
 
+absl::StatusOr<Client::NcclNative> Client::JoinNcclNative() {
+  PODLINK_ASSIGN_OR_RETURN(v1::JoinNcclNativeResponse r,
+                           (impl_->Call<v1::JoinNcclNativeRequest, v1::JoinNcclNativeResponse>(
+                               &v1::Broker::Stub::JoinNcclNative, v1::JoinNcclNativeRequest())));
+  NcclNative n;
+  n.joined = !r.host_id().empty();
+  n.host_id = r.host_id();
+  n.members = r.members();
+  n.shm_mounted = r.shm_mounted();
+  return n;
+}
+
+absl::Status Client::SyncNcclIpc() {
+  return impl_
+      ->Call<v1::SyncNcclIpcRequest, v1::SyncNcclIpcResponse>(&v1::Broker::Stub::SyncNcclIpc,
+                                                              v1::SyncNcclIpcRequest())
+      .status();
+}
+
 absl::StatusOr<Client::NodeStats> Client::GetStats() {
   PODLINK_ASSIGN_OR_RETURN(v1::Stats s, (impl_->Call<v1::GetStatsRequest, v1::Stats>(&v1::Broker::Stub::GetStats,
                                                                                    v1::GetStatsRequest())));

@@ -5,7 +5,9 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,6 +22,7 @@
 #include "daemon/gpu/memory_object.h"
 #include "daemon/identity/pod_source.h"
 #include "daemon/mesh/mesh_engine.h"
+#include "daemon/ncclipc/bridge.h"
 #include "daemon/mesh/mesh_host.h"
 #include "daemon/metrics/metrics.h"
 #include "common/metadata_keys.h"
@@ -28,6 +31,16 @@
 #include "podlink/v1/podlink.pb.h"
 
 namespace podlink {
+
+// NCCL native mode (docs/nccl.md): pods of one peer group that may open every
+// GPU share a /dev/shm and reach each other's NCCL IPC sockets.
+struct NcclNativeOptions {
+  bool enabled = true;
+  // Each group's tmpfs is mounted in a directory under this one.
+  std::string shm_dir = "/run/podlink/nccl-shm";
+  uint64_t shm_size_bytes = uint64_t{1} << 30;
+  ncclipc::BridgeOptions bridge;
+};
 
 struct BrokerOptions {
   size_t max_sessions = 1024;
@@ -43,6 +56,7 @@ struct BrokerOptions {
   std::string node_name;  // reported by GetNodeInfo: the Kubernetes node's name, else the host name
   std::string node_id;    // empty: the boot id (set for emulated nodes sharing one kernel)
   mesh::MeshOptions mesh;
+  NcclNativeOptions nccl_native;
 };
 
 struct BrokerStats {
@@ -102,6 +116,9 @@ class Broker final : public mesh::MeshHost {
   absl::StatusOr<v1::ListResponse> List(const Session& s, const v1::ListRequest& req) const;
   absl::StatusOr<v1::Stats> GetStats(const Session& s) const;
   absl::StatusOr<v1::MeshStatus> GetMeshStatus(const Session& s) const;
+  // NCCL native mode for the session's pod (podlink.io/nccl-native).
+  absl::StatusOr<v1::JoinNcclNativeResponse> JoinNcclNative(Session& s);
+  absl::StatusOr<v1::SyncNcclIpcResponse> SyncNcclIpc(Session& s);
   // Root on the host, outside any container.
   static absl::Status CheckAdmin(const Session& s);
   absl::Status AddWatcher(Session& s, std::shared_ptr<EventSink> sink);
@@ -130,6 +147,7 @@ class Broker final : public mesh::MeshHost {
   std::shared_ptr<Session> FindSession(uint64_t id) const ABSL_LOCKS_EXCLUDED(mu_);
   void ExpireOffersLocked(Session& s, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   void NotifyGone(const RemovedExport& removed, const std::string& reason);
+  void LeaveNcclNative(uint64_t session_id) ABSL_LOCKS_EXCLUDED(nccl_mu_);
   v1::ExportInfo Describe(const ExportRecord& rec, size_t import_count, uint64_t imports_total,
                           uint64_t caller) const;
   MemoryBackend* BackendFor(HandleKind kind) const;
@@ -148,6 +166,11 @@ class Broker final : public mesh::MeshHost {
   std::unique_ptr<RelayEngine> relay_;  // after registry_: destroyed first, it resolves through it
   std::unique_ptr<mesh::MeshEngine> mesh_;  // after relay_: stopped first, its completions go to the relay
   std::string node_id_;
+  // NCCL native mode: the bridge (null when off or it could not start) and
+  // each group's native sessions (the group's tmpfs goes with the last).
+  std::unique_ptr<ncclipc::Bridge> nccl_bridge_;
+  mutable absl::Mutex nccl_mu_;
+  std::map<std::string, std::set<uint64_t>> nccl_groups_ ABSL_GUARDED_BY(nccl_mu_);
 
   mutable absl::Mutex mu_;  // protects sessions_, next_session_ and sessions_per_pod_
   absl::flat_hash_map<uint64_t, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);

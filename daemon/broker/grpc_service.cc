@@ -50,6 +50,17 @@ grpc::ServerUnaryReactor* BrokerService::GetNodeInfo(grpc::CallbackServerContext
   });
 }
 
+grpc::ServerUnaryReactor* BrokerService::JoinNcclNative(grpc::CallbackServerContext* ctx,
+                                                        const v1::JoinNcclNativeRequest*,
+                                                        v1::JoinNcclNativeResponse* resp) {
+  return Unary(broker_, ctx, [&](Session& s) { return Assign(broker_->JoinNcclNative(s), resp); });
+}
+
+grpc::ServerUnaryReactor* BrokerService::SyncNcclIpc(grpc::CallbackServerContext* ctx, const v1::SyncNcclIpcRequest*,
+                                                     v1::SyncNcclIpcResponse* resp) {
+  return Unary(broker_, ctx, [&](Session& s) { return Assign(broker_->SyncNcclIpc(s), resp); });
+}
+
 grpc::ServerUnaryReactor* BrokerService::WhoAmI(grpc::CallbackServerContext* ctx, const v1::WhoAmIRequest*,
                                                 v1::WhoAmIResponse* resp) {
   return Unary(broker_, ctx, [&](Session& s) {

@@ -31,6 +31,10 @@ class BrokerService final : public v1::Broker::CallbackService {
                                           v1::MeshStatus* resp) override;
   grpc::ServerUnaryReactor* OpenRemote(grpc::CallbackServerContext* ctx, const v1::OpenRemoteRequest* req,
                                        v1::OpenRemoteResponse* resp) override;
+  grpc::ServerUnaryReactor* JoinNcclNative(grpc::CallbackServerContext* ctx, const v1::JoinNcclNativeRequest* req,
+                                           v1::JoinNcclNativeResponse* resp) override;
+  grpc::ServerUnaryReactor* SyncNcclIpc(grpc::CallbackServerContext* ctx, const v1::SyncNcclIpcRequest* req,
+                                        v1::SyncNcclIpcResponse* resp) override;
   grpc::ServerWriteReactor<v1::Event>* Watch(grpc::CallbackServerContext* ctx,
                                              const v1::WatchRequest* req) override;
 

@@ -272,6 +272,20 @@ class PODLINK_API Client {
   absl::Status DropImport(uint64_t export_id);
   absl::StatusOr<std::vector<ExportInfo>> List();
 
+  // NCCL native mode (docs/nccl.md), for the NCCL plugin: joins this pod to
+  // its peer group's NCCL IPC bridge and /dev/shm when its annotation
+  // podlink.io/nccl-native is "true" (joined false, and OK, when the pod did
+  // not ask); an error says why a pod that asked cannot join.
+  struct NcclNative {
+    bool joined = false;
+    std::string host_id;  // NCCL_HOSTID for the pod's ranks
+    uint32_t members = 0;
+    bool shm_mounted = false;
+  };
+  absl::StatusOr<NcclNative> JoinNcclNative();
+  // Mirrors the NCCL IPC sockets this pod has bound now into its group.
+  absl::Status SyncNcclIpc();
+
   // Node-wide views for operators (root on the host, outside containers).
   struct NodeStats {
     uint64_t sessions = 0, exports = 0, imports_total = 0, denials_total = 0;
