@@ -37,10 +37,11 @@ Result Init(nccl_abi::Logger logger) {
   s.listen_addr = *addr;
 
   if (!s.tcp_only) ConnectPodlinkd(s);
+  JoinNative(s);
   // Once (names handed to NCCL stay valid), from what the daemon says of its
   // mesh NICs.
   if (s.devs.empty()) EnumerateDevices(s);
-  if (!s.node_id.empty()) SetRelayDefaults(s);
+  if (!s.node_id.empty() && !s.native) SetRelayDefaults(s);
   s.Log(nccl_abi::kLogInfo, __FILE__, __LINE__,
         "NET/podlink %s: %zu device(s), listening on %s (%s), %d data sockets per TCP connection, node %s",
         "v1", s.devs.size(), s.listen_addr.ToString().c_str(), s.ifname.c_str(), s.nsocks,
@@ -95,6 +96,14 @@ Result GetProperties(int dev, DeviceProps* p) {
   std::lock_guard<std::mutex> l(s.mu);
   if (p == nullptr || dev < 0 || dev >= static_cast<int>(s.devs.size())) {
     return Fail(kInvalidArgument, absl::StrCat("getProperties: no device ", dev));
+  }
+  if (s.native && dev == 0) {
+    // NCCL (2.27-2.29) binds its proxy's IPC socket at the end of bootstrap
+    // and builds its topology (this call) before the bootstrap exchange that
+    // lets any peer go on to use that socket: mirrored into the group's pods
+    // now, no peer ever finds it missing.
+    absl::Status st = s.client->SyncNcclIpc();
+    if (!st.ok()) WARN("NCCL native mode: syncing NCCL's IPC sockets failed: %s", st.ToString().c_str());
   }
   const State::Dev& d = s.devs[dev];
   *p = DeviceProps();

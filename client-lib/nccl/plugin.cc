@@ -219,9 +219,39 @@ void ConnectPodlinkd(State& s) {
     }
   }
   if (!st.ok()) {
-    s.Log(nccl_abi::kLogInfo, __FILE__, __LINE__,
+    // PODLINK_SOCKET_DIR comes from the device plugin's allocation: this pod
+    // was meant to reach podlinkd, and TCP is far slower.
+    const bool expected = std::getenv("PODLINK_SOCKET_DIR") != nullptr;
+    s.Log(expected ? nccl_abi::kLogWarn : nccl_abi::kLogInfo, __FILE__, __LINE__,
           "podlinkd not usable (%s): peers on this node use TCP like other nodes", st.ToString().c_str());
   }
+}
+
+void JoinNative(State& s) {
+  if (s.client == nullptr || EnvIs("PODLINK_NCCL_NATIVE", "0")) return;
+  auto n = s.client->JoinNcclNative();
+  if (!n.ok()) {
+    WARN("NCCL native mode refused: %s; NCCL reaches this node's pods through the podlink relay",
+         std::string(n.status().message()).c_str());
+    return;
+  }
+  if (!n->joined) return;  // the pod did not ask (podlink.io/nccl-native)
+  s.native = true;
+  if (EnvIs("NCCL_IPC_USE_ABSTRACT_SOCKET", "0")) {
+    WARN("NCCL_IPC_USE_ABSTRACT_SOCKET=0: NCCL's IPC sockets are then files in each pod's own /tmp, which podlink "
+         "does not carry; unset it for NCCL native mode");
+  }
+  const char* mine = std::getenv("NCCL_HOSTID");
+  if (mine != nullptr && n->host_id != mine) {
+    WARN("NCCL_HOSTID=%s is set: NCCL native mode needs %s in every pod of the group (keeping yours)", mine,
+         n->host_id.c_str());
+  } else {
+    ::setenv("NCCL_HOSTID", n->host_id.c_str(), 1);
+  }
+  s.Log(nccl_abi::kLogInfo, __FILE__, __LINE__,
+        "NCCL native mode: %u pod(s) of this peer group on the node, NCCL_HOSTID=%s, /dev/shm %s; NCCL's P2P "
+        "transport carries their traffic",
+        n->members, n->host_id.c_str(), n->shm_mounted ? "mounted now" : "shared already");
 }
 
 // Defaults for the relay, set only when podlinkd is reachable and the user

@@ -67,7 +67,10 @@ class State {
   std::map<uint64_t, int> remote_refs;       // remote export -> comms using it
   int live_comms = 0;
   std::atomic<int> trace_left{0};  // PODLINK_NCCL_TRACE: operations still to log
-  bool tcp_fallback_kept = false;  // finalize kept state without a podlinkd session
+  bool tcp_fallback_kept = false;
+  // NCCL native mode (JoinNative): NCCL's own P2P transport reaches this
+  // pod's group; its IPC sockets are synced into the group at GetProperties.
+  bool native = false;  // finalize kept state without a podlinkd session
   std::map<int, cu::Context> copy_ctx;  // CUDA device -> the plugin's own context for staging copies
 
   void Log(int level, const char* file, int line, const char* fmt, ...) __attribute__((format(printf, 5, 6))) {
@@ -105,6 +108,11 @@ Result FailStatus(Result r, const char* what, const absl::Status& st);
 uint64_t Random64();
 int EnvInt(const char* name, int dflt);
 bool EnvIs(const char* name, const char* value);
+
+// Asks podlinkd for NCCL native mode (the pod's podlink.io/nccl-native
+// annotation decides); on success sets NCCL_HOSTID for NCCL. After
+// ConnectPodlinkd, before NCCL reads its host identity.
+void JoinNative(State& s);
 
 // Fills s.devs and s.cuda: one net device per rail group of the daemon's
 // mesh NICs (PODLINK_NCCL_DEVICES=rails, or auto with NICs that have a PCI
