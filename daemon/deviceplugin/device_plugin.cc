@@ -261,14 +261,14 @@ absl::StatusOr<v1beta1::AllocateResponse> DevicePlugin::Allocate(const v1beta1::
     env["PODLINK_LIBRARY_DIR"] = config_.container_lib_dir;
     // NCCL settings the plugin needs (why and what they bring: docs/nccl.md,
     // Settings): GPU-direct buffers although the plugin's NIC sits at the
-    // GPU's parent bridge, the Simple protocol (the LL/LL128 mix is no faster
-    // through the relay), and enough channels and buffer for the relay to
-    // pipeline.
+    // GPU's parent bridge, and more channels per network peer for the relay
+    // to pipeline point-to-point traffic. NCCL reads NCCL_NCHANNELS_PER_NET_PEER
+    // when the communicator's config is made, before it loads the plugin, so
+    // it must come from here; the plugin sets its other defaults itself at
+    // init, and only for the relay (a pod in NCCL native mode keeps NCCL's).
     env["NCCL_NET_GDR_LEVEL"] = "SYS";
     env["NCCL_NET_GDR_READ"] = "1";
-    env["NCCL_PROTO"] = "Simple";
-    env["NCCL_MIN_NCHANNELS"] = "16";
-    env["NCCL_BUFFSIZE"] = "16777216";
+    env["NCCL_NCHANNELS_PER_NET_PEER"] = "16";
     for (const std::string& node : config_.device_nodes) {
       v1beta1::DeviceSpec* d = out->add_devices();
       d->set_host_path(node);

@@ -158,6 +158,11 @@ TEST_F(DevicePluginTest, AllocateMountsSocketAndLibraryAndSetsEnvironment) {
   EXPECT_TRUE(c.mounts(1).read_only());
   EXPECT_EQ(c.envs().at("PODLINK_SOCKET_DIR"), "/run/podlink");
   EXPECT_EQ(c.envs().at("NCCL_NET_PLUGIN"), "/usr/local/podlink/lib/libnccl-net-podlink.so");
+  // NCCL reads this one before it loads the plugin: only the allocation can set it. Settings NCCL reads
+  // later are the plugin's to choose (relay or native mode), so the allocation leaves them alone.
+  EXPECT_EQ(c.envs().at("NCCL_NCHANNELS_PER_NET_PEER"), "16");
+  EXPECT_EQ(c.envs().count("NCCL_PROTO"), 0u);
+  EXPECT_EQ(c.envs().count("NCCL_MIN_NCHANNELS"), 0u);
   // Unknown ids and empty requests are refused.
   v1beta1::AllocateRequest bad;
   bad.add_container_requests()->add_devices_ids("gpu-0");
