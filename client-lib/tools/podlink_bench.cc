@@ -540,6 +540,10 @@ int main(int argc, char** argv) {
       for (uint64_t size : Sizes(a.total)) {
         uint64_t n = a.total / size;
         checker.Clear(**dst, a.dst_gpu);
+        // The checker makes the destination GPU's context current; the copy
+        // stream belongs to the source GPU's (a stream of another context than
+        // the current one is CUDA_ERROR_INVALID_VALUE on two GPUs).
+        check(d->CtxSetCurrent(target->ctx), "cuCtxSetCurrent");
         double secs = TimePasses(a.passes, [&] {
           for (uint64_t i = 0; i < n; ++i) {
             check(d->MemcpyAsync(dst_va + i * size, (*src)->device_ptr() + i * size, size, s), "cuMemcpyAsync");
@@ -550,6 +554,7 @@ int main(int argc, char** argv) {
         verify(rows.back(), **dst, a.dst_gpu, kSeed, n * size);
         std::fprintf(stderr, "  %-8s %8s %8.1f GB/s\n", mode.c_str(), HumanSize(size).c_str(), rows.back().gbps);
       }
+      check(d->CtxSetCurrent(target->ctx), "cuCtxSetCurrent");
       auto t0 = Clock::now();
       for (int i = 0; i < a.lat_iters; ++i) {
         check(d->MemcpyAsync(dst_va, (*src)->device_ptr(), 4096, s), "cuMemcpyAsync");
