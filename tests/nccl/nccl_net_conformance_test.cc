@@ -14,6 +14,7 @@
 // staging); they skip without a GPU (tests/gpu/run_one_gpu.sh runs them).
 #include <dlfcn.h>
 #include <sched.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -458,6 +459,84 @@ TEST(NcclNetAbi, TablesAndSelfConnectWithoutDaemon) {
   EXPECT_EQ(v11->closeListen(ctx), nccl_abi::kInvalidArgument);
   EXPECT_EQ(v11->finalize(ctx), 0);
   EXPECT_EQ(dlclose(lib), 0);
+}
+
+// NCCL native mode (issue 32): pods of one peer group annotated
+// podlink.io/nccl-native=true get the same NCCL_HOSTID and one /dev/shm, keep
+// NCCL's own settings (no relay defaults), and a socket bound the way NCCL's
+// proxy binds it is mirrored when the plugin is asked for its properties, so a
+// peer's request is answered at once (podlinkd's own rescan is set to an hour
+// here: only the plugin's sync can explain it). A pod that did not ask, and a
+// native pod of another group, cannot reach it.
+TEST(NcclNative, APeerGroupSharesShmAndNcclsIpcSockets) {
+  PodCgroup a_cg(RandomPodUid(), "burstable"), b_cg(RandomPodUid(), "burstable"), c_cg(RandomPodUid(), "burstable"),
+      d_cg(RandomPodUid(), "burstable");
+  auto rule = [](const PodCgroup& cg, const std::string& name, const std::string& group, bool native) {
+    json annotations = {{"podlink.io/peer-group", group}};
+    if (native) annotations["podlink.io/nccl-native"] = "true";
+    return json{{"match", {{"pod_uid", cg.pod_uid()}}}, {"namespace", "ml"}, {"name", name},
+                {"annotations", annotations}};
+  };
+  char shm_tmpl[] = "/tmp/podlink-nccl-shm-XXXXXX";
+  ASSERT_NE(::mkdtemp(shm_tmpl), nullptr);
+  json config = {{"pods", {rule(a_cg, "rank0", "job-1", true), rule(b_cg, "rank1", "job-1", true),
+                           rule(c_cg, "relay", "job-1", false), rule(d_cg, "other", "job-2", true)}},
+                 {"nccl_native", {{"shm_dir", std::string(shm_tmpl) + "/groups"}, {"rescan_interval_ms", 3600000}}}};
+  {
+    Daemon daemon(config.dump());
+    Pod a(daemon, &a_cg, {PluginPath()}, PeerPath()), b(daemon, &b_cg, {PluginPath()}, PeerPath()),
+        c(daemon, &c_cg, {PluginPath()}, PeerPath()), d(daemon, &d_cg, {PluginPath()}, PeerPath());
+    const std::string tag = absl::StrCat("pln", getpid() % 100000);
+    ASSERT_TRUE(PodVeth(a.pid(), b.pid(), tag + "a", tag + "b", "10.78.0.1/24", "10.78.0.2/24", Ip()).ok());
+    ASSERT_TRUE(PodVeth(c.pid(), d.pid(), tag + "c", tag + "d", "10.78.1.1/24", "10.78.1.2/24", Ip()).ok());
+    std::map<std::string, json> ready;
+    for (auto [name, pod] : {std::pair{"a", &a}, {"b", &b}, {"c", &c}, {"d", &d}}) {
+      pod->Send(R"({"cmd": "init"})");
+      ready[name] = pod->Expect("ready");
+      ASSERT_EQ(ready[name]["result"], 0) << ready[name].dump();
+    }
+    struct stat host_shm {};
+    ASSERT_EQ(::stat("/dev/shm", &host_shm), 0);
+    EXPECT_NE(ready["a"]["nccl_hostid"], "");
+    EXPECT_EQ(ready["a"]["nccl_hostid"], ready["b"]["nccl_hostid"]);
+    EXPECT_EQ(ready["a"]["shm_dev"], ready["b"]["shm_dev"]);
+    EXPECT_NE(ready["a"]["shm_dev"], static_cast<uint64_t>(host_shm.st_dev));
+    EXPECT_EQ(ready["a"]["nccl_proto"], "") << "native mode keeps NCCL's protocols";
+    EXPECT_EQ(ready["a"]["nccl_min_p2p_nchannels"], "");
+    EXPECT_EQ(ready["c"]["nccl_hostid"], "");
+    EXPECT_EQ(ready["c"]["nccl_proto"], "Simple") << "a pod that did not ask stays on the relay";
+    EXPECT_NE(ready["d"]["nccl_hostid"], ready["a"]["nccl_hostid"]);
+    EXPECT_NE(ready["d"]["shm_dev"], ready["a"]["shm_dev"]);
+
+    // b binds its proxy socket, then NCCL builds its topology.
+    b.Send(R"({"cmd": "ipc_bind", "rank": 1, "hash": 2989})");
+    ASSERT_TRUE(b.Expect("ipc_bound")["ok"]);
+    a.Send(R"({"cmd": "ipc_request", "rank": 0, "peer_rank": 1, "peer_hash": 2989})");
+    EXPECT_EQ(a.Expect("ipc_answer")["answer"], "answer podlink-2989");
+    c.Send(R"({"cmd": "ipc_request", "rank": 0, "peer_rank": 1, "peer_hash": 2989})");
+    EXPECT_EQ(c.Expect("ipc_answer")["answer"], absl::StrCat("error ", ECONNREFUSED));
+    d.Send(R"({"cmd": "ipc_request", "rank": 0, "peer_rank": 1, "peer_hash": 2989})");
+    EXPECT_EQ(d.Expect("ipc_answer")["answer"], absl::StrCat("error ", ECONNREFUSED));
+    // A descriptor that is no memory handle never reaches b.
+    a.Send(R"({"cmd": "ipc_request", "rank": 0, "peer_rank": 1, "peer_hash": 2989, "fd": "pipe"})");
+    EXPECT_EQ(a.Expect("ipc_answer", 10000)["answer"], absl::StrCat("error ", ETIMEDOUT));
+    EXPECT_EQ(daemon.Metric("podlink_nccl_ipc_refused_descriptor_total"), 1);
+    EXPECT_EQ(daemon.Metric("podlink_nccl_ipc_descriptors_replaced_total"), 1);
+    EXPECT_EQ(daemon.Metric("podlink_nccl_ipc_members"), 3);
+    for (Pod* p : {&a, &b, &c, &d}) {
+      p->Send(R"({"cmd": "finalize"})");
+      p->Expect("finalized");
+    }
+    // The sessions closed: no member, no mirror, and the groups' tmpfs unmounted.
+    for (int i = 0; i < 50 && daemon.Metric("podlink_nccl_ipc_members") != 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    EXPECT_EQ(daemon.Metric("podlink_nccl_ipc_members"), 0);
+    EXPECT_EQ(daemon.Metric("podlink_nccl_ipc_mirrors"), 0);
+    std::error_code ec;
+    EXPECT_TRUE(std::filesystem::is_empty(std::string(shm_tmpl) + "/groups", ec)) << ec.message();
+  }
+  std::filesystem::remove_all(shm_tmpl);
 }
 
 }  // namespace

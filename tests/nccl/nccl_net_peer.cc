@@ -31,6 +31,7 @@
 #include "client-lib/nccl/nccl_net_abi.h"
 #include "common/cuda_driver.h"
 #include "nlohmann/json.hpp"
+#include "tests/ncclipc/nccl_ipc_standin.h"
 
 namespace nabi = podlink::nccl_abi;
 using json = nlohmann::json;
@@ -488,6 +489,12 @@ json RunRecv(const std::string& sc) {
 
 }  // namespace
 
+// st_dev of /dev/shm, as NCCL compares it between ranks.
+uint64_t ShmDev() {
+  struct stat st {};
+  return ::stat("/dev/shm", &st) == 0 ? static_cast<uint64_t>(st.st_dev) : 0;
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr, "usage: nccl_net_peer <plugin.so> [v8|v11] [KEY=VALUE ...]\n");
@@ -533,8 +540,29 @@ int main(int argc, char** argv) {
             {"nccl_nchannels_per_net_peer", env("NCCL_NCHANNELS_PER_NET_PEER")},
             {"nccl_min_p2p_nchannels", env("NCCL_MIN_P2P_NCHANNELS")},
             {"nccl_max_p2p_nchannels", env("NCCL_MAX_P2P_NCHANNELS")},
-            {"nccl_p2p_net_chunksize", env("NCCL_P2P_NET_CHUNKSIZE")}, {"gpu", UseGpu()},
+            {"nccl_p2p_net_chunksize", env("NCCL_P2P_NET_CHUNKSIZE")}, {"nccl_hostid", env("NCCL_HOSTID")},
+            {"shm_dev", ShmDev()}, {"gpu", UseGpu()},
             {"devices", devices}});
+    } else if (what == "ipc_bind") {
+      // NCCL's order: the proxy binds its IPC socket (end of bootstrap), then
+      // the topology asks the net plugin for its devices' properties; then
+      // the socket serves requests (one thread, as NCCL's UDS proxy thread).
+      int rank = cmd.value("rank", 0);
+      uint64_t hash = cmd.value("hash", uint64_t{0});
+      int sock = nccl_standin::Bind(rank, hash);
+      json props = g.Properties(0);
+      if (sock >= 0) {
+        std::thread([sock, rank, hash] {
+          while (!nccl_standin::ServeOne(sock, rank, "podlink-" + std::to_string(hash), 30000).empty()) {
+          }
+          ::close(sock);
+        }).detach();
+      }
+      Emit({{"event", "ipc_bound"}, {"ok", sock >= 0}, {"properties", props}});
+    } else if (what == "ipc_request") {
+      Emit({{"event", "ipc_answer"},
+            {"answer", nccl_standin::Request(cmd.value("rank", 0), cmd.value("peer_rank", 1),
+                                             cmd.value("peer_hash", uint64_t{0}), cmd.value("fd", "socket"))}});
     } else if (what == "listen") {
       int r = g.Listen(g_handle, &g_listen, cmd.value("dev", 0));
       std::string hex;

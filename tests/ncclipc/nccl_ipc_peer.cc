@@ -37,85 +37,11 @@
 #include <string>
 #include <vector>
 
+#include "tests/ncclipc/nccl_ipc_standin.h"
+
+using namespace nccl_standin;
+
 namespace {
-
-// NCCL's request header (proxy.h, ncclIpcHdr), as far as the stand-in needs it.
-struct IpcHdr {
-  int type;
-  int rank;
-  int req_size;
-  int resp_size;
-  void* op_id;
-  uint64_t data[16];
-};
-
-int Bind(int rank, uint64_t hash) {
-  int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::snprintf(a.sun_path, sizeof(a.sun_path), "/tmp/nccl-socket-%d-%lx", rank, static_cast<unsigned long>(hash));
-  a.sun_path[0] = '\0';
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    std::printf("error bind %d\n", errno);
-    std::fflush(stdout);
-    std::exit(3);
-  }
-  return fd;
-}
-
-int SendTo(int sock, int rank, uint64_t hash, const void* data, size_t len, int fd) {
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::snprintf(a.sun_path, sizeof(a.sun_path), "/tmp/nccl-socket-%d-%lx", rank, static_cast<unsigned long>(hash));
-  a.sun_path[0] = '\0';
-  iovec iov{const_cast<void*>(data), len};
-  msghdr m{};
-  m.msg_name = &a;
-  m.msg_namelen = sizeof(a);
-  m.msg_iov = &iov;
-  m.msg_iovlen = 1;
-  alignas(cmsghdr) char c[CMSG_SPACE(sizeof(int))] = {};
-  if (fd >= 0) {
-    m.msg_control = c;
-    m.msg_controllen = sizeof(c);
-    cmsghdr* h = CMSG_FIRSTHDR(&m);
-    h->cmsg_level = SOL_SOCKET;
-    h->cmsg_type = SCM_RIGHTS;
-    h->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(h), &fd, sizeof(int));
-  }
-  return ::sendmsg(sock, &m, MSG_DONTWAIT) < 0 ? errno : 0;
-}
-
-// Receives one datagram (with at most one descriptor) within `ms`.
-ssize_t Recv(int sock, void* buf, size_t len, int* fd, int ms) {
-  pollfd p{sock, POLLIN, 0};
-  if (::poll(&p, 1, ms) != 1) return -ETIMEDOUT;
-  iovec iov{buf, len};
-  msghdr m{};
-  m.msg_iov = &iov;
-  m.msg_iovlen = 1;
-  alignas(cmsghdr) char c[CMSG_SPACE(sizeof(int))];
-  m.msg_control = c;
-  m.msg_controllen = sizeof(c);
-  ssize_t n = ::recvmsg(sock, &m, MSG_CMSG_CLOEXEC);
-  *fd = -1;
-  if (n >= 0) {
-    cmsghdr* h = CMSG_FIRSTHDR(&m);
-    if (h != nullptr && h->cmsg_type == SCM_RIGHTS) std::memcpy(fd, CMSG_DATA(h), sizeof(int));
-  }
-  return n < 0 ? -errno : n;
-}
-
-const char* KindOf(int fd) {
-  if (fd < 0) return "none";
-  struct stat st {};
-  ::fstat(fd, &st);
-  if (S_ISSOCK(st.st_mode)) return "socket";
-  if (S_ISREG(st.st_mode) && st.st_size == 0 && (::fcntl(fd, F_GET_SEALS) & F_SEAL_WRITE) != 0) return "placeholder";
-  if (S_ISREG(st.st_mode) || S_ISCHR(st.st_mode)) return "memory";
-  return "other";
-}
 
 void Ready() {
   std::printf("ready %d\n", static_cast<int>(::getpid()));
@@ -124,9 +50,10 @@ void Ready() {
 
 int Proxy(int rank, uint64_t hash) {
   int sock = Bind(rank, hash);
+  if (sock < 0) return 3;
   Ready();
+  const std::string text = "podlink-" + std::to_string(hash);
   pollfd p[2] = {{sock, POLLIN, 0}, {0, POLLIN, 0}};
-  std::string line;
   for (;;) {
     if (::poll(p, 2, -1) < 0) continue;
     if (p[1].revents != 0) {
@@ -142,22 +69,11 @@ int Proxy(int rank, uint64_t hash) {
       }
     }
     if (sock >= 0 && (p[0].revents & POLLIN) != 0) {
-      IpcHdr h{};
-      int fd = -1;
-      ssize_t n = Recv(sock, &h, sizeof(h), &fd, 0);
-      if (n < 0) continue;
-      std::printf("request rank=%d fd=%s\n", h.rank, KindOf(fd));
+      int asker = -1;
+      std::string kind = ServeOne(sock, rank, text, 0, &asker);
+      if (kind.empty()) continue;
+      std::printf("request rank=%d fd=%s\n", asker, kind.c_str());
       std::fflush(stdout);
-      if (fd >= 0) ::close(fd);
-      uint64_t op = reinterpret_cast<uint64_t>(h.op_id);
-      int mem = ::memfd_create("answer", MFD_CLOEXEC);
-      std::string text = "podlink-" + std::to_string(hash);
-      (void)!::write(mem, text.data(), text.size());
-      int out = Bind(rank, op ^ 1);
-      char dummy = 0;
-      SendTo(out, h.rank, op, &dummy, 1, mem);
-      ::close(out);
-      ::close(mem);
     }
   }
 }
@@ -167,44 +83,8 @@ int Client(int rank, int peer_rank, uint64_t peer_hash) {
   std::string line;
   while (std::getline(std::cin, line)) {
     if (line.rfind("go", 0) == 0) {
-      std::string kind = line.size() > 3 ? line.substr(3) : "socket";
-      uint64_t op = 0;
-      (void)!::getrandom(&op, sizeof(op), 0);
-      op &= ~uint64_t{1};
-      int sock = Bind(rank, op);
-      int fds[2] = {-1, -1};
-      int send_fd = sock;
-      if (kind == "pipe") {
-        (void)!::pipe2(fds, O_CLOEXEC);
-        send_fd = fds[0];
-      } else if (kind == "none") {
-        send_fd = -1;
-      }
-      IpcHdr h{};
-      h.type = 1;
-      h.rank = rank;
-      h.op_id = reinterpret_cast<void*>(op);
-      int err = SendTo(sock, peer_rank, peer_hash, &h, sizeof(h), send_fd);
-      if (err != 0) {
-        std::printf("error %d\n", err);
-      } else {
-        char buf[8];
-        int fd = -1;
-        ssize_t n = Recv(sock, buf, sizeof(buf), &fd, 5000);
-        if (n < 0) {
-          std::printf("error %d\n", static_cast<int>(-n));
-        } else if (fd < 0) {
-          std::printf("error nofd\n");
-        } else {
-          char text[64] = {};
-          ssize_t t = ::pread(fd, text, sizeof(text) - 1, 0);
-          std::printf("answer %s\n", t > 0 ? text : "");
-          ::close(fd);
-        }
-      }
+      std::printf("%s\n", Request(rank, peer_rank, peer_hash, line.size() > 3 ? line.substr(3) : "socket").c_str());
       std::fflush(stdout);
-      ::close(sock);
-      if (fds[0] >= 0) ::close(fds[0]), ::close(fds[1]);
     } else if (line.rfind("flood ", 0) == 0) {
       long n = std::strtol(line.c_str() + 6, nullptr, 10), sent = 0;
       int sock = Bind(rank, 0xf100d);
@@ -224,7 +104,10 @@ int Client(int rank, int peer_rank, uint64_t peer_hash) {
 
 int Names(int rank, int count) {
   std::vector<int> socks;
-  for (int i = 0; i < count; ++i) socks.push_back(Bind(rank, 0x1000 + i));
+  for (int i = 0; i < count; ++i) {
+    socks.push_back(Bind(rank, 0x1000 + i));
+    if (socks.back() < 0) return 3;
+  }
   Ready();
   char buf[64];
   while (::read(0, buf, sizeof(buf)) > 0) {
