@@ -20,6 +20,11 @@
 #   socket  the isolated pods without the plugin (NCCL's NET/Socket over the
 #           veth; sizes to NCCL_TESTS_SOCKET_MAX, fewer iterations: it is slow)
 #   native  the two ranks in the host namespaces (NCCL's P2P over NVLink)
+#   native-pods  the isolated pods, each able to open both GPUs (direct mode), annotated
+#           podlink.io/nccl-native=true, with what the device plugin's Allocate sets and nothing else:
+#           podlinkd gives them one /dev/shm and carries NCCL's IPC sockets between their network
+#           namespaces, so NCCL's own P2P transport runs between them (the setup fails unless every
+#           rank's NCCL log shows P2P/CUMEM and none NET); rank r on CUDA device r
 #   mesh    (issue 15) the pods on two emulated nodes: each podlinkd in a network namespace of its own with the
 #           mesh on, the two joined by one veth cable (10.80.1.0/30; certificates from a CA made for the run);
 #           pod a uses node a's daemon, pod b node b's, and the plugin sends through both daemons' TCP link
@@ -30,7 +35,7 @@
 # (each name must start with "plugin" or "direct"). NCCL_TESTS_TRACE="setup ...": the plugin's
 # step trace on in those setups (OUT_DIR/<setup>/<coll>.steps.md, raw steps beside it). Each plugin setup gets a fresh podlinkd,
 # whose relay metrics are kept. Raw output: OUT_DIR/<setup>/<coll>.rank<r>.log (NCCL's
-# own log beside it, .nccl.log);
+# own log beside it, .nccl.log); the KV hand-off's: OUT_DIR/<setup>/kv.rank1.log (JSON lines);
 # the table (tests/gpu/nccl_tests_table.py, from that output; ratios to NCCL_TESTS_BASE, default native) is last. Exits 1
 # when any rank fails, any result is wrong or any size is missing.
 set -uo pipefail
@@ -46,10 +51,13 @@ NT=${NCCL_TESTS_BIN:-$ROOT/.devcarry/nccl-tests}
 IPR=$ROOT/.devcarry/iproute
 PLUGIN=$LIB/libnccl-net-podlink.so
 COLLS=${NCCL_TESTS_COLLS:-all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv}
-SETUPS=${NCCL_TESTS_SETUPS:-plugin direct socket native}
-ARGS=${NCCL_TESTS_ARGS:--b 1M -e 1G -f 4 -g 1 -c 1 -n 20 -w 5}
+SETUPS=${NCCL_TESTS_SETUPS:-plugin native-pods native}
+ARGS=${NCCL_TESTS_ARGS:--b 8 -e 1G -f 4 -g 1 -c 1 -n 20 -w 5}
 SOCKET_ARGS=${NCCL_TESTS_SOCKET_ARGS:--b 1M -e 256M -f 4 -g 1 -c 1 -n 5 -w 2}
 TIMEOUT=${NCCL_TESTS_TIMEOUT:-240}
+# The KV hand-off (tests/gpu/kv_handoff.py: torch batch_isend_irecv of many blocks, every block checked) after
+# the collectives, in every setup but socket and mesh; KV_BLOCKS and KV_ITERS pass through.
+KV=${NCCL_TESTS_KV:-1}
 WORK=/var/tmp/podlink-nccl-tests.$$  # not under /tmp: the pods get a private /tmp
 mkdir -p "$WORK/sock"
 POD_IP=(/lib64/ld-linux-x86-64.so.2 --library-path "$IPR/lib" "$IPR/bin/ip")
@@ -87,8 +95,12 @@ for p in a b; do
   POD_CG[$p]=""
   [ $CG_OK = 1 ] && POD_CG[$p]=$(pod_make_cgroup "podlink-nt-$$" "${POD_UID[$p]}" burstable)
 done
-rule() { echo "{\"match\": {\"pod_uid\": \"${POD_UID[$1]}\"}, \"namespace\": \"ml\", \"name\": \"$2\", \"annotations\": {\"podlink.io/peer-group\": \"nccl-job\"}}"; }
+# rule POD NAME [EXTRA_ANNOTATION]: a standalone pod rule of podlinkd's config.
+rule() { echo "{\"match\": {\"pod_uid\": \"${POD_UID[$1]}\"}, \"namespace\": \"ml\", \"name\": \"$2\", \"annotations\": {\"podlink.io/peer-group\": \"nccl-job\"${3:+, $3}}}"; }
 echo "{\"identity\": {\"kubelet_cgroup_roots\": [\"/podlink-nt-$$\"]}, \"pods\": [$(rule a rank0), $(rule b rank1)]}" > "$WORK/config.json"
+NATIVE_ANN='"podlink.io/nccl-native": "true"'
+echo "{\"identity\": {\"kubelet_cgroup_roots\": [\"/podlink-nt-$$\"]}, \"pods\": [$(rule a rank0 "$NATIVE_ANN"), $(rule b rank1 "$NATIVE_ANN")],
+ \"nccl_native\": {\"shm_dir\": \"$WORK/nccl-shm\"}}" > "$WORK/config-native.json"
 
 DPID=""
 FAILED=()
@@ -198,6 +210,8 @@ finish() {
 pods() {
   local setup=$1 coll=$2 both=$3 args=$4; shift 4
   local port=$((29600 + RANDOM % 1000)) pids=()
+  local cmd=("$NT/${coll}_perf")
+  [ "$coll" = kv ] && cmd=(python3 "$ROOT/tests/gpu/kv_handoff.py")
   rm -f "$WORK"/net-ready
   for r in 0 1; do
     local p=a mask=/dev/nvidia1 dev=0
@@ -206,10 +220,10 @@ pods() {
     [ "$NGPU" -lt 2 ] && mask="" dev=0
     # shellcheck disable=SC2086  # args is a word list
     pod_exec "${POD_CG[$p]}" --private-tmp --hide "$mask" --hostname "pod-$p" --wait-for "$WORK/net-ready" -- \
-      env PMI_RANK=$r PMI_SIZE=2 MASTER_ADDR=10.79.0.1 MASTER_PORT=$port NCCL_TESTS_DEVICE=$dev \
-          LD_LIBRARY_PATH="$NCCL_DIR" NCCL_SOCKET_IFNAME=pl NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,TUNING \
+      env PMI_RANK=$r PMI_SIZE=2 MASTER_ADDR=10.79.0.1 MASTER_PORT=$port NCCL_TESTS_DEVICE=$dev KV_DEVICE=$dev \
+          LD_LIBRARY_PATH="$NCCL_DIR" NCCL_SOCKET_IFNAME=pl NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,TUNING,ENV,P2P \
           NCCL_DEBUG_FILE="$WORK/nccl.$setup.$coll.rank$r.log" "$@" ${POD_ENV[$r]:-} \
-          MPI_SHIM_TIMEOUT=60 timeout -k 5 "$TIMEOUT" "$NT/${coll}_perf" $args \
+          MPI_SHIM_TIMEOUT=60 timeout -k 5 "$TIMEOUT" "${cmd[@]}" $args \
       > "$OUT/$setup/$coll.rank$r.log" 2>&1 &
     pids+=($!)
   done
@@ -221,22 +235,25 @@ pods() {
 native() {
   local setup=$1 coll=$2 args=$3; shift 3
   local port=$((29600 + RANDOM % 1000)) pids=()
+  local cmd=("$NT/${coll}_perf")
+  [ "$coll" = kv ] && cmd=(python3 "$ROOT/tests/gpu/kv_handoff.py")
   for r in 0 1; do
     # shellcheck disable=SC2086
-    env PMI_RANK=$r PMI_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port NCCL_TESTS_DEVICE=$r \
+    env PMI_RANK=$r PMI_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port NCCL_TESTS_DEVICE=$r KV_DEVICE=$r \
         LD_LIBRARY_PATH="$NCCL_DIR" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,TUNING NCCL_NET_PLUGIN=none \
         NCCL_DEBUG_FILE="$WORK/nccl.$setup.$coll.rank$r.log" \
-        MPI_SHIM_TIMEOUT=60 timeout -k 5 "$TIMEOUT" "$NT/${coll}_perf" $args \
+        MPI_SHIM_TIMEOUT=60 timeout -k 5 "$TIMEOUT" "${cmd[@]}" $args \
       > "$OUT/$setup/$coll.rank$r.log" 2>&1 &
     pids+=($!)
   done
   finish "$setup" "$coll" "${pids[@]}"
 }
 
-# What the device plugin's Allocate sets for the plugin (docs/usage.md); the plugin picks the rest itself.
+# What the device plugin's Allocate sets for the plugin (daemon/deviceplugin/device_plugin.cc, checked by
+# deviceplugin_test); the plugin picks the rest itself.
 PLUGIN_ENV=(NCCL_NET_PLUGIN="$PLUGIN" NCCL_NET=podlink NCCL_NET_GDR_LEVEL=SYS NCCL_NET_GDR_READ=1
-            PODLINK_SOCKET_DIR="$WORK/sock")
-declare -A PSETUP=([plugin]="||0" [direct]="||1")
+            NCCL_NCHANNELS_PER_NET_PEER=16 PODLINK_SOCKET_DIR="$WORK/sock")
+declare -A PSETUP=([plugin]="||0" [direct]="||1" [native-pods]="--config $WORK/config-native.json||1")
 IFS=';' read -ra extra <<< "${NCCL_TESTS_EXTRA:-}"
 # (names starting with "direct": pods that can open both GPUs, as in the direct setup)
 for e in "${extra[@]}"; do
@@ -282,6 +299,7 @@ for s in $SETUPS; do
       echo "== native: host namespaces, NCCL's P2P"
       echo "$ARGS" > "$OUT/native/args.txt"
       for c in $COLLS; do native native "$c" "$ARGS"; done
+      [ "$KV" = 1 ] && native native kv ""
       ;;
     *)
       [ -n "${PSETUP[$s]+x}" ] || { echo "unknown setup $s"; FAILED+=("$s (unknown)"); continue; }
@@ -298,8 +316,37 @@ for s in $SETUPS; do
         pods "$s" "$c" "$both" "$ARGS" "${PLUGIN_ENV[@]}" $nenv $(trace_env "$s" "$c")
         trace_keep "$s" "$c"
       done
+      # shellcheck disable=SC2086
+      [ "$KV" = 1 ] && pods "$s" kv "$both" "" "${PLUGIN_ENV[@]}" $nenv
       metrics "$s"
+      python3 -c 'import urllib.request as u; print(u.urlopen("http://127.0.0.1:9477/metrics").read().decode())' \
+        2>/dev/null | grep -E "^podlink_nccl_ipc" > "$OUT/$s/nccl_ipc_metrics.txt" || true
       stop_daemon
+      # Which NCCL parameters NCCL itself read from the environment (its own INFO lines), per collective.
+      for c in $COLLS; do
+        grep -ho 'NCCL_[A-Z0-9_]* set by environment to [^ .]*' "$OUT/$s/$c.rank0.nccl.log" 2>/dev/null | sort -u \
+          > "$OUT/$s/$c.nccl_env.txt"
+      done
+      if [ "$s" = plugin ]; then
+        # The relay's defaults must reach NCCL (issue 32): NCCL reports each with the plugin's value.
+        for kv in NCCL_NCHANNELS_PER_NET_PEER=16 NCCL_MIN_P2P_NCHANNELS=16 NCCL_MAX_P2P_NCHANNELS=16 \
+                  NCCL_P2P_NET_CHUNKSIZE=2097152 NCCL_MIN_NCHANNELS=16 NCCL_BUFFSIZE=16777216; do
+          grep -q "^${kv%%=*} set by environment to ${kv#*=}\$" "$OUT/$s/sendrecv.nccl_env.txt" 2>/dev/null ||
+            FAILED+=("$s: NCCL did not report ${kv} (sendrecv.nccl_env.txt)")
+        done
+      fi
+      if [ "$s" = native-pods ]; then
+        # What NCCL itself chose, from its own log: P2P on every channel, never the network.
+        for c in $COLLS $([ "$KV" = 1 ] && echo kv); do
+          for r in 0 1; do
+            f="$OUT/$s/$c.rank$r.nccl.log"
+            p2p=$(grep -c 'via P2P/CUMEM' "$f" 2>/dev/null); net=$(grep -c 'via NET/' "$f" 2>/dev/null)
+            echo "$c rank$r: ${p2p:-0} channel connections via P2P/CUMEM, ${net:-0} via NET" >> "$OUT/$s/transport.txt"
+            { [ "${p2p:-0}" -gt 0 ] && [ "${net:-0}" = 0 ]; } || FAILED+=("$s/$c rank$r: NCCL did not use P2P/CUMEM only")
+          done
+        done
+        cat "$OUT/$s/transport.txt"
+      fi
       ;;
   esac
 done
