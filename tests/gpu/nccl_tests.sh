@@ -58,6 +58,9 @@ TIMEOUT=${NCCL_TESTS_TIMEOUT:-240}
 # The KV hand-off (tests/gpu/kv_handoff.py: torch batch_isend_irecv of many blocks, every block checked) after
 # the collectives, in every setup but socket and mesh; KV_BLOCKS and KV_ITERS pass through.
 KV=${NCCL_TESTS_KV:-1}
+# NCCL's log subsystems in every setup. Not TUNING: NCCL 2.28 writes a TUNING line for every operation, which
+# adds its cost to every timed small message (NCCL_TESTS_DEBUG_SUBSYS=INIT,NET,TUNING to see the choices).
+SUBSYS=${NCCL_TESTS_DEBUG_SUBSYS:-INIT,NET,ENV,P2P}
 WORK=/var/tmp/podlink-nccl-tests.$$  # not under /tmp: the pods get a private /tmp
 mkdir -p "$WORK/sock"
 POD_IP=(/lib64/ld-linux-x86-64.so.2 --library-path "$IPR/lib" "$IPR/bin/ip")
@@ -221,7 +224,7 @@ pods() {
     # shellcheck disable=SC2086  # args is a word list
     pod_exec "${POD_CG[$p]}" --private-tmp --hide "$mask" --hostname "pod-$p" --wait-for "$WORK/net-ready" -- \
       env PMI_RANK=$r PMI_SIZE=2 MASTER_ADDR=10.79.0.1 MASTER_PORT=$port NCCL_TESTS_DEVICE=$dev KV_DEVICE=$dev \
-          LD_LIBRARY_PATH="$NCCL_DIR" NCCL_SOCKET_IFNAME=pl NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,TUNING,ENV,P2P \
+          LD_LIBRARY_PATH="$NCCL_DIR" NCCL_SOCKET_IFNAME=pl NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS="$SUBSYS" \
           NCCL_DEBUG_FILE="$WORK/nccl.$setup.$coll.rank$r.log" "$@" ${POD_ENV[$r]:-} \
           MPI_SHIM_TIMEOUT=60 timeout -k 5 "$TIMEOUT" "${cmd[@]}" $args \
       > "$OUT/$setup/$coll.rank$r.log" 2>&1 &
@@ -240,7 +243,7 @@ native() {
   for r in 0 1; do
     # shellcheck disable=SC2086
     env PMI_RANK=$r PMI_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port NCCL_TESTS_DEVICE=$r KV_DEVICE=$r \
-        LD_LIBRARY_PATH="$NCCL_DIR" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET,TUNING NCCL_NET_PLUGIN=none \
+        LD_LIBRARY_PATH="$NCCL_DIR" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS="$SUBSYS" NCCL_NET_PLUGIN=none \
         NCCL_DEBUG_FILE="$WORK/nccl.$setup.$coll.rank$r.log" \
         MPI_SHIM_TIMEOUT=60 timeout -k 5 "$TIMEOUT" "${cmd[@]}" $args \
       > "$OUT/$setup/$coll.rank$r.log" 2>&1 &
