@@ -112,7 +112,14 @@ Result GetProperties(int dev, DeviceProps* p) {
   uint64_t h = 1469598103934665603ull;
   for (char ch : s.node_id + d.name) h = (h ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
   p->guid = h;
-  p->ptr_support = nccl_abi::kPtrHost | (s.cuda != nullptr ? nccl_abi::kPtrCuda : 0);
+  // GPU buffers only where podlinkd carries them (relay, mesh). Over the
+  // plugin's TCP alone (no podlinkd, or PODLINK_NCCL_TRANSPORT=tcp) GPU
+  // memory would be staged by copies in the plugin's own CUDA context, which
+  // waits for a GPU time slice behind NCCL's running kernel (2.4 ms per
+  // small message on 2xH200, 2026-11-27): host buffers, as NCCL's own
+  // NET/Socket uses, need no copy of the plugin's.
+  const bool gpu_buffers = s.cuda != nullptr && !s.tcp_only && !s.node_id.empty();
+  p->ptr_support = nccl_abi::kPtrHost | (gpu_buffers ? nccl_abi::kPtrCuda : 0);
   // What NVLink carries through the relay when a podlinkd is there. NCCL
   // still sizes channels by the NIC's PCIe path; Init's defaults and the
   // tuner take care of the channel count (docs/nccl.md).

@@ -237,6 +237,10 @@ void JoinNative(State& s) {
   }
   if (!n->joined) return;  // the pod did not ask (podlink.io/nccl-native)
   s.native = true;
+  // The plugin's tuner serves the relay; NCCL consults a tuner on every
+  // collective, so in native mode it would only add that call to each one.
+  // NCCL loads the tuner after this init; a user's choice stays.
+  if (std::getenv("NCCL_TUNER_PLUGIN") == nullptr) ::setenv("NCCL_TUNER_PLUGIN", "none", 0);
   if (EnvIs("NCCL_IPC_USE_ABSTRACT_SOCKET", "0")) {
     WARN("NCCL_IPC_USE_ABSTRACT_SOCKET=0: NCCL's IPC sockets are then files in each pod's own /tmp, which podlink "
          "does not carry; unset it for NCCL native mode");
