@@ -186,6 +186,22 @@ TEST_P(NcclNet, EveryScenario) {
   }
 }
 
+// One small message at a time (NCCL's sendrecv of a small size), every
+// message checked; the time per message is reported, not asserted.
+TEST_P(NcclNet, SmallMessagesOneAtATime) {
+  Connect();
+  send_->Send(R"({"cmd": "send", "scenario": "latency"})");
+  recv_->Send(R"({"cmd": "recv", "scenario": "latency"})");
+  json s = send_->Expect("done", 120000);
+  json r = recv_->Expect("done", 120000);
+  ASSERT_TRUE(s["ok"]) << s.dump();
+  ASSERT_TRUE(r["ok"]) << r.dump();
+  std::printf("%s: us per message %s\n", GetParam().name, r["us_per_message"].dump().c_str());
+  for (auto& [size, us] : r["us_per_message"].items()) {
+    RecordProperty(absl::StrCat("us_per_message_", size), absl::StrCat(us.get<double>()));
+  }
+}
+
 TEST_P(NcclNet, CorruptedHandlesFailCleanly) {
   recv_->Send(R"({"cmd": "listen"})");
   json h = recv_->Expect("handle");
@@ -503,6 +519,8 @@ TEST(NcclNative, APeerGroupSharesShmAndNcclsIpcSockets) {
     EXPECT_NE(ready["a"]["shm_dev"], static_cast<uint64_t>(host_shm.st_dev));
     EXPECT_EQ(ready["a"]["nccl_proto"], "") << "native mode keeps NCCL's protocols";
     EXPECT_EQ(ready["a"]["nccl_min_p2p_nchannels"], "");
+    EXPECT_EQ(ready["a"]["nccl_tuner_plugin"], "none") << "NCCL would call the relay's tuner for every collective";
+    EXPECT_EQ(ready["c"]["nccl_tuner_plugin"], "");
     EXPECT_EQ(ready["c"]["nccl_hostid"], "");
     EXPECT_EQ(ready["c"]["nccl_proto"], "Simple") << "a pod that did not ask stays on the relay";
     EXPECT_NE(ready["d"]["nccl_hostid"], ready["a"]["nccl_hostid"]);
@@ -537,6 +555,37 @@ TEST(NcclNative, APeerGroupSharesShmAndNcclsIpcSockets) {
     EXPECT_TRUE(std::filesystem::is_empty(std::string(shm_tmpl) + "/groups", ec)) << ec.message();
   }
   std::filesystem::remove_all(shm_tmpl);
+}
+
+// A pod the device plugin pointed at podlinkd (PODLINK_SOCKET_DIR) that
+// cannot reach it: a WARN line says so (NCCL shows WARN by default), and the
+// plugin asks NCCL for host buffers, so its TCP transport needs no copies of
+// its own (they waited for a GPU time slice: 2.4 ms per small message).
+TEST(NcclNetFallback, UnreachablePodlinkdWarnsAndTakesHostBuffers) {
+  PodCgroup a_cg(RandomPodUid(), "burstable"), b_cg(RandomPodUid(), "burstable");
+  Daemon daemon(R"({"pods": []})");
+  const std::vector<std::string> args = {PluginPath(), "PODLINK_SOCKET_DIR=/nonexistent/podlink"};
+  Pod a(daemon, &a_cg, args, PeerPath()), b(daemon, &b_cg, args, PeerPath());
+  const std::string tag = absl::StrCat("plf", getpid() % 100000);
+  ASSERT_TRUE(PodVeth(a.pid(), b.pid(), tag + "a", tag + "b", "10.78.2.1/24", "10.78.2.2/24", Ip()).ok());
+  for (Pod* p : {&a, &b}) {
+    p->Send(R"({"cmd": "init"})");
+    json r = p->Expect("ready");
+    ASSERT_EQ(r["result"], 0) << r.dump();
+    bool warned = false;
+    for (const auto& w : r["warnings"]) warned |= w.get<std::string>().find("podlinkd not usable") != std::string::npos;
+    EXPECT_TRUE(warned) << r.dump();
+    ASSERT_GE(r["devices"].size(), 1u);
+    EXPECT_EQ(r["devices"][0]["ptr_support"], nccl_abi::kPtrHost) << r.dump();
+    EXPECT_EQ(r["nccl_proto"], "") << "no relay defaults without podlinkd";
+  }
+  a.Send(R"({"cmd": "listen"})");
+  json h = a.Expect("handle");
+  b.Send(json{{"cmd", "connect"}, {"hex", h["hex"]}}.dump());
+  a.Send(R"({"cmd": "accept"})");
+  EXPECT_TRUE(a.Expect("accepted")["ok"]);
+  json con = b.Expect("connected");
+  EXPECT_EQ(con["transport"], "TCP") << con.dump();
 }
 
 }  // namespace

@@ -40,6 +40,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 std::vector<std::string> g_log;
+std::vector<std::string> g_warnings;  // what the plugin logged at NCCL's WARN level
 
 void Logger(int level, unsigned long, const char*, int, const char* fmt, ...) {
   char buf[1024];
@@ -48,6 +49,7 @@ void Logger(int level, unsigned long, const char*, int, const char* fmt, ...) {
   std::vsnprintf(buf, sizeof(buf), fmt, ap);
   va_end(ap);
   g_log.emplace_back(buf);
+  if (level == nabi::kLogWarn) g_warnings.emplace_back(buf);
   std::fprintf(stderr, "[plugin %d] %s\n", level, buf);
 }
 
@@ -84,18 +86,18 @@ struct Api {
   int Devices(int* n) { return v8 ? t8->devices(n) : t11->devices(n); }
   // What NCCL would learn of device `dev`.
   json Properties(int dev) {
-    auto out = [](int r, const char* name, const char* pci, int speed) {
+    auto out = [](int r, const char* name, const char* pci, int speed, int ptr) {
       return json{{"result", r}, {"name", name != nullptr ? name : ""}, {"pci_path", pci != nullptr ? pci : ""},
-                  {"speed", speed}};
+                  {"speed", speed}, {"ptr_support", ptr}};
     };
     if (v8) {
       nabi::PropertiesV8 p{};
       int r = t8->getProperties(dev, &p);
-      return out(r, p.name, p.pciPath, p.speed);
+      return out(r, p.name, p.pciPath, p.speed, p.ptrSupport);
     }
     nabi::PropertiesV11 p{};
     int r = t11->getProperties(dev, &p);
-    return out(r, p.name, p.pciPath, p.speed);
+    return out(r, p.name, p.pciPath, p.speed, p.ptrSupport);
   }
   int Listen(void* h, void** l, int dev = 0) { return v8 ? t8->listen(dev, h, l) : t11->listen(ctx, dev, h, l); }
   int Connect(void* h, void** s, int dev = 0) {
@@ -258,6 +260,10 @@ int WaitReq(void* req, int* sizes, int timeout_ms = 30000) {
 // finishes and closes before the receiver reads anything.
 constexpr size_t kCloseAfterSendSize = 200 * 1000;
 
+// The "latency" scenario: messages of these sizes, this many each.
+constexpr size_t kLatencySizes[] = {8, 512, 4096, 65536};
+constexpr int kLatencyCount = 200;
+
 size_t OrderSize(int i) { return 1 + static_cast<size_t>(i) * 4099; }
 
 json RunSend(const std::string& sc) {
@@ -279,6 +285,21 @@ json RunSend(const std::string& sc) {
       int size = -1;
       int r = WaitReq(reqs[i], &size);
       if (r != 0) return out.update({{"error", "test"}, {"result", r}, {"msg", i}}), out;
+    }
+    out["ok"] = true;
+  } else if (sc == "latency") {
+    // One message at a time, each waited for, as NCCL's sendrecv of a small
+    // size: the time per message is the transport's round trip.
+    for (size_t n : kLatencySizes) {
+      Buf b(c, n, 0);
+      for (size_t k = 0; k < n; ++k) b.mem[k] = Pattern(static_cast<int>(n & 0xff), k);
+      if (!b.ok || !b.Upload()) return out.update({{"error", "gpu buffer"}}), out;
+      for (int i = 0; i < kLatencyCount; ++i) {
+        void* q = nullptr;
+        int r = PostUntil([&](void** x) { return g.Isend(c, b.p(), n, 7, b.mh, x); }, &q);
+        if (r == 0) r = WaitReq(q, nullptr);
+        if (r != 0) return out.update({{"error", "latency send"}, {"result", r}, {"size", n}}), out;
+      }
     }
     out["ok"] = true;
   } else if (sc == "grouped") {
@@ -384,6 +405,33 @@ json RunRecv(const std::string& sc) {
       }
       if (cap > want && bufs[i]->mem[want] != 0xEE) return out.update({{"error", "wrote past size"}}), out;
     }
+    out["ok"] = true;
+  } else if (sc == "latency") {
+    json us = json::object();
+    for (size_t n : kLatencySizes) {
+      Buf b(c, n, 0);
+      void* p = b.p();
+      size_t cap = n;
+      auto t0 = Clock::now();
+      for (int i = 0; i < kLatencyCount; ++i) {
+        void* q = nullptr;
+        int size = -1;
+        int r = PostUntil([&](void** x) { return g.Irecv(c, 1, &p, &cap, &tag7, &b.mh, x); }, &q);
+        if (r == 0) r = WaitReq(q, &size);
+        if (r != 0 || static_cast<size_t>(size) != n) {
+          return out.update({{"error", "latency recv"}, {"result", r}, {"size", n}, {"got", size}}), out;
+        }
+      }
+      double per = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / kLatencyCount;
+      if (!b.Download()) return out.update({{"error", "gpu download"}}), out;
+      for (size_t k = 0; k < n; ++k) {
+        if (b.mem[k] != Pattern(static_cast<int>(n & 0xff), k)) {
+          return out.update({{"error", "content"}, {"size", n}, {"at", k}}), out;
+        }
+      }
+      us[std::to_string(n)] = per;
+    }
+    out["us_per_message"] = us;
     out["ok"] = true;
   } else if (sc == "grouped") {
     std::vector<std::unique_ptr<Buf>> bufs;
@@ -541,7 +589,8 @@ int main(int argc, char** argv) {
             {"nccl_min_p2p_nchannels", env("NCCL_MIN_P2P_NCHANNELS")},
             {"nccl_max_p2p_nchannels", env("NCCL_MAX_P2P_NCHANNELS")},
             {"nccl_p2p_net_chunksize", env("NCCL_P2P_NET_CHUNKSIZE")}, {"nccl_hostid", env("NCCL_HOSTID")},
-            {"shm_dev", ShmDev()}, {"gpu", UseGpu()},
+            {"nccl_tuner_plugin", env("NCCL_TUNER_PLUGIN")},
+            {"shm_dev", ShmDev()}, {"warnings", g_warnings}, {"gpu", UseGpu()},
             {"devices", devices}});
     } else if (what == "ipc_bind") {
       // NCCL's order: the proxy binds its IPC socket (end of bootstrap), then
