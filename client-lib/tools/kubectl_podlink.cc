@@ -668,6 +668,28 @@ int Doctor(const Args& a) {
                               : "off: peers' GPU memory moves through podlinkd's relay (about as fast at large sizes)",
                  ""});
   }
+  // NCCL native mode (docs/nccl.md): what podlinkd's JoinNcclNative checks, from the pod spec.
+  if (ann.value("podlink.io/nccl-native", "") == "true") {
+    std::vector<std::string> missing;
+    if (group.empty()) missing.push_back("a podlink.io/peer-group annotation (native mode joins one group's pods)");
+    if (!wants_direct) {
+      missing.push_back("the podlink.io/peer-direct resource (NCCL's P2P maps the peers' GPU memory itself)");
+    }
+    if (p["spec"].value("hostNetwork", false)) {
+      missing.push_back("a network namespace of its own (hostNetwork pods cannot be bridged)");
+    }
+    f.push_back({missing.empty(), "NCCL native mode",
+                 missing.empty()
+                     ? "asked for and allowed by the spec: NCCL's log should show 'NCCL native mode' and 'via P2P/CUMEM'"
+                     : "podlink.io/nccl-native=true, but the pod lacks " + absl::StrJoin(missing, "; and ") +
+                           ": NCCL stays on the podlink relay",
+                 missing.empty() ? "" : "add what is missing, or drop the annotation to stay on the relay"});
+  } else {
+    f.push_back({true, "NCCL native mode",
+                 "off: NCCL reaches this node's pods through the podlink relay (annotate podlink.io/nccl-native=true "
+                 "with podlink.io/peer-direct for NCCL's own P2P between the group's pods)",
+                 ""});
+  }
   std::string phase = p.value("status", json::object()).value("phase", "");
   f.push_back({phase == "Running", "phase", phase.empty() ? "unknown" : phase,
                phase == "Running" ? "" : "wait for the pod to run; `kubectl describe pod` says why it does not"});

@@ -113,6 +113,19 @@ TEST(KubectlPodlink, DoctorExplainsWhatToFix) {
   EXPECT_EQ(direct.code, 1) << direct.text;
   EXPECT_NE(direct.text.find("request podlink.io/peer-direct"), std::string::npos) << direct.text;
 
+  // NCCL native mode asked for without what podlinkd checks: each reason named; with all of it, nothing to fix.
+  ShellResult native = Shell("kubectl podlink doctor rank-1 --socket /nonexistent --pod-json " + fx +
+                             "pod-native-missing.json");
+  EXPECT_EQ(native.code, 1) << native.text;
+  EXPECT_NE(native.text.find("FIX   NCCL native mode"), std::string::npos) << native.text;
+  EXPECT_NE(native.text.find("podlink.io/peer-group annotation (native mode"), std::string::npos) << native.text;
+  EXPECT_NE(native.text.find("the podlink.io/peer-direct resource"), std::string::npos) << native.text;
+  EXPECT_NE(native.text.find("hostNetwork pods cannot be bridged"), std::string::npos) << native.text;
+  ShellResult native_ok = Shell("kubectl podlink doctor rank-0 --socket /nonexistent --pod-json " + fx +
+                                "pod-native-good.json");
+  EXPECT_EQ(native_ok.code, 0) << native_ok.text;
+  EXPECT_NE(native_ok.text.find("ok    NCCL native mode: asked for and allowed"), std::string::npos) << native_ok.text;
+
   ShellResult missing = Shell("kubectl podlink doctor x --pod-json /nonexistent.json");
   EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.text.find("cannot read"), std::string::npos);

@@ -154,7 +154,7 @@ all_prefixed "version --node"
 [[ "$out" == *'"daemon_error": "cannot reach podlinkd'* ]] || fail "version --node: the pod's answer: $out"
 
 # --- -o yaml is the -o json document -----------------------------------------
-for fixture in pod-good pod-bad pod-direct-missing; do
+for fixture in pod-good pod-bad pod-direct-missing pod-native-missing pod-native-good; do
   for format in json yaml; do
     podlink "doctor-$fixture-$format" doctor x --pod-json "$FIXTURES/$fixture.json" -o "$format"
     printf '%s\n' "$out" > "$TMP/$fixture.$format"
