@@ -69,10 +69,11 @@ FdKind KindOf(int fd) {
 
 class Bridge::Impl {
  public:
-  Impl(BridgeOptions o, NetnsSockets sockets, uint64_t home_ino, UniqueFd wake, UniqueFd epoll, UniqueFd placeholder)
+  Impl(BridgeOptions o, NetnsSockets sockets, std::set<uint64_t> host_ns, UniqueFd wake, UniqueFd epoll,
+       UniqueFd placeholder)
       : opt_(o),
         sockets_(std::move(sockets)),
-        home_ino_(home_ino),
+        host_ns_(std::move(host_ns)),
         wake_(std::move(wake)),
         epoll_(std::move(epoll)),
         placeholder_(std::move(placeholder)) {}
@@ -166,7 +167,9 @@ class Bridge::Impl {
 
   const BridgeOptions opt_;
   const NetnsSockets sockets_;
-  const uint64_t home_ino_;
+  // podlinkd's network namespace and the host's (pid 1's: podlinkd runs in the
+  // host PID namespace): never a member's, whose mirrors everyone there would see.
+  const std::set<uint64_t> host_ns_;
   UniqueFd wake_, epoll_, placeholder_;
   std::atomic<bool> stop_{false};
 
@@ -495,9 +498,10 @@ void Bridge::Impl::Run() {
 
 absl::Status Bridge::Impl::Join(Member m) {
   PODLINK_ASSIGN_OR_RETURN(uint64_t ino, NamespaceInode(m.netns.get()));
-  if (ino == home_ino_) {
+  if (host_ns_.count(ino) != 0) {
     return absl::FailedPreconditionError(
-        "the pod shares podlinkd's network namespace (hostNetwork?): NCCL native mode needs a pod network namespace");
+        "the pod shares the host's or podlinkd's network namespace (hostNetwork?): NCCL native mode needs a pod "
+        "network namespace");
   }
   if (session_pod_.count(m.session) != 0) return absl::OkStatus();
   auto it = pods_.find(ino);
@@ -556,6 +560,10 @@ absl::StatusOr<std::unique_ptr<Bridge>> Bridge::Start(BridgeOptions options) {
   }
   PODLINK_ASSIGN_OR_RETURN(NetnsSockets sockets, NetnsSockets::Create());
   PODLINK_ASSIGN_OR_RETURN(uint64_t home, NamespaceInode(sockets.home()));
+  std::set<uint64_t> host_ns = {home};
+  if (UniqueFd init(::open("/proc/1/ns/net", O_RDONLY | O_CLOEXEC)); init) {
+    if (auto i = NamespaceInode(init.get()); i.ok()) host_ns.insert(*i);
+  }
   UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake) return ErrnoStatus(errno, "eventfd");
   UniqueFd ep(::epoll_create1(EPOLL_CLOEXEC));
@@ -565,7 +573,8 @@ absl::StatusOr<std::unique_ptr<Bridge>> Bridge::Start(BridgeOptions options) {
   ev.data.u64 = 0;
   if (::epoll_ctl(ep.get(), EPOLL_CTL_ADD, wake.get(), &ev) != 0) return ErrnoStatus(errno, "epoll_ctl");
   PODLINK_ASSIGN_OR_RETURN(UniqueFd ph, Placeholder());
-  auto impl = std::make_unique<Impl>(options, std::move(sockets), home, std::move(wake), std::move(ep), std::move(ph));
+  auto impl = std::make_unique<Impl>(options, std::move(sockets), std::move(host_ns), std::move(wake), std::move(ep),
+                                     std::move(ph));
   std::unique_ptr<Bridge> b(new Bridge(std::move(impl)));
   return b;
 }

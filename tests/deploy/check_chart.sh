@@ -192,6 +192,7 @@ exec(open(__import__("os").environ["RENDER_PY"]).read())
 assert "hostNetwork" not in pod and "mesh-certs" not in vols
 cm = next(d for d in docs if d["kind"] == "ConfigMap")
 assert "mesh" not in json.loads(cm["data"]["config.json"])
+assert json.loads(cm["data"]["config.json"])["nccl_native"] == {"enabled": True, "shm_size_mib": 1024}
 PY
 
 # NOTES.txt, what `helm install` prints.
@@ -268,6 +269,8 @@ mesh: {enabled: true, relayStagingMib: 8}|mesh.relayStagingMib must be in 16..65
 mesh: {enabled: true, keepaliveSeconds: 0}|mesh.grantIdleSeconds must be in 1..604800
 mesh: {enabled: true, grantIdleSeconds: 60, keepaliveSeconds: 60}|at least twice mesh.keepaliveSeconds
 mesh: {enabled: true, advertSeconds: 0}|mesh.advertSeconds must be in 1..3600
+ncclNative: {enabled: "yes"}|ncclNative.enabled must be true or false
+ncclNative: {shmSizeMib: 8}|ncclNative.shmSizeMib must be in 16..1048576
 EOF
 echo "chart renders its cluster defaults, values-standalone.yaml and every node-agent value, lints, and refuses" \
   "$nbad bad combinations"

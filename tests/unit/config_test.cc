@@ -25,6 +25,30 @@ TEST(DaemonConfig, LimitsAndPods) {
   EXPECT_EQ(*c->pods[0].uid, 1000u);
 }
 
+TEST(DaemonConfig, NcclNative) {
+  auto d = ParseDaemonConfig("{}");
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(d->broker.nccl_native.enabled);
+  EXPECT_EQ(d->broker.nccl_native.shm_size_bytes, uint64_t{1} << 30);
+  auto c = ParseDaemonConfig(R"({"nccl_native": {"enabled": false, "shm_dir": "/run/x", "shm_size_mib": 64,
+    "max_names_per_pod": 8, "max_answers_per_pod": 4, "datagrams_per_second": 100, "rescan_interval_ms": 50}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const NcclNativeOptions& n = c->broker.nccl_native;
+  EXPECT_FALSE(n.enabled);
+  EXPECT_EQ(n.shm_dir, "/run/x");
+  EXPECT_EQ(n.shm_size_bytes, uint64_t{64} << 20);
+  EXPECT_EQ(n.bridge.max_names_per_pod, 8u);
+  EXPECT_EQ(n.bridge.max_answers_per_pod, 4u);
+  EXPECT_EQ(n.bridge.datagrams_per_second, 100u);
+  EXPECT_EQ(n.bridge.rescan_interval, absl::Milliseconds(50));
+  for (const char* bad : {R"({"nccl_native": {"enabled": 1}})", R"({"nccl_native": {"shm_dir": "relative"}})",
+                          R"({"nccl_native": {"shm_size_mib": 8}})", R"({"nccl_native": {"max_names_per_pod": 0}})",
+                          R"({"nccl_native": {"datagrams_per_second": -1}})", R"({"nccl_native": {"rescan_interval_ms": 1}})",
+                          R"({"nccl_native": {"bridge": {}}})", R"({"nccl_native": []})"}) {
+    EXPECT_FALSE(ParseDaemonConfig(bad).ok()) << bad;
+  }
+}
+
 TEST(DaemonConfig, MeshTransport) {
   auto c = ParseDaemonConfig(R"({"mesh": {"transport": "verbs", "verbs_gid_index": 3, "verbs_timeout": 16,
                                            "verbs_retry_count": 5}})");

@@ -74,6 +74,12 @@
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- if not (kindIs "bool" .Values.ncclNative.enabled) -}}
+{{- fail "ncclNative.enabled must be true or false" -}}
+{{- end -}}
+{{- if or (lt (int .Values.ncclNative.shmSizeMib) 16) (gt (int .Values.ncclNative.shmSizeMib) 1048576) -}}
+{{- fail "ncclNative.shmSizeMib must be in 16..1048576" -}}
+{{- end -}}
 {{- range $k, $v := .Values.limits -}}
 {{- if lt (int $v) 1 -}}
 {{- fail (printf "limits.%s must be a positive integer" $k) -}}
