@@ -43,7 +43,7 @@ case "$mode" in
     # property; the relay's slicing is raced by the other relay tests), and
     # Mesh.AStalledRelay… (about bytes landing late; its two-hop striping,
     # failover and fence are raced by Mesh.TwoHopStriping…).
-    ctest_args=(-R '(^|/)(BrokerNamespaces|Attacks|HostileClients|Relay|RelayLifetime|ClientLifetime|CApi|Mesh|MeshHostile|MeshStager|MeshIdle|VerbsFake|NcclNetTrace|ZeroCopy)\.'
+    ctest_args=(-R '(^|/)(BrokerNamespaces|Attacks|HostileClients|Relay|RelayLifetime|ClientLifetime|CApi|Mesh|MeshHostile|MeshStager|MeshIdle|VerbsFake|NcclNetTrace|ZeroCopy|BridgeTest|NcclNative)\.'
                 -E 'Mesh\.ACutCable|Mesh\.AStalledRelay|Relay\.A06_')
     mkdir -p "$build"
     bash scripts/lib/tsan_abseil.sh "$PWD/$build/absl"
