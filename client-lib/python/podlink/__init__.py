@@ -1,0 +1,388 @@
+"""podlink for Python: one-sided writes and reads between pods, through podlinkd.
+
+    import podlink
+    with podlink.Endpoint() as ep:                      # podlinkd at $PODLINK_SOCKET_DIR or /run/podlink
+        kv = ep.alloc_host(64 << 20)                    # numpy uint8 array in memory podlinkd can share
+        region = ep.reg(kv)
+        wire = ep.describe(region)                      # bytes: send them through your own channel
+        ...in the peer...
+        peer = ep.open(wire)
+        ep.write(region, peer)                          # every byte is in the peer's memory on return
+        ep.notify(peer, 42)                             # delivered after the data is visible
+
+Memory must be memory podlinkd can hand to another pod: what `alloc_host` / `alloc_gpu` return (and any
+contiguous view of it: numpy slices, `torch.from_numpy`, memoryview), or GPU memory allocated with cuMem and a
+POSIX-FD handle type. Anything else is refused with `InvalidArgument` (podlink never copies it silently).
+
+Errors are `podlink.Error` subclasses that are also the matching built-in exceptions: `PermissionDenied`
+(PermissionError), `NotFound` (LookupError), `Timeout` (TimeoutError), `InvalidArgument` (ValueError),
+`Unavailable` (ConnectionError), `FailedPrecondition`, `AlreadyExists`, `ResourceExhausted`; each has `.code`,
+podlinkd's status code name. Every call that can block releases the GIL.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Iterable, List, Optional, Sequence, Tuple
+
+from . import _podlink
+from ._podlink import (  # noqa: F401  (re-exported)
+    AlreadyExists,
+    Error,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    Timeout,
+    Unavailable,
+)
+
+__version__ = "0.1.0"
+__all__ = [
+    "Endpoint", "Region", "RemoteRegion", "Transfer", "Error", "PermissionDenied", "NotFound", "Timeout",
+    "InvalidArgument", "Unavailable", "FailedPrecondition", "AlreadyExists", "ResourceExhausted",
+]
+
+
+def _torch():
+    try:
+        import torch  # noqa: WPS433
+        return torch
+    except ImportError:
+        return None
+
+
+def _numpy():
+    try:
+        import numpy  # noqa: WPS433
+        return numpy
+    except ImportError:
+        return None
+
+
+def _memory_of(obj: Any) -> Tuple[int, int, bool, int]:
+    """(address, nbytes, is_cuda, device) of a contiguous object; InvalidArgument otherwise."""
+    if isinstance(obj, Region):
+        raise InvalidArgument("already a Region: pass it to write/read directly")
+    if isinstance(obj, (_podlink.HostMemory,)):
+        return obj.address, obj.nbytes, False, -1
+    if isinstance(obj, _podlink.GpuMemory):
+        return obj.address, obj.nbytes, True, obj.device
+    torch = _torch()
+    if torch is not None and isinstance(obj, torch.Tensor):
+        if not obj.is_contiguous():
+            raise InvalidArgument("the tensor is not contiguous: register tensor.contiguous() (a copy) or a "
+                                  "contiguous view of podlink memory")
+        nbytes = obj.numel() * obj.element_size()
+        return obj.data_ptr(), nbytes, obj.is_cuda, (obj.device.index if obj.is_cuda else -1)
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        if cai.get("strides") not in (None,):
+            raise InvalidArgument("only C-contiguous CUDA arrays can be registered")
+        n = 1
+        for d in cai["shape"]:
+            n *= d
+        itemsize = int(cai["typestr"][2:])
+        return int(cai["data"][0]), n * itemsize, True, -1
+    np = _numpy()
+    if np is not None and isinstance(obj, np.ndarray):
+        if not obj.flags["C_CONTIGUOUS"]:
+            raise InvalidArgument("the array is not C-contiguous: register np.ascontiguousarray(a) (a copy) or a "
+                                  "contiguous view of podlink memory")
+        return obj.__array_interface__["data"][0], obj.nbytes, False, -1
+    try:
+        mv = memoryview(obj)
+    except TypeError:
+        raise InvalidArgument(f"cannot register a {type(obj).__name__}: pass a numpy array, torch tensor, "
+                              "memoryview or podlink allocation") from None
+    if not mv.c_contiguous:
+        raise InvalidArgument("the buffer is not contiguous")
+    if np is not None:
+        a = np.frombuffer(mv, dtype=np.uint8)
+        return a.__array_interface__["data"][0], a.nbytes, False, -1
+    import ctypes  # noqa: WPS433
+    c = (ctypes.c_char * mv.nbytes).from_buffer(mv)  # TypeError for read-only buffers
+    return ctypes.addressof(c), mv.nbytes, False, -1
+
+
+class Region:
+    """Memory of this process registered with an Endpoint (a view of one registered allocation)."""
+
+    __slots__ = ("_ep", "_local", "_offset", "_nbytes", "_keep", "is_cuda", "device", "stream")
+
+    def __init__(self, ep, local, offset, nbytes, keep, is_cuda, device):
+        self._ep, self._local, self._offset, self._nbytes = ep, local, offset, nbytes
+        self._keep, self.is_cuda, self.device = keep, is_cuda, device
+        self.stream = None
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    @property
+    def export_id(self) -> int:
+        return self._local.export_id
+
+    def __repr__(self):
+        return f"<podlink.Region export {self.export_id} +{self._offset} {self._nbytes} B>"
+
+
+class RemoteRegion:
+    """A peer's region, opened by an Endpoint."""
+
+    __slots__ = ("_ep", "_remote", "_closed")
+
+    def __init__(self, ep, remote):
+        self._ep, self._remote, self._closed = ep, remote, False
+
+    @property
+    def nbytes(self) -> int:
+        return self._remote.nbytes
+
+    @property
+    def transport(self) -> str:
+        """How bytes reach it: host (its memory mapped here), direct (its GPU memory mapped here), relay
+        (podlinkd copies) or mesh (another node)."""
+        return self._remote.transport
+
+    def close(self) -> None:
+        """Drops this process's opening (transfers to it must be complete)."""
+        if not self._closed:
+            self._closed = True
+            self._ep._ep.close_remote(self._remote)
+
+    def tensor(self, dtype=None, shape=None, offset: int = 0):
+        """A torch tensor aliasing the peer's GPU memory (direct transport): not built yet."""
+        raise FailedPrecondition("RemoteRegion.tensor (GPU-initiated access) is not available yet; use "
+                                 "Endpoint.write/read")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"<podlink.RemoteRegion export {self._remote.export_id} {self.nbytes} B via {self.transport}>"
+
+
+class Transfer:
+    """An asynchronous write or read: done() polls, wait() blocks (GIL released)."""
+
+    __slots__ = ("_ep", "_batch", "_done", "_keep")
+
+    def __init__(self, ep, batch, keep):
+        self._ep, self._batch, self._done, self._keep = ep, batch, False, keep
+
+    def done(self) -> bool:
+        if not self._done:
+            self._done = self._ep._ep.poll(self._batch)
+        return self._done
+
+    def wait(self, timeout: Optional[float] = None) -> None:
+        """Returns once every byte is at its destination; Timeout leaves the transfer pending."""
+        self._ep._ep.wait(self._batch, -1.0 if timeout is None else float(timeout))
+        self._done = True
+        self._keep = None
+
+
+Op = Tuple[Region, int, RemoteRegion, int, int]
+
+
+class Endpoint:
+    """A session with this node's podlinkd and its transfer engine.
+
+    gpu: the CUDA ordinal that runs in-process copies and `alloc_gpu` (default 0, or torch's current device).
+    socket_dir: podlinkd's socket directory (default $PODLINK_SOCKET_DIR, else /run/podlink).
+    """
+
+    def __init__(self, gpu: Optional[int] = None, socket_dir: Optional[str] = None, *, timeout: float = 30.0,
+                 allow_direct: bool = True, force_relay: bool = False):
+        if gpu is None:
+            torch = _torch()
+            gpu = torch.cuda.current_device() if torch is not None and torch.cuda.is_available() else 0
+        self.gpu = gpu
+        self._ep = _podlink.Endpoint(socket_dir or "", gpu, allow_direct, force_relay, float(timeout))
+        self._allocs: List[Tuple[int, int, Any]] = []  # (start, end, memory) of alloc_host/alloc_gpu
+        self._registered = {}  # allocation start -> (Local, memory), or (address, nbytes) -> (Local, None)
+        self._by_export = {}   # export id -> Region (the first made for it)
+
+    # --- lifetime -----------------------------------------------------------
+    def close(self) -> None:
+        """Ends the session: podlinkd withdraws this endpoint's exports; opened regions are dropped."""
+        self._ep.close()
+        self._registered.clear()
+        self._by_export.clear()
+
+    @property
+    def closed(self) -> bool:
+        return self._ep.closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # --- memory ---------------------------------------------------------------
+    def alloc_host(self, nbytes: int):
+        """Zero-filled host memory podlinkd can share: a numpy uint8 array (a memoryview without numpy)."""
+        mem = self._ep.alloc_host(int(nbytes))
+        self._allocs.append((mem.address, mem.address + mem.nbytes, mem))
+        np = _numpy()
+        return np.frombuffer(mem, dtype=np.uint8) if np is not None else memoryview(mem)
+
+    def alloc_gpu(self, nbytes: int, gpu: Optional[int] = None):
+        """Exportable GPU memory (size rounded up to the allocation granularity): a torch uint8 CUDA tensor
+        when torch is importable, else an object with __cuda_array_interface__."""
+        mem = self._ep.alloc_gpu(int(nbytes), self.gpu if gpu is None else gpu)
+        self._allocs.append((mem.address, mem.address + mem.nbytes, mem))
+        torch = _torch()
+        if torch is None:
+            return mem
+        t = torch.as_tensor(mem, device=f"cuda:{mem.device}")
+        return t
+
+    def reg(self, obj: Any, name: Optional[str] = None) -> Region:
+        """Registers `obj` (contiguous, in memory podlink can share) and returns its Region.
+
+        The whole allocation holding it is exported once (named `name`, if given: peers then find it with
+        `wait_for`); the Region is the object's part of it."""
+        addr, nbytes, is_cuda, device = _memory_of(obj)
+        for start, end, mem in self._allocs:
+            if start <= addr and addr + nbytes <= end:
+                local = self._registered.get(start)
+                if local is None:
+                    if isinstance(mem, _podlink.HostMemory):
+                        local = self._ep.register_host(mem, name or "")
+                    else:
+                        local = self._ep.register_gpu(mem, name or "")
+                    self._registered[start] = local
+                region = Region(self, local, addr - start, nbytes, (obj, mem), is_cuda,
+                                getattr(mem, "device", -1))
+                self._by_export.setdefault(local.export_id, region)
+                return region
+        if not is_cuda:
+            raise InvalidArgument(
+                f"{nbytes} bytes at {addr:#x} are not memory podlink can share with another pod: allocate them "
+                "with Endpoint.alloc_host() (numpy arrays, torch.from_numpy and memoryviews of it register)")
+        local = self._ep.register_existing(addr, nbytes, name or "")
+        region = Region(self, local, 0, nbytes, obj, True, device)
+        self._by_export.setdefault(local.export_id, region)
+        return region
+
+    def unreg(self, region: Region) -> None:
+        """Withdraws the allocation's export (every Region of it); transfers already submitted complete."""
+        self._ep.unregister(region._local)
+        for k, v in list(self._registered.items()):
+            if v is region._local:
+                del self._registered[k]
+        self._by_export.pop(region.export_id, None)
+
+    # --- descriptors ------------------------------------------------------------
+    def describe(self, region: Region) -> bytes:
+        """What a peer needs to open `region`'s allocation (ship it through your own channel)."""
+        return self._ep.describe(region._local)
+
+    def open(self, descriptor: bytes) -> RemoteRegion:
+        """Opens a peer's region from its descriptor (podlinkd applies the owner's policy)."""
+        if isinstance(descriptor, str):
+            descriptor = descriptor.encode()
+        return RemoteRegion(self, self._ep.open(bytes(descriptor)))
+
+    def wait_for(self, name: str, timeout: float = 30.0) -> RemoteRegion:
+        """Opens the export named `name` ("name" or "namespace/name") once it exists (Timeout after `timeout`)."""
+        deadline = time.monotonic() + timeout
+        delay = 0.005
+        while True:
+            try:
+                return RemoteRegion(self, self._ep.open_named(name))
+            except NotFound:
+                if time.monotonic() >= deadline:
+                    raise Timeout(f"no export named {name!r} that this pod may import appeared within "
+                                  f"{timeout} s") from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
+
+    # --- transfers --------------------------------------------------------------
+    @staticmethod
+    def _op(local: Region, local_offset: int, remote: RemoteRegion, remote_offset: int, length: Optional[int]):
+        if not isinstance(local, Region) or not isinstance(remote, RemoteRegion):
+            raise InvalidArgument("an operation is (Region, local_offset, RemoteRegion, remote_offset, length)")
+        if remote._closed:
+            raise FailedPrecondition("the remote region was closed")
+        if length is None:
+            length = min(local.nbytes - local_offset, remote.nbytes - remote_offset)
+        if local_offset < 0 or remote_offset < 0 or length < 0:
+            raise InvalidArgument("offsets and lengths must not be negative")
+        if local_offset + length > local.nbytes:
+            raise InvalidArgument(f"local range {local_offset}+{length} is outside the region's {local.nbytes} "
+                                  "bytes")
+        return (local._local, local._offset + local_offset, remote._remote, remote_offset, length)
+
+    def _ordered(self, ops: Sequence[Op], stream) -> None:
+        """Stream order for CUDA sources: what kernels queued before the call wrote is what is sent."""
+        torch = None
+        for op in ops:
+            if op[0].is_cuda:
+                torch = torch or _torch()
+                if torch is None:
+                    return
+                s = stream if stream is not None else torch.cuda.current_stream(op[0].device)
+                s.synchronize()  # releases the GIL
+                return
+
+    def _submit(self, ops: Iterable, write: bool, stream) -> Transfer:
+        ops = list(ops)
+        if write:
+            self._ordered(ops, stream)
+        native = [self._op(*op) if len(op) == 5 else self._op(*op, None) for op in ops]
+        return Transfer(self, self._ep.submit(native, write), ops)
+
+    def write_async(self, local: Region, remote: RemoteRegion, local_offset: int = 0, remote_offset: int = 0,
+                    length: Optional[int] = None, stream=None) -> Transfer:
+        return self._submit([(local, local_offset, remote, remote_offset, length)], True, stream)
+
+    def read_async(self, local: Region, remote: RemoteRegion, local_offset: int = 0, remote_offset: int = 0,
+                   length: Optional[int] = None) -> Transfer:
+        return self._submit([(local, local_offset, remote, remote_offset, length)], False, None)
+
+    def writev_async(self, ops: Sequence[Op], stream=None) -> Transfer:
+        return self._submit(ops, True, stream)
+
+    def readv_async(self, ops: Sequence[Op]) -> Transfer:
+        return self._submit(ops, False, None)
+
+    def write(self, local: Region, remote: RemoteRegion, local_offset: int = 0, remote_offset: int = 0,
+              length: Optional[int] = None, stream=None, timeout: Optional[float] = None) -> None:
+        """Writes `length` bytes (default: as many as both sides hold) into the peer's region; returns once
+        they are there. A CUDA source is sent as the kernels queued before this call on `stream` (default:
+        torch's current stream) left it."""
+        self.write_async(local, remote, local_offset, remote_offset, length, stream).wait(timeout)
+
+    def read(self, local: Region, remote: RemoteRegion, local_offset: int = 0, remote_offset: int = 0,
+             length: Optional[int] = None, timeout: Optional[float] = None) -> None:
+        """Reads from the peer's region; on return the bytes are in `local` (visible to later kernels)."""
+        self.read_async(local, remote, local_offset, remote_offset, length).wait(timeout)
+
+    def writev(self, ops: Sequence[Op], stream=None, timeout: Optional[float] = None) -> None:
+        """Writes a list of (Region, local_offset, RemoteRegion, remote_offset, length) as one batch."""
+        self.writev_async(ops, stream).wait(timeout)
+
+    def readv(self, ops: Sequence[Op], timeout: Optional[float] = None) -> None:
+        self.readv_async(ops).wait(timeout)
+
+    # --- notifications -------------------------------------------------------------
+    def notify(self, remote: RemoteRegion, value: int) -> None:
+        """Tells the owner of `remote` `value` once every earlier transfer of this endpoint is visible."""
+        self._ep.notify(remote._remote, int(value))
+
+    def notifications(self) -> List[Tuple[Optional[Region], int]]:
+        """Notifications peers sent to this endpoint's regions since the last call: (Region, value)."""
+        return [(self._by_export.get(eid), value) for eid, value in self._ep.notifications()]
+
+    def __repr__(self):
+        state = "closed" if self.closed else f"session {self._ep.session_id}"
+        return f"<podlink.Endpoint {state}>"
