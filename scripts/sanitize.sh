@@ -34,7 +34,7 @@ case "$mode" in
     flags="thread"
     targets=(podlinkd podlink-demo broker_namespaces_test hostile_clients_test relay_test client_lifetime_test c_api_test
              mesh_test verbs_fake_test nccl_net_conformance_test mesh_stager_test mesh_idle_test mesh_over_tcp_test
-             mesh_zero_copy_test)
+             mesh_zero_copy_test nccl_ipc_bridge_test)
     # The two cut-cable mesh tests wait out TCP timeouts (26 s each under
     # TSan) and run in the plain and ASan passes only: TSan still races the
     # TCP links' striping and the verbs links' resend after a failed QP
@@ -63,7 +63,7 @@ start=$(date +%s)
 echo "== $mode: configure and build $build (-fsanitize=$flags)"
 # -O1 -g1 (line tables): reports keep file:line, and the build takes far less of CI's time than -O2 -g.
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
-  -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" -DPODLINK_SANITIZE="$flags" >/dev/null
+  -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" -DPODLINK_SANITIZE="$flags" -DPODLINK_PYTHON=OFF >/dev/null
 cmake --build "$build" -j "$jobs" --target "${targets[@]}"
 echo "== $mode: built in $(($(date +%s) - start)) s; running tests"
 cd "$build"

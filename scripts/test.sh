@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 PODLINK_DEBUG_INFO=${PODLINK_DEBUG_INFO:--g1} bash scripts/build.sh
 (cd "${PODLINK_BUILD_DIR:-build}" && ctest --output-on-failure -j 2 -LE gpu)
+# `import podlink` (tests/python): Debian's python3 with the package from the build tree, podlinkd and pods
+# made by the tests. pytest exits 5 when it collected no test: that fails here like any other failure.
+PYTHONPATH="$PWD/${PODLINK_BUILD_DIR:-build}/python" PODLINKD="$PWD/${PODLINK_BUILD_DIR:-build}/daemon/podlinkd" \
+  /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python
 # The mesh over the RDMA verbs backend for real: two QEMU guests with
 # soft-RoCE (tests/vm/mesh_verbs.sh; under a minute here).
 PODLINK_VM_TIMEOUT=${PODLINK_VM_TIMEOUT:-300} bash tests/vm/mesh_verbs.sh "${PODLINK_BUILD_DIR:-build}" \

@@ -1,0 +1,76 @@
+"""A process in a pod driven by the tests: JSON commands on stdin, one JSON answer each on stdout.
+
+    {"cmd": "export", "nbytes": N, "name": "kv"}       -> {"descriptor": "...", "export_id": E}
+    {"cmd": "fill", "seed": S}                          fills the exported region with pattern S
+    {"cmd": "check", "seed": S, "offset": O, "length": L} -> {"ok": bool, "first_bad": i}
+    {"cmd": "open", "descriptor": "...", "force_relay": bool} -> {"nbytes": N, "transport": "..."} or error
+    {"cmd": "write", "seed": S, "count": C, "nbytes": N}   C writes of N bytes of pattern S, each waited
+    {"cmd": "notify", "value": V}
+    {"cmd": "notifications", "timeout": T}              -> {"values": [...]}
+Errors come back as {"error": "<podlink exception class>", "code": "...", "message": "..."}.
+"""
+import json
+import sys
+
+import numpy as np
+
+import podlink
+
+
+def pattern(seed, n):
+    return ((np.arange(n, dtype=np.uint64) * 2654435761 + seed) % 251).astype(np.uint8)
+
+
+def main():
+    ep = None
+    local = buf = remote = None
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        c = cmd["cmd"]
+        out = {}
+        try:
+            if ep is None:
+                ep = podlink.Endpoint(force_relay=cmd.get("force_relay", False))
+            if c == "export":
+                buf = ep.alloc_host(cmd["nbytes"])
+                local = ep.reg(buf, name=cmd.get("name"))
+                out = {"descriptor": ep.describe(local).decode(), "export_id": local.export_id}
+            elif c == "fill":
+                buf[:] = pattern(cmd["seed"], buf.size)
+            elif c == "check":
+                o, n = cmd.get("offset", 0), cmd.get("length", buf.size)
+                bad = np.nonzero(buf[o:o + n] != pattern(cmd["seed"], n))[0]
+                out = {"ok": bad.size == 0, "first_bad": int(bad[0]) if bad.size else -1}
+            elif c == "open":
+                remote = ep.open(cmd["descriptor"].encode())
+                out = {"nbytes": remote.nbytes, "transport": remote.transport}
+            elif c == "write":
+                n = cmd["nbytes"]
+                if buf is None or buf.size < n:
+                    buf = ep.alloc_host(n)
+                    local = ep.reg(buf)
+                buf[:n] = pattern(cmd["seed"], n)
+                for _ in range(cmd.get("count", 1)):
+                    ep.write(local, remote, length=n, timeout=cmd.get("timeout"))
+                out = {"written": n * cmd.get("count", 1)}
+            elif c == "notify":
+                ep.notify(remote, cmd["value"])
+            elif c == "notifications":
+                import time
+                deadline = time.monotonic() + cmd.get("timeout", 5)
+                values = []
+                while time.monotonic() < deadline and len(values) < cmd.get("want", 1):
+                    values += [v for _, v in ep.notifications()]
+                    time.sleep(0.01)
+                out = {"values": values}
+            else:
+                out = {"error": "unknown command"}
+        except podlink.Error as e:
+            out = {"error": type(e).__name__, "code": e.code, "message": str(e)}
+        print(json.dumps(out), flush=True)
+    if ep is not None:
+        ep.close()
+
+
+if __name__ == "__main__":
+    main()
