@@ -35,6 +35,8 @@ mkdir -p "$OUT/iproute" && cp -r "$IPROUTE_CACHE/bin" "$IPROUTE_CACHE/lib" "$OUT
 # NVIDIA's nccl-tests built for two pods without MPI (tests/gpu/nccl_tests.sh), when the shared tools are here.
 NT_SRC=${NCCL_TESTS_SRC:-../shared/tools/nccl-tests/bin}
 if [ -d "$NT_SRC" ]; then mkdir -p "$OUT/nccl-tests" && cp "$NT_SRC"/*_perf "$OUT/nccl-tests/" && chmod u+w "$OUT"/nccl-tests/*; fi
+# Headers to build `import podlink` against the GPU machine's python there (tests/gpu/python_gpu.sh).
+mkdir -p "$OUT/include" && cp -r /usr/include/absl /usr/include/pybind11 "$OUT/include/"
 strip --strip-debug "$OUT"/bin/* "$OUT"/lib/* 2>/dev/null || true
 # Which code the bundle holds (a trailing + when the tree had changes).
 { git rev-parse --short HEAD; git diff --quiet HEAD -- . ':!docs' || echo +; } 2>/dev/null | tr -d '\n' > "$OUT/COMMIT"
