@@ -11,7 +11,7 @@ bins=("$BUILD/daemon/podlinkd" "$BUILD/client-lib/tools/podlink-demo" "$BUILD/cl
       "$BUILD/tests/gpu_broker_test" "$BUILD/tests/gpu_dmabuf_test" "$BUILD/tests/nccl_net_conformance_test" "$BUILD/tests/nccl_net_peer" "$BUILD/tests/mesh_test"
       "$BUILD/client-lib/tools/kubectl-podlink" "$BUILD/tests/tcp_blast")
 cp "${bins[@]}" "$OUT/bin/"
-ldd "${bins[@]}" | awk '/=> \// {print $3}' | sort -u | while read -r lib; do
+ldd "${bins[@]}" "$BUILD/client-lib/libpodlink.so.0" "$BUILD/client-lib/libnccl-net-podlink.so" | awk '/=> \// {print $3}' | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
     libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libstdc++.so*|libgcc_s.so*) ;;
     *) cp -L "$lib" "$OUT/lib/" ;;
