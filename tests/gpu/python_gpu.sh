@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `import podlink` on the GPU machine (tests/gpu/python_gpu.py), from the repository root with the bundle of
 # scripts/device-bundle.sh in .devcarry/: builds the pybind11 module there against that machine's python
-# (its torch's; .devcarry/include carries the Abseil and pybind11 headers), starts a podlinkd, runs the checks
+# (its torch's; .devcarry/include carries the Abseil and pybind11 headers), starts a podlinkd, runs the checks (DT_RPATH: libpodlink.so.0 finds its own libraries in the bundle too)
 # and the benchmark.
 #
 #   bash tests/gpu/python_gpu.sh [OUT_DIR]
@@ -23,7 +23,7 @@ absl=()
 for f in "$LIB"/libabsl_*.so*; do absl+=("-l:$(basename "$f")"); done
 g++ -O2 -std=c++20 -shared -fPIC -fvisibility=hidden -I"$INC" -I"$ROOT/.devcarry/include" -I"$ROOT/client-lib/include" \
   client-lib/python/_podlink.cc -o "$OUT/site/podlink/_podlink$SUFFIX" -L"$LIB" -l:libpodlink.so.0 \
-  -Wl,--as-needed "${absl[@]}" -Wl,-rpath,"$LIB" || { echo "building the module failed"; exit 1; }
+  -Wl,--as-needed "${absl[@]}" -Wl,--disable-new-dtags -Wl,-rpath,"$LIB" || { echo "building the module failed"; exit 1; }
 SOCK=$(mktemp -d /tmp/podlink-py-gpu.XXXXXX)
 LD_LIBRARY_PATH=$LIB "$ROOT/.devcarry/bin/podlinkd" --socket-dir "$SOCK" 2> "$OUT/podlinkd.log" &
 DPID=$!
