@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "podlink/client.h"
 #include "podlink/transfer.h"
 
@@ -109,6 +110,13 @@ struct Local {
 
 struct Remote {
   RemoteRegion region;
+};
+
+// A peer's GPU memory mapped into this process (direct transport): kernels
+// load and store it over NVLink; no copy engine, no daemon on the path.
+struct MappedRemote {
+  std::unique_ptr<Imported> imported;
+  std::unique_ptr<Mapping> mapping;
 };
 
 // --- the endpoint ------------------------------------------------------------
@@ -210,6 +218,23 @@ class Endpoint {
     d.gpu_uuid = imp.info().gpu_uuid;
     // The session's import record is one per export: the engine's opening keeps it.
     return Remote{Unwrap(engine_->Open(d))};
+  }
+
+  // Maps the peer's GPU memory behind `r` for kernels of `device` (direct
+  // transport only: the pod must be able to open the peer's GPU).
+  MappedRemote MapRemote(const Remote& r, int device) {
+    Live();
+    if (r.region.transport != Transport::kDirect) {
+      Throw(absl::FailedPreconditionError(absl::StrCat(
+          "region ", r.region.export_id, " is reached via ", TransportName(r.region.transport),
+          ": kernels can address only a peer's GPU memory that this pod may map (direct transport; request "
+          "podlink.io/peer-direct). Use write/read instead")));
+    }
+    py::gil_scoped_release nogil;
+    MappedRemote m;
+    m.imported = std::make_unique<Imported>(Unwrap(client_->Import(r.region.export_id)));
+    m.mapping = Unwrap(client_->Map(*m.imported, device));
+    return m;
   }
 
   void CloseRemote(const Remote& r) {
@@ -369,6 +394,21 @@ PYBIND11_MODULE(_podlink, m) {
         return n.substr(n.find('/') + 1);
       });
 
+  py::class_<MappedRemote>(m, "MappedRemote", "A peer's GPU memory mapped into this process.")
+      .def_property_readonly("address", [](const MappedRemote& r) { return r.mapping->device_ptr(); })
+      .def_property_readonly("nbytes", [](const MappedRemote& r) { return r.mapping->size(); })
+      .def_property_readonly("device", [](const MappedRemote& r) { return r.mapping->device(); })
+      .def_property_readonly("__cuda_array_interface__", [](const MappedRemote& r) {
+        py::dict d;
+        d["shape"] = py::make_tuple(r.mapping->size());
+        d["typestr"] = "|u1";
+        d["data"] = py::make_tuple(r.mapping->device_ptr(), false);
+        d["version"] = 3;
+        d["strides"] = py::none();
+        d["stream"] = py::none();
+        return d;
+      });
+
   py::class_<Endpoint>(m, "Endpoint")
       .def(py::init<const std::string&, int, bool, bool, double>(), py::arg("socket_dir"), py::arg("device"),
            py::arg("allow_direct"), py::arg("force_relay"), py::arg("timeout"))
@@ -386,6 +426,7 @@ PYBIND11_MODULE(_podlink, m) {
       .def("open", &Endpoint::Open)
       .def("open_named", &Endpoint::OpenNamed)
       .def("close_remote", &Endpoint::CloseRemote)
+      .def("map_remote", &Endpoint::MapRemote, py::arg("remote"), py::arg("device"))
       .def("submit", &Endpoint::Submit, py::arg("ops"), py::arg("write"))
       .def("poll", &Endpoint::Poll)
       .def("wait", &Endpoint::Wait, py::arg("batch"), py::arg("timeout"))

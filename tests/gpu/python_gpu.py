@@ -62,6 +62,49 @@ def stream_order(force_relay, control=False):
             failed.append(f"stream order ({remote.transport})")
 
 
+def gpu_initiated():
+    """A torch kernel stores into the peer's GPU memory through RemoteRegion.tensor (direct), then loads it."""
+    with podlink.Endpoint(gpu=dst_gpu) as owner, podlink.Endpoint(gpu=0) as user:
+        n = 16 << 20
+        dst = owner.alloc_gpu(n, gpu=dst_gpu)
+        remote = user.open(owner.describe(owner.reg(dst)))
+        if remote.transport != "direct":
+            print(f"remote.tensor: skipped ({remote.transport})", flush=True)
+            return
+        t = remote.tensor(torch.float32, (1024, 1024), offset=4096)
+        with torch.cuda.device(0):
+            t.copy_(torch.arange(1024 * 1024, dtype=torch.float32, device="cuda:0").view(1024, 1024))
+            t.mul_(2)                   # a kernel reading and writing the peer's memory over NVLink
+            total = float(t.sum())
+        torch.cuda.synchronize()
+        want = torch.arange(1024 * 1024, dtype=torch.float32, device=dst.device).view(1024, 1024) * 2
+        seen = dst[4096:4096 + 4 * 1024 * 1024].view(torch.float32).view(1024, 1024)
+        ok = bool(torch.equal(seen, want)) and int((dst[:4096] != 0).sum()) == 0 and total == float(want.sum())
+        # Bandwidth of a kernel store into the peer against the copy engine's write.
+        big = remote.tensor(torch.uint8, (n - 4096,), offset=4096)
+        src = torch.full((n - 4096,), 7, dtype=torch.uint8, device="cuda:0")
+        with torch.cuda.device(0):
+            for _ in range(3):
+                big.copy_(src)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(20):
+                big.copy_(src)
+            torch.cuda.synchronize()
+            kern = 20 * (n - 4096) / (time.perf_counter() - t0) / 1e9
+        local = user.reg(user.alloc_gpu(n, gpu=0))
+        t0 = time.perf_counter()
+        for _ in range(20):
+            user.write(local, remote, 4096, 4096, n - 4096)
+        ce = 20 * (n - 4096) / (time.perf_counter() - t0) / 1e9
+        print(f"remote.tensor (direct): a torch kernel stored and loaded the peer's memory: "
+              f"{'ok' if ok else 'FAILED'}; copy_ into it {kern:.1f} GB/s, ep.write of the same bytes "
+              f"{ce:.1f} GB/s (16 MiB)", flush=True)
+        if not ok:
+            failed.append("remote.tensor")
+        del t, big
+
+
 def kv_example():
     here = os.path.dirname(os.path.abspath(__file__))
     example = os.path.join(here, "..", "..", "examples", "kv_handoff.py")
@@ -110,6 +153,8 @@ if __name__ == "__main__":
     stream_order(force_relay=True, control=True)
     if ngpu > 1:
         stream_order(force_relay=False)
+    if ngpu > 1:
+        gpu_initiated()
     kv_example()
     bench(force_relay=True)
     if ngpu > 1:

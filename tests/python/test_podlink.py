@@ -122,6 +122,13 @@ def test_memory_podlink_cannot_share_is_refused(pair):
         a.reg(object())
 
 
+def test_tensor_needs_the_direct_transport(pair):
+    a, b = pair
+    remote = b.open(a.describe(a.reg(a.alloc_host(4096))))
+    with pytest.raises(podlink.FailedPrecondition, match="direct transport"):
+        remote.tensor()
+
+
 def test_descriptor_garbage(pair):
     _, b = pair
     for bad in (b"", b"garbage", b"podlink1;x;y;z;w;v", b"podlink1;" + b"9" * 100, b"\xff" * 70000):

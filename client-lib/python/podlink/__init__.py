@@ -132,10 +132,10 @@ class Region:
 class RemoteRegion:
     """A peer's region, opened by an Endpoint."""
 
-    __slots__ = ("_ep", "_remote", "_closed")
+    __slots__ = ("_ep", "_remote", "_closed", "_mapped")
 
     def __init__(self, ep, remote):
-        self._ep, self._remote, self._closed = ep, remote, False
+        self._ep, self._remote, self._closed, self._mapped = ep, remote, False, None
 
     @property
     def nbytes(self) -> int:
@@ -148,15 +148,44 @@ class RemoteRegion:
         return self._remote.transport
 
     def close(self) -> None:
-        """Drops this process's opening (transfers to it must be complete)."""
+        """Drops this process's opening (transfers to it must be complete). Tensors from tensor() keep
+        their own mapping."""
         if not self._closed:
             self._closed = True
+            self._mapped = None
             self._ep._ep.close_remote(self._remote)
 
     def tensor(self, dtype=None, shape=None, offset: int = 0):
-        """A torch tensor aliasing the peer's GPU memory (direct transport): not built yet."""
-        raise FailedPrecondition("RemoteRegion.tensor (GPU-initiated access) is not available yet; use "
-                                 "Endpoint.write/read")
+        """A torch CUDA tensor aliasing the peer's GPU memory, for kernels (torch ops, Triton, CUDA) to load
+        and store over NVLink with no copy engine and no daemon on the path.
+
+        Only for the direct transport (this pod may open the peer's GPU: podlink.io/peer-direct); otherwise
+        FailedPrecondition. dtype defaults to torch.uint8, shape to the whole region from `offset`. The tensor
+        holds the mapping: if the owner withdraws the region, the memory stays mapped until the tensor goes
+        (writes then land in memory the owner no longer uses; nothing faults)."""
+        if self._closed:
+            raise FailedPrecondition("the remote region was closed")
+        if self._mapped is None:
+            self._mapped = self._ep._ep.map_remote(self._remote, self._ep.gpu)  # refuses other transports
+        torch = _torch()
+        if torch is None:
+            raise FailedPrecondition("RemoteRegion.tensor needs torch")
+        m = self._mapped
+        dtype = dtype or torch.uint8
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if offset < 0 or offset % itemsize:
+            raise InvalidArgument(f"offset {offset} is not a multiple of the element size {itemsize}")
+        raw = torch.as_tensor(m, device=f"cuda:{m.device}")
+        if shape is None:
+            count = (self.nbytes - offset) // itemsize
+            shape = (count,)
+        count = 1
+        for d in shape:
+            count *= int(d)
+        if offset + count * itemsize > self.nbytes:
+            raise InvalidArgument(f"{count} elements of {itemsize} bytes at {offset} do not fit the region's "
+                                  f"{self.nbytes} bytes")
+        return raw[offset:offset + count * itemsize].view(dtype).view(*shape)
 
     def __enter__(self):
         return self
