@@ -50,7 +50,7 @@ LIB=$ROOT/.devcarry/lib
 NT=${NCCL_TESTS_BIN:-$ROOT/.devcarry/nccl-tests}
 IPR=$ROOT/.devcarry/iproute
 PLUGIN=$LIB/libnccl-net-podlink.so
-COLLS=${NCCL_TESTS_COLLS:-all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv}
+COLLS=${NCCL_TESTS_COLLS-all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv}
 SETUPS=${NCCL_TESTS_SETUPS:-plugin native-pods native}
 ARGS=${NCCL_TESTS_ARGS:--b 8 -e 1G -f 4 -g 1 -c 1 -n 20 -w 5}
 SOCKET_ARGS=${NCCL_TESTS_SOCKET_ARGS:--b 1M -e 256M -f 4 -g 1 -c 1 -n 5 -w 2}
@@ -58,6 +58,9 @@ TIMEOUT=${NCCL_TESTS_TIMEOUT:-240}
 # The KV hand-off (tests/gpu/kv_handoff.py: torch batch_isend_irecv of many blocks, every block checked) after
 # the collectives, in every setup but socket and mesh; KV_BLOCKS and KV_ITERS pass through.
 KV=${NCCL_TESTS_KV:-1}
+# The same hand-off one-sided through `import podlink` (tests/gpu/kv_podlink.py) in the plugin setups' pods,
+# when NCCL_TESTS_KV_PODLINK=1: the module is built for this machine's python first (tests/gpu/build_python.sh).
+KV_PODLINK=${NCCL_TESTS_KV_PODLINK:-0}
 # NCCL's log subsystems in every setup. Not TUNING: NCCL 2.28 writes a TUNING line for every operation, which
 # adds its cost to every timed small message (NCCL_TESTS_DEBUG_SUBSYS=INIT,NET,TUNING to see the choices).
 SUBSYS=${NCCL_TESTS_DEBUG_SUBSYS:-INIT,NET,ENV,P2P}
@@ -65,7 +68,8 @@ WORK=/var/tmp/podlink-nccl-tests.$$  # not under /tmp: the pods get a private /t
 mkdir -p "$WORK/sock"
 POD_IP=(/lib64/ld-linux-x86-64.so.2 --library-path "$IPR/lib" "$IPR/bin/ip")
 "${POD_IP[@]}" -V >/dev/null || { echo "iproute2 bundle missing in $IPR"; exit 1; }
-[ -x "$NT/all_reduce_perf" ] || { echo "nccl-tests binaries missing in $NT (scripts/device-bundle.sh copies them)"; exit 1; }
+[ -z "${COLLS// /}" ] || [ -x "$NT/all_reduce_perf" ] ||
+  { echo "nccl-tests binaries missing in $NT (scripts/device-bundle.sh copies them)"; exit 1; }
 # NCCL from the machine's PyTorch (the nccl-tests binaries link it dynamically).
 NCCL_DIR=${NCCL_LIB_DIR:-$(dirname "$(find /opt /usr/local/lib /usr/lib -name 'libnccl.so.2' 2>/dev/null | head -1)")}
 [ -f "$NCCL_DIR/libnccl.so.2" ] || { echo "libnccl.so.2 not found"; exit 1; }
@@ -107,6 +111,10 @@ echo "{\"identity\": {\"kubelet_cgroup_roots\": [\"/podlink-nt-$$\"]}, \"pods\":
 
 DPID=""
 FAILED=()
+if [ "$KV_PODLINK" = 1 ]; then
+  bash "$ROOT/tests/gpu/build_python.sh" "$WORK/site" > "$OUT/build_python.log" 2>&1 ||
+    { cat "$OUT/build_python.log"; echo "import podlink could not be built for this machine's python"; exit 1; }
+fi
 POD_ENV=()  # per rank, after the setup's environment (the mesh setup: each pod its own node's daemon)
 start_daemon() {
   stop_daemon
@@ -215,6 +223,7 @@ pods() {
   local port=$((29600 + RANDOM % 1000)) pids=()
   local cmd=("$NT/${coll}_perf")
   [ "$coll" = kv ] && cmd=(python3 "$ROOT/tests/gpu/kv_handoff.py")
+  [ "$coll" = kvpl ] && cmd=(python3 "$ROOT/tests/gpu/kv_podlink.py")
   rm -f "$WORK"/net-ready
   for r in 0 1; do
     local p=a mask=/dev/nvidia1 dev=0
@@ -224,6 +233,7 @@ pods() {
     # shellcheck disable=SC2086  # args is a word list
     pod_exec "${POD_CG[$p]}" --private-tmp --hide "$mask" --hostname "pod-$p" --wait-for "$WORK/net-ready" -- \
       env PMI_RANK=$r PMI_SIZE=2 MASTER_ADDR=10.79.0.1 MASTER_PORT=$port NCCL_TESTS_DEVICE=$dev KV_DEVICE=$dev \
+          PYTHONPATH="$WORK/site" \
           LD_LIBRARY_PATH="$NCCL_DIR" NCCL_SOCKET_IFNAME=pl NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS="$SUBSYS" \
           NCCL_DEBUG_FILE="$WORK/nccl.$setup.$coll.rank$r.log" "$@" ${POD_ENV[$r]:-} \
           MPI_SHIM_TIMEOUT=60 timeout -k 5 "$TIMEOUT" "${cmd[@]}" $args \
@@ -321,6 +331,8 @@ for s in $SETUPS; do
       done
       # shellcheck disable=SC2086
       [ "$KV" = 1 ] && pods "$s" kv "$both" "" "${PLUGIN_ENV[@]}" $nenv
+      # shellcheck disable=SC2086
+      [ "$KV_PODLINK" = 1 ] && [[ $s == plugin* ]] && pods "$s" kvpl "$both" "" "${PLUGIN_ENV[@]}" $nenv
       metrics "$s"
       python3 -c 'import urllib.request as u; print(u.urlopen("http://127.0.0.1:9477/metrics").read().decode())' \
         2>/dev/null | grep -E "^podlink_nccl_ipc" > "$OUT/$s/nccl_ipc_metrics.txt" || true

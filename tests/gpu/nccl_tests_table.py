@@ -156,24 +156,29 @@ def main():
             print("| " + " | ".join(cells) + " |")
 
     # The KV hand-off (tests/gpu/kv_handoff.py), where it ran: GB/s per block size.
+    # The same hand-off one-sided through `import podlink` (kvpl, tests/gpu/kv_podlink.py) is the column
+    # "<setup> podlink".
     kv = {}
+    columns = []
     for s in setups:
-        path = os.path.join(out, s, "kv.rank1.log")
-        if not os.path.exists(os.path.join(out, s, "kv.rc")):
-            continue
-        rc = open(os.path.join(out, s, "kv.rc")).read().strip()
-        if rc != "0":
-            problems.append(f"{s}/kv: a rank exited {rc}")
-        for line in open(path, errors="replace") if os.path.exists(path) else []:
-            if line.startswith("{"):
-                r = json.loads(line)
-                kv[(s, r["block"])] = r
-                if r["wrong"] != 0 or r["checked"] != r["blocks"]:
-                    problems.append(f"{s}/kv: {r['wrong']} wrong blocks of {human(r['block'])}")
-        if not any(k[0] == s for k in kv):
-            problems.append(f"{s}/kv: no result")
+        for run, col in (("kv", s), ("kvpl", f"{s} podlink")):
+            path = os.path.join(out, s, f"{run}.rank1.log")
+            if not os.path.exists(os.path.join(out, s, f"{run}.rc")):
+                continue
+            columns.append(col)
+            rc = open(os.path.join(out, s, f"{run}.rc")).read().strip()
+            if rc != "0":
+                problems.append(f"{s}/{run}: a rank exited {rc}")
+            for line in open(path, errors="replace") if os.path.exists(path) else []:
+                if line.startswith("{"):
+                    r = json.loads(line)
+                    kv[(col, r["block"])] = r
+                    if r["wrong"] != 0 or r["checked"] != r["blocks"]:
+                        problems.append(f"{s}/{run}: {r['wrong']} wrong blocks of {human(r['block'])}")
+            if not any(k[0] == col for k in kv):
+                problems.append(f"{s}/{run}: no result")
     if kv:
-        kv_setups = [s for s in setups if any(k[0] == s for k in kv)]
+        kv_setups = [c for c in columns if any(k[0] == c for k in kv)]
         kv_ratio = [s for s in kv_setups if s != base] if base in kv_setups else []
         print()
         print("KV hand-off (torch batch_isend_irecv of many blocks into scattered cache blocks, every block "

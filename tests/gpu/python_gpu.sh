@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # `import podlink` on the GPU machine (tests/gpu/python_gpu.py), from the repository root with the bundle of
-# scripts/device-bundle.sh in .devcarry/: builds the pybind11 module there against that machine's python
-# (its torch's; .devcarry/include carries the Abseil and pybind11 headers), starts a podlinkd, runs the checks (DT_RPATH: libpodlink.so.0 finds its own libraries in the bundle too)
-# and the benchmark.
+# scripts/device-bundle.sh in .devcarry/: builds the module there against that machine's python
+# (tests/gpu/build_python.sh), starts a podlinkd, runs the checks and the benchmark.
 #
 #   bash tests/gpu/python_gpu.sh [OUT_DIR]
 set -uo pipefail
@@ -11,19 +10,7 @@ ROOT=$(pwd)
 OUT=${1:-/tmp/podlink-python-gpu}
 LIB=$ROOT/.devcarry/lib
 PY=${PODLINK_PYTHON:-python3}
-mkdir -p "$OUT/site/podlink"
-cp client-lib/python/podlink/__init__.py client-lib/python/podlink/__init__.pyi "$OUT/site/podlink/"
-INC=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-SUFFIX=$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
-if [ ! -f "$INC/Python.h" ]; then
-  echo "no Python.h for $("$PY" -V) in $INC: the module cannot be built here"
-  exit 2
-fi
-absl=()
-for f in "$LIB"/libabsl_*.so*; do absl+=("-l:$(basename "$f")"); done
-g++ -O2 -std=c++20 -shared -fPIC -fvisibility=hidden -I"$INC" -I"$ROOT/.devcarry/include" -I"$ROOT/client-lib/include" \
-  client-lib/python/_podlink.cc -o "$OUT/site/podlink/_podlink$SUFFIX" -L"$LIB" -l:libpodlink.so.0 \
-  -Wl,--as-needed "${absl[@]}" -Wl,--disable-new-dtags -Wl,-rpath,"$LIB" || { echo "building the module failed"; exit 1; }
+bash tests/gpu/build_python.sh "$OUT/site" || exit $?
 SOCK=$(mktemp -d /tmp/podlink-py-gpu.XXXXXX)
 LD_LIBRARY_PATH=$LIB "$ROOT/.devcarry/bin/podlinkd" --socket-dir "$SOCK" 2> "$OUT/podlinkd.log" &
 DPID=$!
