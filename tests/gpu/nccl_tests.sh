@@ -342,7 +342,7 @@ for s in $SETUPS; do
         grep -ho 'NCCL_[A-Z0-9_]* set by environment to [^ .]*' "$OUT/$s/$c.rank0.nccl.log" 2>/dev/null | sort -u \
           > "$OUT/$s/$c.nccl_env.txt"
       done
-      if [ "$s" = plugin ]; then
+      if [ "$s" = plugin ] && [[ " $COLLS " == *" sendrecv "* ]]; then
         # The relay's defaults must reach NCCL (issue 32): NCCL reports each with the plugin's value.
         for kv in NCCL_NCHANNELS_PER_NET_PEER=16 NCCL_MIN_P2P_NCHANNELS=16 NCCL_MAX_P2P_NCHANNELS=16 \
                   NCCL_P2P_NET_CHUNKSIZE=2097152 NCCL_MIN_NCHANNELS=16 NCCL_BUFFSIZE=16777216; do
