@@ -224,6 +224,27 @@ def test_exports_go_with_the_endpoint(daemon):
     assert daemon.metric("podlink_exports") == before
 
 
+def test_registered_memory_stays_until_unreg(daemon):
+    import gc
+    with podlink.Endpoint() as ep:
+        before = daemon.metric("podlink_exports")
+        buf = ep.alloc_host(1 << 20)
+        region = ep.reg(buf)
+        assert daemon.metric("podlink_exports") == before + 1
+        del buf
+        gc.collect()
+        assert daemon.metric("podlink_exports") == before + 1  # registered: peers may still write into it
+        ep.unreg(region)
+        assert daemon.metric("podlink_exports") == before
+        del region
+        gc.collect()
+        assert not ep._allocs and not ep._registered           # unregistered and unused: freed
+        tmp = ep.alloc_host(4096)
+        del tmp
+        gc.collect()
+        assert not ep._allocs
+
+
 def test_errors_are_builtin_exceptions_too():
     assert issubclass(podlink.PermissionDenied, PermissionError)
     assert issubclass(podlink.NotFound, LookupError)

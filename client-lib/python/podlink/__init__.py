@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 from . import _podlink
@@ -234,9 +235,13 @@ class Endpoint:
             gpu = torch.cuda.current_device() if torch is not None and torch.cuda.is_available() else 0
         self.gpu = gpu
         self._ep = _podlink.Endpoint(socket_dir or "", gpu, allow_direct, force_relay, float(timeout))
-        self._allocs: List[Tuple[int, int, Any]] = []  # (start, end, memory) of alloc_host/alloc_gpu
-        self._registered = {}  # allocation start -> (Local, memory), or (address, nbytes) -> (Local, None)
-        self._by_export = {}   # export id -> Region (the first made for it)
+        # alloc_host/alloc_gpu allocations by start address: (end, weak reference). A registered allocation
+        # lives until unreg() or close() (peers may write into it); an unregistered one while something uses it
+        # (the array or tensor handed out, a Region, a transfer in flight).
+        self._allocs = {}
+        self._registered = {}  # allocation start -> (Local, the memory: held while registered)
+        self._by_export = {}   # export id -> allocation start, or the Region (memory registered in place)
+        self._pending = []     # transfers not yet seen complete: they hold their memory until then
 
     # --- lifetime -----------------------------------------------------------
     def close(self) -> None:
@@ -244,6 +249,31 @@ class Endpoint:
         self._ep.close()
         self._registered.clear()
         self._by_export.clear()
+        self._allocs.clear()
+        self._pending.clear()
+
+    def _forget(self, start: int) -> None:
+        """An allocation's last user went: withdraw its export (before the memory is unmapped)."""
+        self._allocs.pop(start, None)
+        local = self._registered.pop(start, (None, None))[0]
+        if local is not None:
+            self._by_export.pop(local.export_id, None)
+            if not self._ep.closed:
+                try:
+                    self._ep.unregister(local)
+                except Error:
+                    pass
+
+    def _track(self, mem) -> None:
+        start = mem.address
+        self._allocs[start] = (start + mem.nbytes, weakref.ref(mem))
+        weakref.finalize(mem, Endpoint._forget_weak, weakref.ref(self), start)
+
+    @staticmethod
+    def _forget_weak(ep_ref, start: int) -> None:
+        ep = ep_ref()
+        if ep is not None:
+            ep._forget(start)
 
     @property
     def closed(self) -> bool:
@@ -259,7 +289,7 @@ class Endpoint:
     def alloc_host(self, nbytes: int):
         """Zero-filled host memory podlinkd can share: a numpy uint8 array (a memoryview without numpy)."""
         mem = self._ep.alloc_host(int(nbytes))
-        self._allocs.append((mem.address, mem.address + mem.nbytes, mem))
+        self._track(mem)
         np = _numpy()
         return np.frombuffer(mem, dtype=np.uint8) if np is not None else memoryview(mem)
 
@@ -267,7 +297,7 @@ class Endpoint:
         """Exportable GPU memory (size rounded up to the allocation granularity): a torch uint8 CUDA tensor
         when torch is importable, else an object with __cuda_array_interface__."""
         mem = self._ep.alloc_gpu(int(nbytes), self.gpu if gpu is None else gpu)
-        self._allocs.append((mem.address, mem.address + mem.nbytes, mem))
+        self._track(mem)
         torch = _torch()
         if torch is None:
             return mem
@@ -280,33 +310,40 @@ class Endpoint:
         The whole allocation holding it is exported once (named `name`, if given: peers then find it with
         `wait_for`); the Region is the object's part of it."""
         addr, nbytes, is_cuda, device = _memory_of(obj)
-        for start, end, mem in self._allocs:
-            if start <= addr and addr + nbytes <= end:
-                local = self._registered.get(start)
+        for start, (end, ref) in list(self._allocs.items()):
+            mem = ref()
+            if mem is not None and start <= addr and addr + nbytes <= end:
+                local = self._registered.get(start, (None, None))[0]
                 if local is None:
                     if isinstance(mem, _podlink.HostMemory):
                         local = self._ep.register_host(mem, name or "")
                     else:
                         local = self._ep.register_gpu(mem, name or "")
-                    self._registered[start] = local
+                    self._registered[start] = (local, mem)
                 region = Region(self, local, addr - start, nbytes, (obj, mem), is_cuda,
                                 getattr(mem, "device", -1))
-                self._by_export.setdefault(local.export_id, region)
+                self._by_export.setdefault(local.export_id, start)
                 return region
         if not is_cuda:
             raise InvalidArgument(
                 f"{nbytes} bytes at {addr:#x} are not memory podlink can share with another pod: allocate them "
                 "with Endpoint.alloc_host() (numpy arrays, torch.from_numpy and memoryviews of it register)")
-        local = self._ep.register_existing(addr, nbytes, name or "")
+        try:
+            local = self._ep.register_existing(addr, nbytes, name or "")
+        except (InvalidArgument, FailedPrecondition, NotFound) as e:
+            raise InvalidArgument(
+                f"this CUDA memory is not memory podlink can share with another pod ({e}): allocate it with "
+                "Endpoint.alloc_gpu(), or with cuMemCreate and a POSIX-FD handle type") from None
         region = Region(self, local, 0, nbytes, obj, True, device)
         self._by_export.setdefault(local.export_id, region)
         return region
 
     def unreg(self, region: Region) -> None:
-        """Withdraws the allocation's export (every Region of it); transfers already submitted complete."""
+        """Withdraws the allocation's export (every Region of it); transfers already submitted complete. The
+        memory is freed once nothing uses it any more."""
         self._ep.unregister(region._local)
         for k, v in list(self._registered.items()):
-            if v is region._local:
+            if v[0].export_id == region.export_id:
                 del self._registered[k]
         self._by_export.pop(region.export_id, None)
 
@@ -368,7 +405,13 @@ class Endpoint:
         if write:
             self._ordered(ops, stream)
         native = [self._op(*op) if len(op) == 5 else self._op(*op, None) for op in ops]
-        return Transfer(self, self._ep.submit(native, write), ops)
+        t = Transfer(self, self._ep.submit(native, write), ops)
+        # Kept until seen complete, so their memory outlives them even if the caller drops the handle.
+        self._pending = [p for p in self._pending if not p._done]
+        if len(self._pending) > 64:
+            self._pending = [p for p in self._pending if not p.done()]
+        self._pending.append(t)
+        return t
 
     def write_async(self, local: Region, remote: RemoteRegion, local_offset: int = 0, remote_offset: int = 0,
                     length: Optional[int] = None, stream=None) -> Transfer:
@@ -410,7 +453,20 @@ class Endpoint:
 
     def notifications(self) -> List[Tuple[Optional[Region], int]]:
         """Notifications peers sent to this endpoint's regions since the last call: (Region, value)."""
-        return [(self._by_export.get(eid), value) for eid, value in self._ep.notifications()]
+        out = []
+        for eid, value in self._ep.notifications():
+            out.append((self._region_of(eid), value))
+        return out
+
+    def _region_of(self, export_id: int) -> Optional[Region]:
+        """A Region of a whole allocation of this endpoint (or the registered memory) by its export id."""
+        entry = self._by_export.get(export_id)
+        if isinstance(entry, Region) or entry is None:
+            return entry
+        local, mem = self._registered.get(entry, (None, None))
+        if local is None:
+            return None
+        return Region(self, local, 0, mem.nbytes, mem, isinstance(mem, _podlink.GpuMemory), getattr(mem, "device", -1))
 
     def __repr__(self):
         state = "closed" if self.closed else f"session {self._ep.session_id}"
