@@ -61,6 +61,8 @@ KV=${NCCL_TESTS_KV:-1}
 # The same hand-off one-sided through `import podlink` (tests/gpu/kv_podlink.py) in the plugin setups' pods,
 # when NCCL_TESTS_KV_PODLINK=1: the module is built for this machine's python first (tests/gpu/build_python.sh).
 KV_PODLINK=${NCCL_TESTS_KV_PODLINK:-0}
+# RemoteRegion.tensor between the pods of the direct setups (tests/gpu/tensor_pods.py), when NCCL_TESTS_TENSOR=1.
+TENSOR=${NCCL_TESTS_TENSOR:-0}
 # NCCL's log subsystems in every setup. Not TUNING: NCCL 2.28 writes a TUNING line for every operation, which
 # adds its cost to every timed small message (NCCL_TESTS_DEBUG_SUBSYS=INIT,NET,TUNING to see the choices).
 SUBSYS=${NCCL_TESTS_DEBUG_SUBSYS:-INIT,NET,ENV,P2P}
@@ -111,7 +113,7 @@ echo "{\"identity\": {\"kubelet_cgroup_roots\": [\"/podlink-nt-$$\"]}, \"pods\":
 
 DPID=""
 FAILED=()
-if [ "$KV_PODLINK" = 1 ]; then
+if [ "$KV_PODLINK" = 1 ] || [ "$TENSOR" = 1 ]; then
   bash "$ROOT/tests/gpu/build_python.sh" "$WORK/site" > "$OUT/build_python.log" 2>&1 ||
     { cat "$OUT/build_python.log"; echo "import podlink could not be built for this machine's python"; exit 1; }
 fi
@@ -224,6 +226,7 @@ pods() {
   local cmd=("$NT/${coll}_perf")
   [ "$coll" = kv ] && cmd=(python3 "$ROOT/tests/gpu/kv_handoff.py")
   [ "$coll" = kvpl ] && cmd=(python3 "$ROOT/tests/gpu/kv_podlink.py")
+  [ "$coll" = tensor ] && cmd=(python3 "$ROOT/tests/gpu/tensor_pods.py")
   rm -f "$WORK"/net-ready
   for r in 0 1; do
     local p=a mask=/dev/nvidia1 dev=0
@@ -333,6 +336,8 @@ for s in $SETUPS; do
       [ "$KV" = 1 ] && pods "$s" kv "$both" "" "${PLUGIN_ENV[@]}" $nenv
       # shellcheck disable=SC2086
       [ "$KV_PODLINK" = 1 ] && [[ $s == plugin* ]] && pods "$s" kvpl "$both" "" "${PLUGIN_ENV[@]}" $nenv
+      # shellcheck disable=SC2086
+      [ "$TENSOR" = 1 ] && [ "$both" = 1 ] && pods "$s" tensor "$both" "" "${PLUGIN_ENV[@]}" $nenv
       metrics "$s"
       python3 -c 'import urllib.request as u; print(u.urlopen("http://127.0.0.1:9477/metrics").read().decode())' \
         2>/dev/null | grep -E "^podlink_nccl_ipc" > "$OUT/$s/nccl_ipc_metrics.txt" || true
