@@ -257,6 +257,16 @@ class Endpoint {
     return Unwrap(write ? engine_->WriteAsync(v) : engine_->ReadAsync(v));
   }
 
+  // One operation, submitted and waited for under one release of the GIL
+  // (the synchronous write/read path: the binding's cost per call).
+  void Transfer(const Local& l, uint64_t local_offset, const Remote& r, uint64_t remote_offset, uint64_t length,
+                bool write) {
+    Live();
+    TransferOp op{&l.region, local_offset, &r.region, remote_offset, length};
+    py::gil_scoped_release nogil;
+    Check(write ? engine_->Write(op) : engine_->Read(op));
+  }
+
   bool Poll(uint64_t batch) {
     Live();
     py::gil_scoped_release nogil;
@@ -428,6 +438,8 @@ PYBIND11_MODULE(_podlink, m) {
       .def("close_remote", &Endpoint::CloseRemote)
       .def("map_remote", &Endpoint::MapRemote, py::arg("remote"), py::arg("device"))
       .def("submit", &Endpoint::Submit, py::arg("ops"), py::arg("write"))
+      .def("transfer", &Endpoint::Transfer, py::arg("local"), py::arg("local_offset"), py::arg("remote"),
+           py::arg("remote_offset"), py::arg("length"), py::arg("write"))
       .def("poll", &Endpoint::Poll)
       .def("wait", &Endpoint::Wait, py::arg("batch"), py::arg("timeout"))
       .def("notify", &Endpoint::Notify)

@@ -432,12 +432,21 @@ class Endpoint:
         """Writes `length` bytes (default: as many as both sides hold) into the peer's region; returns once
         they are there. A CUDA source is sent as the kernels queued before this call on `stream` (default:
         torch's current stream) left it."""
-        self.write_async(local, remote, local_offset, remote_offset, length, stream).wait(timeout)
+        if timeout is not None:
+            self.write_async(local, remote, local_offset, remote_offset, length, stream).wait(timeout)
+            return
+        op = self._op(local, local_offset, remote, remote_offset, length)
+        if local.is_cuda:
+            self._ordered(((local,),), stream)
+        self._ep.transfer(*op, True)  # one call, one release of the GIL
 
     def read(self, local: Region, remote: RemoteRegion, local_offset: int = 0, remote_offset: int = 0,
              length: Optional[int] = None, timeout: Optional[float] = None) -> None:
         """Reads from the peer's region; on return the bytes are in `local` (visible to later kernels)."""
-        self.read_async(local, remote, local_offset, remote_offset, length).wait(timeout)
+        if timeout is not None:
+            self.read_async(local, remote, local_offset, remote_offset, length).wait(timeout)
+            return
+        self._ep.transfer(*self._op(local, local_offset, remote, remote_offset, length), False)
 
     def writev(self, ops: Sequence[Op], stream=None, timeout: Optional[float] = None) -> None:
         """Writes a list of (Region, local_offset, RemoteRegion, remote_offset, length) as one batch."""
