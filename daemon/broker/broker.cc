@@ -507,9 +507,10 @@ absl::StatusOr<v1::SyncNcclIpcResponse> Broker::SyncNcclIpc(Session& s) {
 void Broker::LeaveNcclNative(uint64_t session_id) {
   absl::MutexLock l(&nccl_mu_);
   if (nccl_bridge_ == nullptr) return;
-  nccl_bridge_->Leave(session_id);
   for (auto it = nccl_groups_.begin(); it != nccl_groups_.end(); ++it) {
     if (it->second.erase(session_id) == 0) continue;
+    // Only sessions that joined wait for the bridge's thread.
+    nccl_bridge_->Leave(session_id);
     if (it->second.empty()) {
       // Members that still run keep their mount; the next joiner gets a new tmpfs.
       ncclipc::RemoveTmpfs(absl::StrCat(options_.nccl_native.shm_dir, "/", ShortHash(it->first)));
