@@ -119,6 +119,18 @@ struct MappedRemote {
   std::unique_ptr<Mapping> mapping;
 };
 
+// Version 3 of the CUDA array interface for `nbytes` bytes at `ptr` (torch.as_tensor takes it).
+py::dict CudaArrayInterface(uint64_t ptr, size_t nbytes) {
+  py::dict d;
+  d["shape"] = py::make_tuple(nbytes);
+  d["typestr"] = "|u1";
+  d["data"] = py::make_tuple(ptr, false);
+  d["version"] = 3;
+  d["strides"] = py::none();
+  d["stream"] = py::none();
+  return d;
+}
+
 // --- the endpoint ------------------------------------------------------------
 
 class Endpoint {
@@ -380,16 +392,8 @@ PYBIND11_MODULE(_podlink, m) {
       .def_property_readonly("address", [](const GpuMemory& g) { return g.buf->device_ptr(); })
       .def_property_readonly("nbytes", [](const GpuMemory& g) { return g.buf->size(); })
       .def_property_readonly("device", [](const GpuMemory& g) { return g.buf->device(); })
-      .def_property_readonly("__cuda_array_interface__", [](const GpuMemory& g) {
-        py::dict d;
-        d["shape"] = py::make_tuple(g.buf->size());
-        d["typestr"] = "|u1";
-        d["data"] = py::make_tuple(g.buf->device_ptr(), false);
-        d["version"] = 3;
-        d["strides"] = py::none();
-        d["stream"] = py::none();
-        return d;
-      });
+      .def_property_readonly("__cuda_array_interface__",
+                             [](const GpuMemory& g) { return CudaArrayInterface(g.buf->device_ptr(), g.buf->size()); });
 
   py::class_<Local>(m, "Local")
       .def_property_readonly("export_id", [](const Local& l) { return l.region.export_id; })
@@ -409,14 +413,7 @@ PYBIND11_MODULE(_podlink, m) {
       .def_property_readonly("nbytes", [](const MappedRemote& r) { return r.mapping->size(); })
       .def_property_readonly("device", [](const MappedRemote& r) { return r.mapping->device(); })
       .def_property_readonly("__cuda_array_interface__", [](const MappedRemote& r) {
-        py::dict d;
-        d["shape"] = py::make_tuple(r.mapping->size());
-        d["typestr"] = "|u1";
-        d["data"] = py::make_tuple(r.mapping->device_ptr(), false);
-        d["version"] = 3;
-        d["strides"] = py::none();
-        d["stream"] = py::none();
-        return d;
+        return CudaArrayInterface(r.mapping->device_ptr(), r.mapping->size());
       });
 
   py::class_<Endpoint>(m, "Endpoint")
