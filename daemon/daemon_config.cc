@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/status_util.h"
 #include "nlohmann/json.hpp"
 
@@ -11,11 +12,27 @@ namespace podlink {
 
 namespace {
 
+// Errors and bounded integers of one config section ("mesh", "nccl_native"),
+// each error naming the key as section.key.
+struct Section {
+  const char* name;
+  absl::Status Bad(const std::string& key, absl::string_view want) const {
+    return absl::InvalidArgumentError(absl::StrCat("config: ", name, ".", key, " must be ", want));
+  }
+  absl::Status Number(const nlohmann::json& v, const std::string& key, uint64_t lo, uint64_t hi,
+                      uint64_t* out) const {
+    if (!v.is_number_unsigned() || v.get<uint64_t>() < lo || v.get<uint64_t>() > hi) {
+      return Bad(key, absl::StrCat("an integer from ", lo, " to ", hi));
+    }
+    *out = v.get<uint64_t>();
+    return absl::OkStatus();
+  }
+};
+
 absl::Status ParseMeshConfig(const nlohmann::json& m, mesh::MeshOptions* o) {
   if (!m.is_object()) return absl::InvalidArgumentError("config: \"mesh\" must be an object");
-  auto bad = [](const std::string& key, const char* want) {
-    return absl::InvalidArgumentError(absl::StrCat("config: mesh.", key, " must be ", want));
-  };
+  const Section sec{"mesh"};
+  auto bad = [&](const std::string& key, absl::string_view want) { return sec.Bad(key, want); };
   auto strings = [&](const nlohmann::json& v, const std::string& key,
                      std::vector<std::string>* out) -> absl::Status {
     if (!v.is_array() || v.size() > 64) return bad(key, "an array of at most 64 strings");
@@ -25,13 +42,8 @@ absl::Status ParseMeshConfig(const nlohmann::json& m, mesh::MeshOptions* o) {
     }
     return absl::OkStatus();
   };
-  auto number = [&](const nlohmann::json& v, const std::string& key, uint64_t lo, uint64_t hi,
-                    uint64_t* out) -> absl::Status {
-    if (!v.is_number_unsigned() || v.get<uint64_t>() < lo || v.get<uint64_t>() > hi) {
-      return bad(key, absl::StrCat("an integer from ", lo, " to ", hi).c_str());
-    }
-    *out = v.get<uint64_t>();
-    return absl::OkStatus();
+  auto number = [&](const nlohmann::json& v, const std::string& key, uint64_t lo, uint64_t hi, uint64_t* out) {
+    return sec.Number(v, key, lo, hi, out);
   };
   for (auto it = m.begin(); it != m.end(); ++it) {
     const std::string& k = it.key();
@@ -144,16 +156,10 @@ absl::Status ParseMeshConfig(const nlohmann::json& m, mesh::MeshOptions* o) {
 
 absl::Status ParseNcclNativeConfig(const nlohmann::json& m, NcclNativeOptions* o) {
   if (!m.is_object()) return absl::InvalidArgumentError("config: \"nccl_native\" must be an object");
-  auto bad = [](const std::string& key, const char* want) {
-    return absl::InvalidArgumentError(absl::StrCat("config: nccl_native.", key, " must be ", want));
-  };
-  auto number = [&](const nlohmann::json& v, const std::string& key, uint64_t lo, uint64_t hi,
-                    uint64_t* out) -> absl::Status {
-    if (!v.is_number_unsigned() || v.get<uint64_t>() < lo || v.get<uint64_t>() > hi) {
-      return bad(key, absl::StrCat("an integer from ", lo, " to ", hi).c_str());
-    }
-    *out = v.get<uint64_t>();
-    return absl::OkStatus();
+  const Section sec{"nccl_native"};
+  auto bad = [&](const std::string& key, absl::string_view want) { return sec.Bad(key, want); };
+  auto number = [&](const nlohmann::json& v, const std::string& key, uint64_t lo, uint64_t hi, uint64_t* out) {
+    return sec.Number(v, key, lo, hi, out);
   };
   for (auto it = m.begin(); it != m.end(); ++it) {
     const std::string& k = it.key();
