@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/scm_rights.h"
 #include "common/status_util.h"
 
 namespace podlink {
@@ -17,16 +18,7 @@ absl::Status SendFdMessage(int sock, const FdMessage& msg, int fd, bool dontwait
   mh.msg_iov = &iov;
   mh.msg_iovlen = 1;
   alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))];
-  if (fd >= 0) {
-    std::memset(ctrl, 0, sizeof(ctrl));
-    mh.msg_control = ctrl;
-    mh.msg_controllen = sizeof(ctrl);
-    cmsghdr* c = CMSG_FIRSTHDR(&mh);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-  }
+  if (fd >= 0) AttachFd(mh, ctrl, sizeof(ctrl), fd);
   int flags = MSG_NOSIGNAL | (dontwait ? MSG_DONTWAIT : 0);
   for (;;) {
     ssize_t n = ::sendmsg(sock, &mh, flags);
@@ -64,17 +56,7 @@ absl::StatusOr<std::optional<ReceivedMessage>> RecvFdMessage(int sock, bool dont
     if (errno == EAGAIN) return std::nullopt;
     return ErrnoStatus(errno, "descriptor channel recvmsg");
   }
-  std::vector<UniqueFd> fds;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c != nullptr; c = CMSG_NXTHDR(&mh, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int fd;
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        fds.emplace_back(fd);
-      }
-    }
-  }
+  std::vector<UniqueFd> fds = TakeFds(mh);
   if (n == 0 && fds.empty()) return absl::NotFoundError("descriptor channel closed by peer");
   if (mh.msg_flags & MSG_CTRUNC) {
     return absl::InvalidArgumentError("descriptor channel: control data truncated (too many descriptors)");

@@ -24,6 +24,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/log.h"
+#include "common/scm_rights.h"
 #include "common/status_util.h"
 #include "daemon/ncclipc/unix_names.h"
 
@@ -347,16 +348,7 @@ bool Bridge::Impl::Forward(Mirror* m) {
     msg.msg_controllen = sizeof(control);
     ssize_t got = ::recvmsg(m->sock.get(), &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
     if (got < 0) return true;  // EAGAIN: drained
-    std::vector<UniqueFd> fds;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int fd = -1;
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        fds.emplace_back(fd);
-      }
-    }
+    std::vector<UniqueFd> fds = TakeFds(msg);
     auto sender_pod = pods_.find(m->in);
     auto dest_pod = pods_.find(m->to);
     if (sender_pod == pods_.end() || dest_pod == pods_.end()) return true;
@@ -419,17 +411,7 @@ bool Bridge::Impl::Forward(Mirror* m) {
     o.msg_namelen = to_len;
     o.msg_iov = &oiov;
     o.msg_iovlen = 1;
-    if (!fds.empty()) {
-      std::memset(oc, 0, sizeof(oc));
-      o.msg_control = oc;
-      o.msg_controllen = sizeof(oc);
-      cmsghdr* c = CMSG_FIRSTHDR(&o);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(sizeof(int));
-      int fd = fds[0].get();
-      std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    }
+    if (!fds.empty()) AttachFd(o, oc, sizeof(oc), fds[0].get());
     if (::sendmsg(out, &o, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
       Count(&BridgeCounters::dropped_undeliverable);
       Log()->debug("event=undeliverable to={} name={} errno={}", dest.ref, Printable(m->name), errno);
