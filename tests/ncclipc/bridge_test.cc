@@ -164,10 +164,24 @@ TEST_F(BridgeTest, RequestAndAnswerCrossNamespacesWithOnlyMemoryDescriptors) {
     EXPECT_EQ(client.Line(), absl::StrCat("error ", ETIMEDOUT));
     EXPECT_EQ(bridge_->Counters().refused_descriptor, refused + 1);
 
+    // Over 4 KiB, and two descriptors: dropped and counted; the proxy sees neither (its next request is ours).
+    client.Send("big");
+    EXPECT_EQ(client.Line(), "sent 0");
+    client.Send("twofds");
+    EXPECT_EQ(client.Line(), "sent 0");
+    for (int i = 0; i < 100 && bridge_->Counters().refused_malformed == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(bridge_->Counters().refused_malformed, 1u);
+    EXPECT_EQ(bridge_->Counters().refused_descriptor, refused + 2);
+    client.Send("go none");
+    EXPECT_EQ(proxy.Line(), "request rank=0 fd=none");
+    EXPECT_EQ(client.Line(), "answer " + kAnswer);
+
     BridgeCounters c = bridge_->Counters();
     EXPECT_EQ(c.descriptors_replaced, 3u);
-    EXPECT_EQ(c.descriptors_forwarded, 4u);  // the four answers
-    EXPECT_EQ(c.datagrams_forwarded, 8u);
+    EXPECT_EQ(c.descriptors_forwarded, 5u);  // the five answers
+    EXPECT_EQ(c.datagrams_forwarded, 10u);
 
     // The proxy's socket closes: its mirror goes with the next scan.
     proxy.Send("close");

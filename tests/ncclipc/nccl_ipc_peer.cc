@@ -85,6 +85,41 @@ int Client(int rank, int peer_rank, uint64_t peer_hash) {
     if (line.rfind("go", 0) == 0) {
       std::printf("%s\n", Request(rank, peer_rank, peer_hash, line.size() > 3 ? line.substr(3) : "socket").c_str());
       std::fflush(stdout);
+    } else if (line == "big" || line == "twofds") {
+      // Hostile datagrams to the peer's proxy name: 5000 bytes (over the
+      // bridge's 4 KiB), or a header with two descriptors.
+      int sock = Bind(rank, 0xbad0);
+      std::string data(line == "big" ? 5000 : sizeof(IpcHdr), 'x');
+      int err = 0;
+      if (line == "big") {
+        err = SendTo(sock, peer_rank, peer_hash, data.data(), data.size(), -1);
+      } else {
+        sockaddr_un a{};
+        a.sun_family = AF_UNIX;
+        std::snprintf(a.sun_path, sizeof(a.sun_path), "/tmp/nccl-socket-%d-%lx", peer_rank,
+                      static_cast<unsigned long>(peer_hash));
+        a.sun_path[0] = '\0';
+        int fds[2] = {::memfd_create("a", MFD_CLOEXEC), ::memfd_create("b", MFD_CLOEXEC)};
+        iovec iov{data.data(), data.size()};
+        alignas(cmsghdr) char c[CMSG_SPACE(2 * sizeof(int))] = {};
+        msghdr m{};
+        m.msg_name = &a;
+        m.msg_namelen = sizeof(a);
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        m.msg_control = c;
+        m.msg_controllen = sizeof(c);
+        cmsghdr* h = CMSG_FIRSTHDR(&m);
+        h->cmsg_level = SOL_SOCKET;
+        h->cmsg_type = SCM_RIGHTS;
+        h->cmsg_len = CMSG_LEN(2 * sizeof(int));
+        std::memcpy(CMSG_DATA(h), fds, sizeof(fds));
+        err = ::sendmsg(sock, &m, 0) < 0 ? errno : 0;
+        ::close(fds[0]), ::close(fds[1]);
+      }
+      ::close(sock);
+      std::printf("sent %d\n", err);
+      std::fflush(stdout);
     } else if (line.rfind("flood ", 0) == 0) {
       long n = std::strtol(line.c_str() + 6, nullptr, 10), sent = 0;
       int sock = Bind(rank, 0xf100d);
