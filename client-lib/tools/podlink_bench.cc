@@ -26,6 +26,16 @@
 //                 [--modes baseline,direct,relay,baseline-bidir,relay-bidir]
 //                 [--bidir-sizes 1048576,4194304] [--window 16] [--csv F] [--json F]
 //
+// The KV hand-off from a prefill pod into a decode pod's paged cache, as
+// tests/gpu/kv_podlink.py does it through `import podlink` (the same blocks,
+// the same scattered block ids, one Writev per pass): --kv-open names the
+// decode pod's export, which this process (the prefill side, on --src-gpu)
+// opens once it exists; each --kv-blocks entry SIZE:COUNT is written
+// --kv-iters times after a warm-up, read back and compared block by block.
+// One JSON line per entry on stdout; exit 1 on a wrong block.
+//
+//   podlink-bench --kv-open kv-bench [--kv-blocks 16K:4096,64K:2048] [--kv-iters 10]
+//
 // (podlink-bench --help lists every option.)
 #include <algorithm>
 #include <atomic>
@@ -46,6 +56,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/cli.h"
 #include "common/cuda_driver.h"
 #include "nlohmann/json.hpp"
@@ -64,6 +75,12 @@ ABSL_FLAG(std::vector<std::string>, bidir_sizes,
           "operation sizes of the -bidir modes, bytes, comma-separated");
 ABSL_FLAG(int, window, 16, "relay-bidir: operations in flight per direction");
 ABSL_FLAG(std::string, csv, "", "also write every row to this CSV file");
+ABSL_FLAG(std::string, kv_open, "",
+          "the KV hand-off: write scattered blocks into the export of this name (\"name\" or \"namespace/name\")");
+ABSL_FLAG(std::string, kv_blocks, "16K:4096,64K:2048,256K:1024,1M:256,4M:64",
+          "--kv-open: block size and count per run, SIZE:COUNT comma-separated (sizes may end in K, M or G)");
+ABSL_FLAG(int, kv_iters, 10, "--kv-open: timed Writev calls per block size, after one warm-up");
+ABSL_FLAG(int, kv_wait, 120, "--kv-open: seconds to wait for the export to appear");
 ABSL_FLAG(std::string, json, "", "also write every row and the latencies to this JSON file");
 ABSL_FLAG(bool, corrupt_for_test, false,
           "test of the verification: flip one byte of each destination after timing, before it is compared; the run "
@@ -94,7 +111,28 @@ struct Args {
   int window = 0;
   std::string csv, json;
   bool corrupt_for_test = false;
+  std::string kv_open;
+  std::vector<std::pair<uint64_t, uint64_t>> kv_blocks;  // (block bytes, blocks)
+  int kv_iters = 0, kv_wait = 0;
 };
+
+// "16K" -> 16384; false when `s` is not a positive size.
+bool ParseSize(absl::string_view s, uint64_t* out) {
+  uint64_t mult = 1;
+  if (!s.empty()) {
+    switch (s.back()) {
+      case 'K': mult = 1ull << 10; break;
+      case 'M': mult = 1ull << 20; break;
+      case 'G': mult = 1ull << 30; break;
+      default: break;
+    }
+    if (mult != 1) s.remove_suffix(1);
+  }
+  uint64_t v = 0;
+  if (!absl::SimpleAtoi(s, &v) || v == 0 || v > (1ull << 40) / mult) return false;
+  *out = v * mult;
+  return true;
+}
 
 // Every option, checked once: the command line's meaning, or what is wrong with it.
 absl::StatusOr<Args> ArgsFromFlags(const std::vector<std::string>& positional) {
@@ -110,6 +148,9 @@ absl::StatusOr<Args> ArgsFromFlags(const std::vector<std::string>& positional) {
   a.csv = absl::GetFlag(FLAGS_csv);
   a.json = absl::GetFlag(FLAGS_json);
   a.corrupt_for_test = absl::GetFlag(FLAGS_corrupt_for_test);
+  a.kv_open = absl::GetFlag(FLAGS_kv_open);
+  a.kv_iters = absl::GetFlag(FLAGS_kv_iters);
+  a.kv_wait = absl::GetFlag(FLAGS_kv_wait);
   auto positive = [](const char* flag, int64_t v) {
     return absl::InvalidArgumentError(absl::StrFormat("--%s must be a positive integer (got '%d')", flag, v));
   };
@@ -128,6 +169,18 @@ absl::StatusOr<Args> ArgsFromFlags(const std::vector<std::string>& positional) {
       return absl::InvalidArgumentError("--modes: unknown mode '" + m + "' (modes: " + absl::StrJoin(kModes, ", ") +
                                         ")");
     }
+  }
+  if (a.kv_iters < 1) return positive("kv-iters", a.kv_iters);
+  if (a.kv_wait < 0) return positive("kv-wait", a.kv_wait);
+  for (absl::string_view e : absl::StrSplit(absl::GetFlag(FLAGS_kv_blocks), ',')) {
+    std::pair<absl::string_view, absl::string_view> sc = absl::StrSplit(e, absl::MaxSplits(':', 1));
+    uint64_t block = 0, count = 0;
+    if (!ParseSize(sc.first, &block) || !absl::SimpleAtoi(sc.second, &count) || count == 0 ||
+        count > (1ull << 40) / block) {
+      return absl::InvalidArgumentError("--kv-blocks entries are SIZE:COUNT, e.g. 64K:2048 (got '" + std::string(e) +
+                                        "')");
+    }
+    a.kv_blocks.emplace_back(block, count);
   }
   for (const std::string& v : absl::GetFlag(FLAGS_bidir_sizes)) {
     uint64_t x = 0;
@@ -223,6 +276,20 @@ class Checker {
     if (std::memcmp(got, want, bytes) == 0) return 0;
     uint64_t bad = 0;
     for (uint64_t i = 0; i < bytes; ++i) bad += got[i] != want[i];
+    return bad;
+  }
+
+  // Blocks of `block` bytes among the first `bytes` of `buf` that differ from the pattern of `seed`.
+  uint64_t WrongBlocks(const podlink::GpuBuffer& buf, int gpu, uint64_t seed, uint64_t bytes, uint64_t block) {
+    Use(gpu);
+    bytes = std::min(bytes, total_);
+    const auto* want = reinterpret_cast<const uint8_t*>(Pattern(seed).data());
+    uint8_t* got = Readback();
+    Check(d_->MemcpyDtoH(got, buf.device_ptr(), bytes), "cuMemcpyDtoH");
+    uint64_t bad = 0;
+    for (uint64_t off = 0; off < bytes; off += block) {
+      bad += std::memcmp(got + off, want + off, std::min(block, bytes - off)) != 0;
+    }
     return bad;
   }
 
@@ -380,6 +447,112 @@ std::vector<double> TimeBothDirections(std::vector<Direction>& dirs, int passes,
   return sum;
 }
 
+// The decode pod's block ids for a run of `n` blocks of `block` bytes: the
+// first n of a Fisher-Yates shuffle of 0..2n-1 driven by splitmix64 seeded
+// with `block` (tests/gpu/kv_podlink.py computes the same list).
+std::vector<uint64_t> KvBlockIds(uint64_t block, uint64_t n) {
+  std::vector<uint64_t> ids(2 * n);
+  for (uint64_t i = 0; i < ids.size(); ++i) ids[i] = i;
+  uint64_t x = block;
+  auto next = [&x] {
+    x += 0x9e3779b97f4a7c15ull;
+    uint64_t z = x;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  };
+  for (uint64_t i = ids.size() - 1; i > 0; --i) std::swap(ids[i], ids[next() % (i + 1)]);
+  ids.resize(n);
+  return ids;
+}
+
+// --kv-open: the prefill side of the KV hand-off (see the top of this file).
+int RunKv(const Args& a, const podlink::cu::Driver* d) {
+  auto c = podlink::Client::Connect();
+  if (!c.ok()) Fail("connect", c.status());
+  podlink::TransferEngine::Options eo;
+  eo.device = a.src_gpu;
+  eo.log_transport = false;
+  eo.timeout = absl::Minutes(5);
+  auto eng = podlink::TransferEngine::Create(**c, eo);
+  if (!eng.ok()) Fail("engine", eng.status());
+  // The decode pod exports its cache by name; wait until it may be imported.
+  std::unique_ptr<podlink::Imported> imp;
+  for (auto deadline = Clock::now() + std::chrono::seconds(a.kv_wait); imp == nullptr;) {
+    auto r = (*c)->Import(a.kv_open);
+    if (r.ok()) {
+      imp = std::make_unique<podlink::Imported>(*std::move(r));
+    } else if (!absl::IsNotFound(r.status()) || Clock::now() >= deadline) {
+      Fail("import " + a.kv_open, r.status());
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  podlink::RegionDescriptor desc;
+  auto node = (*c)->GetNodeInfo();
+  if (node.ok()) desc.node_id = node->node_id;
+  desc.export_id = imp->info().export_id;
+  desc.size = imp->info().size;
+  desc.handle_type = imp->info().handle_type;
+  desc.gpu_uuid = imp->info().gpu_uuid;
+  auto remote = (*eng)->Open(desc);
+  if (!remote.ok()) Fail("open " + a.kv_open, remote.status());
+
+  uint64_t largest = 0;
+  for (auto [block, n] : a.kv_blocks) largest = std::max(largest, block * n);
+  Checker checker(d, largest);
+  int wrong_total = 0;
+  for (auto [block, n] : a.kv_blocks) {
+    if (2 * n * block > remote->size) {
+      Fail("kv", absl::InvalidArgumentError(absl::StrFormat("%d blocks of %d bytes need a cache of %d bytes; the "
+                                                            "export holds %d", 2 * n, block, 2 * n * block,
+                                                            remote->size)));
+    }
+    auto src = (*c)->AllocateGpu(n * block, a.src_gpu);
+    auto zero = (*c)->AllocateGpu(n * block, a.src_gpu);
+    auto back = (*c)->AllocateGpu(n * block, a.src_gpu);
+    if (!src.ok() || !zero.ok() || !back.ok()) Fail("allocate", !src.ok() ? src.status() : !zero.ok() ? zero.status() : back.status());
+    checker.Fill(**src, a.src_gpu, block);
+    checker.Clear(**zero, a.src_gpu);
+    checker.Clear(**back, a.src_gpu);
+    auto ls = (*eng)->Register(**src);
+    auto lz = (*eng)->Register(**zero);
+    auto lb = (*eng)->Register(**back);
+    if (!ls.ok() || !lz.ok() || !lb.ok()) Fail("register", !ls.ok() ? ls.status() : !lz.ok() ? lz.status() : lb.status());
+    std::vector<uint64_t> ids = KvBlockIds(block, n);
+    auto ops = [&](const podlink::LocalRegion& l) {
+      std::vector<podlink::TransferOp> v;
+      v.reserve(n);
+      for (uint64_t i = 0; i < n; ++i) v.push_back({&l, i * block, &*remote, ids[i] * block, block});
+      return v;
+    };
+    auto check = [&](absl::Status st) {
+      if (!st.ok()) Fail("kv", st);
+    };
+    check((*eng)->Writev(ops(*lz)));  // the cache's blocks cleared: what is read back must be this run's
+    std::vector<podlink::TransferOp> w = ops(*ls);
+    check((*eng)->Writev(w));  // warm-up
+    auto t0 = Clock::now();
+    for (int i = 0; i < a.kv_iters; ++i) check((*eng)->Writev(w));
+    double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    check((*eng)->Readv(ops(*lb)));
+    uint64_t wrong = checker.WrongBlocks(**back, a.src_gpu, block, n * block, block);
+    wrong_total += wrong != 0;
+    nlohmann::json j{{"impl", "c++"},
+                     {"block", block},
+                     {"blocks", n},
+                     {"iters", a.kv_iters},
+                     {"gbps", static_cast<double>(n * block) * a.kv_iters / secs / 1e9},
+                     {"checked", n},
+                     {"wrong", wrong},
+                     {"transport", podlink::TransportName(remote->transport)}};
+    std::printf("%s\n", j.dump().c_str());
+    std::fflush(stdout);
+    for (auto* r : {&*ls, &*lz, &*lb}) (void)(*eng)->Unregister(*r);
+  }
+  return wrong_total != 0 ? 1 : 0;
+}
+
 int main(int argc, char** argv) {
   const podlink::cli::Program program{"podlink-bench", PODLINK_VERSION, kUsage, __FILE__};
   absl::StatusOr<Args> args = ArgsFromFlags(podlink::cli::Parse(argc, argv, program));
@@ -395,6 +568,7 @@ int main(int argc, char** argv) {
   int ngpu = 0;
   d->DeviceGetCount(&ngpu);
   if (ngpu < 2) a.dst_gpu = a.src_gpu;  // one GPU: same-GPU copies
+  if (!a.kv_open.empty()) return RunKv(a, d);
 
   // Destination owner (session A) and source (session B), both in this process.
   auto owner = podlink::Client::Connect();
