@@ -55,10 +55,15 @@ SETUPS=${NCCL_TESTS_SETUPS:-plugin native-pods native}
 ARGS=${NCCL_TESTS_ARGS:--b 8 -e 1G -f 4 -g 1 -c 1 -n 20 -w 5}
 SOCKET_ARGS=${NCCL_TESTS_SOCKET_ARGS:--b 1M -e 256M -f 4 -g 1 -c 1 -n 5 -w 2}
 TIMEOUT=${NCCL_TESTS_TIMEOUT:-240}
+# NCCL_TESTS_PIN="CPUS0 CPUS1": rank r runs under `taskset -c CPUSr` in every setup (the same cores in each, so
+# that where the scheduler happens to put a rank's launching thread does not differ between setups).
+read -ra PIN <<< "${NCCL_TESTS_PIN:-}"
+pin() { [ -n "${PIN[$1]:-}" ] && echo taskset -c "${PIN[$1]}"; }
 # The KV hand-off (tests/gpu/kv_handoff.py: torch batch_isend_irecv of many blocks, every block checked) after
 # the collectives, in every setup but socket and mesh; KV_BLOCKS and KV_ITERS pass through.
 KV=${NCCL_TESTS_KV:-1}
-# The same hand-off one-sided through `import podlink` (tests/gpu/kv_podlink.py) in the plugin setups' pods,
+# The same hand-off one-sided through `import podlink` (tests/gpu/kv_podlink.py) and in C++ (podlink-bench
+# --kv-open), alternating rounds (tests/gpu/kv_compare.sh, KV_ROUNDS), in the plugin setups' pods,
 # when NCCL_TESTS_KV_PODLINK=1: the module is built for this machine's python first (tests/gpu/build_python.sh).
 KV_PODLINK=${NCCL_TESTS_KV_PODLINK:-0}
 # RemoteRegion.tensor between the pods of the direct setups (tests/gpu/tensor_pods.py), when NCCL_TESTS_TENSOR=1.
@@ -82,6 +87,7 @@ NCCL_DIR=${NCCL_LIB_DIR:-$(dirname "$(find /opt /usr/local/lib /usr/lib -name 'l
   echo "nccl: $(readlink -f "$NCCL_DIR/libnccl.so.2")"
   echo "args: $ARGS"
   echo "socket args: $SOCKET_ARGS"
+  echo "pinned: ${NCCL_TESTS_PIN:-no}"
   nvidia-smi -L
   nvidia-smi topo -m | head -3
   uname -r
@@ -225,7 +231,7 @@ pods() {
   local port=$((29600 + RANDOM % 1000)) pids=()
   local cmd=("$NT/${coll}_perf")
   [ "$coll" = kv ] && cmd=(python3 "$ROOT/tests/gpu/kv_handoff.py")
-  [ "$coll" = kvpl ] && cmd=(python3 "$ROOT/tests/gpu/kv_podlink.py")
+  [ "$coll" = kvpl ] && cmd=(bash "$ROOT/tests/gpu/kv_compare.sh")
   [ "$coll" = tensor ] && cmd=(python3 "$ROOT/tests/gpu/tensor_pods.py")
   rm -f "$WORK"/net-ready
   for r in 0 1; do
@@ -239,7 +245,7 @@ pods() {
           PYTHONPATH="$WORK/site" \
           LD_LIBRARY_PATH="$NCCL_DIR" NCCL_SOCKET_IFNAME=pl NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS="$SUBSYS" \
           NCCL_DEBUG_FILE="$WORK/nccl.$setup.$coll.rank$r.log" "$@" ${POD_ENV[$r]:-} \
-          MPI_SHIM_TIMEOUT=60 timeout -k 5 "$TIMEOUT" "${cmd[@]}" $args \
+          MPI_SHIM_TIMEOUT=60 $(pin $r) timeout -k 5 "$TIMEOUT" "${cmd[@]}" $args \
       > "$OUT/$setup/$coll.rank$r.log" 2>&1 &
     pids+=($!)
   done
@@ -258,7 +264,7 @@ native() {
     env PMI_RANK=$r PMI_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port NCCL_TESTS_DEVICE=$r KV_DEVICE=$r \
         LD_LIBRARY_PATH="$NCCL_DIR" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS="$SUBSYS" NCCL_NET_PLUGIN=none \
         NCCL_DEBUG_FILE="$WORK/nccl.$setup.$coll.rank$r.log" \
-        MPI_SHIM_TIMEOUT=60 timeout -k 5 "$TIMEOUT" "${cmd[@]}" $args \
+        MPI_SHIM_TIMEOUT=60 $(pin $r) timeout -k 5 "$TIMEOUT" "${cmd[@]}" $args \
       > "$OUT/$setup/$coll.rank$r.log" 2>&1 &
     pids+=($!)
   done

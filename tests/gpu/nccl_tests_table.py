@@ -156,35 +156,48 @@ def main():
             print("| " + " | ".join(cells) + " |")
 
     # The KV hand-off (tests/gpu/kv_handoff.py), where it ran: GB/s per block size.
-    # The same hand-off one-sided through `import podlink` (kvpl, tests/gpu/kv_podlink.py) is the column
-    # "<setup> podlink".
+    # The same hand-off one-sided through `import podlink` (kvpl: tests/gpu/kv_compare.sh, rounds of
+    # kv_podlink.py and of podlink-bench --kv-open) is the column "<setup> podlink" and, in C++, "<setup> podlink
+    # c++": the median of the rounds, and their ratio (what the binding costs).
     kv = {}
+    rounds = {}
     columns = []
     for s in setups:
-        for run, col in (("kv", s), ("kvpl", f"{s} podlink")):
+        for run in ("kv", "kvpl"):
             path = os.path.join(out, s, f"{run}.rank1.log")
             if not os.path.exists(os.path.join(out, s, f"{run}.rc")):
                 continue
-            columns.append(col)
             rc = open(os.path.join(out, s, f"{run}.rc")).read().strip()
             if rc != "0":
                 problems.append(f"{s}/{run}: a rank exited {rc}")
+            seen = 0
             for line in open(path, errors="replace") if os.path.exists(path) else []:
                 if line.startswith("{"):
                     r = json.loads(line)
-                    kv[(col, r["block"])] = r
+                    seen += 1
+                    col = s if run == "kv" else f"{s} podlink" + (" c++" if r.get("impl") == "c++" else "")
+                    if col not in columns:
+                        columns.append(col)
+                    rounds.setdefault((col, r["block"]), []).append(r)
                     if r["wrong"] != 0 or r["checked"] != r["blocks"]:
                         problems.append(f"{s}/{run}: {r['wrong']} wrong blocks of {human(r['block'])}")
-            if not any(k[0] == col for k in kv):
+            if not seen:
                 problems.append(f"{s}/{run}: no result")
+    for key, rs in rounds.items():
+        g = sorted(r["gbps"] for r in rs)
+        kv[key] = dict(rs[0], gbps=(g[(len(g) - 1) // 2] + g[len(g) // 2]) / 2, rounds=len(rs))
     if kv:
         kv_setups = [c for c in columns if any(k[0] == c for k in kv)]
         kv_ratio = [s for s in kv_setups if s != base] if base in kv_setups else []
+        binding = [s for s in kv_setups if s.endswith(" podlink") and f"{s} c++" in kv_setups]
         print()
         print("KV hand-off (torch batch_isend_irecv of many blocks into scattered cache blocks, every block "
-              "checked): GB/s")
+              "checked): GB/s" + (" (podlink columns: the median of %s rounds)" %
+                                  "/".join(sorted({str(v["rounds"]) for k, v in kv.items() if "podlink" in k[0]}))
+                                  if any("podlink" in k[0] for k in kv) else ""))
         print()
-        head = ["block", "blocks"] + kv_setups + [f"{s}/{base}" for s in kv_ratio]
+        head = (["block", "blocks"] + kv_setups + [f"{s}/{base}" for s in kv_ratio] +
+                [f"{s} python/c++" for s in binding])
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))
         for size in sorted({k[1] for k in kv}):
@@ -194,6 +207,9 @@ def main():
                 cells.append(f"{kv[(s, size)]['gbps']:.1f}" if (s, size) in kv else "-")
             for s in kv_ratio:
                 a_, b_ = kv.get((s, size)), kv.get((base, size))
+                cells.append(f"{a_['gbps'] / b_['gbps']:.2f}" if a_ and b_ else "-")
+            for s in binding:
+                a_, b_ = kv.get((s, size)), kv.get((f"{s} c++", size))
                 cells.append(f"{a_['gbps'] / b_['gbps']:.2f}" if a_ and b_ else "-")
             print("| " + " | ".join(cells) + " |")
 
