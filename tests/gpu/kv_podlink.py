@@ -45,13 +45,13 @@ def main():
     rank = int(os.environ.get("PMI_RANK", "0"))
     dev = int(os.environ.get("KV_DEVICE", "0"))
     spec = [tuple(x.split(":")) for x in os.environ.get("KV_BLOCKS", "16K:4096,64K:2048,256K:1024,1M:256,4M:64")
-            .split(",")]
+            .split(",") if x]  # none: rank 1 only opens the cache and notifies
     iters = int(os.environ.get("KV_ITERS", "10"))
     name = os.environ.get("KV_NAME", "kv-bench")
     torch.cuda.set_device(dev)
     ep = podlink.Endpoint(gpu=dev)
     if rank == 0:
-        largest = max(parse_size(s) * int(n) for s, n in spec)
+        largest = max(parse_size(s) * int(n) for s, n in spec or [("4K", "1")])
         cache = ep.alloc_gpu(2 * largest, gpu=dev)
         region = ep.reg(cache, name=name)
         deadline = time.monotonic() + 600
