@@ -7,6 +7,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -129,6 +130,108 @@ py::dict CudaArrayInterface(uint64_t ptr, size_t nbytes) {
   d["strides"] = py::none();
   d["stream"] = py::none();
   return d;
+}
+
+// Operations from Python, checked and converted once: (Region, local_offset,
+// RemoteRegion, remote_offset[, length]) each, as the package's Region and
+// RemoteRegion objects. A Batch may be submitted any number of times; it holds
+// the objects it names. Conversion is here, not in Python, because it is per
+// operation (a KV hand-off writes thousands of blocks per call).
+struct Batch {
+  std::vector<TransferOp> ops;
+  py::list keep;                  // every Region and RemoteRegion named (each once)
+  std::vector<py::handle> remotes;  // of those, the RemoteRegions (checked for close at each submit)
+  int cuda_device = -1;           // the device of the first CUDA source, -1 when none
+  uint64_t bytes = 0;
+};
+
+constexpr const char* kOpShape = "an operation is (Region, local_offset, RemoteRegion, remote_offset, length)";
+
+uint64_t AttrU64(py::handle o, const char* name) {
+  py::object v = py::reinterpret_steal<py::object>(PyObject_GetAttrString(o.ptr(), name));
+  if (!v) throw py::error_already_set();
+  return v.cast<uint64_t>();
+}
+
+bool RemoteClosed(py::handle remote) {
+  PyObject* c = PyObject_GetAttrString(remote.ptr(), "_closed");
+  if (c == nullptr) throw py::error_already_set();
+  int t = PyObject_IsTrue(c);
+  Py_DECREF(c);
+  return t == 1;
+}
+
+// A non-negative Python int (offsets and lengths); InvalidArgument otherwise.
+uint64_t Offset(PyObject* v) {
+  if (!PyLong_Check(v)) Throw(absl::InvalidArgumentError("offsets and lengths must be integers"));
+  int overflow = 0;
+  long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+  if (overflow > 0) Throw(absl::InvalidArgumentError("an offset or length is too large"));
+  if (overflow < 0 || x < 0) Throw(absl::InvalidArgumentError("offsets and lengths must not be negative"));
+  return static_cast<uint64_t>(x);
+}
+
+std::unique_ptr<Batch> Prepare(const py::iterable& ops) {
+  auto b = std::make_unique<Batch>();
+  // Consecutive operations mostly name the same two regions: looked up once each.
+  struct LocalView {
+    PyObject* obj = nullptr;
+    const Local* local = nullptr;
+    uint64_t offset = 0, nbytes = 0;
+  } lv;
+  struct RemoteView {
+    PyObject* obj = nullptr;
+    const Remote* remote = nullptr;
+  } rv;
+  for (py::handle item : ops) {
+    py::object seq = py::reinterpret_steal<py::object>(PySequence_Fast(item.ptr(), kOpShape));
+    if (!seq) {
+      PyErr_Clear();
+      Throw(absl::InvalidArgumentError(kOpShape));
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.ptr());
+    if (n != 4 && n != 5) Throw(absl::InvalidArgumentError(kOpShape));
+    PyObject** f = PySequence_Fast_ITEMS(seq.ptr());
+    if (f[0] != lv.obj) {
+      py::object l = py::reinterpret_steal<py::object>(PyObject_GetAttrString(f[0], "_local"));
+      if (!l || !py::isinstance<Local>(l)) {
+        PyErr_Clear();
+        Throw(absl::InvalidArgumentError(kOpShape));
+      }
+      lv = {f[0], l.cast<const Local*>(), AttrU64(f[0], "_offset"), AttrU64(f[0], "_nbytes")};
+      b->keep.append(py::handle(f[0]));
+      if (b->cuda_device < 0) {
+        py::handle h(f[0]);
+        if (h.attr("is_cuda").cast<bool>()) b->cuda_device = h.attr("device").cast<int>();
+      }
+    }
+    if (f[2] != rv.obj) {
+      py::object r = py::reinterpret_steal<py::object>(PyObject_GetAttrString(f[2], "_remote"));
+      if (!r || !py::isinstance<Remote>(r)) {
+        PyErr_Clear();
+        Throw(absl::InvalidArgumentError(kOpShape));
+      }
+      if (RemoteClosed(f[2])) Throw(absl::FailedPreconditionError("the remote region was closed"));
+      rv = {f[2], r.cast<const Remote*>()};
+      b->keep.append(py::handle(f[2]));
+      b->remotes.push_back(py::handle(f[2]));
+    }
+    uint64_t lo = Offset(f[1]), ro = Offset(f[3]);
+    uint64_t len = 0;
+    if (n == 5 && f[4] != Py_None) {
+      len = Offset(f[4]);
+    } else {
+      uint64_t rsize = rv.remote->region.size;
+      len = std::min(lo < lv.nbytes ? lv.nbytes - lo : 0, ro < rsize ? rsize - ro : 0);
+    }
+    if (lo > lv.nbytes || len > lv.nbytes - lo) {
+      Throw(absl::InvalidArgumentError(absl::StrCat("local range ", lo, "+", len, " is outside the region's ",
+                                                    lv.nbytes, " bytes")));
+    }
+    b->ops.push_back(TransferOp{&lv.local->region, lv.offset + lo, &rv.remote->region, ro, len});
+    b->bytes += len;
+  }
+  return b;
 }
 
 // --- the endpoint ------------------------------------------------------------
@@ -267,6 +370,16 @@ class Endpoint {
     }
     py::gil_scoped_release nogil;
     return Unwrap(write ? engine_->WriteAsync(v) : engine_->ReadAsync(v));
+  }
+
+  // A prepared batch (the remote regions it names must still be open).
+  uint64_t SubmitBatch(const Batch& b, bool write) {
+    Live();
+    for (py::handle r : b.remotes) {
+      if (RemoteClosed(r)) Throw(absl::FailedPreconditionError("the remote region was closed"));
+    }
+    py::gil_scoped_release nogil;
+    return Unwrap(write ? engine_->WriteAsync(b.ops) : engine_->ReadAsync(b.ops));
   }
 
   // One operation, submitted and waited for under one release of the GIL
@@ -416,6 +529,12 @@ PYBIND11_MODULE(_podlink, m) {
         return CudaArrayInterface(r.mapping->device_ptr(), r.mapping->size());
       });
 
+  py::class_<Batch>(m, "Batch", "Operations checked and converted once (Endpoint.prepare).")
+      .def_property_readonly("count", [](const Batch& b) { return b.ops.size(); })
+      .def_property_readonly("nbytes", [](const Batch& b) { return b.bytes; })
+      .def_property_readonly("cuda_device", [](const Batch& b) { return b.cuda_device; });
+  m.def("prepare", &Prepare, py::arg("ops"));
+
   py::class_<Endpoint>(m, "Endpoint")
       .def(py::init<const std::string&, int, bool, bool, double>(), py::arg("socket_dir"), py::arg("device"),
            py::arg("allow_direct"), py::arg("force_relay"), py::arg("timeout"))
@@ -435,6 +554,7 @@ PYBIND11_MODULE(_podlink, m) {
       .def("close_remote", &Endpoint::CloseRemote)
       .def("map_remote", &Endpoint::MapRemote, py::arg("remote"), py::arg("device"))
       .def("submit", &Endpoint::Submit, py::arg("ops"), py::arg("write"))
+      .def("submit_batch", &Endpoint::SubmitBatch, py::arg("batch"), py::arg("write"))
       .def("transfer", &Endpoint::Transfer, py::arg("local"), py::arg("local_offset"), py::arg("remote"),
            py::arg("remote_offset"), py::arg("length"), py::arg("write"))
       .def("poll", &Endpoint::Poll)

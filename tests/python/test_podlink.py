@@ -109,6 +109,57 @@ def test_bad_ranges_are_value_errors(pair):
         b.write(local, remote, length=-1)
 
 
+def test_a_prepared_batch_is_checked_once_and_reused(pair):
+    a, b = pair
+    block, n = 4096, 32
+    cache = a.alloc_host(2 * n * block)
+    remote = b.open(a.describe(a.reg(cache)))
+    src = b.alloc_host(n * block)
+    local = b.reg(src)
+    ids = np.random.default_rng(7).permutation(2 * n)[:n]
+    batch = b.prepare([(local, i * block, remote, int(bid) * block, block) for i, bid in enumerate(ids)])
+    assert (batch.count, batch.nbytes, batch.cuda_device) == (n, n * block, -1)
+    for seed in (1, 2, 3):  # the same batch, new bytes each time
+        src[:] = pattern(seed, src.size)
+        b.writev(batch)
+        for i, bid in enumerate(ids):
+            assert np.array_equal(cache[bid * block:(bid + 1) * block], src[i * block:(i + 1) * block]), (seed, i)
+    back = b.alloc_host(n * block)
+    b.readv_async(b.prepare([(b.reg(back), i * block, remote, int(bid) * block, block)
+                             for i, bid in enumerate(ids)])).wait(timeout=10)
+    assert np.array_equal(back, src)
+    # A length left out is as much as both sides hold.
+    b.writev([(local, 0, remote, 2 * n * block - 100)])
+    assert np.array_equal(cache[-100:], src[:100])
+    remote.close()
+    with pytest.raises(podlink.FailedPrecondition, match="closed"):
+        b.writev(batch)  # its remote region was closed since
+
+
+def test_bad_operation_lists_are_value_errors(pair):
+    a, b = pair
+    remote = b.open(a.describe(a.reg(a.alloc_host(8192))))
+    local = b.reg(b.alloc_host(4096))
+    bad = [
+        [(local, 0, remote)],                  # too short
+        [(remote, 0, local, 0, 16)],           # the regions swapped
+        [(local, 0, "remote", 0, 16)],         # not a region
+        [42],                                  # not an operation
+        [(local, -1, remote, 0, 16)],          # negative offset
+        [(local, 0, remote, 0, -5)],           # negative length
+        [(local, 0.5, remote, 0, 16)],         # not an integer
+        [(local, 4000, remote, 0, 200)],       # past the local region
+        [(local, 0, remote, 0, 1 << 70)],      # too large
+    ]
+    for ops in bad:
+        with pytest.raises(ValueError):
+            b.writev(ops)
+        with pytest.raises(ValueError):
+            b.prepare(ops)
+    with pytest.raises(ValueError):
+        b.writev([(local, 0, remote, 8000, 200)])  # past the remote region (podlinkd's check)
+
+
 def test_memory_podlink_cannot_share_is_refused(pair):
     a, _ = pair
     with pytest.raises(ValueError, match="alloc_host"):

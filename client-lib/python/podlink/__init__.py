@@ -388,24 +388,32 @@ class Endpoint:
                                   "bytes")
         return (local._local, local._offset + local_offset, remote._remote, remote_offset, length)
 
-    def _ordered(self, ops: Sequence[Op], stream) -> None:
+    def _sync(self, device: int, stream) -> None:
         """Stream order for CUDA sources: what kernels queued before the call wrote is what is sent."""
-        torch = None
+        torch = _torch()
+        if torch is None:
+            return
+        s = stream if stream is not None else torch.cuda.current_stream(device)
+        s.synchronize()  # releases the GIL
+
+    def _ordered(self, ops: Sequence[Op], stream) -> None:
         for op in ops:
             if op[0].is_cuda:
-                torch = torch or _torch()
-                if torch is None:
-                    return
-                s = stream if stream is not None else torch.cuda.current_stream(op[0].device)
-                s.synchronize()  # releases the GIL
+                self._sync(op[0].device, stream)
                 return
 
-    def _submit(self, ops: Iterable, write: bool, stream) -> Transfer:
-        ops = list(ops)
-        if write:
-            self._ordered(ops, stream)
-        native = [self._op(*op) if len(op) == 5 else self._op(*op, None) for op in ops]
-        t = Transfer(self, self._ep.submit(native, write), ops)
+    def prepare(self, ops: Iterable[Op]) -> "_podlink.Batch":
+        """Checks and converts a list of (Region, local_offset, RemoteRegion, remote_offset, length) once, for
+        writev/readv (and their async forms) to take as many times as you like: a KV hand-off that writes the
+        same block list every step pays the per-operation cost once. The batch holds the regions it names;
+        a remote region closed since is refused at submission."""
+        return _podlink.prepare(ops)
+
+    def _submit(self, ops, write: bool, stream) -> Transfer:
+        batch = ops if isinstance(ops, _podlink.Batch) else _podlink.prepare(ops)
+        if write and batch.cuda_device >= 0:
+            self._sync(batch.cuda_device, stream)
+        t = Transfer(self, self._ep.submit_batch(batch, write), batch)
         # Kept until seen complete, so their memory outlives them even if the caller drops the handle.
         self._pending = [p for p in self._pending if not p._done]
         if len(self._pending) > 64:
@@ -449,7 +457,8 @@ class Endpoint:
         self._ep.transfer(*self._op(local, local_offset, remote, remote_offset, length), False)
 
     def writev(self, ops: Sequence[Op], stream=None, timeout: Optional[float] = None) -> None:
-        """Writes a list of (Region, local_offset, RemoteRegion, remote_offset, length) as one batch."""
+        """Writes a list of (Region, local_offset, RemoteRegion, remote_offset, length), or a Batch from
+        prepare(), as one batch."""
         self.writev_async(ops, stream).wait(timeout)
 
     def readv(self, ops: Sequence[Op], timeout: Optional[float] = None) -> None:
