@@ -34,7 +34,7 @@
 // --kv-iters times after a warm-up, read back and compared block by block.
 // One JSON line per entry on stdout; exit 1 on a wrong block.
 //
-//   podlink-bench --kv-open kv-bench [--kv-blocks 16K:4096,64K:2048] [--kv-iters 10]
+//   podlink-bench --kv-open kv-bench [--kv-blocks 16K:4096,64K:2048] [--kv-iters 10] [--kv-relay]
 //
 // (podlink-bench --help lists every option.)
 #include <algorithm>
@@ -80,6 +80,7 @@ ABSL_FLAG(std::string, kv_open, "",
 ABSL_FLAG(std::string, kv_blocks, "16K:4096,64K:2048,256K:1024,1M:256,4M:64",
           "--kv-open: block size and count per run, SIZE:COUNT comma-separated (sizes may end in K, M or G)");
 ABSL_FLAG(int, kv_iters, 10, "--kv-open: timed Writev calls per block size, after one warm-up");
+ABSL_FLAG(bool, kv_relay, false, "--kv-open: through podlinkd's relay even where the peer's GPU could be mapped");
 ABSL_FLAG(int, kv_wait, 120, "--kv-open: seconds to wait for the export to appear");
 ABSL_FLAG(std::string, json, "", "also write every row and the latencies to this JSON file");
 ABSL_FLAG(bool, corrupt_for_test, false,
@@ -114,6 +115,7 @@ struct Args {
   std::string kv_open;
   std::vector<std::pair<uint64_t, uint64_t>> kv_blocks;  // (block bytes, blocks)
   int kv_iters = 0, kv_wait = 0;
+  bool kv_relay = false;
 };
 
 // "16K" -> 16384; false when `s` is not a positive size.
@@ -151,6 +153,7 @@ absl::StatusOr<Args> ArgsFromFlags(const std::vector<std::string>& positional) {
   a.kv_open = absl::GetFlag(FLAGS_kv_open);
   a.kv_iters = absl::GetFlag(FLAGS_kv_iters);
   a.kv_wait = absl::GetFlag(FLAGS_kv_wait);
+  a.kv_relay = absl::GetFlag(FLAGS_kv_relay);
   auto positive = [](const char* flag, int64_t v) {
     return absl::InvalidArgumentError(absl::StrFormat("--%s must be a positive integer (got '%d')", flag, v));
   };
@@ -474,6 +477,8 @@ int RunKv(const Args& a, const podlink::cu::Driver* d) {
   eo.device = a.src_gpu;
   eo.log_transport = false;
   eo.timeout = absl::Minutes(5);
+  eo.force_relay = a.kv_relay;
+  eo.allow_direct = !a.kv_relay;
   auto eng = podlink::TransferEngine::Create(**c, eo);
   if (!eng.ok()) Fail("engine", eng.status());
   // The decode pod exports its cache by name; wait until it may be imported.

@@ -103,7 +103,7 @@ expect 2 err "kv-put needs --seed" "$DEMO" kv-put --desc x
 echo "== podlink-bench"
 common "$BENCH" podlink-bench
 help_lists "$BENCH" --bidir-sizes --csv --dst-gpu --json --lat-iters --modes --passes --src-gpu --total --window \
-  --kv-open --kv-blocks --kv-iters --kv-wait
+  --kv-open --kv-blocks --kv-iters --kv-wait --kv-relay
 # Accepted: stops at CUDA (no driver) or at connecting (no daemon), exit 1.
 expect 1 err "podlink-bench: " "$BENCH" --total=4096 --passes 1 --lat-iters=1 --modes relay,direct --src-gpu=0 \
   --dst-gpu 0 --bidir-sizes 4096,8192 --window=2 --csv "$TMP/b.csv" --json="$TMP/b.json"
@@ -114,7 +114,7 @@ expect 2 err "--passes must be a positive integer (got '0')" "$BENCH" --passes=0
 expect 2 err "--lat-iters must be a positive integer" "$BENCH" --lat-iters 0
 expect 2 err "--window must be a positive integer (got '-1')" "$BENCH" --window -1
 expect 2 err "--src-gpu must be a GPU index" "$BENCH" --src-gpu=-1
-expect 1 err "podlink-bench: " "$BENCH" --kv-open cache --kv-blocks 16K:8,4M:2 --kv-iters=1 --kv-wait 0
+expect 1 err "podlink-bench: " "$BENCH" --kv-open cache --kv-blocks 16K:8,4M:2 --kv-iters=1 --kv-wait 0 --kv-relay
 expect 2 err "--kv-blocks entries are SIZE:COUNT, e.g. 64K:2048 (got '16K:0')" "$BENCH" --kv-open c --kv-blocks 16K:0
 expect 2 err "--kv-blocks entries are SIZE:COUNT, e.g. 64K:2048 (got '16Q:4')" "$BENCH" --kv-blocks=16Q:4
 expect 2 err "--kv-blocks entries are SIZE:COUNT, e.g. 64K:2048 (got '4096')" "$BENCH" --kv-blocks 4096
