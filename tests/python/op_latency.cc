@@ -1,11 +1,14 @@
 // The C++ side of the Python binding's overhead benchmark (tests/python/bench_overhead.py): synchronous
 // one-sided writes of host memory between two sessions of this process, as `ep.write` does them from Python.
-// Prints one JSON line per size: {"api": "c++", "bytes": B, "ops": N, "us_per_op": X}.
+// Prints one JSON line per size: {"api": "c++", "bytes": B, "ops": N, "us_per_op": X}; then one for a Writev of
+// 4096 operations of 16 B into every other 16 B of the region (a scattered batch, as a KV hand-off writes):
+// {"api": "c++", "call": "writev", "bytes": 16, "batch": 4096, "us_per_op": X}.
 //
 //   op_latency [OPS]        (podlinkd at $PODLINK_SOCKET_DIR)
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "podlink/client.h"
 #include "podlink/transfer.h"
@@ -47,5 +50,18 @@ int main(int argc, char** argv) {
     std::printf("{\"api\": \"c++\", \"bytes\": %llu, \"ops\": %d, \"us_per_op\": %.3f}\n",
                 static_cast<unsigned long long>(bytes), ops, us);
   }
+  std::vector<podlink::TransferOp> batch;
+  for (uint64_t i = 0; i < 4096; ++i) batch.push_back({&*sreg, i * 16, &*remote, i * 32 % (1 << 16), 16});
+  const int calls = ops / 100 + 1;
+  for (int i = 0; i < 20; ++i) (void)(*we)->Writev(batch);
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < calls; ++i) {
+    absl::Status s = (*we)->Writev(batch);
+    if (!s.ok()) return fail("writev", s);
+  }
+  double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / calls /
+              batch.size();
+  std::printf("{\"api\": \"c++\", \"call\": \"writev\", \"bytes\": 16, \"batch\": %zu, \"us_per_op\": %.3f}\n",
+              batch.size(), us);
   return 0;
 }
