@@ -20,6 +20,8 @@
 #   socket  the isolated pods without the plugin (NCCL's NET/Socket over the
 #           veth; sizes to NCCL_TESTS_SOCKET_MAX, fewer iterations: it is slow)
 #   native  the two ranks in the host namespaces (NCCL's P2P over NVLink)
+#   native-plugin  the same, with the podlink plugin loaded as the device plugin's Allocate sets it (what loading
+#           the plugin costs NCCL's own transport; podlinkd runs but the ranks are no pods)
 #   native-pods  the isolated pods, each able to open both GPUs (direct mode), annotated
 #           podlink.io/nccl-native=true, with what the device plugin's Allocate sets and nothing else:
 #           podlinkd gives them one /dev/shm and carries NCCL's IPC sockets between their network
@@ -254,7 +256,7 @@ pods() {
   finish "$setup" "$coll" "${pids[@]}"
 }
 
-native() {
+native() {  # native SETUP COLL ARGS [ENV...]
   local setup=$1 coll=$2 args=$3; shift 3
   local port=$((29600 + RANDOM % 1000)) pids=()
   local cmd=("$NT/${coll}_perf")
@@ -263,7 +265,7 @@ native() {
     # shellcheck disable=SC2086
     env PMI_RANK=$r PMI_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port NCCL_TESTS_DEVICE=$r KV_DEVICE=$r \
         LD_LIBRARY_PATH="$NCCL_DIR" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS="$SUBSYS" NCCL_NET_PLUGIN=none \
-        NCCL_DEBUG_FILE="$WORK/nccl.$setup.$coll.rank$r.log" \
+        NCCL_DEBUG_FILE="$WORK/nccl.$setup.$coll.rank$r.log" "$@" \
         MPI_SHIM_TIMEOUT=60 $(pin $r) timeout -k 5 "$TIMEOUT" "${cmd[@]}" $args \
       > "$OUT/$setup/$coll.rank$r.log" 2>&1 &
     pids+=($!)
@@ -322,6 +324,15 @@ for s in $SETUPS; do
       echo "$ARGS" > "$OUT/native/args.txt"
       for c in $COLLS; do native native "$c" "$ARGS"; done
       [ "$KV" = 1 ] && native native kv ""
+      ;;
+    native-plugin)
+      echo "== native-plugin: host namespaces, NCCL's P2P, the podlink plugin loaded as the device plugin sets it"
+      echo "$ARGS" > "$OUT/$s/args.txt"
+      echo "host processes (no pod identity: podlinkd refuses their native-mode join); env: what Allocate sets" \
+        > "$OUT/$s/setup.txt"
+      start_daemon --config "$WORK/config-native.json"
+      for c in $COLLS; do native native-plugin "$c" "$ARGS" "${PLUGIN_ENV[@]}"; done
+      stop_daemon
       ;;
     *)
       [ -n "${PSETUP[$s]+x}" ] || { echo "unknown setup $s"; FAILED+=("$s (unknown)"); continue; }
