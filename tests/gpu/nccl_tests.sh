@@ -22,6 +22,8 @@
 #   native  the two ranks in the host namespaces (NCCL's P2P over NVLink)
 #   native-plugin  the same, with the podlink plugin loaded as the device plugin's Allocate sets it (what loading
 #           the plugin costs NCCL's own transport; podlinkd runs but the ranks are no pods)
+#   host-plugin-bare, host-env  the same, with the plugin loaded but none of its defaults, or with only the
+#           environment native-mode pods get (diagnostics for native mode below 1 MiB)
 #   native-pods  the isolated pods, each able to open both GPUs (direct mode), annotated
 #           podlink.io/nccl-native=true, with what the device plugin's Allocate sets and nothing else:
 #           podlinkd gives them one /dev/shm and carries NCCL's IPC sockets between their network
@@ -34,7 +36,8 @@
 #           the cable (tests/tcp_blast, 4 connections each way at once) is measured beside it: mesh/raw_tcp.json.
 #           NCCL_TESTS_MESH_CONFIG adds keys to both daemons' mesh section (', "connections_per_path": 8').
 # More plugin setups for experiments: NCCL_TESTS_EXTRA="name|podlinkd args|env;..."
-# (each name must start with "plugin" or "direct"). NCCL_TESTS_TRACE="setup ...": the plugin's
+# (each name must start with "plugin", "direct" or "host-"; host-* setups run the ranks in the host namespaces, as
+# native, with that environment added). NCCL_TESTS_TRACE="setup ...": the plugin's
 # step trace on in those setups (OUT_DIR/<setup>/<coll>.steps.md, raw steps beside it). Each plugin setup gets a fresh podlinkd,
 # whose relay metrics are kept. Raw output: OUT_DIR/<setup>/<coll>.rank<r>.log (NCCL's
 # own log beside it, .nccl.log); the KV hand-off's: OUT_DIR/<setup>/kv.rank1.log (JSON lines);
@@ -277,7 +280,11 @@ native() {  # native SETUP COLL ARGS [ENV...]
 # deviceplugin_test); the plugin picks the rest itself.
 PLUGIN_ENV=(NCCL_NET_PLUGIN="$PLUGIN" NCCL_NET=podlink NCCL_NET_GDR_LEVEL=SYS NCCL_NET_GDR_READ=1
             NCCL_NCHANNELS_PER_NET_PEER=16 PODLINK_SOCKET_DIR="$WORK/sock")
-declare -A PSETUP=([plugin]="||0" [direct]="||1" [native-pods]="--config $WORK/config-native.json||1")
+declare -A PSETUP=([plugin]="||0" [direct]="||1" [native-pods]="--config $WORK/config-native.json||1"
+  # Diagnostics for native mode below 1 MiB: host processes with the plugin loaded but none of its defaults
+  # (tuner off, NCCL's protocol and channels kept), and with only the environment native-mode pods get.
+  [host-plugin-bare]="--config $WORK/config-native.json|${PLUGIN_ENV[*]} NCCL_TUNER_PLUGIN=none PODLINK_NCCL_KEEP_PROTO=1 PODLINK_NCCL_KEEP_CHANNELS=1 PODLINK_NCCL_KEEP_P2P=1|0"
+  [host-env]="|NCCL_NCHANNELS_PER_NET_PEER=16 NCCL_NET_GDR_LEVEL=SYS NCCL_NET_GDR_READ=1 NCCL_TUNER_PLUGIN=none NCCL_HOSTID=podlink-host-env|0")
 IFS=';' read -ra extra <<< "${NCCL_TESTS_EXTRA:-}"
 # (names starting with "direct": pods that can open both GPUs, as in the direct setup)
 for e in "${extra[@]}"; do
@@ -332,6 +339,18 @@ for s in $SETUPS; do
         > "$OUT/$s/setup.txt"
       start_daemon --config "$WORK/config-native.json"
       for c in $COLLS; do native native-plugin "$c" "$ARGS" "${PLUGIN_ENV[@]}"; done
+      stop_daemon
+      ;;
+    host-*)
+      [ -n "${PSETUP[$s]+x}" ] || { echo "unknown setup $s"; FAILED+=("$s (unknown)"); continue; }
+      IFS='|' read -r dargs nenv both <<< "${PSETUP[$s]}"
+      echo "== $s: host namespaces, NCCL's P2P; podlinkd ${dargs:-(defaults)}; NCCL env: ${nenv:-none}"
+      echo "$ARGS" > "$OUT/$s/args.txt"
+      echo "host processes; podlinkd: ${dargs:-defaults}; env: ${nenv:-none}" > "$OUT/$s/setup.txt"
+      # shellcheck disable=SC2086
+      start_daemon $dargs
+      # shellcheck disable=SC2086
+      for c in $COLLS; do native "$s" "$c" "$ARGS" $nenv; done
       stop_daemon
       ;;
     *)
