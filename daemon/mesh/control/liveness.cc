@@ -1,0 +1,95 @@
+// Liveness: peers seen, calls in flight, idle importers, keepalives.
+#include "daemon/mesh/engine_internal.h"
+
+namespace podlink::mesh {
+namespace {
+const ComponentLog Log("mesh");
+}  // namespace
+
+void MeshEngine::SeenLocked(const std::string& node) {
+  if (last_seen_.contains(node) || last_seen_.size() < 4096) last_seen_[node] = absl::Now();
+}
+
+void MeshEngine::Touch(const std::string& node) {
+  absl::MutexLock l(&mu_);
+  SeenLocked(node);
+}
+
+void MeshEngine::BeginCall(const std::string& node) {
+  absl::MutexLock l(&mu_);
+  SeenLocked(node);
+  ++calls_of_[node];  // authenticated nodes only, each a handful of calls
+}
+
+void MeshEngine::EndCall(const std::string& node) {
+  absl::MutexLock l(&mu_);
+  SeenLocked(node);
+  auto it = calls_of_.find(node);
+  if (it != calls_of_.end() && --it->second == 0) calls_of_.erase(it);
+}
+
+void MeshEngine::SweepIdleImporters() {
+  const absl::Time now = absl::Now();
+  std::map<std::string, std::vector<uint64_t>> idle;
+  {
+    absl::MutexLock l(&mu_);
+    // By node (a handful), then the grants of idle ones only.
+    for (const auto& [node, n] : grants_per_node_) {
+      if (n == 0 || data_conns_of_.contains(node) || calls_of_.contains(node)) continue;
+      auto seen = last_seen_.find(node);
+      // A grant is given in a control call, which counts as seen.
+      if (seen != last_seen_.end() && now - seen->second < options_.grant_idle_timeout) continue;
+      idle[node];
+    }
+    if (idle.empty()) return;
+    for (const auto& [g, grant] : grants_) {
+      if (auto it = idle.find(grant.node); it != idle.end()) it->second.push_back(g);
+    }
+    for (const auto& [node, gs] : idle) {
+      idle_peer_grants_dropped_ += gs.size();
+      last_seen_.erase(node);
+    }
+  }
+  for (const auto& [node, gs] : idle) {
+    Log()->warn("event=mesh_importer_gone node={} dropped_grants={} idle_for=\"more than {}\"", node, gs.size(),
+                absl::FormatDuration(options_.grant_idle_timeout));
+    for (uint64_t g : gs) CloseRegion(node, g);
+  }
+}
+
+void MeshEngine::KeepAlive() {
+  std::set<std::shared_ptr<Peer>> peers;
+  {
+    absl::MutexLock l(&mu_);
+    if (absl::Now() - last_keepalive_ < options_.keepalive) return;
+    last_keepalive_ = absl::Now();
+    for (const auto& [id, h] : handles_) {
+      peers.insert(h.peer);
+      if (h.two_hop != nullptr) peers.insert(h.two_hop->peer);
+    }
+    for (const auto& [id, g] : grants_) {
+      if (g.forward != nullptr) peers.insert(g.forward->peer);  // a relay holds grants onward too
+    }
+  }
+  // Asynchronous calls on the peers' channels: never queued behind a peer
+  // worker's long task, never blocking this thread.
+  struct Call {
+    std::shared_ptr<pb::Mesh::Stub> stub;
+    grpc::ClientContext ctx;
+    pb::HelloRequest req;
+    pb::HelloResponse resp;
+  };
+  for (const std::shared_ptr<Peer>& p : peers) {
+    std::shared_ptr<pb::Mesh::Stub> stub = p->stub();
+    if (stub == nullptr) continue;
+    auto call = std::make_shared<Call>();
+    call->stub = stub;
+    call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.connect_timeout));
+    call->req.set_version(PODLINK_VERSION);
+    call->req.set_instance(instance_);
+    Call* c = call.get();
+    stub->async()->Hello(&c->ctx, &c->req, &c->resp, [call](grpc::Status) mutable { call.reset(); });
+  }
+}
+
+}  // namespace podlink::mesh

@@ -1,0 +1,20 @@
+// Grants held from a peer, given back.
+#include "daemon/mesh/engine_internal.h"
+
+namespace podlink::mesh {
+
+void ReleaseRemoteGrant(MeshEngine::Peer* peer, uint64_t grant) {
+  if (auto vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links())) vl->DropRegion(grant);
+  (void)peer->Post([peer, grant] {
+    std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
+    if (stub == nullptr) return;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::CloseRegionRequest req;
+    req.set_grant(grant);
+    pb::CloseRegionResponse ignored;
+    (void)stub->CloseRegion(&ctx, req, &ignored);
+  });
+}
+
+}  // namespace podlink::mesh

@@ -1,0 +1,166 @@
+// Helpers the mesh engine's files share (engine_internal.h).
+#include "daemon/mesh/engine_internal.h"
+
+namespace podlink::mesh {
+
+// A relay's refusal to stage a region over verbs for its caller (no bounce
+// pool for it; or, from a relay of a version before staging, "relayed
+// regions ride TCP links"): the hop to it can still go over TCP.
+bool RelayCannotStage(const absl::Status& st) {
+  return st.code() == absl::StatusCode::kFailedPrecondition &&
+         (absl::StrContains(st.message(), kRelayCannotStage) ||
+          absl::StrContains(st.message(), "relayed regions ride TCP links"));
+}
+
+absl::StatusOr<std::string> ReadPem(const std::string& dir, const char* name) {
+  std::string path = dir + "/" + name;
+  std::ifstream in(path);
+  if (!in) {
+    return absl::FailedPreconditionError(absl::StrCat("mesh certificate file ", path, " cannot be read: ",
+                                                      std::strerror(errno), " (mesh.cert_dir needs ca.crt, tls.crt, tls.key)"));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (ss.str().find("-----BEGIN") == std::string::npos) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not PEM"));
+  }
+  return ss.str();
+}
+
+absl::Status FromGrpc(const grpc::Status& s, const std::string& node) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat("node ", node, ": ", s.error_message()));
+}
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  return s.ok() ? grpc::Status::OK : grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+uint64_t RandomU64() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+std::string RandomCookie() {
+  std::random_device rd;
+  std::string c(kCookieBytes, '\0');
+  for (size_t i = 0; i < kCookieBytes; i += 4) {
+    uint32_t v = rd();
+    std::memcpy(c.data() + i, &v, 4);
+  }
+  return c;
+}
+
+void TuneDataSocket(int fd, absl::Duration io_timeout) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  unsigned timeout_ms = static_cast<unsigned>(absl::ToInt64Milliseconds(io_timeout));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout_ms, sizeof(timeout_ms));
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  int idle = std::max(1, static_cast<int>(absl::ToInt64Seconds(io_timeout)) / 2), intvl = 1, cnt = 3;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+}
+
+socklen_t ToSockaddr(const IpPrefix& a, uint16_t port, sockaddr_storage* ss) {
+  std::memset(ss, 0, sizeof(*ss));
+  if (a.family == AF_INET) {
+    auto* s4 = reinterpret_cast<sockaddr_in*>(ss);
+    s4->sin_family = AF_INET;
+    s4->sin_port = htons(port);
+    std::memcpy(&s4->sin_addr, a.addr.data(), 4);
+    return sizeof(*s4);
+  }
+  auto* s6 = reinterpret_cast<sockaddr_in6*>(ss);
+  s6->sin6_family = AF_INET6;
+  s6->sin6_port = htons(port);
+  std::memcpy(&s6->sin6_addr, a.addr.data(), 16);
+  return sizeof(*s6);
+}
+
+std::string HostPort(const IpPrefix& a, uint32_t port) {
+  return a.family == AF_INET6 ? absl::StrCat("[", a.AddressText(), "]:", port) : absl::StrCat(a.AddressText(), ":", port);
+}
+
+// Connects `path` to `port` within `timeout`; the socket is blocking after.
+absl::StatusOr<UniqueFd> Dial(const Path& path, uint16_t port, absl::Duration timeout) {
+  UniqueFd fd(::socket(path.remote.family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) return ErrnoStatus(errno, "socket");
+  if (!path.fallback) {
+    sockaddr_storage local;
+    socklen_t len = ToSockaddr(path.local, 0, &local);
+    if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&local), len) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("bind ", path.local.AddressText()));
+    }
+  }
+  sockaddr_storage remote;
+  socklen_t len = ToSockaddr(path.remote, port, &remote);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&remote), len) != 0 && errno != EINPROGRESS) {
+    return ErrnoStatus(errno, absl::StrCat("connect ", HostPort(path.remote, port)));
+  }
+  pollfd p{fd.get(), POLLOUT, 0};
+  int n = ::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout)));
+  if (n <= 0) {
+    return absl::UnavailableError(absl::StrCat("connect ", HostPort(path.remote, port), ": no answer within ",
+                                               absl::FormatDuration(timeout)));
+  }
+  int err = 0;
+  socklen_t elen = sizeof(err);
+  ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &elen);
+  if (err != 0) {
+    return absl::UnavailableError(absl::StrCat("connect ", HostPort(path.remote, port), ": ", std::strerror(err)));
+  }
+  ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
+  return fd;
+}
+
+
+char* ChunkBuffer() {
+  thread_local std::unique_ptr<char[]> buf;
+  if (buf == nullptr) buf.reset(new char[kGpuChunk]);
+  return buf.get();
+}
+
+absl::Status ReadFullBefore(int fd, void* buf, size_t len, absl::Time deadline) {
+  auto* p = static_cast<char*>(buf);
+  while (len > 0) {
+    int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (ms <= 0) return absl::DeadlineExceededError("deadline");
+    pollfd pf{fd, POLLIN, 0};
+    int r = ::poll(&pf, 1, static_cast<int>(ms));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return absl::DeadlineExceededError("deadline");
+    ssize_t n = ::recv(fd, p, len, MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) return absl::UnavailableError("closed");
+    p += n;
+    len -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+bool ValidNodeName(const std::string& n) {
+  if (n.empty() || n.size() > 253) return false;
+  for (char ch : n) {
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-' || ch == '.')) return false;
+  }
+  return true;
+}
+
+std::string PathName(const Path& path) {
+  return absl::StrCat(path.fallback ? "routed" : path.local.AddressText(), "->", path.remote.AddressText());
+}
+
+absl::Status SendAck(int fd, uint64_t tag, const absl::Status& st) {
+  std::string text(st.message().substr(0, 4096));
+  FrameHeader h{};
+  h.magic = kFrameMagic;
+  h.type = static_cast<uint16_t>(FrameType::kAck);
+  h.length = static_cast<uint32_t>(text.size());
+  h.status = static_cast<int32_t>(st.code());
+  h.tag = tag;
+  return WriteFrame(fd, h, text.data(), text.size());
+}
+
+}  // namespace podlink::mesh

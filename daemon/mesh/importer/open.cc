@@ -1,0 +1,554 @@
+// The importing side: peers, connects, opens (direct, through a relay,
+// two-hop), handles, data dials.
+#include "daemon/mesh/engine_internal.h"
+
+namespace podlink::mesh {
+namespace {
+const ComponentLog Log("mesh");
+}  // namespace
+
+// --- importing side ----------------------------------------------------------
+
+std::shared_ptr<MeshEngine::Peer> MeshEngine::PeerFor(const RemoteTarget& target, bool tcp) {
+  tcp = tcp && options_.transport != "tcp";  // with TCP links anyway, one peer serves both
+  const std::string key = tcp ? target.node_name + "/tcp" : target.node_name;
+  std::vector<std::shared_ptr<Peer>> evicted;  // destroyed outside the lock (their workers are joined)
+  absl::MutexLock l(&mu_);
+  // Stopping: the peers were taken away already (a worker's open that
+  // needs another peer, OverTcp, gets none).
+  if (stopping_.load(std::memory_order_acquire)) return nullptr;
+  if (auto it = peers_.find(key); it != peers_.end()) return it->second;
+  if (peers_.size() >= kMaxPeers) {
+    // Forget peers that are idle, hold no connection and back no handle
+    // (names pods asked for that never answered, for example).
+    std::set<const Peer*> in_use;
+    for (const auto& [id, h] : handles_) {
+      in_use.insert(h.peer.get());
+      if (h.two_hop != nullptr) in_use.insert(h.two_hop->peer.get());
+    }
+    for (const auto& [id, g] : grants_) {
+      if (g.forward != nullptr) in_use.insert(g.forward->peer.get());
+    }
+    for (auto it = peers_.begin(); it != peers_.end();) {
+      std::shared_ptr<DataLinks> links = it->second->links();
+      if (it->second->idle() && !in_use.count(it->second.get()) && (links == nullptr || links->live() == 0)) {
+        evicted.push_back(std::move(it->second));
+        it = peers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (peers_.size() >= kMaxPeers) return nullptr;
+  }
+  std::shared_ptr<Peer>& p = peers_[key];
+  p = std::make_shared<Peer>(target.node_name, tcp);
+  return p;
+}
+
+void MeshEngine::CarryGrant(const std::shared_ptr<Peer>& peer, const RemoteTarget& target,
+                            const pb::OpenRegionResponse& resp,
+                            std::function<void(const std::shared_ptr<Peer>&)> install,
+                            std::function<void(absl::Status)> failed) {
+  std::shared_ptr<verbs::VerbsLinks> vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links());
+  if (vl == nullptr) return install(peer);
+  if (!resp.staged_reason().empty()) {
+    // The owner moves each slice between the export and its bounce pool;
+    // this node's queue pairs carry it as for any other grant.
+    Log()->info("event=mesh_region_staged node={} export={} grant={} why={}", target.node_name, resp.export_id(),
+                resp.grant(), LogQuoted(resp.staged_reason().substr(0, 256)));
+    vl->AddStagedRegion(resp.grant(), resp.staged_slice_bytes());
+    return install(peer);
+  }
+  if (resp.over_tcp_reason().empty()) {
+    std::vector<verbs::RegionKey> keys;
+    for (const pb::VerbsKey& k : resp.verbs_keys()) keys.push_back(verbs::RegionKey{k.device(), k.rkey(), k.base()});
+    vl->AddRegion(resp.grant(), std::move(keys));
+    return install(peer);
+  }
+  // The owner cannot register this export for RDMA (a GPU export its NICs
+  // cannot reach by dma-buf, memory it may not pin): the grant is carried by
+  // this node's TCP links to it instead.
+  Log()->info("event=mesh_region_over_tcp node={} export={} grant={} why={}", target.node_name, resp.export_id(),
+              resp.grant(), LogQuoted(resp.over_tcp_reason().substr(0, 256)));
+  OverTcp(target, [peer, grant = resp.grant(), install = std::move(install),
+                   failed = std::move(failed)](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
+    if (!tcp.ok()) {
+      ReleaseRemoteGrant(peer.get(), grant);
+      return failed(tcp.status());
+    }
+    install(*tcp);
+  });
+}
+
+void MeshEngine::ConnectOrOverTcp(const std::shared_ptr<Peer>& peer, const RemoteTarget& target,
+                                  std::function<void(const std::shared_ptr<Peer>&)> then,
+                                  std::function<void(absl::Status)> failed) {
+  // The node answered, but no RDMA path to it came up lately (no RDMA
+  // device or GID for this node's address, the owner refusing the queue
+  // pairs): over the TCP links to it instead, said and counted, without
+  // trying RDMA again for kVerbsRetry.
+  constexpr absl::Duration kVerbsRetry = absl::Seconds(30);
+  bool verbs_failed = false;
+  absl::Status st;
+  if (options_.verbs_tcp_fallback && !peer->tcp() && absl::Now() < peer->verbs_retry_after() &&
+      (peer->links() == nullptr || peer->links()->live() == 0)) {
+    verbs_failed = true;
+    st = absl::UnavailableError(absl::StrCat("no RDMA path to node ", target.node_name, " came up lately"));
+  } else {
+    st = Connect(peer, target, &verbs_failed);
+    if (verbs_failed) peer->set_verbs_retry_after(absl::Now() + kVerbsRetry);
+  }
+  if (st.ok()) return then(peer);
+  if (!verbs_failed || !options_.verbs_tcp_fallback) return failed(st);
+  verbs_fallbacks_.fetch_add(1, std::memory_order_relaxed);
+  if (fallback_log_.Due()) {
+    Log()->warn("event=mesh_verbs_fallback node={} why={} (opens over TCP so far: {})", target.node_name,
+                LogQuoted(st.message().substr(0, 512)), verbs_fallbacks_.load(std::memory_order_relaxed));
+  }
+  OverTcp(target, [then = std::move(then), failed = std::move(failed), st](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
+    if (!tcp.ok()) {
+      return failed(absl::Status(tcp.status().code(),
+                                 absl::StrCat(tcp.status().message(), " (over RDMA before: ", st.message(), ")")));
+    }
+    then(*tcp);
+  });
+}
+
+void MeshEngine::OverTcp(const RemoteTarget& target,
+                         std::function<void(absl::StatusOr<std::shared_ptr<Peer>>)> next) {
+  std::shared_ptr<Peer> tcp = PeerFor(target, /*tcp=*/true);
+  if (tcp == nullptr) {
+    return next(NoPeer());
+  }
+  auto answer = std::make_shared<AnswerOnce<std::shared_ptr<Peer>>>(
+      std::move(next), "the open over TCP was dropped (podlinkd is stopping)");
+  // Connected on that peer's own worker, as every dial of it is; the task
+  // holds no reference to its own peer (a worker must not outlive it).
+  std::weak_ptr<Peer> weak = tcp;
+  bool posted = tcp->Post([this, weak, target, answer] {
+    std::shared_ptr<Peer> peer = weak.lock();
+    if (peer == nullptr) return;  // going away: the answer's last holder says so
+    if (stopping_.load(std::memory_order_acquire)) return (*answer)(StoppingStatus());
+    if (absl::Status st = Connect(peer, target); !st.ok()) return (*answer)(st);
+    (*answer)(std::move(peer));
+  });
+  if (!posted) {
+    (*answer)(NotQueued(target.node_name));
+  }
+}
+
+absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const RemoteTarget& target, bool* verbs_failed) {
+  Peer& p = *peer;
+  if (auto links = p.links(); links != nullptr && links->live() > 0 && p.stub() != nullptr) return absl::OkStatus();
+  std::vector<IpPrefix> remote = ParsePrefixes(target.addresses);
+  std::vector<IpPrefix> local = LocalForPaths();
+  std::vector<Path> paths = ChoosePaths(local, remote, options_.fallback);
+  if (paths.empty()) {
+    std::vector<std::string> mine;
+    for (const IpPrefix& a : local) mine.push_back(a.ToString());
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no direct link reaches node ", target.node_name, ": it advertises [", absl::StrJoin(target.addresses, ", "),
+        "], this node has [", absl::StrJoin(mine, ", "), "] (set mesh.fallback to let the kernel route)"));
+  }
+  std::string endpoint = HostPort(paths.front().remote, target.port);
+  std::shared_ptr<pb::Mesh::Stub> stub = NewStub(target.node_name, endpoint);
+  auto deadline = [this] { return absl::ToChronoTime(absl::Now() + options_.connect_timeout); };
+  pb::HelloResponse hello;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline());
+    pb::HelloRequest req;
+    req.set_version(PODLINK_VERSION);
+    req.set_instance(instance_);
+    AddAdverts(req.mutable_adverts());
+    PODLINK_RETURN_IF_ERROR(FromGrpc(stub->Hello(&ctx, req, &hello), target.node_name));
+  }
+  if (hello.node_name() != target.node_name) {
+    return absl::PermissionDeniedError(absl::StrCat("the daemon at ", endpoint, " is node '", hello.node_name(),
+                                                    "', not '", target.node_name, "'"));
+  }
+  // Said by the node itself (its certificate names it): routes may go
+  // through it to the nodes it is cabled to.
+  Learn(target.node_name, {hello.addresses().begin(), hello.addresses().end()}, hello.control_port());
+  AcceptAdverts(target.node_name, hello.adverts());
+  p.set_paths(paths, PeerLinkInfo(hello));
+  if (options_.transport == "verbs" && !p.tcp()) {
+    auto open = [&](const pb::OpenVerbsRequest& req) -> absl::StatusOr<pb::OpenVerbsResponse> {
+      grpc::ClientContext ctx;
+      // The owner may open its device and make QPs first: more than a
+      // handshake (seconds on emulated soft-RoCE).
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.connect_timeout + absl::Seconds(25)));
+      pb::OpenVerbsResponse resp;
+      PODLINK_RETURN_IF_ERROR(FromGrpc(stub->OpenVerbs(&ctx, req, &resp), target.node_name));
+      return resp;
+    };
+    absl::StatusOr<std::shared_ptr<verbs::VerbsLinks>> made = ConnectVerbs(target.node_name, paths, open);
+    if (!made.ok()) {
+      if (verbs_failed != nullptr) *verbs_failed = true;
+      return made.status();
+    }
+    std::shared_ptr<verbs::VerbsLinks> vl = *std::move(made);
+    // A path whose QPs all failed gets new ones in the background (the
+    // owner drops the failed ones), while the other paths carry on.
+    vl->set_on_path_down(RepairOnDown(peer, vl, paths, 0));
+    Log()->info("event=mesh_peer_connected node={} control={} transport=verbs paths={} qps={}", target.node_name,
+                endpoint, paths.size(), vl->live());
+    p.set_stub(std::move(stub));
+    p.instance.store(hello.instance(), std::memory_order_release);
+    p.set_links(std::move(vl));
+    return absl::OkStatus();
+  }
+  uint32_t per_path = options_.connections_per_path;
+  pb::OpenLinkResponse link;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline());
+    pb::OpenLinkRequest req;
+    req.set_connections(static_cast<uint32_t>(std::min<size_t>(64, paths.size() * per_path)));
+    PODLINK_RETURN_IF_ERROR(FromGrpc(stub->OpenLink(&ctx, req, &link), target.node_name));
+  }
+  auto links = std::make_shared<PeerLinks>(target.node_name, options_.slice_bytes, options_.slices_in_flight,
+                                           options_.answer_timeout, options_.tcp_zero_copy);
+  int cookie = 0;
+  absl::Status last;
+  for (const Path& path : paths) {
+    for (uint32_t i = 0; i < per_path && cookie < link.cookies_size(); ++i) {
+      absl::StatusOr<UniqueFd> fd = DialData(path, link.data_port(), link.cookies(cookie++), links->instance(),
+                                             options_.connect_timeout);
+      if (fd.ok()) {
+        links->AddConnection(*std::move(fd), PathName(path));
+      } else {
+        last = fd.status();
+      }
+    }
+  }
+  if (links->live() == 0) {
+    return absl::UnavailableError(absl::StrCat("no data connection to node ", target.node_name, ": ", last.message()));
+  }
+  Log()->info("event=mesh_peer_connected node={} control={} paths={} connections={}", target.node_name, endpoint,
+              paths.size(), links->live());
+  // A connection that fails later is dialed again over its path.
+  links->set_on_down(RepairOnDown(peer, links, paths, link.data_port()));
+  p.set_stub(std::move(stub));
+  p.instance.store(hello.instance(), std::memory_order_release);
+  p.set_links(std::move(links));
+  return absl::OkStatus();
+}
+
+void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget target, OpenDone done) {
+  if (target.node_name.empty() || target.node_name == node_name_) {
+    return done(absl::InvalidArgumentError("a remote region names another node"));
+  }
+  if (target.port == 0 || target.port > 65535) return done(absl::InvalidArgumentError("bad mesh port"));
+  if (!ValidNodeName(target.node_name)) {
+    return done(absl::InvalidArgumentError("a node name is 1 to 253 of a-z, 0-9, '-' and '.'"));
+  }
+  pb::OpenRegionRequest req;
+  pb::ForwardedIdentity* who = req.mutable_importer();
+  who->set_node(node_name_);
+  who->set_key(pod.key);
+  who->set_pod_uid(pod.uid);
+  who->set_namespace_(pod.namespace_);
+  who->set_pod_name(pod.name);
+  who->mutable_annotations()->insert(pod.annotations.begin(), pod.annotations.end());
+  who->set_source(pod.source);
+  if (!target.name.empty()) {
+    req.set_name(target.name);
+  } else {
+    req.set_export_id(target.export_id);
+  }
+  const pb::OpenRegionRequest unrouted = req;
+  // The node to call: the owner when a cable reaches it, else the first
+  // relay of the shortest route through nodes this one knows, else (only if
+  // configured) the owner through the kernel's routing.
+  RemoteTarget hop = target;
+  std::vector<std::string> relays;  // the route's, first hop first; empty: direct
+  std::vector<IpPrefix> local = LocalForPaths();
+  std::vector<IpPrefix> remote = ParsePrefixes(target.addresses);
+  const bool cabled = !ChoosePaths(local, remote, false).empty();
+  if (!cabled) {
+    std::map<std::string, std::vector<IpPrefix>> graph;
+    std::map<std::string, Known> known;
+    {
+      absl::MutexLock l(&mu_);
+      known = known_;
+    }
+    for (const auto& [name, k] : known) graph[name] = ParsePrefixes(k.addresses);
+    graph[target.node_name] = remote;  // the descriptor's word, for this open only
+    std::optional<std::vector<std::string>> via = RelayPath(node_name_, local, graph, target.node_name);
+    if (via.has_value() && !via->empty()) {
+      uint64_t nonce = 0;
+      if (absl::Status st = SignRoute(target, *via, &req, &nonce); !st.ok()) return done(st);
+      relays = *via;
+      hop.node_name = via->front();
+      hop.addresses = known[hop.node_name].addresses;
+      hop.port = known[hop.node_name].port;
+      Log()->info("event=mesh_route destination={} via={}", target.node_name, absl::StrJoin(*via, ","));
+      absl::MutexLock l(&mu_);
+      ++routed_opens_;
+    } else if (!options_.fallback) {
+      std::vector<std::string> mine;
+      for (const IpPrefix& a : local) mine.push_back(a.ToString());
+      return done(absl::FailedPreconditionError(absl::StrCat(
+          "no direct link reaches node ", target.node_name, ": it advertises [", absl::StrJoin(target.addresses, ", "),
+          "], this node has [", absl::StrJoin(mine, ", "),
+          "], and no node this one knows (mesh.peers, or a daemon it talked to) relays to it (set mesh.fallback to "
+          "let the kernel route)")));
+    }
+  }
+  const bool two_hop = cabled && options_.two_hop_stripe && options_.transport == "tcp";
+  OpenThrough(hop, req, target.node_name, relays.size(),
+              [this, session, done = std::move(done), destination = target.node_name, via = relays, two_hop, target,
+               unrouted](absl::StatusOr<Carried> opened) {
+                if (!opened.ok()) return done(opened.status());
+                const pb::OpenRegionResponse& resp = opened->resp;
+                RemoteRegionInfo info;
+                bool over = false;
+                {
+                  absl::MutexLock l(&mu_);
+                  uint32_t& mine = handles_per_session_[session];
+                  if (stopping_.load(std::memory_order_acquire) || mine >= options_.max_handles_per_session) {
+                    over = true;
+                  } else {
+                    ++mine;
+                    info.handle = kRemoteHandleBit | next_handle_++;
+                    handles_[info.handle] =
+                        Handle{session, opened->carrier, resp.grant(), resp.size(), resp.instance(),
+                               destination, via, nullptr};
+                  }
+                }
+                if (over) {
+                  ReleaseRemoteGrant(opened->carrier.get(), resp.grant());  // its verbs keys too
+                  if (stopping_.load(std::memory_order_acquire)) return done(StoppingStatus());
+                  return done(absl::ResourceExhaustedError(absl::StrCat(
+                      "this session holds ", options_.max_handles_per_session, " remote regions (the limit)")));
+                }
+                info.export_id = resp.export_id();
+                info.size = resp.size();
+                info.handle_type = resp.handle_type();
+                info.owner_namespace = resp.owner_namespace();
+                info.owner_name = resp.owner_name();
+                const uint64_t handle = info.handle, export_id = info.export_id, size = info.size;
+                done(info);
+                if (two_hop) AddTwoHop(session, handle, target, unrouted, export_id, size);
+              });
+}
+
+absl::Status MeshEngine::SignRoute(const RemoteTarget& target, const std::vector<std::string>& via,
+                                   pb::OpenRegionRequest* req, uint64_t* nonce, bool fenceable) const {
+  pb::OriginClaim claim;
+  claim.set_origin(node_name_);
+  *claim.mutable_importer() = req->importer();
+  claim.mutable_destination()->set_node(target.node_name);
+  for (const std::string& a : target.addresses) claim.mutable_destination()->add_addresses(a);
+  claim.mutable_destination()->set_port(target.port);
+  for (const std::string& v : via) claim.add_via(v);
+  if (!target.name.empty()) {
+    claim.set_name(target.name);
+  } else {
+    claim.set_export_id(target.export_id);
+  }
+  claim.set_issued_unix_seconds(absl::ToUnixSeconds(absl::Now()));
+  do {
+    *nonce = RandomU64();
+  } while (*nonce == 0);
+  claim.set_nonce(*nonce);
+  claim.set_fenceable(fenceable);
+  pb::Route* route = req->mutable_route();
+  claim.SerializeToString(route->mutable_claim());
+  const Pems pems = CurrentPems();
+  PODLINK_ASSIGN_OR_RETURN(std::string sig, SignWithKey(pems.key, route->claim()));
+  route->set_signature(std::move(sig));
+  route->set_origin_cert(pems.cert);
+  return absl::OkStatus();
+}
+
+void MeshEngine::OpenThrough(const RemoteTarget& hop, pb::OpenRegionRequest req, const std::string& destination,
+                             size_t relays, std::function<void(absl::StatusOr<Carried>)> got) {
+  // Over this node's transport to a relay too: over verbs the relay stages
+  // the region (its bounce pool holds each slice until the next node took
+  // it); one that cannot is reached over TCP instead (below).
+  std::shared_ptr<Peer> peer = PeerFor(hop, /*tcp=*/false);
+  if (peer == nullptr) return got(NoPeer());
+  // The task holds no reference to the peer (it runs on the peer's own
+  // worker, which the peer outlives). Whatever holds the open's answer — the
+  // task, the open over TCP it may go on to — answers it once; one dropped
+  // on the way (engine stopping) answers as it goes.
+  auto answer = std::make_shared<AnswerOnce<Carried>>(
+      std::move(got), absl::StrCat("the open of a region of node ", destination, " was dropped (podlinkd is stopping)"));
+  Peer* p = peer.get();
+  bool posted = p->Post([this, p, hop, req = std::move(req), answer, destination, relays] {
+    std::shared_ptr<Peer> peer = p->shared_from_this();
+    auto done = [answer](absl::StatusOr<Carried> r) { (*answer)(std::move(r)); };
+    if (stopping_.load(std::memory_order_acquire)) return done(StoppingStatus());
+    // The open itself, on a connected peer, on that peer's worker (`self`:
+    // this lambda, to open again over TCP).
+    auto open_on = [this, hop, req, done, destination, relays](const auto& self,
+                                                               const std::shared_ptr<Peer>& peer) -> void {
+      std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
+      std::shared_ptr<verbs::VerbsLinks> vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links());
+      pb::OpenRegionRequest open = req;
+      open.set_verbs(vl != nullptr);
+      open.set_accepts_over_tcp(true);
+      open.set_accepts_staged(vl != nullptr);
+      open.set_caller_instance(instance_);
+      pb::OpenRegionResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.open_per_hop * static_cast<int64_t>(1 + relays)));
+      if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, open, &resp), hop.node_name); !st.ok()) {
+        // A relay that cannot stage over verbs (no bounce pool for this
+        // node, or an older version): the hop to it goes over TCP.
+        if (vl != nullptr && hop.node_name != destination && RelayCannotStage(st)) {
+          Log()->info("event=mesh_relay_over_tcp relay={} destination={} why={}", hop.node_name, destination,
+                      LogQuoted(std::string(st.message()).substr(0, 256)));
+          return OverTcp(hop, [self, done](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
+            if (!tcp.ok()) return done(tcp.status());
+            self(self, *tcp);
+          });
+        }
+        return done(st);
+      }
+      CarryGrant(
+          peer, hop, resp, [done, resp](const std::shared_ptr<Peer>& carrier) { done(Carried{carrier, resp}); },
+          [done](absl::Status st) { done(std::move(st)); });
+    };
+    ConnectOrOverTcp(peer, hop, [open_on](const std::shared_ptr<Peer>& p) { open_on(open_on, p); },
+                     [done](absl::Status st) { done(std::move(st)); });
+  });
+  if (!posted) {
+    (*answer)(NotQueued(hop.node_name));
+  }
+}
+
+void MeshEngine::AddTwoHop(uint64_t session, uint64_t handle, RemoteTarget target, pb::OpenRegionRequest req,
+                           uint64_t export_id, uint64_t size) {
+  // The export the direct open found, by id: a name could by now stand for
+  // another export of the owner's.
+  target.name.clear();
+  target.export_id = export_id;
+  req.clear_name();
+  req.set_export_id(export_id);
+  // A relay: a node this one knows that shares a subnet with this node and
+  // with the target (the first such by name).
+  std::vector<IpPrefix> local = LocalForPaths(), remote = ParsePrefixes(target.addresses);
+  std::map<std::string, Known> known;
+  {
+    absl::MutexLock l(&mu_);
+    known = known_;
+  }
+  RemoteTarget hop;
+  for (const auto& [name, k] : known) {
+    if (name == target.node_name || name == node_name_) continue;
+    std::vector<IpPrefix> theirs = ParsePrefixes(k.addresses);
+    if (!ChoosePaths(local, theirs, false).empty() && !ChoosePaths(theirs, remote, false).empty()) {
+      hop.node_name = name;
+      hop.addresses = k.addresses;
+      hop.port = k.port;
+      break;
+    }
+  }
+  if (hop.node_name.empty()) return;  // no such relay known (yet): direct links only
+  uint64_t nonce = 0;
+  if (absl::Status st = SignRoute(target, {hop.node_name}, &req, &nonce, /*fenceable=*/true); !st.ok()) {
+    Log()->warn("event=mesh_two_hop_failed destination={} relay={} why={}", target.node_name, hop.node_name,
+                LogQuoted(st.message()));
+    return;
+  }
+  OpenThrough(hop, req, target.node_name, 1,
+              [this, session, handle, nonce, export_id, size, relay = hop.node_name,
+               destination = target.node_name](absl::StatusOr<Carried> opened) {
+                if (!opened.ok()) {
+                  Log()->warn("event=mesh_two_hop_failed destination={} relay={} why={}", destination, relay,
+                              LogQuoted(opened.status().message().substr(0, 512)));
+                  return;
+                }
+                if (opened->resp.export_id() != export_id || opened->resp.size() != size) {
+                  Log()->warn("event=mesh_two_hop_failed destination={} relay={} why=\"the route reached export {} of "
+                              "{} bytes, not {} of {}\"",
+                              destination, relay, opened->resp.export_id(), opened->resp.size(), export_id, size);
+                  return ReleaseRemoteGrant(opened->carrier.get(), opened->resp.grant());
+                }
+                auto route = std::make_shared<TwoHop>();
+                route->peer = opened->carrier;
+                route->grant = opened->resp.grant();
+                route->instance = opened->resp.instance();
+                route->nonce = nonce;
+                bool attached = false;
+                {
+                  absl::MutexLock l(&mu_);
+                  auto it = handles_.find(handle);
+                  if (!stopping_.load(std::memory_order_acquire) && it != handles_.end() &&
+                      it->second.session == session && it->second.two_hop == nullptr) {
+                    it->second.two_hop = route;
+                    attached = true;
+                  }
+                }
+                if (!attached) return ReleaseRemoteGrant(route->peer.get(), route->grant);  // the handle went first
+                two_hop_routes_.fetch_add(1, std::memory_order_relaxed);
+                Log()->info("event=mesh_two_hop destination={} relay={} handle={}", destination, relay, handle);
+              });
+}
+
+absl::Status MeshEngine::DropHandle(uint64_t session, uint64_t handle) {
+  Handle h;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = handles_.find(handle);
+    if (it == handles_.end() || it->second.session != session) {
+      if (stopping_.load(std::memory_order_acquire)) return StoppingStatus();
+      return absl::NotFoundError(absl::StrCat("no remote region ", handle, " in this session"));
+    }
+    h = std::move(it->second);
+    handles_.erase(it);
+    if (--handles_per_session_[session] == 0) handles_per_session_.erase(session);
+  }
+  ReleaseRemoteGrant(h.peer.get(), h.grant);
+  if (h.two_hop != nullptr) ReleaseRemoteGrant(h.two_hop->peer.get(), h.two_hop->grant);
+  return absl::OkStatus();
+}
+
+void MeshEngine::DropSession(uint64_t session) {
+  std::vector<uint64_t> mine;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [id, h] : handles_) {
+      if (h.session == session) mine.push_back(id);
+    }
+  }
+  for (uint64_t id : mine) (void)DropHandle(session, id);
+}
+
+
+absl::StatusOr<UniqueFd> MeshEngine::DialData(const Path& path, uint32_t port, const std::string& cookie,
+                                               uint64_t link_instance, absl::Duration timeout) const {
+  if (cookie.size() != kCookieBytes) return absl::UnavailableError("the peer issued a malformed link cookie");
+  PODLINK_ASSIGN_OR_RETURN(UniqueFd fd, Dial(path, static_cast<uint16_t>(port), timeout));
+  FrameHeader h{};
+  h.magic = kFrameMagic;
+  h.type = static_cast<uint16_t>(FrameType::kAuth);
+  h.length = kCookieBytes;
+  h.grant = link_instance;
+  PODLINK_RETURN_IF_ERROR(WriteFrame(fd.get(), h, cookie.data(), cookie.size()));
+  TuneDataSocket(fd.get(), options_.io_timeout);
+  return fd;
+}
+
+absl::Status MeshEngine::CheckInstance(const Handle& h) const {
+  if (h.peer->instance.load(std::memory_order_acquire) != h.instance) {
+    return absl::UnavailableError(absl::StrCat("node ", h.peer->node(),
+                                               "'s podlinkd restarted since the region was opened: open it again"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<MeshEngine::Handle> MeshEngine::FindHandle(uint64_t session, uint64_t handle) const {
+  absl::MutexLock l(&mu_);
+  auto it = handles_.find(handle);
+  if (it == handles_.end() || it->second.session != session) {
+    if (stopping_.load(std::memory_order_acquire)) return StoppingStatus();
+    return absl::NotFoundError(absl::StrCat("remote region ", handle, " was not opened by this session"));
+  }
+  return it->second;
+}
+
+}  // namespace podlink::mesh

@@ -1,0 +1,387 @@
+// The exporting side: cookies, claims, opens of this node's regions, and
+// relay opens for other nodes.
+#include "daemon/mesh/engine_internal.h"
+
+namespace podlink::mesh {
+namespace {
+const ComponentLog Log("mesh");
+}  // namespace
+
+// --- exporting side ----------------------------------------------------------
+
+std::unique_ptr<MeshEngine> MeshEngine::ForTesting(MeshOptions options, std::string node_name, MeshHost* host) {
+  return std::unique_ptr<MeshEngine>(new MeshEngine(std::move(options), std::move(node_name), host));
+}
+
+uint64_t MeshEngine::GrantForTesting(const std::string& node, std::shared_ptr<const ExportRecord> rec) {
+  absl::MutexLock l(&mu_);
+  uint64_t g = 0;
+  while (g == 0 || grants_.contains(g)) g = RandomU64();
+  grants_[g] = Grant{node, rec, node + "/test", nullptr, 0, {}, 0};
+  SeenLocked(node);  // a grant given is a sign of life, however long the node was quiet
+  ++grants_per_node_[node];
+  return g;
+}
+
+absl::StatusOr<std::vector<std::string>> MeshEngine::IssueCookies(const std::string& node, uint32_t n) {
+  if (n == 0 || n > 64) return absl::InvalidArgumentError("OpenLink: 1 to 64 connections");
+  absl::Time now = absl::Now();
+  absl::MutexLock l(&mu_);
+  size_t mine = 0;
+  for (auto it = cookies_.begin(); it != cookies_.end();) {
+    if (it->second.expires < now) {
+      it = cookies_.erase(it);
+      continue;
+    }
+    mine += it->second.node == node;
+    ++it;
+  }
+  if (mine + n > 256) {
+    return absl::ResourceExhaustedError(absl::StrCat("node ", node, " holds ", mine, " unused link cookies"));
+  }
+  std::vector<std::string> out;
+  for (uint32_t i = 0; i < n; ++i) {
+    std::string c = RandomCookie();
+    cookies_[c] = Cookie{node, now + absl::Seconds(10)};
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+void MeshEngine::OpenRegionFor(const std::string& node, const pb::OpenRegionRequest& req, RegionDone done) {
+  if (node != node_name_) SeenInstance(node, req.caller_instance());
+  if (!req.has_route()) return done(OpenRegion(node, req));
+  absl::StatusOr<CheckedClaim> claim = CheckClaim(node, req.route());
+  if (!claim.ok()) {
+    Log()->warn("event=mesh_deny peer={} reason={}", node, LogQuoted(claim.status().message()));
+    {
+      absl::MutexLock l(&mu_);
+      ++remote_denials_;
+    }
+    return done(claim.status());
+  }
+  if (claim->next.empty()) return done(OpenRegion(node, req, &claim->claim));
+  Relay(node, *claim, req, std::move(done));
+}
+
+absl::StatusOr<MeshEngine::CheckedClaim> MeshEngine::CheckClaim(const std::string& caller,
+                                                                const pb::Route& route) const {
+  constexpr size_t kMaxClaim = 64 << 10;
+  CheckedClaim out;
+  pb::OriginClaim& claim = out.claim;
+  if (route.claim().size() > kMaxClaim || !claim.ParseFromString(route.claim())) {
+    return absl::PermissionDeniedError("the route's claim does not parse");
+  }
+  if (!ValidNodeName(claim.origin()) || !ValidNodeName(claim.destination().node())) {
+    return absl::PermissionDeniedError("the claim names no valid origin or destination");
+  }
+  PODLINK_RETURN_IF_ERROR(VerifyNodeSignature(CurrentPems().ca, route.origin_cert(), claim.origin(), route.claim(),
+                                              route.signature()));
+  // Fresh: a claim is used within seconds of being made (a minute for
+  // clocks that differ).
+  const int64_t now = absl::ToUnixSeconds(absl::Now());
+  if (claim.issued_unix_seconds() < now - 60 || claim.issued_unix_seconds() > now + 60) {
+    return absl::PermissionDeniedError(absl::StrCat("the claim of node ", claim.origin(), " is stale or from the future"));
+  }
+  if (claim.importer().node() != claim.origin()) {
+    return absl::PermissionDeniedError(absl::StrCat("node ", claim.origin(), " cannot open regions for pods of node '",
+                                                    claim.importer().node(), "'"));
+  }
+  const auto& via = claim.via();
+  if (via.empty() || static_cast<size_t>(via.size()) > kMaxRelays) {
+    return absl::PermissionDeniedError(absl::StrCat("a route has 1 to ", kMaxRelays, " relays"));
+  }
+  std::set<std::string> seen = {claim.origin(), claim.destination().node()};
+  if (seen.size() != 2) return absl::PermissionDeniedError("a route's origin is its destination");
+  for (const std::string& v : via) {
+    if (!seen.insert(v).second) return absl::PermissionDeniedError("a route names a node twice");
+  }
+  // This node's place on the route, and the caller must be the node before it.
+  std::string before;
+  if (claim.destination().node() == node_name_) {
+    before = via.Get(via.size() - 1);
+  } else {
+    int at = 0;
+    while (at < via.size() && via.Get(at) != node_name_) ++at;
+    if (at == via.size()) {
+      return absl::PermissionDeniedError(absl::StrCat("node ", node_name_, " is not on the route of node ",
+                                                      claim.origin(), "'s claim"));
+    }
+    before = at == 0 ? claim.origin() : via.Get(at - 1);
+    out.next_is_relay = at + 1 < via.size();
+    out.relays_after = via.size() - at - 1;
+    out.next = out.next_is_relay ? via.Get(at + 1) : claim.destination().node();
+  }
+  if (caller != before) {
+    return absl::PermissionDeniedError(absl::StrCat("node ", caller, " is not the hop before this node on node ",
+                                                    claim.origin(), "'s route (", before, " is)"));
+  }
+  return out;
+}
+
+absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string& node,
+                                                              const pb::OpenRegionRequest& plain,
+                                                              const pb::OriginClaim* claim) {
+  if (node == node_name_) {
+    return absl::PermissionDeniedError(absl::StrCat("a peer presented this node's own name '", node, "'"));
+  }
+  if (plain.has_route() && claim == nullptr) return absl::PermissionDeniedError("a relayed open without its checked claim");
+  // Relayed: the importer and the target are what the origin signed (its
+  // claim was checked by OpenRegionFor), and the pod is the origin's.
+  std::string origin = node;
+  pb::OpenRegionRequest req = plain;
+  if (claim != nullptr) {
+    origin = claim->origin();
+    *req.mutable_importer() = claim->importer();
+    if (claim->target_case() == pb::OriginClaim::kName) {
+      req.set_name(claim->name());
+    } else {
+      req.set_export_id(claim->export_id());
+    }
+    if (origin == node_name_) {
+      return absl::PermissionDeniedError("a relay presented a claim of this node's own pods");
+    }
+    absl::MutexLock l(&mu_);
+    if (fenced_nonces_.contains({origin, claim->nonce()})) {
+      ++remote_denials_;
+      return absl::PermissionDeniedError(absl::StrCat("node ", origin, " fenced this route"));
+    }
+  }
+  const pb::ForwardedIdentity& who = req.importer();
+  if (who.node() != origin) {
+    Log()->warn("event=mesh_deny peer={} claimed_node={} reason=\"a daemon speaks only for its own node's pods\"",
+                node, LogQuoted(who.node()));
+    absl::MutexLock l(&mu_);
+    ++remote_denials_;
+    return absl::PermissionDeniedError(absl::StrCat("the daemon of node ", node,
+                                                    " cannot open regions for pods of node '", who.node(), "'"));
+  }
+  if (who.key().empty() || who.namespace_().empty() || who.pod_name().empty()) {
+    return absl::InvalidArgumentError("the forwarded identity needs key, namespace and pod name");
+  }
+  PodInfo pod;
+  pod.key = absl::StrCat("mesh/", origin, "/", who.key());  // never the same pod as a local one
+  pod.uid = who.pod_uid();
+  pod.namespace_ = who.namespace_();
+  pod.name = who.pod_name();
+  pod.annotations.insert(who.annotations().begin(), who.annotations().end());
+  pod.source = origin == node ? "mesh:" + node : absl::StrCat("mesh:", origin, " via ", node);
+  absl::StatusOr<std::shared_ptr<const ExportRecord>> rec = host_->AuthorizeRemote(pod, req);
+  if (!rec.ok()) {
+    absl::MutexLock l(&mu_);
+    ++remote_denials_;
+    return rec.status();
+  }
+  pb::OpenRegionResponse resp;
+  {
+    absl::MutexLock l(&mu_);
+    uint32_t& count = grants_per_node_[node];
+    if (count >= options_.max_grants_per_peer) {
+      return absl::ResourceExhaustedError(absl::StrCat("node ", node, " holds ", count, " grants (the limit)"));
+    }
+    uint32_t& mine = grants_per_pod_[pod.key];
+    if (mine >= options_.max_grants_per_pod) {
+      return absl::ResourceExhaustedError(absl::StrCat("pod ", pod.Ref(), " holds ", mine, " regions of this node (the limit)"));
+    }
+    ++count;
+    ++mine;
+    uint64_t g = 0;
+    while (g == 0 || grants_.contains(g)) g = RandomU64();  // unguessable, never reused across restarts
+    // A fenceable route's grant: known by its nonce, its writes landing
+    // chunk by chunk (LandFenceable), never registered for RDMA below.
+    const bool fenceable = claim != nullptr && claim->fenceable() && claim->nonce() != 0;
+    grants_[g] = Grant{node, *rec, pod.key, nullptr, req.caller_instance(), fenceable ? origin : std::string(),
+                       fenceable ? claim->nonce() : 0};
+    if (fenceable) routed_grants_.emplace(claim->nonce(), g);
+    SeenLocked(node);  // a grant given is a sign of life, however long the node was quiet
+    resp.set_grant(g);
+  }
+  if (req.verbs()) {
+    absl::Status st = RegisterForVerbs(node, resp.grant(), *rec, req.accepts_over_tcp(), req.accepts_staged(),
+                                       /*may_register=*/claim == nullptr || !claim->fenceable(), &resp);
+    if (!st.ok()) {
+      CloseRegion(node, resp.grant());
+      return st;
+    }
+  }
+  resp.set_export_id((*rec)->id);
+  resp.set_size((*rec)->size);
+  resp.set_handle_type(3);  // podlink.v1.HANDLE_TYPE_HOST_MEMFD
+  resp.set_owner_namespace((*rec)->owner.namespace_);
+  resp.set_owner_name((*rec)->owner.name);
+  resp.set_instance(instance_);
+  Log()->info("event=mesh_grant peer={} pod={}/{} export={} grant={} origin={}", node, pod.namespace_, pod.name,
+              (*rec)->id, resp.grant(), origin);
+  return resp;
+}
+
+void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, const pb::OpenRegionRequest& req,
+                       RegionDone done) {
+  // Over the caller's queue pairs a relay's grant is staged: its bounce
+  // pool for the caller holds each slice until the next node took it (a
+  // relay has no memory of its own to register). An importer that cannot
+  // take staged grants, or a relay that cannot pin a pool, uses TCP to here.
+  uint64_t staged_slice = 0;
+  if (req.verbs()) {
+    absl::Status st = req.accepts_staged() ? absl::OkStatus()
+                                           : absl::FailedPreconditionError(
+                                                 "relayed regions ride TCP links to a relay unless staged over verbs");
+    absl::StatusOr<verbs::VerbsServer*> server = VerbsServing();
+    if (st.ok()) st = server.ok() ? (*server)->PrepareStaging(caller) : server.status();
+    if (!st.ok()) {
+      return done(absl::FailedPreconditionError(absl::StrCat("relay ", node_name_, kRelayCannotStage, st.message())));
+    }
+    staged_slice = (*server)->stage_slot_bytes();
+  }
+  // The next node: the relay after this one (it must be known here), or the
+  // destination (whose addresses the origin signed).
+  const pb::OriginClaim& claim = checked.claim;
+  RemoteTarget next;
+  next.node_name = checked.next;
+  if (checked.next_is_relay) {
+    bool known = false;
+    {
+      absl::MutexLock l(&mu_);
+      if (auto it = known_.find(next.node_name); it != known_.end()) {
+        known = true;
+        next.addresses = it->second.addresses;
+        next.port = it->second.port;
+      }
+    }
+    if (!known) {
+      return done(absl::FailedPreconditionError(
+          absl::StrCat("relay ", node_name_, " does not know node ", next.node_name, " (mesh.peers)")));
+    }
+  } else {
+    next.addresses.assign(claim.destination().addresses().begin(), claim.destination().addresses().end());
+    next.port = claim.destination().port();
+  }
+  if (next.port == 0 || next.port > 65535 || next.addresses.size() > 64) {
+    return done(absl::InvalidArgumentError("the route's next node has no valid port or too many addresses"));
+  }
+  const std::string pod = absl::StrCat("mesh/", claim.origin(), "/", claim.importer().key());
+  {
+    absl::MutexLock l(&mu_);
+    if (grants_per_node_[caller] >= options_.max_grants_per_peer || grants_per_pod_[pod] >= options_.max_grants_per_pod) {
+      return done(absl::ResourceExhaustedError(absl::StrCat("node ", caller, " or its pod holds its limit of grants")));
+    }
+  }
+  // Over this node's transport to the next node, a relay too: over verbs
+  // the next relay stages the region for this one (as this one does for the
+  // caller); one that cannot is reached over TCP instead (below).
+  std::shared_ptr<Peer> peer = PeerFor(next, /*tcp=*/false);
+  if (peer == nullptr) return done(NoPeer());
+  auto answer = std::make_shared<RegionDone>(std::move(done));
+  Peer* p = peer.get();
+  bool posted = p->Post([this, p, caller, next, req, pod, answer, origin = claim.origin(), staged_slice,
+                         destination = claim.destination().node(), next_is_relay = checked.next_is_relay,
+                         relays_after = checked.relays_after] {
+    std::shared_ptr<Peer> peer = p->shared_from_this();
+    RegionDone done = std::move(*answer);
+    *answer = nullptr;
+    if (stopping_.load(std::memory_order_acquire)) return done(StoppingStatus());
+    // Onward as for this node's own pods: direct paths (the kernel's routing
+    // only where mesh.fallback says so), over TCP where no RDMA path comes up.
+    // `self`: this lambda, to open again over TCP.
+    auto open_on = [this, caller, next, req, pod, done, origin, staged_slice, destination, next_is_relay,
+                    relays_after](const auto& self, const std::shared_ptr<Peer>& peer) -> void {
+      // Onward over this node's own transport: over verbs the owner registers
+      // the export for this node's queue pairs, as for its own pods.
+      std::shared_ptr<verbs::VerbsLinks> vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links());
+      pb::OpenRegionResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.open_per_hop * (1 + relays_after)));
+      std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
+      pb::OpenRegionRequest onward = req;
+      onward.set_caller_instance(instance_);
+      onward.set_verbs(vl != nullptr);
+      onward.set_accepts_over_tcp(true);
+      onward.set_accepts_staged(vl != nullptr);
+      if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, onward, &resp), next.node_name); !st.ok()) {
+        // The next relay cannot stage over verbs (no bounce pool for this
+        // node, or an older version): the hop to it goes over TCP.
+        if (vl != nullptr && next_is_relay && RelayCannotStage(st)) {
+          Log()->info("event=mesh_relay_over_tcp relay={} destination={} why={}", next.node_name, destination,
+                      LogQuoted(std::string(st.message()).substr(0, 256)));
+          return OverTcp(next, [self, done](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
+            if (!tcp.ok()) return done(tcp.status());
+            self(self, *tcp);
+          });
+        }
+        return done(st);
+      }
+      // The relay's grant, forwarding to the next node's grant on `carrier`.
+      auto install = [this, caller, req, pod, done, origin, next, staged_slice](const std::shared_ptr<Peer>& carrier,
+                                                                   pb::OpenRegionResponse resp) {
+        auto fwd = std::make_shared<Forward>(Forward{carrier, resp.grant(), resp.size(), resp.instance()});
+        bool over = false;
+        uint64_t g = 0;
+        {
+          absl::MutexLock l(&mu_);
+          uint32_t& count = grants_per_node_[caller];
+          uint32_t& mine = grants_per_pod_[pod];
+          if (stopping_.load(std::memory_order_acquire) || count >= options_.max_grants_per_peer ||
+              mine >= options_.max_grants_per_pod) {
+            over = true;
+          } else {
+            ++count;
+            ++mine;
+            while (g == 0 || grants_.contains(g)) g = RandomU64();
+            grants_[g] = Grant{caller, {}, pod, fwd, req.caller_instance(), {}, 0};
+            SeenLocked(caller);  // a grant given is a sign of life, however long the node was quiet
+            ++relayed_opens_;
+          }
+        }
+        if (over) {
+          ReleaseRemoteGrant(carrier.get(), resp.grant());
+          if (stopping_.load(std::memory_order_acquire)) return done(StoppingStatus());
+          return done(absl::ResourceExhaustedError(absl::StrCat("node ", caller, " or its pod holds its limit of grants")));
+        }
+        Log()->info("event=mesh_relay_grant peer={} origin={} next={} grant={}", caller, origin, next.node_name, g);
+        resp.set_grant(g);
+        resp.set_instance(instance_);
+        resp.clear_verbs_keys();
+        resp.clear_over_tcp_reason();
+        resp.clear_staged_reason();
+        resp.clear_staged_slice_bytes();
+        if (staged_slice != 0) {
+          resp.set_staged_reason(absl::StrCat("relay ", node_name_, " stores and forwards"));
+          resp.set_staged_slice_bytes(staged_slice);
+        }
+        done(std::move(resp));
+      };
+      CarryGrant(peer, next, resp, [install, resp](const std::shared_ptr<Peer>& carrier) { install(carrier, resp); },
+                 [done](absl::Status st) { done(std::move(st)); });
+    };
+    ConnectOrOverTcp(
+        peer, next, [open_on](const std::shared_ptr<Peer>& peer) { open_on(open_on, peer); },
+        [done](absl::Status st) { done(std::move(st)); });
+  });
+  if (!posted) {
+    (*answer)(NotQueued(next.node_name));
+  }
+}
+
+bool MeshEngine::ReserveRelay(const std::string& node, uint64_t n) {
+  absl::MutexLock l(&mu_);
+  const uint64_t cap = options_.relay_staging_bytes, per_node = std::max<uint64_t>(cap / 2, kMaxFramePayload);
+  auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_.load(std::memory_order_acquire) ||
+           (relay_staged_ + n <= std::max(cap, n) && relay_staged_by_node_[node] + n <= per_node);
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&room), options_.answer_timeout) ||
+      stopping_.load(std::memory_order_acquire)) {
+    return false;
+  }
+  relay_staged_ += n;
+  relay_staged_by_node_[node] += n;
+  return true;
+}
+
+void MeshEngine::ReleaseRelay(const std::string& node, uint64_t n) {
+  absl::MutexLock l(&mu_);
+  relay_staged_ -= n;
+  if ((relay_staged_by_node_[node] -= n) == 0) relay_staged_by_node_.erase(node);
+}
+
+}  // namespace podlink::mesh

@@ -1,0 +1,276 @@
+// The mesh's status and metrics.
+#include "daemon/mesh/engine_internal.h"
+
+namespace podlink::mesh {
+
+podlink::v1::MeshStatus MeshEngine::Status() const {
+  podlink::v1::MeshStatus st;
+  st.set_enabled(true);
+  st.set_node_name(node_name_);
+  for (const std::string& a : AdvertisedAddresses()) st.add_addresses(a);
+  st.set_port(control_port_);
+  st.set_data_port(data_port_);
+  std::map<std::string, std::shared_ptr<Peer>> peers;
+  std::map<std::string, uint32_t> handles;
+  std::map<std::pair<std::string, std::vector<std::string>>, uint32_t> routes;
+  {
+    absl::MutexLock l(&mu_);
+    peers = peers_;
+    for (const auto& [id, h] : handles_) {
+      ++handles[h.peer->tcp() ? h.peer->node() + "/tcp" : h.peer->node()];
+      ++routes[{h.destination, h.via}];
+    }
+    for (const auto& [id, g] : grants_) {
+      if (g.forward != nullptr) st.set_relayed_grants(st.relayed_grants() + 1);
+    }
+    st.set_relay_forwarded_bytes(relay_forwarded_bytes_);
+    const int64_t now_s = absl::ToUnixSeconds(absl::Now());
+    for (const auto& [node, k] : known_) {
+      podlink::v1::MeshStatus::KnownNode* kn = st.add_known_nodes();
+      kn->set_node(node);
+      for (const std::string& a : k.addresses) kn->add_addresses(a);
+      kn->set_port(k.port);
+      auto adv = adverts_.find(node);
+      kn->set_advert_age_seconds(adv == adverts_.end() ? -1 : std::max<int64_t>(0, now_s - adv->second.issued));
+    }
+    st.set_grants(grants_.size());
+    st.set_served_write_bytes(bytes_written_in_);
+    st.set_served_read_bytes(bytes_read_out_);
+    st.set_refused_connections(refused_connections_);
+    st.set_refused_frames(refused_frames_);
+    st.set_denials(remote_denials_);
+  }
+  for (const auto& [route, n] : routes) {
+    podlink::v1::MeshStatus::Route* r = st.add_routes();
+    r->set_destination(route.first);
+    for (const std::string& v : route.second) r->add_via(v);
+    r->set_remote_handles(n);
+  }
+  auto copy_link = [](const pb::LinkInfo& from, podlink::v1::MeshStatus::Link* to) {
+    to->set_address(from.address());
+    to->set_netdev(from.netdev());
+    to->set_speed_mbps(from.speed_mbps());
+    to->set_pci_path(from.pci_path());
+    to->set_numa_node(from.numa_node());
+    to->set_rdma_device(from.rdma_device());
+    to->set_gid_index(from.gid_index());
+    to->set_gid_type(from.gid_type());
+  };
+  for (const pb::LinkInfo& l : LocalLinks()) copy_link(l, st.add_links());
+  for (const auto& [key, p] : peers) {
+    podlink::v1::MeshStatus::Peer* out = st.add_peers();
+    out->set_node(p->node());
+    out->set_remote_handles(handles[key]);
+    for (const pb::LinkInfo& l : p->advertised()) copy_link(l, out->add_links());
+    std::shared_ptr<DataLinks> links = p->links();
+    if (links == nullptr) continue;
+    LinkStats s = links->Stats();
+    out->set_transport(links->transport());
+    out->set_connections_up(static_cast<uint32_t>(s.connections_up));
+    out->set_bytes_sent(s.bytes_sent);
+    out->set_bytes_received(s.bytes_received);
+    out->set_connection_failures(s.connection_failures);
+    out->set_resent_slices(s.resent_slices);
+    for (const auto& [path, up, sent] : links->Connections()) {
+      podlink::v1::MeshStatus::Connection* c = out->add_connections();
+      c->set_path(path);
+      c->set_up(up);
+      c->set_bytes_sent(sent);
+    }
+  }
+  return st;
+}
+
+std::string MeshEngine::RenderMetrics() const {
+  std::string out;
+  std::map<std::string, double> up, sent, received, failures, resent, zero_copy, local_regs, tcp_zc_bytes,
+      tcp_zc_completed, tcp_zc_copied, tcp_zc_fell_back;
+  std::vector<std::shared_ptr<Peer>> peers;
+  double grants = 0, handles = 0, repaired = 0;
+  uint64_t in = 0, out_bytes = 0, refused_frames = 0, refused_conns = 0, denials = 0, late = 0, dup_notifies = 0;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [n, p] : peers_) peers.push_back(p);
+    grants = static_cast<double>(grants_.size());
+    handles = static_cast<double>(handles_.size());
+    in = bytes_written_in_;
+    out_bytes = bytes_read_out_;
+    refused_frames = refused_frames_;
+    refused_conns = refused_connections_;
+    denials = remote_denials_;
+    repaired = repaired_connections_;
+    late = late_slices_dropped_;
+    dup_notifies = duplicate_notifies_;
+  }
+  std::map<std::pair<std::string, std::string>, double> path_up, path_sent;
+  for (const auto& p : peers) {
+    std::shared_ptr<DataLinks> l = p->links();
+    LinkStats s = l != nullptr ? l->Stats() : LinkStats{};
+    if (l != nullptr) {
+      for (const auto& [path, conn_up, conn_sent] : l->Connections()) {
+        path_up[{p->node(), path}] += conn_up ? 1 : 0;
+        path_sent[{p->node(), path}] += static_cast<double>(conn_sent);
+      }
+    }
+    // A node reached both over the configured transport and, as a relay,
+    // over TCP: its counters add up.
+    up[p->node()] += static_cast<double>(s.connections_up);
+    sent[p->node()] += static_cast<double>(s.bytes_sent);
+    received[p->node()] += static_cast<double>(s.bytes_received);
+    failures[p->node()] += static_cast<double>(s.connection_failures);
+    resent[p->node()] += static_cast<double>(s.resent_slices);
+    zero_copy[p->node()] += static_cast<double>(s.zero_copy_slices);
+    tcp_zc_bytes[p->node()] += static_cast<double>(s.tcp_zero_copy_bytes);
+    tcp_zc_completed[p->node()] += static_cast<double>(s.tcp_zero_copy_completed);
+    tcp_zc_copied[p->node()] += static_cast<double>(s.tcp_zero_copy_copied);
+    tcp_zc_fell_back[p->node()] += static_cast<double>(s.tcp_zero_copy_fell_back);
+    local_regs[p->node()] += static_cast<double>(s.local_registrations);
+  }
+  RenderFamily(&out, "podlink_mesh_connections_up", "gauge", "data connections up, per peer node", up, "peer");
+  RenderFamily(&out, "podlink_mesh_sent_bytes_total", "counter", "bytes written to peer nodes", sent, "peer");
+  RenderFamily(&out, "podlink_mesh_received_bytes_total", "counter", "bytes read from peer nodes", received, "peer");
+  RenderFamily(&out, "podlink_mesh_connection_failures_total", "counter", "data connections that failed", failures,
+               "peer");
+  RenderFamily(&out, "podlink_mesh_resent_slices_total", "counter",
+               "slices sent again over another connection after theirs failed", resent, "peer");
+  RenderFamily(&out, "podlink_mesh_zero_copy_slices_total", "counter",
+               "verbs: slices sent from or read into a local export directly (no copy through staging)", zero_copy,
+               "peer");
+  RenderFamily(&out, "podlink_mesh_tcp_zero_copy_bytes_total", "counter",
+               "TCP: bytes of pods' host exports written to peer nodes without a copy (MSG_ZEROCOPY)", tcp_zc_bytes,
+               "peer");
+  RenderFamily(&out, "podlink_mesh_tcp_zero_copy_completed_total", "counter",
+               "TCP: zero-copy sends the kernel reported done (copied or not)", tcp_zc_completed, "peer");
+  RenderFamily(&out, "podlink_mesh_tcp_zero_copy_copied_total", "counter",
+               "TCP: zero-copy sends the kernel copied after all (loopback, veth: the connection then stops asking)",
+               tcp_zc_copied, "peer");
+  RenderFamily(&out, "podlink_mesh_tcp_zero_copy_fell_back_total", "counter",
+               "TCP: sends the kernel would not pin (locked-memory limit, optmem), copied instead", tcp_zc_fell_back,
+               "peer");
+  RenderFamily(&out, "podlink_mesh_local_registrations", "gauge",
+               "verbs: local exports registered with the RDMA device for that, per peer node", local_regs, "peer");
+  RenderFamily2(&out, "podlink_mesh_path_connections_up", "gauge",
+                "data connections (TCP) or queue pairs (verbs) up, per peer node and path (local->remote address)",
+                path_up, "peer", "path");
+  RenderFamily2(&out, "podlink_mesh_path_sent_bytes_total", "counter", "bytes written to a peer node, per path",
+                path_sent, "peer", "path");
+  auto one = [&](const char* name, const char* type, const char* help, double v) {
+    RenderFamily(&out, name, type, help, {{"", v}});
+  };
+  one("podlink_mesh_grants", "gauge", "grants this node gave peer daemons", grants);
+  one("podlink_mesh_repaired_connections_total", "counter",
+      "data connections dialed again over a path after theirs failed", static_cast<double>(repaired));
+  one("podlink_mesh_remote_handles", "gauge", "remote regions this node's pods hold", handles);
+  one("podlink_mesh_served_write_bytes_total", "counter", "bytes peers wrote into this node's exports",
+      static_cast<double>(in));
+  one("podlink_mesh_served_read_bytes_total", "counter", "bytes peers read from this node's exports",
+      static_cast<double>(out_bytes));
+  one("podlink_mesh_refused_frames_total", "counter", "data connections closed for a malformed frame",
+      static_cast<double>(refused_frames));
+  one("podlink_mesh_refused_connections_total", "counter",
+      "data connections refused (no valid cookie, or over the bound)", static_cast<double>(refused_conns));
+  one("podlink_mesh_denials_total", "counter", "remote opens refused", static_cast<double>(denials));
+  one("podlink_mesh_late_slices_dropped_total", "counter",
+      "copies of slices that arrived after their transfer finished (resent elsewhere), dropped",
+      static_cast<double>(late));
+  one("podlink_mesh_duplicate_notifies_total", "counter", "notifications received again and not delivered twice",
+      static_cast<double>(dup_notifies));
+  auto counted = [](const std::atomic<uint64_t>& a) { return static_cast<double>(a.load(std::memory_order_relaxed)); };
+  one("podlink_mesh_two_hop_routes_total", "counter",
+      "second routes through a relay opened for regions of cabled nodes (mesh.two_hop_stripe)",
+      counted(two_hop_routes_));
+  one("podlink_mesh_two_hop_transfers_total", "counter", "transfers striped over the direct links and a two-hop route",
+      counted(two_hop_transfers_));
+  one("podlink_mesh_two_hop_bytes_total", "counter", "bytes such transfers moved over their two-hop route",
+      counted(two_hop_bytes_));
+  one("podlink_mesh_two_hop_failovers_total", "counter",
+      "chunks a two-hop route failed, sent again on the direct links", counted(two_hop_failovers_));
+  one("podlink_mesh_two_hop_fences_total", "counter",
+      "two-hop routes the owner fenced before their chunks went again on the direct links", counted(two_hop_fences_));
+  {
+    absl::MutexLock l(&mu_);
+    one("podlink_mesh_fenced_grants_total", "counter",
+        "grants given relays that their origin node fenced (FenceRoute)", static_cast<double>(fenced_grants_));
+  }
+  uint64_t refused_notifies = 0;
+  {
+    absl::MutexLock l(&mu_);
+    refused_notifies = refused_notifies_;
+  }
+  uint64_t relayed = 0, routed = 0, forwarded = 0, staged = 0;
+  {
+    absl::MutexLock l(&mu_);
+    relayed = relayed_opens_;
+    routed = routed_opens_;
+    forwarded = relay_forwarded_bytes_;
+    staged = relay_staged_;
+  }
+  uint64_t restarted_dropped = 0, idle_dropped = 0, adverts_held = 0, adverts_refused = 0;
+  {
+    absl::MutexLock l(&mu_);
+    restarted_dropped = restarted_peer_grants_dropped_;
+    idle_dropped = idle_peer_grants_dropped_;
+    adverts_held = adverts_.size();
+    adverts_refused = adverts_refused_;
+  }
+  one("podlink_mesh_restarted_peer_grants_dropped_total", "counter",
+      "grants dropped because the daemon holding them restarted (a new instance said so)",
+      static_cast<double>(restarted_dropped));
+  one("podlink_mesh_idle_peer_grants_dropped_total", "counter",
+      "grants dropped because the node holding them was silent longer than mesh.grant_idle_seconds",
+      static_cast<double>(idle_dropped));
+  one("podlink_mesh_node_adverts", "gauge", "signed node adverts this daemon holds (its own included)",
+      static_cast<double>(adverts_held));
+  one("podlink_mesh_node_adverts_refused_total", "counter",
+      "node adverts refused: malformed, or not signed by the node they name under the mesh CA",
+      static_cast<double>(adverts_refused));
+  one("podlink_mesh_relayed_opens_total", "counter", "regions this node opened onward for other nodes (as a relay)",
+      static_cast<double>(relayed));
+  one("podlink_mesh_routed_opens_total", "counter", "regions this node's pods opened through relays",
+      static_cast<double>(routed));
+  one("podlink_mesh_relay_forwarded_bytes_total", "counter", "bytes this node forwarded as a relay",
+      static_cast<double>(forwarded));
+  one("podlink_mesh_verbs_fallbacks_total", "counter",
+      "opens this node sent over TCP because no RDMA path to the node came up (mesh.verbs_tcp_fallback)",
+      static_cast<double>(verbs_fallbacks_.load(std::memory_order_relaxed)));
+  one("podlink_mesh_grants_over_tcp_total", "counter",
+      "grants this node gave over TCP though the importer asked for RDMA (the export could not be registered)",
+      static_cast<double>(grants_over_tcp_.load(std::memory_order_relaxed)));
+  one("podlink_mesh_grants_staged_total", "counter",
+      "grants this node stages through its bounce pools over the importer's queue pairs (export not registered)",
+      static_cast<double>(grants_staged_.load(std::memory_order_relaxed)));
+  one("podlink_mesh_relay_staged_bytes", "gauge", "bytes of forwarded requests held in this node's relay staging",
+      static_cast<double>(staged));
+  one("podlink_mesh_refused_notifies_total", "counter",
+      "notifications from peers not delivered (grant not theirs, export gone)", static_cast<double>(refused_notifies));
+  absl::MutexLock l(&verbs_mu_);
+  if (verbs_server_ != nullptr) {
+    one("podlink_mesh_verbs_served_qps", "gauge", "RC queue pairs this node holds for peer daemons",
+        static_cast<double>(verbs_server_->qps()));
+    one("podlink_mesh_verbs_registrations", "gauge", "exports registered for peers' RDMA access (shared by their grants)",
+        static_cast<double>(verbs_server_->registrations()));
+    one("podlink_mesh_verbs_notifies_total", "counter", "notifications received by RDMA WRITE WITH IMMEDIATE",
+        static_cast<double>(verbs_server_->notifies()));
+    one("podlink_mesh_verbs_staged_slices_total", "counter",
+        "slices of staged grants copied between an export and a bounce pool for a peer",
+        static_cast<double>(verbs_server_->staged_slices()));
+    one("podlink_mesh_verbs_staged_refused_total", "counter",
+        "staged slices refused (grant not the peer's, export gone, range outside it, bad record)",
+        static_cast<double>(verbs_server_->staged_refused()));
+    one("podlink_mesh_verbs_staged_late_dropped_total", "counter",
+        "copies of staged writes dropped because their transfer had ended (sent again after their queue pair failed)",
+        static_cast<double>(verbs_server_->staged_late_dropped()));
+    one("podlink_mesh_verbs_staged_done_total", "counter",
+        "staged writes sent partly twice whose end the importer had confirmed (DONE records answered)",
+        static_cast<double>(verbs_server_->staged_done()));
+  }
+  if (gpu_copies_.count() > 0) {
+    absl::StrAppend(&out, "# HELP podlink_mesh_gpu_served_copy_seconds copies between a GPU export and a data ",
+                    "connection's host buffer (exporting side)\n",
+                    "# TYPE podlink_mesh_gpu_served_copy_seconds histogram\n");
+    gpu_copies_.Render("podlink_mesh_gpu_served_copy_seconds", &out);
+  }
+  return out;
+}
+
+}  // namespace podlink::mesh

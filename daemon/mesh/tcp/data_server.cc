@@ -1,0 +1,416 @@
+// The TCP data server: connections, frames, forwarded requests, and the
+// finished-transfer table.
+#include "daemon/mesh/engine_internal.h"
+
+namespace podlink::mesh {
+namespace {
+const ComponentLog Log("mesh");
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Answers on a data connection. Frames of the serving thread and of
+// completions of forwarded requests (other threads) never interleave, and
+// nothing is written once the serving thread has let the connection go (its
+// descriptor is closed and its number may be reused).
+class MeshEngine::ConnWriter {
+ public:
+  explicit ConnWriter(int fd) : fd_(fd) {}
+  absl::Status Ack(uint64_t tag, const absl::Status& st) {
+    absl::MutexLock l(&mu_);
+    if (closed_) return absl::UnavailableError("connection closed");
+    return SendAck(fd_, tag, st);
+  }
+  absl::Status Frame(const FrameHeader& h, const void* payload, size_t len) {
+    absl::MutexLock l(&mu_);
+    if (closed_) return absl::UnavailableError("connection closed");
+    return WriteFrame(fd_, h, payload, len);
+  }
+  // Held while the serving thread writes a frame in pieces.
+  absl::Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }
+  void Close() {
+    absl::MutexLock l(&mu_);
+    closed_ = true;
+  }
+
+ private:
+  absl::Mutex mu_;
+  const int fd_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+
+absl::Status MeshEngine::ServeForward(const std::shared_ptr<ConnWriter>& writer, int fd, const FrameHeader& h,
+                                      const std::string& node, uint64_t link_instance, const Forward& fwd) {
+  const auto type = static_cast<FrameType>(h.type);
+  const LinkKey key{node, link_instance};
+  const uint32_t transfer = TransferOfTag(h.tag);
+  const uint64_t n = type == FrameType::kNotify ? 0 : h.length;
+  // A write was registered by the caller (BeginWrite); whatever happens, it
+  // ends once, here or in its completion.
+  auto end = [this, key, transfer, type] {
+    if (type == FrameType::kWrite) EndWrite(key, transfer);
+  };
+  absl::Status st;
+  if (type != FrameType::kNotify &&
+      (h.length == 0 || h.offset > fwd.size || h.length > fwd.size - h.offset)) {
+    st = absl::OutOfRangeError(absl::StrCat("range [", h.offset, ", +", h.length, ") exceeds the region of ",
+                                            fwd.size, " bytes"));
+  } else if (fwd.peer->instance.load(std::memory_order_acquire) != fwd.instance) {
+    st = absl::UnavailableError(absl::StrCat("node ", fwd.peer->node(), "'s podlinkd restarted: open the region again"));
+  } else if (auto links = fwd.peer->links(); links == nullptr || links->live() == 0) {
+    st = absl::UnavailableError(absl::StrCat("this relay has no link up to node ", fwd.peer->node()));
+  } else if (n > 0 && !ReserveRelay(node, n)) {
+    st = absl::ResourceExhaustedError("the relay's staging stayed full");
+  }
+  if (!st.ok()) {
+    absl::Status io = type == FrameType::kWrite ? Discard(fd, h.length) : absl::OkStatus();
+    end();
+    return io.ok() ? writer->Ack(h.tag, st) : io;
+  }
+  std::shared_ptr<char[]> buf(n > 0 ? new char[n] : nullptr);
+  if (type == FrameType::kWrite) {
+    if (absl::Status io = ReadFull(fd, buf.get(), n); !io.ok()) {
+      ReleaseRelay(node, n);
+      end();
+      return io;
+    }
+  }
+  LinkOp op;
+  op.type = type;
+  op.grant = fwd.grant;
+  op.offset = h.offset;
+  op.length = n;
+  op.local = buf.get();
+  op.keep = buf;
+  const uint64_t tag = h.tag;
+  op.done = [this, writer, buf, tag, type, n, node, key, transfer, end](const absl::Status& result) {
+    if (type == FrameType::kRead && result.ok()) {
+      FrameHeader d{};
+      d.magic = kFrameMagic;
+      d.type = static_cast<uint16_t>(FrameType::kData);
+      d.length = static_cast<uint32_t>(n);
+      d.tag = tag;
+      (void)writer->Frame(d, buf.get(), n);
+    } else {
+      if (type == FrameType::kNotify && result.ok()) MarkFinished(key, transfer);
+      (void)writer->Ack(tag, result);
+    }
+    if (n > 0) ReleaseRelay(node, n);
+    if (result.ok()) {
+      absl::MutexLock l(&mu_);
+      relay_forwarded_bytes_ += n;
+    }
+    end();
+  };
+  std::shared_ptr<DataLinks> links = fwd.peer->links();
+  absl::Status submitted = links == nullptr ? absl::UnavailableError("the relay's link went down") : absl::OkStatus();
+  auto failed = op.done;
+  if (submitted.ok()) submitted = links->Submit(std::move(op));
+  if (!submitted.ok()) failed(submitted);  // Submit calls `done` only when it queued the request
+  return absl::OkStatus();
+}
+
+
+void MeshEngine::AcceptLoop() {
+  for (;;) {
+    int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (stopping_.load(std::memory_order_acquire)) return;
+      if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE) {
+        if (errno == EMFILE || errno == ENFILE) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        continue;
+      }
+      Log()->error("event=mesh_accept_failed error={}", LogQuoted(std::strerror(errno)));
+      return;
+    }
+    auto conn = std::make_shared<UniqueFd>(fd);
+    absl::MutexLock l(&mu_);
+    // Connections not yet authenticated have a small bound of their own, so
+    // strangers cannot take the slots of peers.
+    if (stopping_.load(std::memory_order_acquire) || serving_ >= options_.max_data_connections ||
+        unauthenticated_ >= kMaxUnauthenticated) {
+      ++refused_connections_;
+      continue;  // closed: over the bound
+    }
+    ++serving_;
+    ++unauthenticated_;
+    serving_fds_.insert(fd);
+    std::thread([this, conn] {
+      ServeConnection(conn->get());
+      // Forgotten and closed under one lock: the number cannot be reused by a
+      // new connection while it is still listed.
+      absl::MutexLock l(&mu_);
+      serving_fds_.erase(conn->get());
+      conn->Reset();
+      --serving_;
+    }).detach();
+  }
+}
+
+void MeshEngine::ServeConnection(int fd) {
+  // Nothing but AUTH, whole, within 2 s; a stranger gets no answer at all.
+  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  FrameHeader h;
+  std::string cookie(kCookieBytes, '\0');
+  bool ok = ReadFullBefore(fd, &h, sizeof(h), deadline).ok() && h.magic == kFrameMagic &&
+            h.type == static_cast<uint16_t>(FrameType::kAuth) && h.length == kCookieBytes &&
+            ReadFullBefore(fd, cookie.data(), cookie.size(), deadline).ok();
+  std::string node;
+  const uint64_t link_instance = h.grant;
+  {
+    absl::MutexLock l(&mu_);
+    --unauthenticated_;
+    auto it = ok ? cookies_.find(cookie) : cookies_.end();
+    if (it == cookies_.end() || it->second.expires < absl::Now()) {
+      ++refused_connections_;
+      if (ok) Log()->warn("event=mesh_data_refused reason=\"unknown or expired cookie\"");
+      return;
+    }
+    node = it->second.node;
+    cookies_.erase(it);
+  }
+  TuneDataSocket(fd, options_.io_timeout);
+  Log()->info("event=mesh_data_connection peer={}", node);
+  {
+    absl::MutexLock l(&mu_);
+    ++data_conns_of_[node];
+  }
+  ServeFrames(fd, node, link_instance);
+  absl::MutexLock l(&mu_);
+  if (--data_conns_of_[node] == 0) data_conns_of_.erase(node);
+  last_seen_[node] = absl::Now();
+}
+
+
+void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_instance) {
+  auto writer = std::make_shared<ConnWriter>(fd);
+  // Completions of forwarded requests write nothing after this returns.
+  struct CloseOnExit {
+    ConnWriter* w;
+    ~CloseOnExit() { w->Close(); }
+  } close_on_exit{writer.get()};
+  FrameHeader h;
+  auto refuse = [&](const char* why) {
+    absl::MutexLock l(&mu_);
+    ++refused_frames_;
+    Log()->warn("event=mesh_protocol_error peer={} reason=\"{}\" type={}", node, why, h.type);
+  };
+  for (;;) {
+    if (!ReadFull(fd, &h, sizeof(h)).ok()) return;
+    if (h.magic != kFrameMagic || h.flags != 0) return refuse("bad magic or flags");
+    auto type = static_cast<FrameType>(h.type);
+    if ((type == FrameType::kWrite || type == FrameType::kRead) && h.length > kMaxFramePayload) {
+      return refuse("length over the frame cap");
+    }
+    if ((type == FrameType::kNotify || type == FrameType::kDone) && h.length != 0) {
+      return refuse("notify or done with payload");
+    }
+    if (type != FrameType::kWrite && type != FrameType::kRead && type != FrameType::kNotify &&
+        type != FrameType::kDone) {
+      return refuse("unexpected frame type");
+    }
+    const LinkKey key{node, link_instance};
+    const uint32_t transfer = TransferOfTag(h.tag);
+    if (type == FrameType::kDone) {
+      MarkFinished(key, transfer);
+      // Writes of this transfer already past the check finish first.
+      if (!AwaitWrites(key, transfer, 2 * options_.io_timeout)) return refuse("DONE while writes still hang");
+      if (!writer->Ack(h.tag, absl::OkStatus()).ok()) return;
+      continue;
+    }
+    // A write of an unfinished transfer is registered before its bytes land,
+    // so a DONE for the transfer waits for it (BeginWrite and Finished are
+    // one decision under the lock).
+    const bool late = type == FrameType::kWrite ? !BeginWrite(key, transfer)
+                                                : type == FrameType::kNotify && Finished(key, transfer);
+    if (late) {
+      // A late copy (its connection failed after the slice went out again)
+      // of a finished transfer, or a notification already delivered.
+      {
+        absl::MutexLock l(&mu_);
+        ++(type == FrameType::kWrite ? late_slices_dropped_ : duplicate_notifies_);
+      }
+      absl::Status io = type == FrameType::kWrite ? Discard(fd, h.length) : absl::OkStatus();
+      if (io.ok()) io = writer->Ack(h.tag, absl::OkStatus());
+      if (!io.ok()) return;
+      continue;
+    }
+    // One look at the grant: a relay's goes on to the next node.
+    absl::StatusOr<Granted> granted = LookupGrant(node, h.grant);
+    if (granted.ok() && granted->forward != nullptr) {
+      if (!ServeForward(writer, fd, h, node, link_instance, *granted->forward).ok()) return;
+      continue;
+    }
+    struct EndWriteOnExit {
+      MeshEngine* e;
+      const LinkKey& key;
+      uint32_t transfer;
+      bool active;
+      ~EndWriteOnExit() {
+        if (active) e->EndWrite(key, transfer);
+      }
+    } end_write{this, key, transfer, type == FrameType::kWrite};
+    const bool fenceable = granted.ok() && granted->fenceable;
+    absl::StatusOr<std::shared_ptr<const ExportRecord>> rec =
+        granted.ok() ? absl::StatusOr<std::shared_ptr<const ExportRecord>>(granted->record) : granted.status();
+    absl::StatusOr<RelayView> view = rec.ok() ? (*rec)->memory->MapForRelay() : rec.status();
+    absl::Status st = view.status();
+    if (st.ok() && type != FrameType::kNotify) {
+      if (h.length == 0) {
+        st = absl::InvalidArgumentError("length must be > 0");
+      } else if (h.offset > (*rec)->size || h.length > (*rec)->size - h.offset) {
+        st = absl::OutOfRangeError(absl::StrCat("range [", h.offset, ", +", h.length, ") exceeds export ",
+                                                (*rec)->id, " of ", (*rec)->size, " bytes"));
+      } else if (view->on_gpu && h.length > kMaxGpuFrame) {
+        st = absl::InvalidArgumentError(absl::StrCat("a frame for GPU memory carries at most ", kMaxGpuFrame, " bytes"));
+      } else if (!view->on_gpu) {
+        // As the local relay does per copy: a range whose pages the owner
+        // punched out is refused, never faulted in at podlinkd's expense.
+        st = (*rec)->memory->CheckPopulated(h.offset, h.length);
+      }
+    }
+    absl::Status io;
+    switch (type) {
+      case FrameType::kWrite:
+        if (!st.ok()) {
+          io = Discard(fd, h.length);
+          if (io.ok()) io = writer->Ack(h.tag, st);
+          break;
+        }
+        if (view->on_gpu) {
+          // Through this thread's staging buffer, a chunk at a time, copied
+          // to the GPU by its copy engine; a failed copy still reads the frame.
+          // A fenceable grant's chunk is copied only while the grant is open.
+          absl::Status copy;
+          for (uint64_t done = 0; done < h.length && io.ok();) {
+            uint64_t n = std::min<uint64_t>(kGpuChunk, h.length - done);
+            char* buf = ChunkBuffer();
+            io = ReadFull(fd, buf, n);
+            if (io.ok() && copy.ok() && fenceable && !BeginLanding(h.grant)) {
+              copy = absl::FailedPreconditionError("the route was fenced");
+            } else if (io.ok() && copy.ok()) {
+              copy = TimedGpuCopy([&] { return (*rec)->memory->CopyIn(h.offset + done, buf, n); });
+              if (fenceable) EndLanding(h.grant);
+            }
+            done += n;
+          }
+          if (io.ok()) io = writer->Ack(h.tag, copy);
+          if (!copy.ok()) break;
+        } else if (fenceable) {
+          absl::Status landed;
+          io = LandFenceable(fd, h.grant, reinterpret_cast<char*>(view->address) + h.offset, h.length, &landed);
+          if (io.ok()) io = writer->Ack(h.tag, landed);
+          if (!landed.ok()) break;
+        } else {
+          io = ReadFull(fd, reinterpret_cast<char*>(view->address) + h.offset, h.length);
+          if (io.ok()) io = writer->Ack(h.tag, absl::OkStatus());
+        }
+        if (io.ok()) {
+          absl::MutexLock l(&mu_);
+          bytes_written_in_ += h.length;
+          ++frames_served_;
+        }
+        break;
+      case FrameType::kRead: {
+        if (!st.ok()) {
+          io = writer->Ack(h.tag, st);
+          break;
+        }
+        FrameHeader d{};
+        d.magic = kFrameMagic;
+        d.type = static_cast<uint16_t>(FrameType::kData);
+        d.length = h.length;
+        d.tag = h.tag;
+        if (view->on_gpu) {
+          // The first chunk is copied before the header goes, so an export
+          // that cannot be copied is refused instead of cut off.
+          uint64_t n = std::min<uint64_t>(kGpuChunk, h.length);
+          char* buf = ChunkBuffer();
+          if (absl::Status c = TimedGpuCopy([&] { return (*rec)->memory->CopyOut(h.offset, buf, n); }); !c.ok()) {
+            io = writer->Ack(h.tag, c);
+            break;
+          }
+          absl::MutexLock whole_frame(&writer->mu());
+          io = WriteFull(fd, &d, sizeof(d));
+          for (uint64_t done = 0; io.ok();) {
+            io = WriteFull(fd, buf, n);
+            done += n;
+            if (!io.ok() || done == h.length) break;
+            n = std::min<uint64_t>(kGpuChunk, h.length - done);
+            if (absl::Status c = TimedGpuCopy([&] { return (*rec)->memory->CopyOut(h.offset + done, buf, n); });
+                !c.ok()) {
+              io = c;  // the peer sees the connection end and sends the slice again elsewhere
+            }
+          }
+        } else {
+          // Copied into the kernel, never sent from the pages themselves: a
+          // zero-copy answer still queued when the grant ends would carry
+          // whatever the owning pod writes there afterwards.
+          io = writer->Frame(d, reinterpret_cast<const char*>(view->address) + h.offset, h.length);
+        }
+        if (io.ok()) {
+          absl::MutexLock l(&mu_);
+          bytes_read_out_ += h.length;
+          ++frames_served_;
+        }
+        break;
+      }
+      default:  // kNotify
+        if (st.ok()) st = host_->NotifyOwner(**rec, h.offset);
+        if (st.ok()) MarkFinished(key, transfer);
+        io = writer->Ack(h.tag, st);
+        break;
+    }
+    if (!io.ok()) return;
+  }
+}
+
+bool MeshEngine::Finished(const LinkKey& key, uint32_t transfer) const {
+  absl::MutexLock l(&mu_);
+  auto it = finished_.find(key);
+  return it != finished_.end() && it->second.contains(transfer);
+}
+
+bool MeshEngine::BeginWrite(const LinkKey& key, uint32_t transfer) {
+  absl::MutexLock l(&mu_);
+  auto it = finished_.find(key);
+  if (it != finished_.end() && it->second.contains(transfer)) return false;
+  ++writing_[{key, transfer}];
+  return true;
+}
+
+void MeshEngine::EndWrite(const LinkKey& key, uint32_t transfer) {
+  absl::MutexLock l(&mu_);
+  auto it = writing_.find({key, transfer});
+  if (it != writing_.end() && --it->second == 0) writing_.erase(it);
+}
+
+bool MeshEngine::AwaitWrites(const LinkKey& key, uint32_t transfer, absl::Duration timeout) {
+  absl::MutexLock l(&mu_);
+  auto none = [this, &key, transfer]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !writing_.contains({key, transfer});
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&none), timeout);
+}
+
+void MeshEngine::MarkFinished(const LinkKey& key, uint32_t transfer) {
+  // Late copies can only be in flight for about the senders' io_timeout:
+  // a minute of memory is plenty, and bounded per sender and in all.
+  constexpr size_t kPerSender = 65536, kSenders = 1024;
+  const absl::Time now = absl::Now(), old = now - absl::Minutes(1);
+  absl::MutexLock l(&mu_);
+  // Expiry walks everything: at most once a second, not per frame.
+  for (auto it = now - last_prune_ < absl::Seconds(1) ? finished_.end() : finished_.begin();
+       it != finished_.end();) {
+    auto& m = it->second;
+    for (auto e = m.begin(); e != m.end();) e = e->second < old ? m.erase(e) : std::next(e);
+    it = m.empty() && it->first != key ? finished_.erase(it) : std::next(it);
+  }
+  if (now - last_prune_ >= absl::Seconds(1)) last_prune_ = now;
+  if (!finished_.contains(key) && finished_.size() >= kSenders) finished_.erase(finished_.begin());
+  auto& m = finished_[key];
+  m[transfer] = now;
+  if (m.size() > kPerSender) m.erase(m.begin());
+}
+
+}  // namespace podlink::mesh
