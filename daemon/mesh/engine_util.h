@@ -1,0 +1,107 @@
+// Helpers and constants the mesh engine's files (daemon/mesh/mesh_engine.cc
+// and the rooms beside it: control/, owner/, routing/, importer/, tcp/,
+// verbs/, status.cc) share, and nothing else includes. Internal to the engine.
+#pragma once
+
+#include "daemon/mesh/mesh_engine.h"
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_certificate_verifier.h>
+#include <grpcpp/security/tls_credentials_options.h>
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <random>
+#include <sstream>
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/security/server_credentials.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/log.h"
+#include "common/status_util.h"
+#include "daemon/mesh/origin_sign.h"
+#include "daemon/mesh/routes.h"
+#include "daemon/metrics/metrics.h"
+#include "podlink/mesh/v1/mesh.grpc.pb.h"
+
+namespace podlink::mesh {
+
+namespace pb = podlink::mesh::v1;
+
+// How a relay says it cannot take a region over verbs (the importer then
+// reaches it over TCP).
+constexpr char kRelayCannotStage[] = " cannot stage over verbs: ";
+// Two-hop striping (mesh.two_hop_stripe): transfers from this size, in
+// chunks of this size, at most this many in flight per route.
+constexpr uint64_t kTwoHopMinBytes = 8 << 20;
+constexpr uint64_t kTwoHopChunk = 4 << 20;
+constexpr uint32_t kTwoHopWindow = 4;
+
+// A relay's refusal to stage a region over verbs for its caller (no bounce
+// pool for it; or, from a relay of a version before staging, "relayed
+// regions ride TCP links"): the hop to it can still go over TCP.
+bool RelayCannotStage(const absl::Status& st);
+
+absl::StatusOr<std::string> ReadPem(const std::string& dir, const char* name);
+
+// A callback answered exactly once: by a call, or — when the last holder
+// lets go unanswered (a task dropped because the engine stopped, a peer
+// evicted before its task ran) — with UNAVAILABLE and `dropped`. Shared by
+// the tasks that may answer; never copied (a copy would answer too).
+template <typename T>
+class AnswerOnce {
+ public:
+  using Fn = std::function<void(absl::StatusOr<T>)>;
+  AnswerOnce(Fn fn, std::string dropped) : fn_(std::move(fn)), dropped_(std::move(dropped)) {}
+  AnswerOnce(const AnswerOnce&) = delete;
+  AnswerOnce& operator=(const AnswerOnce&) = delete;
+  ~AnswerOnce() {
+    if (fn_) fn_(absl::UnavailableError(dropped_));
+  }
+  void operator()(absl::StatusOr<T> r) {
+    Fn fn = std::move(fn_);
+    fn_ = nullptr;
+    if (fn) fn(std::move(r));
+  }
+
+ private:
+  Fn fn_;
+  const std::string dropped_;
+};
+
+absl::Status FromGrpc(const grpc::Status& s, const std::string& node);
+grpc::Status ToGrpc(const absl::Status& s);
+uint64_t RandomU64();
+std::string RandomCookie();
+void TuneDataSocket(int fd, absl::Duration io_timeout);
+socklen_t ToSockaddr(const IpPrefix& a, uint16_t port, sockaddr_storage* ss);
+std::string HostPort(const IpPrefix& a, uint32_t port);
+// Connects `path` to `port` within `timeout`; the socket is blocking after.
+absl::StatusOr<UniqueFd> Dial(const Path& path, uint16_t port, absl::Duration timeout);
+
+// GPU exports served to other nodes, and writes on a fenceable route's grant:
+// the bytes pass through a host buffer of the connection's thread, a chunk at
+// a time (MemoryObject::CopyIn/Out; LandFenceable).
+constexpr uint64_t kGpuChunk = uint64_t{4} << 20;
+constexpr uint64_t kMaxGpuFrame = uint64_t{64} << 20;
+char* ChunkBuffer();
+// ReadFull with an absolute deadline over the whole read.
+absl::Status ReadFullBefore(int fd, void* buf, size_t len, absl::Time deadline);
+bool ValidNodeName(const std::string& n);
+std::string PathName(const Path& path);
+absl::Status SendAck(int fd, uint64_t tag, const absl::Status& st);
+
+}  // namespace podlink::mesh
