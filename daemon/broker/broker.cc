@@ -403,123 +403,6 @@ v1::NodeInfo Broker::GetNodeInfo() const {
   return n;
 }
 
-namespace {
-
-constexpr char kNcclNativeAnnotation[] = "podlink.io/nccl-native";
-
-std::string ShortHash(const std::string& s) {
-  unsigned char d[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(s.data()), s.size(), d);
-  std::string out;
-  for (int i = 0; i < 8; ++i) absl::StrAppendFormat(&out, "%02x", d[i]);
-  return out;
-}
-
-}  // namespace
-
-absl::StatusOr<v1::JoinNcclNativeResponse> Broker::JoinNcclNative(Session& s) {
-  v1::JoinNcclNativeResponse r;
-  const PodInfo& pod = s.pod;
-  auto want = pod.annotations.find(kNcclNativeAnnotation);
-  if (want == pod.annotations.end() || want->second != "true") {
-    // Not asked for: the plugin stays on the relay without a warning.
-    return r;
-  }
-  if (!options_.nccl_native.enabled) {
-    return absl::FailedPreconditionError(absl::StrCat("pod ", pod.Ref(), " asks for NCCL native mode (", kNcclNativeAnnotation,
-                                                      "), but podlinkd on this node has nccl_native.enabled=false"));
-  }
-  if (pod.PeerGroup().empty()) {
-    return absl::PermissionDeniedError(absl::StrCat("pod ", pod.Ref(), " asks for NCCL native mode but has no ",
-                                                    kPeerGroupAnnotation, " annotation: native mode joins only the ",
-                                                    "pods of one peer group"));
-  }
-  // Direct mode: the pod can open every GPU's device node (the
-  // podlink.io/peer-direct resource); NCCL's P2P maps the peers' memory itself.
-  for (const auto& g : inventory_.gpus) {
-    if (g.device_node.empty()) continue;
-    struct stat host {}, seen {};
-    if (::stat(g.device_node.c_str(), &host) != 0) continue;
-    std::string in_pod = absl::StrCat("/proc/", s.peer.pid, "/root", g.device_node);
-    if (::stat(in_pod.c_str(), &seen) != 0 || !S_ISCHR(seen.st_mode) || seen.st_rdev != host.st_rdev) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "pod ", pod.Ref(), " asks for NCCL native mode but cannot open ", g.device_node,
-          ": native mode needs direct mode (request the podlink.io/peer-direct resource instead of podlink.io/peer)"));
-    }
-  }
-  const std::string group = absl::StrCat(pod.namespace_, "/", pod.PeerGroup());
-  UniqueFd netns(::open(absl::StrCat("/proc/", s.peer.pid, "/ns/net").c_str(), O_RDONLY | O_CLOEXEC));
-  if (!netns) return ErrnoStatus(errno, "open the pod's network namespace");
-  // The pid still names the session's process (not a reused pid).
-  if (s.peer.pidfd.valid() && !PidfdAlive(s.peer.pidfd.get())) {
-    return absl::FailedPreconditionError("the calling process exited");
-  }
-  absl::MutexLock l(&nccl_mu_);
-  if (nccl_bridge_ == nullptr) {
-    PODLINK_ASSIGN_OR_RETURN(nccl_bridge_, ncclipc::Bridge::Start(options_.nccl_native.bridge));
-  }
-  // The group's /dev/shm: NCCL picks P2P only between ranks whose /dev/shm
-  // is one filesystem.
-  const std::string shm = absl::StrCat(options_.nccl_native.shm_dir, "/", ShortHash(group));
-  if (::mkdir(options_.nccl_native.shm_dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    return ErrnoStatus(errno, absl::StrCat("mkdir ", options_.nccl_native.shm_dir));
-  }
-  PODLINK_ASSIGN_OR_RETURN(dev_t group_dev, ncclipc::EnsureTmpfs(shm, options_.nccl_native.shm_size_bytes));
-  auto seen = ncclipc::DeviceSeenBy(s.peer.pid, "/dev/shm");
-  if (!seen.ok() || *seen != group_dev) {
-    PODLINK_RETURN_IF_ERROR(ncclipc::MountInto(s.peer.pid, shm, "/dev/shm"));
-    r.set_shm_mounted(true);
-  }
-  ncclipc::Bridge::Member m;
-  m.session = s.id;
-  m.group = group;
-  m.pod = pod.Ref();
-  m.netns = std::move(netns);
-  absl::Status joined = nccl_bridge_->Join(std::move(m));
-  if (!joined.ok()) {
-    if (nccl_groups_[group].empty()) {
-      nccl_groups_.erase(group);
-      ncclipc::RemoveTmpfs(shm);
-    }
-    return joined;
-  }
-  nccl_groups_[group].insert(s.id);
-  r.set_host_id(absl::StrCat("podlink-", node_id_, "-", ShortHash(group)));
-  r.set_members(static_cast<uint32_t>(nccl_bridge_->members()));
-  Log()->info("event=nccl_native_join session={} pod={} group={} shm_mounted={}", s.id, pod.Ref(), LogQuoted(group),
-              r.shm_mounted());
-  return r;
-}
-
-absl::StatusOr<v1::SyncNcclIpcResponse> Broker::SyncNcclIpc(Session& s) {
-  ncclipc::Bridge* b = nullptr;
-  {
-    absl::MutexLock l(&nccl_mu_);
-    b = nccl_bridge_.get();
-  }
-  if (b == nullptr) return absl::FailedPreconditionError("this session has not joined NCCL native mode");
-  PODLINK_RETURN_IF_ERROR(b->Sync(s.id));
-  v1::SyncNcclIpcResponse r;
-  r.set_mirrors(static_cast<uint32_t>(b->mirrors()));
-  return r;
-}
-
-void Broker::LeaveNcclNative(uint64_t session_id) {
-  absl::MutexLock l(&nccl_mu_);
-  if (nccl_bridge_ == nullptr) return;
-  for (auto it = nccl_groups_.begin(); it != nccl_groups_.end(); ++it) {
-    if (it->second.erase(session_id) == 0) continue;
-    // Only sessions that joined wait for the bridge's thread.
-    nccl_bridge_->Leave(session_id);
-    if (it->second.empty()) {
-      // Members that still run keep their mount; the next joiner gets a new tmpfs.
-      ncclipc::RemoveTmpfs(absl::StrCat(options_.nccl_native.shm_dir, "/", ShortHash(it->first)));
-      nccl_groups_.erase(it);
-    }
-    break;
-  }
-}
-
 v1::WhoAmIResponse Broker::WhoAmI(const Session& s) const {
   v1::WhoAmIResponse r;
   r.set_session_id(s.id);
@@ -872,58 +755,6 @@ absl::StatusOr<v1::OpenRelayResponse> Broker::OpenRelay(Session& s, const v1::Op
   return v1::OpenRelayResponse();
 }
 
-std::string Broker::RenderMetrics() const {
-  BrokerStats st = Stats();
-  RelayCounters rc = relay_->Counters();
-  std::string out;
-  auto one = [&](const char* name, const char* type, const char* help, double v) {
-    RenderFamily(&out, name, type, help, {{"", v}});
-  };
-  one("podlink_up", "gauge", "1 while podlinkd serves", 1);
-  RenderFamily(&out, "podlink_build_info", "gauge", "podlinkd's version (the value is 1)", {{PODLINK_VERSION, 1}},
-               "version");
-  absl::StrAppend(&out, RenderProcessMetrics());
-  one("podlink_ready", "gauge", "1 once both sockets serve", ready() ? 1 : 0);
-  one("podlink_gpus", "gauge", "GPUs podlinkd sees", static_cast<double>(inventory_.gpus.size()));
-  one("podlink_sessions", "gauge", "open client sessions", static_cast<double>(st.sessions));
-  one("podlink_sessions_total", "counter", "client sessions opened",
-      static_cast<double>(sessions_total_.load(std::memory_order_relaxed)));
-  one("podlink_exports", "gauge", "live exports", static_cast<double>(st.exports));
-  one("podlink_exports_total", "counter", "exports created",
-      static_cast<double>(exports_total_.load(std::memory_order_relaxed)));
-  one("podlink_imports_total", "counter", "imports granted", static_cast<double>(st.imports_total));
-  std::map<std::string, double> denials;
-  for (const char* reason : kDenialReasons) denials[reason] = 0;  // every series exists from the start
-  for (const auto& [reason, n] : denials_.Snapshot()) denials[reason] = static_cast<double>(n);
-  RenderFamily(&out, "podlink_denials_total", "counter", "imports refused, by reason", denials, "reason");
-  one("podlink_relay_rings", "gauge", "relay rings served", static_cast<double>(rc.rings));
-  one("podlink_relay_workers", "gauge", "relay threads", static_cast<double>(rc.workers));
-  one("podlink_relay_ops_total", "counter", "relay transfers issued", static_cast<double>(rc.ops));
-  one("podlink_relay_bytes_total", "counter", "bytes moved by the relay", static_cast<double>(rc.bytes));
-  one("podlink_relay_failed_total", "counter", "relay requests that failed", static_cast<double>(rc.failed));
-  one("podlink_relay_notifies_total", "counter", "notifications delivered", static_cast<double>(rc.notifies));
-  one("podlink_relay_broken_rings_total", "counter", "rings no longer served (corrupted)",
-      static_cast<double>(rc.broken_rings));
-  absl::StrAppend(&out, "# HELP podlink_relay_op_latency_seconds relay request from ring to completion\n",
-                  "# TYPE podlink_relay_op_latency_seconds histogram\n");
-  relay_->latency().Render("podlink_relay_op_latency_seconds", &out);
-  if (MeshStager* st = relay_->stager(); st != nullptr) {
-    absl::StrAppend(&out, "# HELP podlink_mesh_gpu_staging_copy_seconds copies between a pod's GPU memory and ",
-                    "host staging for other nodes (importing side)\n",
-                    "# TYPE podlink_mesh_gpu_staging_copy_seconds histogram\n");
-    st->copy_latency().Render("podlink_mesh_gpu_staging_copy_seconds", &out);
-    one("podlink_mesh_gpu_staging_queued", "gauge", "staging copies and mesh starts waiting for a stager thread",
-        static_cast<double>(st->queued()));
-  }
-  absl::StrAppend(&out, pods_->RenderMetrics());
-  if (mesh_ != nullptr) absl::StrAppend(&out, mesh_->RenderMetrics());
-  {
-    absl::MutexLock l(&nccl_mu_);
-    if (nccl_bridge_ != nullptr) absl::StrAppend(&out, nccl_bridge_->RenderMetrics());
-  }
-  return out;
-}
-
 void Broker::OpenRemote(Session& s, const v1::OpenRemoteRequest& req,
                         std::function<void(absl::StatusOr<v1::OpenRemoteResponse>)> done) {
   if (mesh_ == nullptr) {
@@ -989,18 +820,6 @@ std::string Broker::GpuBusId(const ExportRecord& rec) const {
   if (rec.gpu_uuid.empty()) return {};
   const GpuDevice* g = inventory_.FindByUuid(rec.gpu_uuid);
   return g != nullptr ? g->pci_bus_id : std::string();
-}
-
-BrokerStats Broker::Stats() const {
-  BrokerStats st;
-  {
-    absl::MutexLock l(&mu_);
-    st.sessions = sessions_.size();
-  }
-  st.exports = registry_.size();
-  st.imports_total = imports_total_.load(std::memory_order_relaxed);
-  st.denials_total = denials_total_.load(std::memory_order_relaxed);
-  return st;
 }
 
 }  // namespace podlink

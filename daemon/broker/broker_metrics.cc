@@ -1,0 +1,97 @@
+// The broker's counters and the daemon's metrics page.
+#include "daemon/broker/broker.h"
+
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fcntl.h>
+#include <openssl/sha.h>
+
+#include <cerrno>
+#include <fstream>
+
+#include "absl/strings/string_view.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/fd_channel.h"
+#include "common/pci.h"
+#include "common/status_util.h"
+#include "daemon/gpu/host_backend.h"
+#include "daemon/identity/standalone_source.h"
+#include "daemon/ncclipc/shm_mount.h"
+#include "daemon/policy/policy.h"
+#include "common/log.h"
+#include "daemon/metrics/process_metrics.h"
+
+namespace podlink {
+
+std::string Broker::RenderMetrics() const {
+  BrokerStats st = Stats();
+  RelayCounters rc = relay_->Counters();
+  std::string out;
+  auto one = [&](const char* name, const char* type, const char* help, double v) {
+    RenderFamily(&out, name, type, help, {{"", v}});
+  };
+  one("podlink_up", "gauge", "1 while podlinkd serves", 1);
+  RenderFamily(&out, "podlink_build_info", "gauge", "podlinkd's version (the value is 1)", {{PODLINK_VERSION, 1}},
+               "version");
+  absl::StrAppend(&out, RenderProcessMetrics());
+  one("podlink_ready", "gauge", "1 once both sockets serve", ready() ? 1 : 0);
+  one("podlink_gpus", "gauge", "GPUs podlinkd sees", static_cast<double>(inventory_.gpus.size()));
+  one("podlink_sessions", "gauge", "open client sessions", static_cast<double>(st.sessions));
+  one("podlink_sessions_total", "counter", "client sessions opened",
+      static_cast<double>(sessions_total_.load(std::memory_order_relaxed)));
+  one("podlink_exports", "gauge", "live exports", static_cast<double>(st.exports));
+  one("podlink_exports_total", "counter", "exports created",
+      static_cast<double>(exports_total_.load(std::memory_order_relaxed)));
+  one("podlink_imports_total", "counter", "imports granted", static_cast<double>(st.imports_total));
+  std::map<std::string, double> denials;
+  for (const char* reason : kDenialReasons) denials[reason] = 0;  // every series exists from the start
+  for (const auto& [reason, n] : denials_.Snapshot()) denials[reason] = static_cast<double>(n);
+  RenderFamily(&out, "podlink_denials_total", "counter", "imports refused, by reason", denials, "reason");
+  one("podlink_relay_rings", "gauge", "relay rings served", static_cast<double>(rc.rings));
+  one("podlink_relay_workers", "gauge", "relay threads", static_cast<double>(rc.workers));
+  one("podlink_relay_ops_total", "counter", "relay transfers issued", static_cast<double>(rc.ops));
+  one("podlink_relay_bytes_total", "counter", "bytes moved by the relay", static_cast<double>(rc.bytes));
+  one("podlink_relay_failed_total", "counter", "relay requests that failed", static_cast<double>(rc.failed));
+  one("podlink_relay_notifies_total", "counter", "notifications delivered", static_cast<double>(rc.notifies));
+  one("podlink_relay_broken_rings_total", "counter", "rings no longer served (corrupted)",
+      static_cast<double>(rc.broken_rings));
+  absl::StrAppend(&out, "# HELP podlink_relay_op_latency_seconds relay request from ring to completion\n",
+                  "# TYPE podlink_relay_op_latency_seconds histogram\n");
+  relay_->latency().Render("podlink_relay_op_latency_seconds", &out);
+  if (MeshStager* st = relay_->stager(); st != nullptr) {
+    absl::StrAppend(&out, "# HELP podlink_mesh_gpu_staging_copy_seconds copies between a pod's GPU memory and ",
+                    "host staging for other nodes (importing side)\n",
+                    "# TYPE podlink_mesh_gpu_staging_copy_seconds histogram\n");
+    st->copy_latency().Render("podlink_mesh_gpu_staging_copy_seconds", &out);
+    one("podlink_mesh_gpu_staging_queued", "gauge", "staging copies and mesh starts waiting for a stager thread",
+        static_cast<double>(st->queued()));
+  }
+  absl::StrAppend(&out, pods_->RenderMetrics());
+  if (mesh_ != nullptr) absl::StrAppend(&out, mesh_->RenderMetrics());
+  {
+    absl::MutexLock l(&nccl_mu_);
+    if (nccl_bridge_ != nullptr) absl::StrAppend(&out, nccl_bridge_->RenderMetrics());
+  }
+  return out;
+}
+
+BrokerStats Broker::Stats() const {
+  BrokerStats st;
+  {
+    absl::MutexLock l(&mu_);
+    st.sessions = sessions_.size();
+  }
+  st.exports = registry_.size();
+  st.imports_total = imports_total_.load(std::memory_order_relaxed);
+  st.denials_total = denials_total_.load(std::memory_order_relaxed);
+  return st;
+}
+
+}  // namespace podlink
