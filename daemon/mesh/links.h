@@ -76,6 +76,13 @@ class DataLinks {
   // more (verbs: registrations of exports that went away); the engine's
   // housekeeping calls it every 200 ms.
   virtual void Sweep() {}
+  // Forgets what it holds for a grant of the peer that was given back (verbs:
+  // the region's keys or staging); nothing where a grant needs nothing.
+  virtual void DropRegion(uint64_t /*grant*/) {}
+  // Whether one repair of a path replaces everything of it that failed by
+  // then (verbs: every queue pair of the path), so one scheduled repair per
+  // path is enough; otherwise each repair brings back one connection.
+  virtual bool RepairsWholePath() const { return false; }
 };
 
 }  // namespace podlink::mesh

@@ -4,7 +4,7 @@
 namespace podlink::mesh {
 
 void ReleaseRemoteGrant(MeshEngine::Peer* peer, uint64_t grant) {
-  if (auto vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links())) vl->DropRegion(grant);
+  if (std::shared_ptr<DataLinks> links = peer->links()) links->DropRegion(grant);
   (void)peer->Post([peer, grant] {
     std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
     if (stub == nullptr) return;

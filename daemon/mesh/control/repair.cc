@@ -31,9 +31,10 @@ std::function<void(const std::string&)> MeshEngine::RepairOnDown(const std::shar
 void MeshEngine::ScheduleRepair(Repair r) {
   absl::MutexLock l(&mu_);
   if (stopping_.load(std::memory_order_acquire) || repairs_.size() >= 256) return;
-  // A verbs path's repair replaces every QP of it that failed by then: one
-  // scheduled is enough (a TCP repair is one connection each).
-  if (std::dynamic_pointer_cast<verbs::VerbsLinks>(r.links.lock()) != nullptr) {
+  // A repair that replaces every part of its path that failed by then (verbs:
+  // the path's QPs) is scheduled once per path; a TCP repair is one
+  // connection each.
+  if (std::shared_ptr<DataLinks> links = r.links.lock(); links != nullptr && links->RepairsWholePath()) {
     for (const Repair& other : repairs_) {
       if (other.name == r.name && !other.links.owner_before(r.links) && !r.links.owner_before(other.links)) return;
     }

@@ -193,7 +193,8 @@ class VerbsLinks final : public DataLinks {
   // go as staged records (file comment), at most `slot_bytes` each (the
   // owner's bounce slots; 0: this side's slice size).
   void AddStagedRegion(uint64_t grant, uint64_t slot_bytes = 0) ABSL_LOCKS_EXCLUDED(mu_);
-  void DropRegion(uint64_t grant) ABSL_LOCKS_EXCLUDED(mu_);
+  void DropRegion(uint64_t grant) override ABSL_LOCKS_EXCLUDED(mu_);
+  bool RepairsWholePath() const override { return true; }
   // Called (no lock held) with a path's name each time one of its QPs fails
   // (the engine makes a replacement for the failed ones, FailedRemoteQps,
   // while the path's other QPs carry on).
