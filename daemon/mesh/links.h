@@ -46,6 +46,14 @@ struct LinkOp {
   std::shared_ptr<const PathPreference> prefer;
 };
 
+// An export the owner registered for one peer on one of its devices (RDMA:
+// the key and the remote address of the export's first byte).
+struct RegionKey {
+  std::string device;
+  uint32_t rkey = 0;
+  uint64_t base = 0;  // remote address of the export's first byte
+};
+
 struct LinkStats {
   uint64_t connections_up = 0, bytes_sent = 0, bytes_received = 0, slices = 0, connection_failures = 0;
   uint64_t resent_slices = 0;
@@ -76,6 +84,16 @@ class DataLinks {
   // more (verbs: registrations of exports that went away); the engine's
   // housekeeping calls it every 200 ms.
   virtual void Sweep() {}
+  // Whether the owner registers a region for this link set when it grants it
+  // (verbs: RDMA keys, or staging through its bounce pool): an open then asks
+  // for that (OpenRegionRequest.verbs, accepts_staged) and the grant is
+  // carried by AddRegion or AddStagedRegion. Otherwise a grant needs nothing.
+  virtual bool RegistersRegions() const { return false; }
+  // The owner's keys for `grant` (RegistersRegions only).
+  virtual void AddRegion(uint64_t /*grant*/, std::vector<RegionKey> /*keys*/) {}
+  // A grant the owner stages through its bounce pool, in slices of at most
+  // `slot_bytes` (0: this side's slice size) (RegistersRegions only).
+  virtual void AddStagedRegion(uint64_t /*grant*/, uint64_t /*slot_bytes*/ = 0) {}
   // Forgets what it holds for a grant of the peer that was given back (verbs:
   // the region's keys or staging); nothing where a grant needs nothing.
   virtual void DropRegion(uint64_t /*grant*/) {}

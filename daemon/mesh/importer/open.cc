@@ -49,20 +49,20 @@ void MeshEngine::CarryGrant(const std::shared_ptr<Peer>& peer, const RemoteTarge
                             const pb::OpenRegionResponse& resp,
                             std::function<void(const std::shared_ptr<Peer>&)> install,
                             std::function<void(absl::Status)> failed) {
-  std::shared_ptr<verbs::VerbsLinks> vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links());
-  if (vl == nullptr) return install(peer);
+  std::shared_ptr<DataLinks> links = peer->links();
+  if (links == nullptr || !links->RegistersRegions()) return install(peer);
   if (!resp.staged_reason().empty()) {
     // The owner moves each slice between the export and its bounce pool;
     // this node's queue pairs carry it as for any other grant.
     Log()->info("event=mesh_region_staged node={} export={} grant={} why={}", target.node_name, resp.export_id(),
                 resp.grant(), LogQuoted(resp.staged_reason().substr(0, 256)));
-    vl->AddStagedRegion(resp.grant(), resp.staged_slice_bytes());
+    links->AddStagedRegion(resp.grant(), resp.staged_slice_bytes());
     return install(peer);
   }
   if (resp.over_tcp_reason().empty()) {
-    std::vector<verbs::RegionKey> keys;
-    for (const pb::VerbsKey& k : resp.verbs_keys()) keys.push_back(verbs::RegionKey{k.device(), k.rkey(), k.base()});
-    vl->AddRegion(resp.grant(), std::move(keys));
+    std::vector<RegionKey> keys;
+    for (const pb::VerbsKey& k : resp.verbs_keys()) keys.push_back(RegionKey{k.device(), k.rkey(), k.base()});
+    links->AddRegion(resp.grant(), std::move(keys));
     return install(peer);
   }
   // The owner cannot register this export for RDMA (a GPU export its NICs
@@ -386,11 +386,12 @@ void MeshEngine::OpenThrough(const RemoteTarget& hop, pb::OpenRegionRequest req,
     auto open_on = [this, hop, req, done, destination, relays](const auto& self,
                                                                const std::shared_ptr<Peer>& peer) -> void {
       std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
-      std::shared_ptr<verbs::VerbsLinks> vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links());
+      std::shared_ptr<DataLinks> links = peer->links();
+      const bool registers = links != nullptr && links->RegistersRegions();
       pb::OpenRegionRequest open = req;
-      open.set_verbs(vl != nullptr);
+      open.set_verbs(registers);
       open.set_accepts_over_tcp(true);
-      open.set_accepts_staged(vl != nullptr);
+      open.set_accepts_staged(registers);
       open.set_caller_instance(instance_);
       pb::OpenRegionResponse resp;
       grpc::ClientContext ctx;
@@ -398,7 +399,7 @@ void MeshEngine::OpenThrough(const RemoteTarget& hop, pb::OpenRegionRequest req,
       if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, open, &resp), hop.node_name); !st.ok()) {
         // A relay that cannot stage over verbs (no bounce pool for this
         // node, or an older version): the hop to it goes over TCP.
-        if (vl != nullptr && hop.node_name != destination && RelayCannotStage(st)) {
+        if (registers && hop.node_name != destination && RelayCannotStage(st)) {
           Log()->info("event=mesh_relay_over_tcp relay={} destination={} why={}", hop.node_name, destination,
                       LogQuoted(std::string(st.message()).substr(0, 256)));
           return OverTcp(hop, [self, done](absl::StatusOr<std::shared_ptr<Peer>> tcp) {

@@ -287,20 +287,21 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
                     relays_after](const auto& self, const std::shared_ptr<Peer>& peer) -> void {
       // Onward over this node's own transport: over verbs the owner registers
       // the export for this node's queue pairs, as for its own pods.
-      std::shared_ptr<verbs::VerbsLinks> vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(peer->links());
+      std::shared_ptr<DataLinks> links = peer->links();
+      const bool registers = links != nullptr && links->RegistersRegions();
       pb::OpenRegionResponse resp;
       grpc::ClientContext ctx;
       ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.open_per_hop * (1 + relays_after)));
       std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
       pb::OpenRegionRequest onward = req;
       onward.set_caller_instance(instance_);
-      onward.set_verbs(vl != nullptr);
+      onward.set_verbs(registers);
       onward.set_accepts_over_tcp(true);
-      onward.set_accepts_staged(vl != nullptr);
+      onward.set_accepts_staged(registers);
       if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, onward, &resp), next.node_name); !st.ok()) {
         // The next relay cannot stage over verbs (no bounce pool for this
         // node, or an older version): the hop to it goes over TCP.
-        if (vl != nullptr && next_is_relay && RelayCannotStage(st)) {
+        if (registers && next_is_relay && RelayCannotStage(st)) {
           Log()->info("event=mesh_relay_over_tcp relay={} destination={} why={}", next.node_name, destination,
                       LogQuoted(std::string(st.message()).substr(0, 256)));
           return OverTcp(next, [self, done](absl::StatusOr<std::shared_ptr<Peer>> tcp) {

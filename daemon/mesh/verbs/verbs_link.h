@@ -117,12 +117,7 @@ struct SideWire {
   uint32_t records = kRecordsNotifyOnly;  // mailbox record version this side speaks
 };
 
-// An export registered for one peer on one device of the owner.
-struct RegionKey {
-  std::string device;
-  uint32_t rkey = 0;
-  uint64_t base = 0;  // remote address of the export's first byte
-};
+using mesh::RegionKey;  // links.h
 
 // An opened device (shared by every peer over it), with its async-event
 // thread: port and QP events are logged and counted.
@@ -188,11 +183,12 @@ class VerbsLinks final : public DataLinks {
   // Step 2: the owner's QPs; ours go to RTR and RTS and start pulling.
   absl::Status ConnectPath(size_t path, const SideWire& owner) ABSL_LOCKS_EXCLUDED(mu_);
   // The owner's keys for a grant (OpenRegion); dropped with the handle.
-  void AddRegion(uint64_t grant, std::vector<RegionKey> keys) ABSL_LOCKS_EXCLUDED(mu_);
+  void AddRegion(uint64_t grant, std::vector<RegionKey> keys) override ABSL_LOCKS_EXCLUDED(mu_);
   // A grant the owner stages through its bounce pool (no keys): its slices
   // go as staged records (file comment), at most `slot_bytes` each (the
   // owner's bounce slots; 0: this side's slice size).
-  void AddStagedRegion(uint64_t grant, uint64_t slot_bytes = 0) ABSL_LOCKS_EXCLUDED(mu_);
+  void AddStagedRegion(uint64_t grant, uint64_t slot_bytes = 0) override ABSL_LOCKS_EXCLUDED(mu_);
+  bool RegistersRegions() const override { return true; }
   void DropRegion(uint64_t grant) override ABSL_LOCKS_EXCLUDED(mu_);
   bool RepairsWholePath() const override { return true; }
   // Called (no lock held) with a path's name each time one of its QPs fails
