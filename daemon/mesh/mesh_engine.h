@@ -463,9 +463,14 @@ class MeshEngine final : public MeshPort {
   absl::StatusOr<Handle> FindHandle(uint64_t session, uint64_t handle) const ABSL_LOCKS_EXCLUDED(mu_);
   // A failed connection's path is dialed again in the background, with
   // backoff, while the peer's other connections carry on.
+  struct Repair;
+  // A transport's own repair of a path, on the repair thread with the peer's
+  // control stub (set where that transport's links were made, which knows them).
+  using RedoPath = std::function<absl::Status(const Repair& r, Peer& peer, v1::Mesh::Stub& stub)>;
   struct Repair {
     std::weak_ptr<Peer> peer;
     std::weak_ptr<DataLinks> links;  // PeerLinks: one connection; VerbsLinks: a path's QPs
+    RedoPath redo;
     Path path;
     std::string name;  // the path as PeerLinks names it
     uint32_t data_port = 0;
@@ -474,10 +479,17 @@ class MeshEngine final : public MeshPort {
   };
   void ScheduleRepair(Repair r) ABSL_LOCKS_EXCLUDED(mu_);
   // What a link set calls when a path (TCP: a connection; verbs: all of a
-  // path's QPs) fails: a repair of that path is scheduled.
+  // path's QPs) fails: a repair of that path is scheduled. One per transport:
+  // each knows how its own links come back.
   std::function<void(const std::string&)> RepairOnDown(const std::shared_ptr<Peer>& peer,
-                                                       const std::shared_ptr<DataLinks>& links,
+                                                       const std::shared_ptr<PeerLinks>& links,
                                                        const std::vector<Path>& paths, uint32_t data_port);
+  std::function<void(const std::string&)> RepairOnDown(const std::shared_ptr<Peer>& peer,
+                                                       const std::shared_ptr<verbs::VerbsLinks>& links,
+                                                       const std::vector<Path>& paths);
+  std::function<void(const std::string&)> RepairOnDownWith(const std::shared_ptr<Peer>& peer,
+                                                           const std::shared_ptr<DataLinks>& links, RedoPath redo,
+                                                           const std::vector<Path>& paths, uint32_t data_port);
   void RepairLoop();
   void HousekeepingLoop();
   absl::Status RepairOnce(Repair& r);

@@ -6,19 +6,22 @@ namespace {
 const ComponentLog Log("mesh");
 }  // namespace
 
-std::function<void(const std::string&)> MeshEngine::RepairOnDown(const std::shared_ptr<Peer>& peer,
-                                                                 const std::shared_ptr<DataLinks>& links,
-                                                                 const std::vector<Path>& paths, uint32_t data_port) {
+std::function<void(const std::string&)> MeshEngine::RepairOnDownWith(const std::shared_ptr<Peer>& peer,
+                                                                     const std::shared_ptr<DataLinks>& links,
+                                                                     RedoPath redo, const std::vector<Path>& paths,
+                                                                     uint32_t data_port) {
   std::map<std::string, Path> by_name;
   for (const Path& path : paths) by_name[PathName(path)] = path;
   std::weak_ptr<Peer> weak_peer = peer;
   std::weak_ptr<DataLinks> weak_links = links;
-  return [this, weak_peer, weak_links, by_name = std::move(by_name), data_port](const std::string& name) {
+  return [this, weak_peer, weak_links, redo = std::move(redo), by_name = std::move(by_name),
+          data_port](const std::string& name) {
     auto it = by_name.find(name);
     if (it == by_name.end()) return;
     Repair r;
     r.peer = weak_peer;
     r.links = weak_links;
+    r.redo = redo;
     r.path = it->second;
     r.name = name;
     r.data_port = data_port;
@@ -112,38 +115,10 @@ void MeshEngine::HousekeepingLoop() {
 absl::Status MeshEngine::RepairOnce(Repair& r) {
   std::shared_ptr<Peer> peer = r.peer.lock();
   std::shared_ptr<DataLinks> any = r.links.lock();
-  if (peer == nullptr || any == nullptr) return absl::OkStatus();  // nothing left to repair
+  if (peer == nullptr || any == nullptr || !r.redo) return absl::OkStatus();  // nothing left to repair
   std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
   if (stub == nullptr) return absl::OkStatus();
-  if (auto vl = std::dynamic_pointer_cast<verbs::VerbsLinks>(any)) {
-    auto open = [&](const pb::OpenVerbsRequest& req) -> absl::StatusOr<pb::OpenVerbsResponse> {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.connect_timeout + absl::Seconds(25)));
-      pb::OpenVerbsResponse resp;
-      PODLINK_RETURN_IF_ERROR(FromGrpc(stub->OpenVerbs(&ctx, req, &resp), peer->node()));
-      return resp;
-    };
-    // A path that cannot come back (cable still down) fails here and is
-    // tried again with backoff; its old QPs are named once.
-    std::vector<uint32_t> failed = vl->FailedRemoteQps(r.name);
-    if (failed.empty()) return absl::OkStatus();  // an earlier repair replaced them
-    PODLINK_RETURN_IF_ERROR(ConnectVerbsPath(*vl, r.path, open, failed));
-    vl->MarkReported(failed);
-    return absl::OkStatus();
-  }
-  auto links = std::dynamic_pointer_cast<PeerLinks>(any);
-  if (links == nullptr) return absl::OkStatus();
-  pb::OpenLinkResponse link;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-  pb::OpenLinkRequest req;
-  req.set_connections(1);
-  PODLINK_RETURN_IF_ERROR(FromGrpc(stub->OpenLink(&ctx, req, &link), peer->node()));
-  if (link.cookies_size() != 1) return absl::UnavailableError("OpenLink returned no cookie");
-  PODLINK_ASSIGN_OR_RETURN(UniqueFd fd,
-                           DialData(r.path, r.data_port, link.cookies(0), links->instance(), absl::Seconds(2)));
-  links->AddConnection(std::move(fd), r.name);
-  return absl::OkStatus();
+  return r.redo(r, *peer, *stub);
 }
 
 }  // namespace podlink::mesh

@@ -190,7 +190,7 @@ absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const Remote
     std::shared_ptr<verbs::VerbsLinks> vl = *std::move(made);
     // A path whose QPs all failed gets new ones in the background (the
     // owner drops the failed ones), while the other paths carry on.
-    vl->set_on_path_down(RepairOnDown(peer, vl, paths, 0));
+    vl->set_on_path_down(RepairOnDown(peer, vl, paths));
     Log()->info("event=mesh_peer_connected node={} control={} transport=verbs paths={} qps={}", target.node_name,
                 endpoint, paths.size(), vl->live());
     p.set_stub(std::move(stub));

@@ -349,4 +349,31 @@ absl::Status MeshEngine::ConnectVerbsPath(verbs::VerbsLinks& links, const Path& 
   return links.ConnectPath(prepared.first, owner);
 }
 
+// The verbs transport's repair: the path's queue pairs that failed by now are
+// replaced by new ones the peer accepts (OpenVerbs), and named to it once.
+std::function<void(const std::string&)> MeshEngine::RepairOnDown(const std::shared_ptr<Peer>& peer,
+                                                                 const std::shared_ptr<verbs::VerbsLinks>& links,
+                                                                 const std::vector<Path>& paths) {
+  std::weak_ptr<verbs::VerbsLinks> weak = links;
+  RedoPath redo = [this, weak](const Repair& r, Peer& peer, pb::Mesh::Stub& stub) -> absl::Status {
+    std::shared_ptr<verbs::VerbsLinks> vl = weak.lock();
+    if (vl == nullptr) return absl::OkStatus();
+    auto open = [&](const pb::OpenVerbsRequest& req) -> absl::StatusOr<pb::OpenVerbsResponse> {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.connect_timeout + absl::Seconds(25)));
+      pb::OpenVerbsResponse resp;
+      PODLINK_RETURN_IF_ERROR(FromGrpc(stub.OpenVerbs(&ctx, req, &resp), peer.node()));
+      return resp;
+    };
+    // A path that cannot come back (cable still down) fails here and is
+    // tried again with backoff; its old QPs are named once.
+    std::vector<uint32_t> failed = vl->FailedRemoteQps(r.name);
+    if (failed.empty()) return absl::OkStatus();  // an earlier repair replaced them
+    PODLINK_RETURN_IF_ERROR(ConnectVerbsPath(*vl, r.path, open, failed));
+    vl->MarkReported(failed);
+    return absl::OkStatus();
+  };
+  return RepairOnDownWith(peer, links, std::move(redo), paths, 0);
+}
+
 }  // namespace podlink::mesh
