@@ -126,7 +126,7 @@ vm_start() {
   qemu-system-x86_64 -machine q35 -accel tcg -cpu max -smp 1 -m "$VM_MEM_MB" \
     -nographic -no-reboot -nodefaults -serial "file:$VM_RUN/$name.console" \
     -kernel "$VM_KERNEL" -initrd "$VM_INITRD" \
-    -append "console=ttyS0 panic=-1 quiet loglevel=3 podlink.init=$VM_GUEST_INIT podlink.name=$name podlink.idx=$idx podlink.run=$VM_RUN podlink.kroot=$VM_ROOT" \
+    -append "console=ttyS0 panic=-1 quiet loglevel=3 podlink.init=$VM_GUEST_INIT podlink.name=$name podlink.idx=$idx podlink.run=$VM_RUN podlink.kroot=$VM_ROOT podlink.repo=$VM_REPO" \
     -virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap" \
     -virtfs "local,path=$VM_RUN,mount_tag=vmout,security_model=none,multidevs=remap" \
     "${args[@]}" >"$VM_RUN/$name.qemu.log" 2>&1 &
@@ -154,6 +154,9 @@ vm_stop_all() {
 }
 
 VM_GUEST_INIT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/guest-init.sh"
+# The checkout, which the guests show at its own path even where they mount a
+# tmpfs over a directory above it (a clone in /root or /tmp).
+VM_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 
 vm_begin() {
   vm_prepare
