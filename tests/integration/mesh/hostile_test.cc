@@ -1,0 +1,628 @@
+// Hostile peers: no certificate, another node's pods, forged relays, fences, adverts, verbs
+// requests and data connections.
+#include "tests/integration/mesh/mesh_fixture.h"
+
+namespace podlink::testing {
+namespace {
+
+// The test process is a hostile peer of node b, with a cable of its own.
+class MeshHostile : public Mesh {
+ protected:
+  void SetUp() override {
+    Mesh::SetUp();
+    if (IsSkipped()) return;
+    std::string a = topo_.Node("a"), b = topo_.Node("b");
+    auto [da, db] = topo_.Cable(a, b, 1);
+    b_addr_ = topo_.HostCable(b, 9);
+    std::string pods = Rule(owner_, "ml", "decode-0", "job-7") + "," + Rule(other_, "ml", "prefill-0", "job-7");
+    na_ = StartNode("node-a", a, {da}, pods);
+    nb_ = StartNode("node-b", b, {db}, pods);
+    server_ = std::make_unique<Pod>(*nb_, &owner_,
+                                    std::vector<std::string>{"kv-serve", "--size", "65536", "--verify", "1"});
+    json s = server_->Expect("serving");
+    ASSERT_EQ(s["event"], "serving") << s.dump();
+    // podlink2;<node id>;<export id>;...
+    std::vector<std::string> f = absl::StrSplit(s["descriptor"].get<std::string>(), ';');
+    ASSERT_GE(f.size(), 3u);
+    export_id_ = std::stoull(f[2]);
+  }
+  void TearDown() override {
+    server_.reset();
+    Mesh::TearDown();
+  }
+  std::unique_ptr<pb::Mesh::Stub> Stub(const std::string& cert_dir, const std::string& target_name = "node-b") {
+    grpc::SslCredentialsOptions tls;
+    tls.pem_root_certs = ReadFile(ca_->ca());
+    if (!cert_dir.empty()) {
+      tls.pem_private_key = ReadFile(cert_dir + "/tls.key");
+      tls.pem_cert_chain = ReadFile(cert_dir + "/tls.crt");
+    }
+    grpc::ChannelArguments args;
+    args.SetSslTargetNameOverride(target_name);
+    return pb::Mesh::NewStub(grpc::CreateCustomChannel(b_addr_ + ":7446", grpc::SslCredentials(tls), args));
+  }
+  grpc::Status Open(pb::Mesh::Stub& stub, const std::string& claimed_node, pb::OpenRegionResponse* resp) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::OpenRegionRequest req;
+    req.mutable_importer()->set_node(claimed_node);
+    req.mutable_importer()->set_key("pod-key");
+    req.mutable_importer()->set_namespace_("ml");
+    req.mutable_importer()->set_pod_name("prefill-0");
+    (*req.mutable_importer()->mutable_annotations())["podlink.io/peer-group"] = "job-7";
+    req.set_export_id(export_id_);
+    return stub.OpenRegion(&ctx, req, resp);
+  }
+
+  // A routed open as a relay passes it on: the origin's signed claim.
+  struct Claim {
+    std::string origin = "node-a", importer_node = "node-a", signer = "claim-a", cert = "claim-a";
+    std::string destination = "node-b";
+    std::vector<std::string> via = {"node-t"};
+    int64_t age_seconds = 0;
+    uint64_t nonce = 0;
+    bool fenceable = false;
+  };
+  // Opens the fixture's export through `stub` under `c`, signed with the key
+  // in dir_/<c.signer>.
+  grpc::Status OpenRouted(pb::Mesh::Stub& stub, const Claim& c, pb::OpenRegionResponse* resp) {
+    pb::OriginClaim claim;
+    claim.set_origin(c.origin);
+    pb::ForwardedIdentity* who = claim.mutable_importer();
+    who->set_node(c.importer_node);
+    who->set_key("pod-key");
+    who->set_namespace_("ml");
+    who->set_pod_name("prefill-0");
+    (*who->mutable_annotations())["podlink.io/peer-group"] = "job-7";
+    claim.mutable_destination()->set_node(c.destination);
+    claim.mutable_destination()->add_addresses("10.77.1.2/30");
+    claim.mutable_destination()->set_port(7446);
+    for (const std::string& v : c.via) claim.add_via(v);
+    claim.set_export_id(export_id_);
+    claim.set_issued_unix_seconds(absl::ToUnixSeconds(absl::Now()) - c.age_seconds);
+    claim.set_nonce(c.nonce);
+    claim.set_fenceable(c.fenceable);
+    pb::OpenRegionRequest req;
+    *req.mutable_importer() = *who;  // ignored for routed requests: the claim decides
+    req.set_export_id(export_id_);
+    claim.SerializeToString(req.mutable_route()->mutable_claim());
+    absl::StatusOr<std::string> sig =
+        mesh::SignWithKey(ReadFile(dir_ + "/" + c.signer + "/tls.key"), req.route().claim());
+    EXPECT_TRUE(sig.ok()) << sig.status();
+    req.mutable_route()->set_signature(sig.value_or(""));
+    req.mutable_route()->set_origin_cert(ReadFile(dir_ + "/" + c.cert + "/tls.crt"));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    return stub.OpenRegion(&ctx, req, resp);
+  }
+
+  PodCgroup owner_{RandomPodUid(), "burstable"}, other_{RandomPodUid(), "burstable"};
+  std::unique_ptr<Daemon> na_, nb_;
+  std::unique_ptr<Pod> server_;
+  std::string b_addr_;
+  uint64_t export_id_ = 0;
+};
+TEST_F(MeshHostile, APeerWithoutAValidCertificateGetsNothing) {
+  pb::OpenRegionResponse resp;
+  // No client certificate at all.
+  grpc::Status st = Open(*Stub(""), "node-x", &resp);
+  EXPECT_FALSE(st.ok());
+  // A certificate from another CA, naming a real node.
+  TestCa evil(dir_ + "/evil-ca");
+  evil.Issue("node-a", dir_ + "/evil-a", ca_->ca());
+  st = Open(*Stub(dir_ + "/evil-a"), "node-a", &resp);
+  EXPECT_FALSE(st.ok());
+  EXPECT_EQ(resp.grant(), 0u);
+  // The importer checks the exporter too: node b's certificate does not name node-c.
+  ca_->Issue("node-t", dir_ + "/node-t");
+  st = Open(*Stub(dir_ + "/node-t", "node-c"), "node-t", &resp);
+  EXPECT_FALSE(st.ok());
+  EXPECT_FALSE(nb_->Log().find("event=mesh_grant") != std::string::npos) << nb_->Log();
+}
+
+TEST_F(MeshHostile, ADaemonSpeaksOnlyForItsOwnNodesPods) {
+  ca_->Issue("node-t", dir_ + "/node-t");
+  auto stub = Stub(dir_ + "/node-t");
+  pb::OpenRegionResponse resp;
+  grpc::Status st = Open(*stub, "node-a", &resp);  // node-t claims a pod of node-a
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
+  st = Open(*stub, "node-b", &resp);  // or one of node b itself
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
+  // Its own pod, in the group: granted.
+  st = Open(*stub, "node-t", &resp);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  EXPECT_NE(resp.grant(), 0u);
+  // A certificate naming node b itself cannot open anything on node b.
+  ca_->Issue("node-b", dir_ + "/fake-b");
+  st = Open(*Stub(dir_ + "/fake-b"), "node-b", &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
+}
+
+// Requests through relays carry the origin's signed claim; a relay (or any
+// node with a certificate) cannot use it to speak for pods of another node,
+// reuse it from elsewhere on the route, or make one up.
+TEST_F(MeshHostile, ARelayCannotSpeakForAnotherNodesPods) {
+  ca_->Issue("node-t", dir_ + "/node-t");
+  ca_->Issue("node-u", dir_ + "/node-u");
+  ca_->Issue("node-a", dir_ + "/claim-a");  // node a's key, to sign as node a would
+  ca_->Issue("node-b", dir_ + "/claim-b");
+  auto t = Stub(dir_ + "/node-t"), u = Stub(dir_ + "/node-u");
+  pb::OpenRegionResponse resp;
+  // The honest case: node a's pod through relay t, which B serves as node-a's pod.
+  grpc::Status st = OpenRouted(*t, Claim{}, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_NE(resp.grant(), 0u);
+  EXPECT_NE(nb_->Log().find("event=mesh_grant peer=node-t pod=ml/prefill-0"), std::string::npos) << nb_->Log();
+  EXPECT_NE(nb_->Log().find(" origin=node-a"), std::string::npos) << nb_->Log();
+  struct Case {
+    const char* what;
+    pb::Mesh::Stub* from;
+    Claim claim;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"the claim presented by a node not on its route", u.get(), Claim{}});
+  {
+    Claim c;
+    c.signer = "node-t";  // t signs a claim for node a's pod with its own key
+    cases.push_back({"signed by the relay, not the origin", t.get(), c});
+  }
+  {
+    Claim c;
+    c.signer = c.cert = "node-t";  // t's certificate, origin still node a
+    cases.push_back({"the relay's own certificate for another origin", t.get(), c});
+  }
+  {
+    Claim c;
+    c.age_seconds = 600;
+    cases.push_back({"a stale claim", t.get(), c});
+  }
+  {
+    Claim c;
+    c.importer_node = "node-c";
+    cases.push_back({"an origin speaking for another node's pod", t.get(), c});
+  }
+  {
+    Claim c;
+    c.origin = c.importer_node = "node-b";
+    c.signer = c.cert = "claim-b";
+    cases.push_back({"a claim for the owner's own node's pods", t.get(), c});
+  }
+  {
+    Claim c;
+    c.via = {"node-t", "node-t"};
+    cases.push_back({"a route through one node twice", t.get(), c});
+  }
+  {
+    Claim c;
+    c.via = {"node-x", "node-y", "node-z", "node-t"};
+    cases.push_back({"a route over the relay bound", t.get(), c});
+  }
+  {
+    Claim c;
+    c.via = {};
+    cases.push_back({"a route without relays", t.get(), c});
+  }
+  for (const Case& c : cases) {
+    pb::OpenRegionResponse r;
+    st = OpenRouted(*c.from, c.claim, &r);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << c.what << ": " << st.error_message();
+    EXPECT_EQ(r.grant(), 0u) << c.what;
+    std::printf("refused: %s: %s\n", c.what, st.error_message().c_str());
+  }
+  {
+    // Garbage in the route.
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::OpenRegionRequest req;
+    req.set_export_id(export_id_);
+    req.mutable_route()->set_claim(std::string(100, '\xff'));
+    req.mutable_route()->set_signature("x");
+    pb::OpenRegionResponse r;
+    st = t->OpenRegion(&ctx, req, &r);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
+  }
+  {
+    // B asked to relay on (t is the origin, B the relay) toward a node it has
+    // no cable to: refused with a reason, in bounded time, nothing granted.
+    Claim c;
+    c.origin = c.importer_node = "node-t";
+    c.signer = c.cert = "node-t";
+    c.destination = "node-z";
+    c.via = {"node-b"};
+    auto t0 = std::chrono::steady_clock::now();
+    pb::OpenRegionResponse r;
+    st = OpenRouted(*t, c, &r);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << st.error_message();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(15));
+  }
+  EXPECT_TRUE(nb_->Alive());
+}
+
+// FenceRoute closes a route's grants only for the node that signed the
+// route, and only a route it signed fenceable: not for the relay that carried
+// the claim (it saw the nonce), not for any other node, never with nonce 0;
+// and the relay cannot get a new grant by presenting the claim again.
+TEST_F(MeshHostile, OnlyARoutesOriginCanFenceIt) {
+  ca_->Issue("node-t", dir_ + "/node-t");
+  ca_->Issue("node-u", dir_ + "/node-u");
+  ca_->Issue("node-a", dir_ + "/claim-a");
+  auto t = Stub(dir_ + "/node-t"), u = Stub(dir_ + "/node-u"), origin = Stub(dir_ + "/claim-a");
+  Claim c;
+  c.nonce = 0x5eed5eed5eedull;
+  c.fenceable = true;
+  pb::OpenRegionResponse resp;
+  grpc::Status st = OpenRouted(*t, c, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  Claim plain;  // a route the origin did not sign fenceable: no fence reaches it
+  plain.nonce = 0x0bad0bad0badull;
+  pb::OpenRegionResponse plain_resp;
+  ASSERT_TRUE(OpenRouted(*t, plain, &plain_resp).ok());
+  pb::OpenRegionResponse direct;
+  ASSERT_TRUE(Open(*u, "node-u", &direct).ok());  // a direct grant (nonce 0) of another node
+  auto fence = [](pb::Mesh::Stub& stub, uint64_t nonce, uint32_t* closed) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    pb::FenceRouteRequest req;
+    req.set_nonce(nonce);
+    pb::FenceRouteResponse r;
+    grpc::Status st = stub.FenceRoute(&ctx, req, &r);
+    *closed = r.grants_closed();
+    return st;
+  };
+  uint32_t closed = 99;
+  EXPECT_TRUE(fence(*t, c.nonce, &closed).ok());
+  EXPECT_EQ(closed, 0u) << "the relay fenced the origin's route";
+  EXPECT_TRUE(fence(*u, c.nonce, &closed).ok());
+  EXPECT_EQ(closed, 0u) << "a stranger fenced the origin's route";
+  st = fence(*u, 0, &closed);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_EQ(CountInLog(*nb_, "event=mesh_fence origin=node-a"), 0u) << nb_->Log();
+  EXPECT_NE(nb_->Log().find("event=mesh_fence origin=node-t grants=0"), std::string::npos) << nb_->Log();
+  // The origin fences it: the relay's grant is gone (its frames are refused
+  // from now on), the stranger's direct grant stays.
+  EXPECT_TRUE(fence(*origin, c.nonce, &closed).ok());
+  EXPECT_EQ(closed, 1u);
+  EXPECT_TRUE(nb_->WaitForLog("event=mesh_fence origin=node-a grants=1"));
+  EXPECT_TRUE(fence(*origin, c.nonce, &closed).ok());
+  EXPECT_EQ(closed, 0u) << "fenced twice";
+  EXPECT_TRUE(fence(*origin, plain.nonce, &closed).ok());
+  EXPECT_EQ(closed, 0u) << "a route not signed fenceable was fenced";
+  // The relay presents the fenced claim again: refused.
+  pb::OpenRegionResponse again;
+  st = OpenRouted(*t, c, &again);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
+  EXPECT_NE(st.error_message().find("fenced this route"), std::string::npos) << st.error_message();
+  EXPECT_EQ(again.grant(), 0u);
+  json links = LinksOf(*nb_);
+  ASSERT_TRUE(links.is_object()) << links.dump();
+  EXPECT_EQ(links["grants"], 2) << links.dump();  // the stranger's direct grant and the plain route's
+}
+
+// The verbs control messages are hostile input too: a peer daemon chooses
+// the address, GID, MTU and QP list of OpenVerbs and asks for registrations.
+// Adverts a peer passes on are believed only when signed by the node they
+// name under the mesh CA: a node cannot advertise another, change another's
+// advert, or use a key from another CA; its own advert is taken and passed on.
+TEST_F(MeshHostile, NodeAdvertsMustBeSignedByTheNodeTheyName) {
+  ca_->Issue("node-t", dir_ + "/node-t");
+  ca_->Issue("node-u", dir_ + "/node-u");
+  TestCa evil(dir_ + "/evil-ca");
+  evil.Issue("node-v", dir_ + "/evil-v", ca_->ca());
+  auto advert = [&](const std::string& node, const std::string& signer_dir, const std::string& address) {
+    pb::AdvertEntry e;
+    e.mutable_node()->set_node(node);
+    e.mutable_node()->add_addresses(address);
+    e.mutable_node()->set_port(7446);
+    e.set_issued_unix_seconds(absl::ToUnixSeconds(absl::Now()));
+    pb::NodeAdvert a;
+    e.SerializeToString(a.mutable_entry());
+    absl::StatusOr<std::string> sig = mesh::SignWithKey(ReadFile(signer_dir + "/tls.key"), a.entry());
+    EXPECT_TRUE(sig.ok()) << sig.status();
+    a.set_signature(sig.value_or(""));
+    a.set_cert(ReadFile(signer_dir + "/tls.crt"));
+    return a;
+  };
+  auto hello = [&](const std::vector<pb::NodeAdvert>& adverts, pb::HelloResponse* resp) {
+    auto stub = Stub(dir_ + "/node-t");
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::HelloRequest req;
+    req.set_version("test");
+    req.set_instance(77);
+    for (const pb::NodeAdvert& a : adverts) *req.add_adverts() = a;
+    return stub->Hello(&ctx, req, resp);
+  };
+  pb::NodeAdvert tampered = advert("node-t", dir_ + "/node-t", "10.98.0.1/24");
+  pb::AdvertEntry e;
+  ASSERT_TRUE(e.ParseFromString(tampered.entry()));
+  e.mutable_node()->set_addresses(0, "10.98.7.1/24");  // changed after signing
+  e.SerializeToString(tampered.mutable_entry());
+  pb::NodeAdvert garbage;
+  garbage.set_entry(std::string(8 << 10, 'x'));
+  pb::HelloResponse resp;
+  grpc::Status st = hello({advert("node-y", dir_ + "/node-t", "10.99.0.1/24"),  // node t speaking for node y
+                           tampered, advert("node-v", dir_ + "/evil-v", "10.97.0.1/24"), garbage,
+                           advert("node-u", dir_ + "/node-u", "10.96.0.1/24")},  // genuine, passed on by t
+                          &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  ASSERT_GE(resp.adverts_size(), 1);
+  EXPECT_TRUE(nb_->WaitForLog("event=mesh_advert_refused from=node-t node=node-y")) << nb_->Log();
+  EXPECT_TRUE(nb_->WaitForLog("event=mesh_advert_refused from=node-t node=node-t")) << nb_->Log();
+  EXPECT_TRUE(nb_->WaitForLog("event=mesh_advert_refused from=node-t node=node-v")) << nb_->Log();
+  // What node b passes on now: its own advert first, node u's, none of the others.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // one batch per sender a second
+  pb::HelloResponse again;
+  ASSERT_TRUE(hello({}, &again).ok());
+  std::set<std::string> passed;
+  for (const pb::NodeAdvert& a : again.adverts()) {
+    pb::AdvertEntry entry;
+    ASSERT_TRUE(entry.ParseFromString(a.entry()));
+    passed.insert(entry.node().node());
+  }
+  pb::AdvertEntry first;
+  ASSERT_TRUE(first.ParseFromString(again.adverts(0).entry()));
+  EXPECT_EQ(first.node().node(), "node-b");
+  EXPECT_TRUE(passed.contains("node-u"));
+  for (const char* n : {"node-y", "node-t", "node-v"}) EXPECT_FALSE(passed.contains(n)) << n;
+  EXPECT_TRUE(nb_->WaitForLog("event=mesh_node_learned node=node-u from=node-t")) << nb_->Log();
+}
+
+TEST_F(MeshHostile, HostileVerbsRequestsAreRefusedAndLeakNothing) {
+  ca_->Issue("node-t", dir_ + "/node-t");
+  auto stub = Stub(dir_ + "/node-t");
+  // Node b's advertised address on its cable, from its log.
+  std::string log = nb_->Log();
+  size_t at = log.find("addresses=");
+  ASSERT_NE(at, std::string::npos) << log;
+  std::string mine = log.substr(at + 10, log.find_first_of("/ ,", at + 10) - at - 10);
+  auto open_verbs = [&](const std::string& address, size_t gid_bytes, int qps) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    pb::OpenVerbsRequest req;
+    req.set_address(address);
+    req.set_gid(std::string(gid_bytes, '\x01'));
+    req.set_mtu(3);
+    req.set_link_instance(7);
+    for (int i = 0; i < qps; ++i) {
+      pb::VerbsQp* q = req.add_qps();
+      q->set_qpn(0xffffffff);  // wider than a QPN: masked
+      q->set_psn(i);
+    }
+    pb::OpenVerbsResponse resp;
+    return stub->OpenVerbs(&ctx, req, &resp);
+  };
+  EXPECT_EQ(open_verbs("10.9.9.9", 16, 2).error_code(), grpc::StatusCode::INVALID_ARGUMENT);  // not b's
+  EXPECT_EQ(open_verbs("not-an-address", 16, 2).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(open_verbs(mine, 3, 2).error_code(), grpc::StatusCode::INVALID_ARGUMENT);    // short GID
+  EXPECT_EQ(open_verbs(mine, 16, 0).error_code(), grpc::StatusCode::INVALID_ARGUMENT);   // no QP
+  EXPECT_EQ(open_verbs(mine, 16, 17).error_code(), grpc::StatusCode::INVALID_ARGUMENT);  // too many
+  // Well formed: refused here for want of an RDMA device on that address
+  // (this machine has none), never a crash.
+  grpc::Status st = open_verbs(mine, 16, 2);
+  EXPECT_FALSE(st.ok());
+  EXPECT_TRUE(st.error_code() == grpc::StatusCode::NOT_FOUND ||
+              st.error_code() == grpc::StatusCode::FAILED_PRECONDITION)
+      << st.error_message();
+  // An open asking for RDMA from a node with no verbs links here: granted
+  // over TCP with the reason (nothing registered, no keys), and bounded as
+  // every grant is (the pod's limit, 1024); given back, a plain open works.
+  std::vector<uint64_t> grants;
+  for (int i = 0; i < 1100; ++i) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::OpenRegionRequest req;
+    req.mutable_importer()->set_node("node-t");
+    req.mutable_importer()->set_key("pod-key");
+    req.mutable_importer()->set_namespace_("ml");
+    req.mutable_importer()->set_pod_name("prefill-0");
+    (*req.mutable_importer()->mutable_annotations())["podlink.io/peer-group"] = "job-7";
+    req.set_export_id(export_id_);
+    req.set_verbs(true);
+    req.set_accepts_over_tcp(i > 0);  // the first as an older daemon asks: refused
+    pb::OpenRegionResponse resp;
+    st = stub->OpenRegion(&ctx, req, &resp);
+    if (i == 0) {
+      EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+      continue;
+    }
+    if (!st.ok()) {
+      ASSERT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << i << ": " << st.error_message();
+      break;
+    }
+    EXPECT_FALSE(resp.over_tcp_reason().empty()) << i;
+    EXPECT_EQ(resp.verbs_keys_size(), 0);
+    grants.push_back(resp.grant());
+  }
+  EXPECT_EQ(grants.size(), 1024u) << "the pod's grant limit";
+  for (uint64_t g : grants) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::CloseRegionRequest req;
+    req.set_grant(g);
+    pb::CloseRegionResponse ignored;
+    ASSERT_TRUE(stub->CloseRegion(&ctx, req, &ignored).ok());
+  }
+  pb::OpenRegionResponse resp;
+  st = Open(*stub, "node-t", &resp);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  EXPECT_NE(resp.grant(), 0u);
+}
+
+// Raw data connections to node b's data port.
+int DialData(const std::string& addr) {
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(7447);
+  ::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr);
+  // A cable just brought up may not pass packets yet (seen under TSan on a
+  // loaded machine): a few tries, 5 s at most.
+  int fd = -1;
+  for (int tries = 0; fd < 0 && tries < 50; ++tries) {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+      ::close(fd);
+      fd = -1;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  if (fd < 0) return -1;
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+// 0: the daemon closed the connection without answering; 1: it answered.
+int Answer(int fd) {
+  char buf[64];
+  ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+  return n > 0 ? 1 : 0;
+}
+
+struct Frame {
+  uint32_t magic = 0x314d4c50;
+  uint16_t type = 0, flags = 0;
+  uint32_t length = 0;
+  int32_t status = 0;
+  uint64_t tag = 0, grant = 0, offset = 0;
+};
+static_assert(sizeof(Frame) == 40);
+
+TEST_F(MeshHostile, ForgedDataConnectionsAreClosedUnanswered) {
+  // A guessed cookie.
+  int fd = DialData(b_addr_);
+  ASSERT_GE(fd, 0);
+  Frame auth;
+  auth.type = 1;
+  auth.length = 32;
+  std::string cookie(32, 'x');
+  ASSERT_EQ(::send(fd, &auth, sizeof(auth), MSG_NOSIGNAL), 40);
+  ASSERT_EQ(::send(fd, cookie.data(), cookie.size(), MSG_NOSIGNAL), 32);
+  EXPECT_EQ(Answer(fd), 0);
+  ::close(fd);
+  // A WRITE without AUTH, aimed at the grant a real peer would hold.
+  fd = DialData(b_addr_);
+  ASSERT_GE(fd, 0);
+  Frame w;
+  w.type = 2;
+  w.length = 16;
+  w.grant = 1;
+  ASSERT_EQ(::send(fd, &w, sizeof(w), MSG_NOSIGNAL), 40);
+  EXPECT_EQ(Answer(fd), 0);
+  ::close(fd);
+  // Silence: closed after the AUTH deadline, not held forever.
+  fd = DialData(b_addr_);
+  ASSERT_GE(fd, 0);
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(Answer(fd), 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  ::close(fd);
+  // A slow drip (a byte a second) does not hold a slot: AUTH must arrive
+  // whole within 2 s, not merely some byte every 2 s.
+  fd = DialData(b_addr_);
+  ASSERT_GE(fd, 0);
+  t0 = std::chrono::steady_clock::now();
+  bool closed = false;
+  for (int i = 0; i < 5 && !closed; ++i) {
+    closed = ::send(fd, "P", 1, MSG_NOSIGNAL) != 1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(900));
+    char c;
+    ssize_t n = ::recv(fd, &c, 1, MSG_DONTWAIT);
+    closed = closed || n == 0 || (n < 0 && errno != EAGAIN);
+  }
+  EXPECT_TRUE(closed) << "a connection dripping a byte every 0.9 s was kept open";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(3500));
+  ::close(fd);
+  // A real cookie for node-t, then frames with someone else's grant, then
+  // out-of-bounds and oversized ones.
+  ca_->Issue("node-t", dir_ + "/node-t");
+  auto stub = Stub(dir_ + "/node-t");
+  pb::OpenLinkResponse link;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::OpenLinkRequest req;
+    req.set_connections(2);
+    ASSERT_TRUE(stub->OpenLink(&ctx, req, &link).ok());
+  }
+  pb::OpenRegionResponse grant;
+  ASSERT_TRUE(Open(*stub, "node-t", &grant).ok());
+  fd = DialData(b_addr_);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::send(fd, &auth, sizeof(auth), MSG_NOSIGNAL), 40);
+  ASSERT_EQ(::send(fd, link.cookies(0).data(), 32, MSG_NOSIGNAL), 32);
+  auto ack = [&](const Frame& f, const std::string& payload) {
+    EXPECT_EQ(::send(fd, &f, sizeof(f), MSG_NOSIGNAL), 40);
+    if (!payload.empty()) {
+      EXPECT_EQ(::send(fd, payload.data(), payload.size(), MSG_NOSIGNAL), (ssize_t)payload.size());
+    }
+    Frame r;
+    if (::recv(fd, &r, sizeof(r), MSG_WAITALL) != 40) return -1;
+    std::string text(r.length, '\0');
+    if (r.length > 0 && ::recv(fd, text.data(), r.length, MSG_WAITALL) != (ssize_t)r.length) return -1;
+    return r.status;
+  };
+  Frame f;
+  f.type = 2;
+  f.length = 8;
+  f.tag = 1;
+  f.grant = grant.grant() + 1000;  // not ours
+  EXPECT_EQ(ack(f, std::string(8, 'z')), static_cast<int>(grpc::StatusCode::NOT_FOUND));
+  f.grant = grant.grant();
+  f.offset = 65536 - 4;  // crosses the end
+  EXPECT_EQ(ack(f, std::string(8, 'z')), static_cast<int>(grpc::StatusCode::OUT_OF_RANGE));
+  f.offset = ~uint64_t{0} - 2;  // wraps
+  EXPECT_EQ(ack(f, std::string(8, 'z')), static_cast<int>(grpc::StatusCode::OUT_OF_RANGE));
+  f.offset = 0;
+  EXPECT_EQ(ack(f, std::string(8, 'z')), 0);  // in bounds: written
+  f.type = 3;  // READ past the end
+  f.offset = 65536;
+  EXPECT_EQ(ack(f, ""), static_cast<int>(grpc::StatusCode::OUT_OF_RANGE));
+  // A late copy of a slice of a finished transfer is dropped: transfer 7
+  // writes "AAAAAAAA", finishes (DONE), then a copy with "BBBBBBBB" arrives.
+  auto read8 = [&](uint64_t tag) {
+    Frame r;
+    r.type = 3;
+    r.length = 8;
+    r.tag = tag;
+    r.grant = grant.grant();
+    r.offset = 4096;
+    EXPECT_EQ(::send(fd, &r, sizeof(r), MSG_NOSIGNAL), 40);
+    Frame d;
+    std::string data(8, '\0');
+    if (::recv(fd, &d, sizeof(d), MSG_WAITALL) != 40 || d.type != 4 || d.length != 8) return std::string("?");
+    if (::recv(fd, data.data(), 8, MSG_WAITALL) != 8) return std::string("?");
+    return data;
+  };
+  f.type = 2;
+  f.offset = 4096;
+  f.tag = (uint64_t{7} << 32) | 0;
+  EXPECT_EQ(ack(f, "AAAAAAAA"), 0);
+  Frame done;
+  done.type = 7;
+  done.tag = uint64_t{7} << 32;
+  EXPECT_EQ(ack(done, ""), 0);
+  f.tag = (uint64_t{7} << 32) | 0;
+  EXPECT_EQ(ack(f, "BBBBBBBB"), 0);  // answered, and dropped
+  EXPECT_EQ(read8(uint64_t{8} << 32), "AAAAAAAA");
+  f.tag = (uint64_t{9} << 32) | 0;  // another transfer writes as usual
+  EXPECT_EQ(ack(f, "CCCCCCCC"), 0);
+  EXPECT_EQ(read8(uint64_t{10} << 32), "CCCCCCCC");
+  // A cookie is single-use.
+  int again = DialData(b_addr_);
+  ASSERT_GE(again, 0);
+  ASSERT_EQ(::send(again, &auth, sizeof(auth), MSG_NOSIGNAL), 40);
+  ASSERT_EQ(::send(again, link.cookies(0).data(), 32, MSG_NOSIGNAL), 32);
+  EXPECT_EQ(Answer(again), 0);
+  ::close(again);
+  // An oversized frame closes the connection.
+  f.type = 2;
+  f.length = 64u << 20;
+  ASSERT_EQ(::send(fd, &f, sizeof(f), MSG_NOSIGNAL), 40);
+  EXPECT_EQ(Answer(fd), 0);
+  ::close(fd);
+  EXPECT_TRUE(nb_->Alive());
+}
+
+}  // namespace
+}  // namespace podlink::testing
