@@ -41,6 +41,9 @@ namespace podlink::mesh {
 
 namespace pb = podlink::mesh::v1;
 
+// The engine's logger (one for every room).
+inline const ComponentLog Log("mesh");
+
 // How a relay says it cannot take a region over verbs (the importer then
 // reaches it over TCP).
 constexpr char kRelayCannotStage[] = " cannot stage over verbs: ";

@@ -4,9 +4,6 @@
 #include "daemon/mesh/engine_internal.h"
 
 namespace podlink::mesh {
-namespace {
-const ComponentLog Log("mesh");
-}  // namespace
 
 // ---------------------------------------------------------------------------
 

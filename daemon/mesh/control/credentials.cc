@@ -2,9 +2,6 @@
 #include "daemon/mesh/engine_internal.h"
 
 namespace podlink::mesh {
-namespace {
-const ComponentLog Log("mesh");
-}  // namespace
 
 MeshEngine::Pems MeshEngine::CurrentPems() const {
   absl::MutexLock l(&pem_mu_);

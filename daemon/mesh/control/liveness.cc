@@ -2,9 +2,6 @@
 #include "daemon/mesh/engine_internal.h"
 
 namespace podlink::mesh {
-namespace {
-const ComponentLog Log("mesh");
-}  // namespace
 
 void MeshEngine::SeenLocked(const std::string& node) {
   if (last_seen_.contains(node) || last_seen_.size() < 4096) last_seen_[node] = absl::Now();

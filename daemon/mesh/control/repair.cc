@@ -2,9 +2,6 @@
 #include "daemon/mesh/engine_internal.h"
 
 namespace podlink::mesh {
-namespace {
-const ComponentLog Log("mesh");
-}  // namespace
 
 std::function<void(const std::string&)> MeshEngine::RepairOnDownWith(const std::shared_ptr<Peer>& peer,
                                                                      const std::shared_ptr<DataLinks>& links,

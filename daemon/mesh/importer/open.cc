@@ -3,9 +3,6 @@
 #include "daemon/mesh/engine_internal.h"
 
 namespace podlink::mesh {
-namespace {
-const ComponentLog Log("mesh");
-}  // namespace
 
 // --- importing side ----------------------------------------------------------
 

@@ -2,9 +2,6 @@
 #include "daemon/mesh/engine_internal.h"
 
 namespace podlink::mesh {
-namespace {
-const ComponentLog Log("mesh");
-}  // namespace
 
 // ---------------------------------------------------------------------------
 // Two-hop striping: a transfer cut into chunks that the direct links and the

@@ -2,9 +2,6 @@
 #include "daemon/mesh/engine_internal.h"
 
 namespace podlink::mesh {
-namespace {
-const ComponentLog Log("mesh");
-}  // namespace
 
 void MeshEngine::CloseRegion(const std::string& node, uint64_t grant) {
   {

@@ -3,9 +3,6 @@
 #include "daemon/mesh/engine_internal.h"
 
 namespace podlink::mesh {
-namespace {
-const ComponentLog Log("mesh");
-}  // namespace
 
 // ---------------------------------------------------------------------------
 // Answers on a data connection. Frames of the serving thread and of
