@@ -359,19 +359,6 @@ class Endpoint {
   }
 
   // ops: (Local, local_offset, Remote, remote_offset, length); returns a batch id.
-  uint64_t Submit(const std::vector<std::tuple<const Local*, uint64_t, const Remote*, uint64_t, uint64_t>>& ops,
-                  bool write) {
-    Live();
-    std::vector<TransferOp> v;
-    v.reserve(ops.size());
-    for (const auto& [l, lo, r, ro, n] : ops) {
-      if (l == nullptr || r == nullptr) Throw(absl::InvalidArgumentError("an operation without a region"));
-      v.push_back(TransferOp{&l->region, lo, &r->region, ro, n});
-    }
-    py::gil_scoped_release nogil;
-    return Unwrap(write ? engine_->WriteAsync(v) : engine_->ReadAsync(v));
-  }
-
   // A prepared batch (the remote regions it names must still be open).
   uint64_t SubmitBatch(const Batch& b, bool write) {
     Live();
@@ -553,7 +540,6 @@ PYBIND11_MODULE(_podlink, m) {
       .def("open_named", &Endpoint::OpenNamed)
       .def("close_remote", &Endpoint::CloseRemote)
       .def("map_remote", &Endpoint::MapRemote, py::arg("remote"), py::arg("device"))
-      .def("submit", &Endpoint::Submit, py::arg("ops"), py::arg("write"))
       .def("submit_batch", &Endpoint::SubmitBatch, py::arg("batch"), py::arg("write"))
       .def("transfer", &Endpoint::Transfer, py::arg("local"), py::arg("local_offset"), py::arg("remote"),
            py::arg("remote_offset"), py::arg("length"), py::arg("write"))

@@ -396,12 +396,6 @@ class Endpoint:
         s = stream if stream is not None else torch.cuda.current_stream(device)
         s.synchronize()  # releases the GIL
 
-    def _ordered(self, ops: Sequence[Op], stream) -> None:
-        for op in ops:
-            if op[0].is_cuda:
-                self._sync(op[0].device, stream)
-                return
-
     def prepare(self, ops: Iterable[Op]) -> "_podlink.Batch":
         """Checks and converts a list of (Region, local_offset, RemoteRegion, remote_offset, length) once, for
         writev/readv (and their async forms) to take as many times as you like: a KV hand-off that writes the
@@ -445,7 +439,7 @@ class Endpoint:
             return
         op = self._op(local, local_offset, remote, remote_offset, length)
         if local.is_cuda:
-            self._ordered(((local,),), stream)
+            self._sync(local.device, stream)
         self._ep.transfer(*op, True)  # one call, one release of the GIL
 
     def read(self, local: Region, remote: RemoteRegion, local_offset: int = 0, remote_offset: int = 0,
