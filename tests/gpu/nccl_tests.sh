@@ -283,6 +283,7 @@ PLUGIN_ENV=(NCCL_NET_PLUGIN="$PLUGIN" NCCL_NET=podlink NCCL_NET_GDR_LEVEL=SYS NC
 declare -A PSETUP=([plugin]="||0" [direct]="||1" [native-pods]="--config $WORK/config-native.json||1"
   # Diagnostics for native mode below 1 MiB: host processes with the plugin loaded but none of its defaults
   # (tuner off, NCCL's protocol and channels kept), and with only the environment native-mode pods get.
+  [native-plugin]="--config $WORK/config-native.json|${PLUGIN_ENV[*]}|0"
   [host-plugin-bare]="--config $WORK/config-native.json|${PLUGIN_ENV[*]} NCCL_TUNER_PLUGIN=none PODLINK_NCCL_KEEP_PROTO=1 PODLINK_NCCL_KEEP_CHANNELS=1 PODLINK_NCCL_KEEP_P2P=1|0"
   [host-env]="|NCCL_NCHANNELS_PER_NET_PEER=16 NCCL_NET_GDR_LEVEL=SYS NCCL_NET_GDR_READ=1 NCCL_TUNER_PLUGIN=none NCCL_HOSTID=podlink-host-env|0")
 IFS=';' read -ra extra <<< "${NCCL_TESTS_EXTRA:-}"
@@ -332,16 +333,7 @@ for s in $SETUPS; do
       for c in $COLLS; do native native "$c" "$ARGS"; done
       [ "$KV" = 1 ] && native native kv ""
       ;;
-    native-plugin)
-      echo "== native-plugin: host namespaces, NCCL's P2P, the podlink plugin loaded as the device plugin sets it"
-      echo "$ARGS" > "$OUT/$s/args.txt"
-      echo "host processes (no pod identity: podlinkd refuses their native-mode join); env: what Allocate sets" \
-        > "$OUT/$s/setup.txt"
-      start_daemon --config "$WORK/config-native.json"
-      for c in $COLLS; do native native-plugin "$c" "$ARGS" "${PLUGIN_ENV[@]}"; done
-      stop_daemon
-      ;;
-    host-*)
+    native-plugin|host-*)
       [ -n "${PSETUP[$s]+x}" ] || { echo "unknown setup $s"; FAILED+=("$s (unknown)"); continue; }
       IFS='|' read -r dargs nenv both <<< "${PSETUP[$s]}"
       echo "== $s: host namespaces, NCCL's P2P; podlinkd ${dargs:-(defaults)}; NCCL env: ${nenv:-none}"
