@@ -15,6 +15,14 @@ namespace {
 
 constexpr size_t kMinPiece = 64 << 10;  // smallest share of one data socket
 
+// The largest send from host memory that travels inline on the control
+// socket (PODLINK_NCCL_TCP_INLINE, bytes; 0 turns it off).
+size_t InlineLimit() {
+  static const size_t limit =
+      static_cast<size_t>(std::clamp<int>(EnvInt("PODLINK_NCCL_TCP_INLINE", 32 << 10), 0, static_cast<int>(kMaxInlinePayload)));
+  return limit;
+}
+
 // Ends a TCP connection without a reset. Linux answers a close() with
 // unread bytes in the receive queue by RST, and a reset makes the peer drop
 // what it has received but not yet read: the tail of the last message.
@@ -96,10 +104,13 @@ Result TcpComm::Progress() {
     if (!n.ok()) return fail(kRemoteError, n.status().ToString());
     if (*n == 0) break;
     out_.erase(0, *n);
+    out_sent_ += *n;
   }
-  // Control frames in.
+  // Control frames in, and the payloads that travel inline after theirs.
   while (peer_closed_.empty()) {
-    auto n = RecvSome(ctrl.get(), reinterpret_cast<char*>(&in_) + in_got_, sizeof(Frame) - in_got_);
+    const bool payload = inline_left_ > 0;
+    auto n = payload ? RecvSome(ctrl.get(), inline_dst_, inline_left_)
+                     : RecvSome(ctrl.get(), reinterpret_cast<char*>(&in_) + in_got_, sizeof(Frame) - in_got_);
     if (!n.ok()) {
       if (send) {
         if (reqs_.AnyInUse()) return fail(kRemoteError, n.status().ToString());
@@ -112,6 +123,15 @@ Result TcpComm::Progress() {
       break;
     }
     if (*n == 0) break;
+    if (payload) {
+      inline_dst_ += *n;
+      inline_left_ -= *n;
+      if (inline_left_ == 0) {
+        inline_req_->pieces_left--;
+        inline_req_ = nullptr;
+      }
+      continue;
+    }
     in_got_ += *n;
     if (in_got_ < sizeof(Frame)) continue;
     in_got_ = 0;
@@ -121,13 +141,16 @@ Result TcpComm::Progress() {
       cts_queue_.push_back(f);
       continue;
     }
-    if (f.type != kFrameData) return fail(kRemoteError, "unexpected frame type");
+    if (f.type != kFrameData && f.type != kFrameDataInline) return fail(kRemoteError, "unexpected frame type");
     TcpRequest& r = reqs_.at(f.seq % kMaxRequests);
     if (!r.in_use || r.seq != f.seq || f.index >= static_cast<uint32_t>(r.n) || r.frames_left <= 0) {
       return fail(kRemoteError, absl::StrCat("data for unknown receive ", f.seq, "/", f.index));
     }
     r.frames_left--;
     uint64_t size = f.sizes[0];
+    if (f.type == kFrameDataInline && (size == kSizeError || size > kMaxInlinePayload)) {
+      return fail(kRemoteError, absl::StrCat("inline payload of ", size, " bytes (at most ", kMaxInlinePayload, ")"));
+    }
     if (size == kSizeError) {
       r.error = kInvalidUsage;
       r.got[f.index] = 0;
@@ -141,6 +164,15 @@ Result TcpComm::Progress() {
       if (!st.ok()) return fail(kUnhandledCudaError, absl::StrCat("staging a receive: ", st.status().ToString()));
       r.staging[f.index] = *st;
       dst = st->p;
+    }
+    if (f.type == kFrameDataInline) {
+      if (size > 0) {
+        r.pieces_left++;
+        inline_req_ = &r;
+        inline_dst_ = dst;
+        inline_left_ = size;
+      }
+      continue;
     }
     ForEachPiece(size, [&](size_t sock, size_t off, size_t len) {
       pieces_[sock].push_back(Piece{&r, dst + off, len});
@@ -191,8 +223,22 @@ Result TcpComm::Isend(void* data, size_t size, int tag, Mr* mr, void** request) 
     cts_queue_.pop_front();
     cts_consumed_ = 0;
   }
-  QueueFrame(f);
   char* p = static_cast<char*>(data);
+  if (mr->type == nccl_abi::kPtrHost && size > 0 && size <= InlineLimit()) {
+    // The payload is copied behind its frame now, so the buffer is NCCL's
+    // again once the control stream has carried it.
+    f.type = kFrameDataInline;
+    QueueFrame(f);
+    out_.append(p, size);
+    r->src = p;
+    r->queued = true;
+    r->inline_end = out_sent_ + out_.size();
+    TRACE_OP("trace tcp isend inline comm=%p peer=%s seq=%lu index=%d tag=%d size=%zu", static_cast<void*>(this),
+             peer.c_str(), static_cast<unsigned long>(cts.seq), index, tag, size);
+    *request = r;
+    return Progress();
+  }
+  QueueFrame(f);
   TRACE_OP("trace tcp isend comm=%p peer=%s seq=%lu index=%d tag=%d size=%zu type=%d", static_cast<void*>(this),
            peer.c_str(), static_cast<unsigned long>(cts.seq), index, tag, size, mr->type);
   r->src = p;
@@ -248,7 +294,7 @@ Result TcpComm::Test(Request& base, int* done, int* sizes) {
   Result pr = Progress();
   if (pr != kSuccess) return pr;
   if (r.send) {
-    if (!r.queued || r.pieces_left > 0) return kSuccess;
+    if (!r.queued || r.pieces_left > 0 || out_sent_ < r.inline_end) return kSuccess;
     TRACE_OP("trace tcp send done comm=%p seq=%lu", static_cast<void*>(this), static_cast<unsigned long>(r.seq));
     if (sizes != nullptr) sizes[0] = static_cast<int>(r.size);
     *done = 1;
@@ -259,7 +305,7 @@ Result TcpComm::Test(Request& base, int* done, int* sizes) {
 }
 
 Result TcpComm::ReceiveDone(TcpRequest& r, int* done, int* sizes) {
-  if (r.frames_left > 0 && !peer_closed_.empty()) {
+  if ((r.frames_left > 0 || &r == inline_req_) && !peer_closed_.empty()) {
     failed = kRemoteError;
     return Fail(kRemoteError, absl::StrCat("connection with ", peer, ": ", peer_closed_,
                                            " before sending what a receive was due"));

@@ -1,6 +1,8 @@
 // The TCP transport (peers on other nodes, or any peer without podlinkd):
 // clear-to-send and data frames on a control socket, payloads split over
-// several data sockets, GPU memory staged through page-locked buffers with
+// several data sockets (small sends from host memory inline, after their
+// frame on the control socket: PODLINK_NCCL_TCP_INLINE bytes, default
+// 32 KiB, 0 for none), GPU memory staged through page-locked buffers with
 // asynchronous copies, so the proxy thread never waits for the GPU.
 #pragma once
 
@@ -25,6 +27,9 @@ struct TcpRequest : Request {
   bool copying = false;  // receive: copies to the GPU started
   char* src = nullptr;   // send: the bytes for the wire (the buffer itself, or staging[0])
   bool queued = false;   // send: its pieces are in the data sockets' queues
+  // Send with its payload inline on the control socket: done once the
+  // control stream has been written up to here.
+  uint64_t inline_end = 0;
 };
 
 class TcpComm final : public Comm {
@@ -62,7 +67,12 @@ class TcpComm final : public Comm {
   uint32_t rr_ = 0;                        // next data socket (advances identically on both sides)
   RequestSlots<TcpRequest> reqs_;
   uint64_t next_seq_ = 0;
-  std::string out_;  // control bytes not yet sent
+  std::string out_;        // control bytes not yet sent
+  uint64_t out_sent_ = 0;  // control bytes sent so far
+  // Receiver: an inline payload still being read off the control socket.
+  TcpRequest* inline_req_ = nullptr;
+  char* inline_dst_ = nullptr;
+  size_t inline_left_ = 0;
   Frame in_{};
   size_t in_got_ = 0;
   std::deque<Frame> cts_queue_;  // sender: clear-to-send frames not yet consumed

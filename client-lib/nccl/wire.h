@@ -70,7 +70,14 @@ struct Welcome {  // accept's answer on the control socket
 };
 static_assert(sizeof(Welcome) == 64);
 
-enum FrameType : uint32_t { kFrameCts = 1, kFrameData = 2 };
+// kFrameDataInline: a data frame whose sizes[0] payload bytes follow it on
+// the control socket itself (small sends from host memory), so the message
+// is one write and one segment instead of a frame plus a piece on a data
+// socket.
+enum FrameType : uint32_t { kFrameCts = 1, kFrameData = 2, kFrameDataInline = 3 };
+// The most payload bytes a receiver accepts inline, whatever the sender's
+// PODLINK_NCCL_TCP_INLINE says.
+constexpr uint64_t kMaxInlinePayload = 64 << 10;
 
 struct Frame {  // TCP control messages
   uint32_t type;
