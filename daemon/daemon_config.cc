@@ -144,6 +144,20 @@ absl::Status ParseMeshConfig(const nlohmann::json& m, mesh::MeshOptions* o) {
     } else if (k == "open_timeout_seconds") {
       PODLINK_RETURN_IF_ERROR(number(v, k, 1, 600, &n));
       o->open_per_hop = absl::Seconds(static_cast<int64_t>(n));
+    } else if (k == "max_grants_per_peer" || k == "max_grants_per_tenant" || k == "max_grants_per_pod") {
+      PODLINK_RETURN_IF_ERROR(number(v, k, 1, 1u << 20, &n));
+      (k == "max_grants_per_peer"     ? o->max_grants_per_peer
+       : k == "max_grants_per_tenant" ? o->max_grants_per_tenant
+                                      : o->max_grants_per_pod) = static_cast<uint32_t>(n);
+    } else if (k == "data_idle_seconds") {
+      PODLINK_RETURN_IF_ERROR(number(v, k, 1, 7 * 86400, &n));
+      o->data_idle_timeout = absl::Seconds(static_cast<int64_t>(n));
+    } else if (k == "max_data_connections") {
+      PODLINK_RETURN_IF_ERROR(number(v, k, 16, 65536, &n));
+      o->max_data_connections = static_cast<uint32_t>(n);
+    } else if (k == "max_data_connections_per_peer") {
+      PODLINK_RETURN_IF_ERROR(number(v, k, 4, 65536, &n));
+      o->max_data_connections_per_peer = static_cast<uint32_t>(n);
     } else if (k == "answer_timeout_seconds") {
       PODLINK_RETURN_IF_ERROR(number(v, k, 1, 600, &n));
       o->answer_timeout = absl::Seconds(static_cast<int64_t>(n));

@@ -63,6 +63,36 @@ void TuneDataSocket(int fd, absl::Duration io_timeout) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
 }
 
+namespace {
+std::string Unmapped(std::string a) {
+  constexpr absl::string_view kMapped = "::ffff:";
+  if (absl::StartsWithIgnoreCase(a, kMapped) && a.find('.') != std::string::npos) a.erase(0, kMapped.size());
+  return a;
+}
+}  // namespace
+
+std::string SourceAddress(const sockaddr_storage& ss) {
+  char buf[INET6_ADDRSTRLEN] = "";
+  if (ss.ss_family == AF_INET) {
+    ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&ss)->sin_addr, buf, sizeof(buf));
+  } else if (ss.ss_family == AF_INET6) {
+    ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_addr, buf, sizeof(buf));
+  }
+  return Unmapped(buf);
+}
+
+std::string SourceOfGrpcPeer(const std::string& peer) {
+  absl::string_view p = peer;
+  if (absl::ConsumePrefix(&p, "ipv4:")) return std::string(p.substr(0, p.rfind(':')));
+  if (absl::ConsumePrefix(&p, "ipv6:")) {
+    // [addr]:port, the address percent-encoded where it has a zone.
+    size_t end = p.find(']');
+    if (p.empty() || p[0] != '[' || end == absl::string_view::npos) return "";
+    return Unmapped(std::string(p.substr(1, end - 1)));
+  }
+  return "";
+}
+
 socklen_t ToSockaddr(const IpPrefix& a, uint16_t port, sockaddr_storage* ss) {
   std::memset(ss, 0, sizeof(*ss));
   if (a.family == AF_INET) {

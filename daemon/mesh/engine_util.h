@@ -8,6 +8,7 @@
 #include <grpcpp/security/tls_certificate_verifier.h>
 #include <grpcpp/security/tls_credentials_options.h>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -30,6 +31,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/log.h"
 #include "common/status_util.h"
 #include "daemon/mesh/origin_sign.h"
@@ -91,6 +93,11 @@ uint64_t RandomU64();
 std::string RandomCookie();
 void TuneDataSocket(int fd, absl::Duration io_timeout);
 socklen_t ToSockaddr(const IpPrefix& a, uint16_t port, sockaddr_storage* ss);
+// The address a connection came from, as text ("10.0.0.2", "fd00::2"; an
+// IPv4 address mapped into IPv6 as the IPv4 one); "" for other families.
+std::string SourceAddress(const sockaddr_storage& ss);
+// The same for gRPC's peer string ("ipv4:10.0.0.2:5000", "ipv6:[fd00::2]:5000").
+std::string SourceOfGrpcPeer(const std::string& peer);
 std::string HostPort(const IpPrefix& a, uint32_t port);
 // Connects `path` to `port` within `timeout`; the socket is blocking after.
 absl::StatusOr<UniqueFd> Dial(const Path& path, uint16_t port, absl::Duration timeout);

@@ -91,8 +91,17 @@ struct MeshOptions {
   uint32_t slices_in_flight = 4;         // per connection
   uint32_t max_grants_per_peer = 4096;
   uint32_t max_grants_per_pod = 1024;    // per importing pod (node and identity key)
+  // Per importing tenant (node and namespace): below max_grants_per_peer, so
+  // one tenant's pods cannot take all of their node's grants here.
+  uint32_t max_grants_per_tenant = 2048;
   uint32_t max_handles_per_session = 1024;
-  uint32_t max_data_connections = 256;   // accepted, all peers together
+  // Authenticated data connections, all peers together; a peer holding
+  // fewer than kGuaranteedConnections is admitted even when they are taken.
+  uint32_t max_data_connections = 256;
+  uint32_t max_data_connections_per_peer = 64;
+  // A data connection that brings no frame for this long is closed (the
+  // importer's repair dials it again when it is next needed).
+  absl::Duration data_idle_timeout = absl::Minutes(10);
   absl::Duration connect_timeout = absl::Seconds(5);
   absl::Duration io_timeout = absl::Seconds(5);  // TCP_USER_TIMEOUT and keepalive on data connections
   // How long opening another node's region may take per node still ahead on
@@ -225,7 +234,12 @@ class MeshEngine final : public MeshPort {
     // (FenceRoute); 0 for every other grant.
     std::string origin;
     uint64_t nonce = 0;
+    std::string tenant;  // "mesh/" + origin node + "/" + the importing pod's namespace
   };
+  // The tenant a forwarded identity's grants count against: its namespace on its node.
+  static std::string TenantOf(const std::string& origin, const std::string& ns) {
+    return absl::StrCat("mesh/", origin, "/", ns);
+  }
   // A node's daemon said its instance: when it changed (a restart), the
   // grants the old instance held are dropped.
   void SeenInstance(const std::string& node, uint64_t instance) ABSL_LOCKS_EXCLUDED(mu_);
@@ -266,7 +280,10 @@ class MeshEngine final : public MeshPort {
   // and from their own Hello answers.
   void Learn(const std::string& node, const std::vector<std::string>& addresses, uint32_t port)
       ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<std::vector<std::string>> IssueCookies(const std::string& node, uint32_t n) ABSL_LOCKS_EXCLUDED(mu_);
+  // `source`: the caller's address, whose data connections then count as a
+  // peer's before their AUTH (AcceptLoop).
+  absl::StatusOr<std::vector<std::string>> IssueCookies(const std::string& node, uint32_t n,
+                                                        const std::string& source = "") ABSL_LOCKS_EXCLUDED(mu_);
   // `claim`: the checked claim of a relayed request (importer and target are
   // taken from it), or nullptr.
   absl::StatusOr<podlink::mesh::v1::OpenRegionResponse> OpenRegion(const std::string& node,
@@ -364,7 +381,7 @@ class MeshEngine final : public MeshPort {
   // A copy between a GPU export and a connection's buffer, timed.
   absl::Status TimedGpuCopy(const std::function<absl::Status()>& copy);
   void AcceptLoop();
-  void ServeConnection(int fd);
+  void ServeConnection(int fd, const std::string& source, bool stranger);
   // The frames of an authenticated data connection (wire.h).
   void ServeFrames(int fd, const std::string& node, uint64_t link_instance);
   // Transfers a sender's link instance finished (DONE) or notified: late
@@ -372,13 +389,26 @@ class MeshEngine final : public MeshPort {
   using LinkKey = std::pair<std::string, uint64_t>;  // node, link instance
   bool Finished(const LinkKey& key, uint32_t transfer) const ABSL_LOCKS_EXCLUDED(mu_);
   void MarkFinished(const LinkKey& key, uint32_t transfer) ABSL_LOCKS_EXCLUDED(mu_);
+  static constexpr size_t kFinishedPerInstance = 8192, kFinishedInstancesPerNode = 8, kFinishedSenders = 1024;
+  size_t FinishedEntries() const ABSL_LOCKS_EXCLUDED(mu_);
   // Writes between their check and their last byte: false when the transfer
   // is finished (the write is a late copy and must not land).
   bool BeginWrite(const LinkKey& key, uint32_t transfer) ABSL_LOCKS_EXCLUDED(mu_);
   void EndWrite(const LinkKey& key, uint32_t transfer) ABSL_LOCKS_EXCLUDED(mu_);
   // True once no write of the transfer is in progress (false: timed out).
   bool AwaitWrites(const LinkKey& key, uint32_t transfer, absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+  // Connections before AUTH: at most kMaxUnauthenticated in all, at most
+  // kMaxUnauthenticatedPerSource from one address, and addresses that have
+  // not been a peer's (kStrangerShare) together at most half: a flood from
+  // strangers leaves room for the peers that called OpenLink or
+  // authenticated before.
   static constexpr size_t kMaxUnauthenticated = 64;
+  static constexpr size_t kMaxUnauthenticatedPerSource = 8;
+  static constexpr size_t kStrangerShare = kMaxUnauthenticated / 2;
+  static constexpr size_t kMaxKnownSources = 4096;
+  static constexpr uint32_t kGuaranteedConnections = 16;
+  // The peer address of a connection or of a control call, as one key.
+  void RememberSource(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Importing side.
   // `tcp`: TCP links whatever mesh.transport says (a relay's grant has no
@@ -537,6 +567,7 @@ class MeshEngine final : public MeshPort {
   std::map<uint64_t, Grant> grants_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, uint32_t> grants_per_node_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, uint32_t> grants_per_pod_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint32_t> grants_per_tenant_ ABSL_GUARDED_BY(mu_);
   std::set<int> serving_fds_ ABSL_GUARDED_BY(mu_);  // data connections being served
   size_t serving_ ABSL_GUARDED_BY(mu_) = 0;         // their threads still running
   std::map<std::string, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
@@ -564,6 +595,11 @@ class MeshEngine final : public MeshPort {
   uint64_t fenced_grants_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_prune_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   size_t unauthenticated_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t unauthenticated_strangers_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, size_t> unauthenticated_of_ ABSL_GUARDED_BY(mu_);  // by source address
+  std::map<std::string, absl::Time> known_sources_ ABSL_GUARDED_BY(mu_);   // peers' addresses, last seen
+  size_t authenticated_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t idle_closed_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Repair> repairs_ ABSL_GUARDED_BY(mu_);
   struct Known {
     std::vector<std::string> addresses;

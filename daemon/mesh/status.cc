@@ -87,7 +87,8 @@ std::string MeshEngine::RenderMetrics() const {
       tcp_zc_completed, tcp_zc_copied, tcp_zc_fell_back;
   std::vector<std::shared_ptr<Peer>> peers;
   double grants = 0, handles = 0, repaired = 0;
-  uint64_t in = 0, out_bytes = 0, refused_frames = 0, refused_conns = 0, denials = 0, late = 0, dup_notifies = 0;
+  uint64_t in = 0, out_bytes = 0, refused_frames = 0, refused_conns = 0, denials = 0, late = 0, dup_notifies = 0,
+           idle_closed = 0;
   {
     absl::MutexLock l(&mu_);
     for (const auto& [n, p] : peers_) peers.push_back(p);
@@ -101,6 +102,7 @@ std::string MeshEngine::RenderMetrics() const {
     repaired = repaired_connections_;
     late = late_slices_dropped_;
     dup_notifies = duplicate_notifies_;
+    idle_closed = idle_closed_;
   }
   std::map<std::pair<std::string, std::string>, double> path_up, path_sent;
   for (const auto& p : peers) {
@@ -169,6 +171,11 @@ std::string MeshEngine::RenderMetrics() const {
       static_cast<double>(refused_frames));
   one("podlink_mesh_refused_connections_total", "counter",
       "data connections refused (no valid cookie, or over the bound)", static_cast<double>(refused_conns));
+  one("podlink_mesh_finished_transfers", "gauge",
+      "transfers peers finished or notified in the last minute, kept to drop late copies (bounded per peer)",
+      static_cast<double>(FinishedEntries()));
+  one("podlink_mesh_idle_connections_closed_total", "counter",
+      "data connections closed after mesh.data_idle_seconds without a frame", static_cast<double>(idle_closed));
   one("podlink_mesh_denials_total", "counter", "remote opens refused", static_cast<double>(denials));
   one("podlink_mesh_late_slices_dropped_total", "counter",
       "copies of slices that arrived after their transfer finished (resent elsewhere), dropped",

@@ -17,6 +17,9 @@ void MeshEngine::CloseRegion(const std::string& node, uint64_t grant) {
     if (auto p = grants_per_pod_.find(it->second.pod); p != grants_per_pod_.end() && --p->second == 0) {
       grants_per_pod_.erase(p);
     }
+    if (auto t = grants_per_tenant_.find(it->second.tenant); t != grants_per_tenant_.end() && --t->second == 0) {
+      grants_per_tenant_.erase(t);
+    }
     fwd = std::move(it->second.forward);
     if (const uint64_t nonce = it->second.nonce; nonce != 0) {
       auto [from, to] = routed_grants_.equal_range(nonce);

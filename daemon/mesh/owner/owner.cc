@@ -20,10 +20,12 @@ uint64_t MeshEngine::GrantForTesting(const std::string& node, std::shared_ptr<co
   return g;
 }
 
-absl::StatusOr<std::vector<std::string>> MeshEngine::IssueCookies(const std::string& node, uint32_t n) {
+absl::StatusOr<std::vector<std::string>> MeshEngine::IssueCookies(const std::string& node, uint32_t n,
+                                                                 const std::string& source) {
   if (n == 0 || n > 64) return absl::InvalidArgumentError("OpenLink: 1 to 64 connections");
   absl::Time now = absl::Now();
   absl::MutexLock l(&mu_);
+  RememberSource(source);
   size_t mine = 0;
   for (auto it = cookies_.begin(); it != cookies_.end();) {
     if (it->second.expires < now) {
@@ -180,15 +182,22 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
     if (mine >= options_.max_grants_per_pod) {
       return absl::ResourceExhaustedError(absl::StrCat("pod ", pod.Ref(), " holds ", mine, " regions of this node (the limit)"));
     }
+    const std::string tenant = TenantOf(origin, pod.namespace_);
+    uint32_t& ours = grants_per_tenant_[tenant];
+    if (ours >= options_.max_grants_per_tenant) {
+      return absl::ResourceExhaustedError(absl::StrCat("namespace ", pod.namespace_, " of node ", origin, " holds ", ours,
+                                                       " regions of this node (the limit per tenant)"));
+    }
     ++count;
     ++mine;
+    ++ours;
     uint64_t g = 0;
     while (g == 0 || grants_.contains(g)) g = RandomU64();  // unguessable, never reused across restarts
     // A fenceable route's grant: known by its nonce, its writes landing
     // chunk by chunk (LandFenceable), never registered for RDMA below.
     const bool fenceable = claim != nullptr && claim->fenceable() && claim->nonce() != 0;
     grants_[g] = Grant{node, *rec, pod.key, nullptr, req.caller_instance(), fenceable ? origin : std::string(),
-                       fenceable ? claim->nonce() : 0};
+                       fenceable ? claim->nonce() : 0, tenant};
     if (fenceable) routed_grants_.emplace(claim->nonce(), g);
     SeenLocked(node);  // a grant given is a sign of life, however long the node was quiet
     resp.set_grant(g);
@@ -257,9 +266,11 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
     return done(absl::InvalidArgumentError("the route's next node has no valid port or too many addresses"));
   }
   const std::string pod = absl::StrCat("mesh/", claim.origin(), "/", claim.importer().key());
+  const std::string tenant = TenantOf(claim.origin(), claim.importer().namespace_());
   {
     absl::MutexLock l(&mu_);
-    if (grants_per_node_[caller] >= options_.max_grants_per_peer || grants_per_pod_[pod] >= options_.max_grants_per_pod) {
+    if (grants_per_node_[caller] >= options_.max_grants_per_peer || grants_per_pod_[pod] >= options_.max_grants_per_pod ||
+        grants_per_tenant_[tenant] >= options_.max_grants_per_tenant) {
       return done(absl::ResourceExhaustedError(absl::StrCat("node ", caller, " or its pod holds its limit of grants")));
     }
   }
@@ -270,7 +281,7 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
   if (peer == nullptr) return done(NoPeer());
   auto answer = std::make_shared<RegionDone>(std::move(done));
   Peer* p = peer.get();
-  bool posted = p->Post([this, p, caller, next, req, pod, answer, origin = claim.origin(), staged_slice,
+  bool posted = p->Post([this, p, caller, next, req, pod, tenant, answer, origin = claim.origin(), staged_slice,
                          destination = claim.destination().node(), next_is_relay = checked.next_is_relay,
                          relays_after = checked.relays_after] {
     std::shared_ptr<Peer> peer = p->shared_from_this();
@@ -280,7 +291,7 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
     // Onward as for this node's own pods: direct paths (the kernel's routing
     // only where mesh.fallback says so), over TCP where no RDMA path comes up.
     // `self`: this lambda, to open again over TCP.
-    auto open_on = [this, caller, next, req, pod, done, origin, staged_slice, destination, next_is_relay,
+    auto open_on = [this, caller, next, req, pod, tenant, done, origin, staged_slice, destination, next_is_relay,
                     relays_after](const auto& self, const std::shared_ptr<Peer>& peer) -> void {
       // Onward over this node's own transport: over verbs the owner registers
       // the export for this node's queue pairs, as for its own pods.
@@ -309,7 +320,7 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
         return done(st);
       }
       // The relay's grant, forwarding to the next node's grant on `carrier`.
-      auto install = [this, caller, req, pod, done, origin, next, staged_slice](const std::shared_ptr<Peer>& carrier,
+      auto install = [this, caller, req, pod, tenant, done, origin, next, staged_slice](const std::shared_ptr<Peer>& carrier,
                                                                    pb::OpenRegionResponse resp) {
         auto fwd = std::make_shared<Forward>(Forward{carrier, resp.grant(), resp.size(), resp.instance()});
         bool over = false;
@@ -318,14 +329,16 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
           absl::MutexLock l(&mu_);
           uint32_t& count = grants_per_node_[caller];
           uint32_t& mine = grants_per_pod_[pod];
+          uint32_t& ours = grants_per_tenant_[tenant];
           if (stopping_.load(std::memory_order_acquire) || count >= options_.max_grants_per_peer ||
-              mine >= options_.max_grants_per_pod) {
+              mine >= options_.max_grants_per_pod || ours >= options_.max_grants_per_tenant) {
             over = true;
           } else {
             ++count;
             ++mine;
+            ++ours;
             while (g == 0 || grants_.contains(g)) g = RandomU64();
-            grants_[g] = Grant{caller, {}, pod, fwd, req.caller_instance(), {}, 0};
+            grants_[g] = Grant{caller, {}, pod, fwd, req.caller_instance(), {}, 0, tenant};
             SeenLocked(caller);  // a grant given is a sign of life, however long the node was quiet
             ++relayed_opens_;
           }

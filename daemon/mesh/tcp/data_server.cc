@@ -108,9 +108,22 @@ absl::Status MeshEngine::ServeForward(const std::shared_ptr<ConnWriter>& writer,
 }
 
 
+void MeshEngine::RememberSource(const std::string& address) {
+  if (address.empty()) return;
+  known_sources_[address] = absl::Now();
+  if (known_sources_.size() <= kMaxKnownSources) return;
+  auto oldest = known_sources_.begin();
+  for (auto it = known_sources_.begin(); it != known_sources_.end(); ++it) {
+    if (it->second < oldest->second) oldest = it;
+  }
+  known_sources_.erase(oldest);
+}
+
 void MeshEngine::AcceptLoop() {
   for (;;) {
-    int fd = ::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+    sockaddr_storage from{};
+    socklen_t from_len = sizeof(from);
+    int fd = ::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&from), &from_len, SOCK_CLOEXEC);
     if (fd < 0) {
       if (stopping_.load(std::memory_order_acquire)) return;
       if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE) {
@@ -121,19 +134,38 @@ void MeshEngine::AcceptLoop() {
       return;
     }
     auto conn = std::make_shared<UniqueFd>(fd);
+    const std::string source = SourceAddress(from);
     absl::MutexLock l(&mu_);
-    // Connections not yet authenticated have a small bound of their own, so
-    // strangers cannot take the slots of peers.
-    if (stopping_.load(std::memory_order_acquire) || serving_ >= options_.max_data_connections ||
-        unauthenticated_ >= kMaxUnauthenticated) {
+    // Before AUTH, a connection takes one of a few slots: per source address,
+    // and strangers' (addresses no peer has used) only half of them, so a
+    // flood cannot take the slots of peers. Authenticated connections are
+    // counted per peer (ServeConnection). The thread bound: both together.
+    const bool stranger = !known_sources_.contains(source);
+    auto of = unauthenticated_of_.find(source);
+    const size_t from_source = of == unauthenticated_of_.end() ? 0 : of->second;
+    const char* why = nullptr;
+    if (stopping_.load(std::memory_order_acquire)) {
+      why = "stopping";
+    } else if (serving_ >= options_.max_data_connections + kMaxUnauthenticated) {
+      why = "connections";
+    } else if (unauthenticated_ >= kMaxUnauthenticated) {
+      why = "unauthenticated";
+    } else if (from_source >= kMaxUnauthenticatedPerSource) {
+      why = "unauthenticated_from_source";
+    } else if (stranger && unauthenticated_strangers_ >= kStrangerShare) {
+      why = "unauthenticated_strangers";
+    }
+    if (why != nullptr) {
       ++refused_connections_;
       continue;  // closed: over the bound
     }
     ++serving_;
     ++unauthenticated_;
+    ++unauthenticated_of_[source];
+    if (stranger) ++unauthenticated_strangers_;
     serving_fds_.insert(fd);
-    std::thread([this, conn] {
-      ServeConnection(conn->get());
+    std::thread([this, conn, source, stranger] {
+      ServeConnection(conn->get(), source, stranger);
       // Forgotten and closed under one lock: the number cannot be reused by a
       // new connection while it is still listed.
       absl::MutexLock l(&mu_);
@@ -144,7 +176,7 @@ void MeshEngine::AcceptLoop() {
   }
 }
 
-void MeshEngine::ServeConnection(int fd) {
+void MeshEngine::ServeConnection(int fd, const std::string& source, bool stranger) {
   // Nothing but AUTH, whole, within 2 s; a stranger gets no answer at all.
   const absl::Time deadline = absl::Now() + absl::Seconds(2);
   FrameHeader h;
@@ -157,23 +189,39 @@ void MeshEngine::ServeConnection(int fd) {
   {
     absl::MutexLock l(&mu_);
     --unauthenticated_;
+    if (stranger) --unauthenticated_strangers_;
+    if (auto of = unauthenticated_of_.find(source); of != unauthenticated_of_.end() && --of->second == 0) {
+      unauthenticated_of_.erase(of);
+    }
     auto it = ok ? cookies_.find(cookie) : cookies_.end();
     if (it == cookies_.end() || it->second.expires < absl::Now()) {
       ++refused_connections_;
-      if (ok) Log()->warn("event=mesh_data_refused reason=\"unknown or expired cookie\"");
+      if (ok) Log()->warn("event=mesh_data_refused reason=\"unknown or expired cookie\" source={}", source);
       return;
     }
     node = it->second.node;
     cookies_.erase(it);
+    // Every peer may hold its share, whatever the others hold: the total
+    // bound turns away only peers past kGuaranteedConnections.
+    const uint32_t mine = data_conns_of_.contains(node) ? data_conns_of_[node] : 0;
+    const char* over = mine >= options_.max_data_connections_per_peer ? "the peer's own share"
+                       : authenticated_ >= options_.max_data_connections && mine >= kGuaranteedConnections
+                           ? "all peers' connections"
+                           : nullptr;
+    if (over != nullptr) {
+      ++refused_connections_;
+      Log()->warn("event=mesh_data_refused peer={} reason=\"over {}\" held={}", node, over, mine);
+      return;
+    }
+    RememberSource(source);
+    ++data_conns_of_[node];
+    ++authenticated_;
   }
   TuneDataSocket(fd, options_.io_timeout);
   Log()->info("event=mesh_data_connection peer={}", node);
-  {
-    absl::MutexLock l(&mu_);
-    ++data_conns_of_[node];
-  }
   ServeFrames(fd, node, link_instance);
   absl::MutexLock l(&mu_);
+  --authenticated_;
   if (--data_conns_of_[node] == 0) data_conns_of_.erase(node);
   last_seen_[node] = absl::Now();
 }
@@ -193,6 +241,19 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
     Log()->warn("event=mesh_protocol_error peer={} reason=\"{}\" type={}", node, why, h.type);
   };
   for (;;) {
+    // Idle connections go: a peer cannot keep slots it does not use.
+    pollfd pfd{fd, POLLIN, 0};
+    int ready;
+    do {
+      ready = ::poll(&pfd, 1, static_cast<int>(absl::ToInt64Milliseconds(options_.data_idle_timeout)));
+    } while (ready < 0 && errno == EINTR);
+    if (ready == 0) {
+      absl::MutexLock l(&mu_);
+      ++idle_closed_;
+      Log()->info("event=mesh_data_idle peer={} idle_seconds={}", node,
+                  absl::ToInt64Seconds(options_.data_idle_timeout));
+      return;
+    }
     if (!ReadFull(fd, &h, sizeof(h)).ok()) return;
     if (h.magic != kFrameMagic || h.flags != 0) return refuse("bad magic or flags");
     auto type = static_cast<FrameType>(h.type);
@@ -392,8 +453,10 @@ bool MeshEngine::AwaitWrites(const LinkKey& key, uint32_t transfer, absl::Durati
 
 void MeshEngine::MarkFinished(const LinkKey& key, uint32_t transfer) {
   // Late copies can only be in flight for about the senders' io_timeout:
-  // a minute of memory is plenty, and bounded per sender and in all.
-  constexpr size_t kPerSender = 65536, kSenders = 1024;
+  // a minute of memory is plenty. Bounded per link instance (its newest
+  // transfers kept: numbers grow), per sending node (its newest link
+  // instances), and in all, so that DONE frames of invented transfers and
+  // instances grow nothing but the sender's own small share.
   const absl::Time now = absl::Now(), old = now - absl::Minutes(1);
   absl::MutexLock l(&mu_);
   // Expiry walks everything: at most once a second, not per frame.
@@ -404,10 +467,30 @@ void MeshEngine::MarkFinished(const LinkKey& key, uint32_t transfer) {
     it = m.empty() && it->first != key ? finished_.erase(it) : std::next(it);
   }
   if (now - last_prune_ >= absl::Seconds(1)) last_prune_ = now;
-  if (!finished_.contains(key) && finished_.size() >= kSenders) finished_.erase(finished_.begin());
+  if (!finished_.contains(key)) {
+    // The node's instances are neighbours in the map (ordered by node).
+    auto first = finished_.lower_bound({key.first, 0});
+    size_t instances = 0;
+    auto stalest = finished_.end();
+    absl::Time stalest_at = absl::InfiniteFuture();
+    for (auto it = first; it != finished_.end() && it->first.first == key.first; ++it, ++instances) {
+      absl::Time newest = absl::InfinitePast();
+      for (const auto& [t, at] : it->second) newest = std::max(newest, at);
+      if (newest < stalest_at) stalest_at = newest, stalest = it;
+    }
+    if (instances >= kFinishedInstancesPerNode && stalest != finished_.end()) finished_.erase(stalest);
+    if (finished_.size() >= kFinishedSenders) finished_.erase(finished_.begin());
+  }
   auto& m = finished_[key];
   m[transfer] = now;
-  if (m.size() > kPerSender) m.erase(m.begin());
+  if (m.size() > kFinishedPerInstance) m.erase(m.begin());
+}
+
+size_t MeshEngine::FinishedEntries() const {
+  absl::MutexLock l(&mu_);
+  size_t n = 0;
+  for (const auto& [k, m] : finished_) n += m.size();
+  return n;
 }
 
 }  // namespace podlink::mesh

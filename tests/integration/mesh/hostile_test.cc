@@ -14,9 +14,10 @@ class MeshHostile : public Mesh {
     std::string a = topo_.Node("a"), b = topo_.Node("b");
     auto [da, db] = topo_.Cable(a, b, 1);
     b_addr_ = topo_.HostCable(b, 9);
+    b_ns_ = b;
     std::string pods = Rule(owner_, "ml", "decode-0", "job-7") + "," + Rule(other_, "ml", "prefill-0", "job-7");
     na_ = StartNode("node-a", a, {da}, pods);
-    nb_ = StartNode("node-b", b, {db}, pods);
+    nb_ = StartNode("node-b", b, {db}, pods, "", NodeBMesh());
     server_ = std::make_unique<Pod>(*nb_, &owner_,
                                     std::vector<std::string>{"kv-serve", "--size", "65536", "--verify", "1"});
     json s = server_->Expect("serving");
@@ -30,6 +31,8 @@ class MeshHostile : public Mesh {
     server_.reset();
     Mesh::TearDown();
   }
+  // More keys for node b's mesh section.
+  virtual std::string NodeBMesh() const { return ""; }
   std::unique_ptr<pb::Mesh::Stub> Stub(const std::string& cert_dir, const std::string& target_name = "node-b") {
     grpc::SslCredentialsOptions tls;
     tls.pem_root_certs = ReadFile(ca_->ca());
@@ -41,14 +44,15 @@ class MeshHostile : public Mesh {
     args.SetSslTargetNameOverride(target_name);
     return pb::Mesh::NewStub(grpc::CreateCustomChannel(b_addr_ + ":7446", grpc::SslCredentials(tls), args));
   }
-  grpc::Status Open(pb::Mesh::Stub& stub, const std::string& claimed_node, pb::OpenRegionResponse* resp) {
+  grpc::Status Open(pb::Mesh::Stub& stub, const std::string& claimed_node, pb::OpenRegionResponse* resp,
+                    const std::string& ns = "ml", const std::string& pod = "prefill-0") {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     pb::OpenRegionRequest req;
     req.mutable_importer()->set_node(claimed_node);
-    req.mutable_importer()->set_key("pod-key");
-    req.mutable_importer()->set_namespace_("ml");
-    req.mutable_importer()->set_pod_name("prefill-0");
+    req.mutable_importer()->set_key(ns + "/" + pod);
+    req.mutable_importer()->set_namespace_(ns);
+    req.mutable_importer()->set_pod_name(pod);
     (*req.mutable_importer()->mutable_annotations())["podlink.io/peer-group"] = "job-7";
     req.set_export_id(export_id_);
     return stub.OpenRegion(&ctx, req, resp);
@@ -99,7 +103,7 @@ class MeshHostile : public Mesh {
   PodCgroup owner_{RandomPodUid(), "burstable"}, other_{RandomPodUid(), "burstable"};
   std::unique_ptr<Daemon> na_, nb_;
   std::unique_ptr<Pod> server_;
-  std::string b_addr_;
+  std::string b_addr_, b_ns_;
   uint64_t export_id_ = 0;
 };
 TEST_F(MeshHostile, APeerWithoutAValidCertificateGetsNothing) {
@@ -621,6 +625,156 @@ TEST_F(MeshHostile, ForgedDataConnectionsAreClosedUnanswered) {
   ASSERT_EQ(::send(fd, &f, sizeof(f), MSG_NOSIGNAL), 40);
   EXPECT_EQ(Answer(fd), 0);
   ::close(fd);
+  EXPECT_TRUE(nb_->Alive());
+}
+
+
+// Node b with small shares, so that the tests can fill them.
+class MeshShares : public MeshHostile {
+ protected:
+  std::string NodeBMesh() const override {
+    return R"(, "max_data_connections_per_peer": 8, "data_idle_seconds": 2, "max_grants_per_pod": 3,)"
+           R"( "max_grants_per_tenant": 5, "max_grants_per_peer": 8)";
+  }
+  // How many of `fds` node b still holds open (the others it closed).
+  static int StillOpen(const std::vector<int>& fds) {
+    int open = 0;
+    for (int fd : fds) {
+      char c;
+      ssize_t n = ::recv(fd, &c, 1, MSG_DONTWAIT | MSG_PEEK);
+      open += n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+    }
+    return open;
+  }
+  // Data connections authenticated as node-t, `n` of them, of link instance `instance`.
+  std::vector<int> Authenticated(int n, uint64_t instance = 77) {
+    ca_->Issue("node-t", dir_ + "/node-t");
+    auto stub = Stub(dir_ + "/node-t");
+    pb::OpenLinkResponse link;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::OpenLinkRequest req;
+    req.set_connections(n);
+    EXPECT_TRUE(stub->OpenLink(&ctx, req, &link).ok());
+    std::vector<int> fds;
+    for (int i = 0; i < link.cookies_size(); ++i) {
+      int fd = DialData(b_addr_);
+      EXPECT_GE(fd, 0);
+      if (fd < 0) continue;
+      Frame auth;
+      auth.type = 1;
+      auth.length = 32;
+      auth.grant = instance;
+      EXPECT_EQ(::send(fd, &auth, sizeof(auth), MSG_NOSIGNAL), 40);
+      EXPECT_EQ(::send(fd, link.cookies(i).data(), 32, MSG_NOSIGNAL), 32);
+      fds.push_back(fd);
+    }
+    return fds;
+  }
+};
+
+// A flood of connections that never authenticate takes at most a few slots
+// per source address; the rest are closed at once (they were held for the
+// whole AUTH deadline, 64 of them shutting out every peer, before).
+TEST_F(MeshShares, UnauthenticatedConnectionsAreBoundedPerSourceAddress) {
+  std::vector<int> fds;
+  for (int i = 0; i < 24; ++i) {
+    int fd = DialData(b_addr_);
+    ASSERT_GE(fd, 0);
+    fds.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(StillOpen(fds), 8) << "node b holds more than 8 unauthenticated connections from one address";
+  for (int fd : fds) ::close(fd);
+  EXPECT_TRUE(nb_->Alive());
+}
+
+// A peer with a valid certificate holds at most its own share of data
+// connections, and idle ones are closed: it cannot keep the slots every
+// peer shares (256 idle connections shut out node b's peers before).
+TEST_F(MeshShares, APeerHoldsOnlyItsShareAndIdleConnectionsGo) {
+  std::vector<int> fds = Authenticated(12);
+  ASSERT_EQ(fds.size(), 12u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  EXPECT_EQ(StillOpen(fds), 8) << "node b let one peer hold more than max_data_connections_per_peer";
+  // data_idle_seconds is 2: none is left after 4 s of silence.
+  int open = 8;
+  for (int i = 0; i < 40 && open > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    open = StillOpen(fds);
+  }
+  EXPECT_EQ(open, 0) << "idle data connections were kept";
+  for (int fd : fds) ::close(fd);
+  // The share is free again.
+  std::vector<int> again = Authenticated(4);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(StillOpen(again), 4);
+  for (int fd : again) ::close(fd);
+  EXPECT_TRUE(nb_->Alive());
+}
+
+// DONE frames need no grant: a peer sending them with invented transfer
+// numbers over many link instances grows only its own bounded share of the
+// finished-transfer table (64 instances x 65,536 took 260 MiB before).
+TEST_F(MeshShares, DoneFramesOfInventedTransfersGrowOnlyTheSendersShare) {
+  constexpr int kInstances = 10, kFrames = 9000, kBatch = 500;
+  for (int inst = 0; inst < kInstances; ++inst) {
+    std::vector<int> fds = Authenticated(1, 1000 + inst);
+    ASSERT_EQ(fds.size(), 1u);
+    int fd = fds[0];
+    for (int sent = 0; sent < kFrames; sent += kBatch) {
+      std::vector<Frame> batch(kBatch);
+      for (int i = 0; i < kBatch; ++i) {
+        batch[i].type = 7;
+        batch[i].tag = uint64_t(sent + i + 1) << 32;
+      }
+      ASSERT_EQ(::send(fd, batch.data(), sizeof(Frame) * kBatch, MSG_NOSIGNAL), (ssize_t)(sizeof(Frame) * kBatch));
+      std::vector<Frame> acks(kBatch);
+      ASSERT_EQ(::recv(fd, acks.data(), sizeof(Frame) * kBatch, MSG_WAITALL), (ssize_t)(sizeof(Frame) * kBatch))
+          << "instance " << inst << " frame " << sent;
+      for (const Frame& a : acks) ASSERT_EQ(a.status, 0);
+    }
+    ::close(fd);
+  }
+  double held = MetricOf(b_ns_, *nb_, "podlink_mesh_finished_transfers");
+  EXPECT_GE(held, 8192) << "the newest transfers must be kept";
+  EXPECT_LE(held, 8 * 8192) << "one peer's DONE frames grew the table past its share";
+  EXPECT_TRUE(nb_->Alive());
+}
+
+// Grants are counted per pod, per tenant (the importing node's namespace)
+// and per node: the pods of one namespace cannot take their node's whole
+// share of this node's grants (four pods of one tenant took all 4,096
+// before), and a grant given back is room again.
+TEST_F(MeshShares, OneTenantsPodsCannotTakeTheirNodesWholeShareOfGrants) {
+  ca_->Issue("node-t", dir_ + "/node-t");
+  auto stub = Stub(dir_ + "/node-t");
+  std::vector<uint64_t> held;
+  auto code = [&](const std::string& pod) {
+    pb::OpenRegionResponse resp;
+    grpc::Status st = Open(*stub, "node-t", &resp, "ml", pod);
+    if (st.ok()) held.push_back(resp.grant());
+    return st.error_code();
+  };
+  // Per pod: 3 (of the node's 8).
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(code("p0"), grpc::StatusCode::OK) << i;
+  EXPECT_EQ(code("p0"), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // Per tenant: 5, whichever of its pods asks, though the node has 3 left.
+  EXPECT_EQ(code("p1"), grpc::StatusCode::OK);
+  EXPECT_EQ(code("p1"), grpc::StatusCode::OK);
+  EXPECT_EQ(code("p2"), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // One given back is the tenant's again.
+  ASSERT_FALSE(held.empty());
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::CloseRegionRequest req;
+    req.set_grant(held.back());
+    pb::CloseRegionResponse ignored;
+    ASSERT_TRUE(stub->CloseRegion(&ctx, req, &ignored).ok());
+  }
+  EXPECT_EQ(code("p2"), grpc::StatusCode::OK);
+  EXPECT_EQ(code("p3"), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_TRUE(nb_->Alive());
 }
 
