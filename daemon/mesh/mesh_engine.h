@@ -273,8 +273,9 @@ class MeshEngine final : public MeshPort {
   class ConnWriter;
   absl::Status ServeForward(const std::shared_ptr<ConnWriter>& writer, int fd, const FrameHeader& h,
                             const std::string& node, uint64_t link_instance, const Forward& fwd);
-  // Staging for forwarded frames, bounded in all and per upstream node.
-  bool ReserveRelay(const std::string& node, uint64_t n) ABSL_LOCKS_EXCLUDED(mu_);
+  // Staging for forwarded frames, bounded in all and per upstream node;
+  // false when there was no room within `wait`.
+  bool ReserveRelay(const std::string& node, uint64_t n, absl::Duration wait) ABSL_LOCKS_EXCLUDED(mu_);
   void ReleaseRelay(const std::string& node, uint64_t n) ABSL_LOCKS_EXCLUDED(mu_);
   // What this node knows of others' addresses (routes), from configuration
   // and from their own Hello answers.

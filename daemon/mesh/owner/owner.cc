@@ -14,7 +14,7 @@ uint64_t MeshEngine::GrantForTesting(const std::string& node, std::shared_ptr<co
   absl::MutexLock l(&mu_);
   uint64_t g = 0;
   while (g == 0 || grants_.contains(g)) g = RandomU64();
-  grants_[g] = Grant{node, rec, node + "/test", nullptr, 0, {}, 0};
+  grants_[g] = Grant{node, rec, node + "/test", nullptr, 0, {}, 0, {}};
   SeenLocked(node);  // a grant given is a sign of life, however long the node was quiet
   ++grants_per_node_[node];
   return g;
@@ -373,14 +373,14 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
   }
 }
 
-bool MeshEngine::ReserveRelay(const std::string& node, uint64_t n) {
+bool MeshEngine::ReserveRelay(const std::string& node, uint64_t n, absl::Duration wait) {
   absl::MutexLock l(&mu_);
   const uint64_t cap = options_.relay_staging_bytes, per_node = std::max<uint64_t>(cap / 2, kMaxFramePayload);
   auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stopping_.load(std::memory_order_acquire) ||
            (relay_staged_ + n <= std::max(cap, n) && relay_staged_by_node_[node] + n <= per_node);
   };
-  if (!mu_.AwaitWithTimeout(absl::Condition(&room), options_.answer_timeout) ||
+  if (!mu_.AwaitWithTimeout(absl::Condition(&room), wait) ||
       stopping_.load(std::memory_order_acquire)) {
     return false;
   }

@@ -5,13 +5,21 @@
 namespace podlink::mesh {
 
 // ---------------------------------------------------------------------------
-// Answers on a data connection. Frames of the serving thread and of
-// completions of forwarded requests (other threads) never interleave, and
-// nothing is written once the serving thread has let the connection go (its
-// descriptor is closed and its number may be reused).
+// Answers on a data connection. Only the serving thread writes: answers of
+// forwarded requests, completed on a link thread of this relay, are queued
+// here and the serving thread is woken to write them, so an upstream that
+// reads slowly or not at all holds its own connection's thread and never a
+// link thread that other nodes' traffic shares. The queue is bounded; past
+// the bound, or when one write makes no progress for the io_timeout
+// (SO_SNDTIMEO), the upstream is cut. Nothing is written once the serving
+// thread has let the connection go (its descriptor is closed and its number
+// may be reused).
 class MeshEngine::ConnWriter {
  public:
-  explicit ConnWriter(int fd) : fd_(fd) {}
+  static constexpr size_t kMaxQueued = 1024;  // answers waiting for the serving thread
+
+  explicit ConnWriter(int fd) : fd_(fd), wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+  ~ConnWriter() { Close(); }
   absl::Status Ack(uint64_t tag, const absl::Status& st) {
     absl::MutexLock l(&mu_);
     if (closed_) return absl::UnavailableError("connection closed");
@@ -24,15 +32,89 @@ class MeshEngine::ConnWriter {
   }
   // Held while the serving thread writes a frame in pieces.
   absl::Mutex& mu() ABSL_LOCK_RETURNED(mu_) { return mu_; }
+
+  // From any thread, never blocking on the socket: an answer (a DATA frame
+  // with `payload`, or an ack of `st`) for the serving thread to write.
+  // `after` runs once it is written or dropped.
+  void Post(uint64_t tag, std::shared_ptr<char[]> payload, size_t len, absl::Status st, std::function<void()> after) {
+    bool cut = false;
+    {
+      absl::MutexLock l(&queue_mu_);
+      if (!queue_closed_ && queue_.size() < kMaxQueued) {
+        queue_.push_back(Answer{tag, std::move(payload), len, std::move(st), std::move(after)});
+        uint64_t one = 1;
+        (void)!::write(wake_.get(), &one, sizeof(one));
+        return;
+      }
+      // The upstream has not taken kMaxQueued answers: it is cut, and the
+      // serving thread ends (its read fails) and drops what is queued.
+      cut = !queue_closed_;
+      if (cut) ::shutdown(fd_, SHUT_RDWR);
+    }
+    if (cut) Log()->warn("event=mesh_upstream_cut reason=\"{} answers not taken\"", kMaxQueued);
+    if (after) after();
+  }
+  // The descriptor that becomes readable when answers are queued.
+  int wake_fd() const { return wake_.get(); }
+  // Serving thread: writes the queued answers.
+  absl::Status Flush() {
+    uint64_t n;
+    (void)!::read(wake_.get(), &n, sizeof(n));
+    for (;;) {
+      Answer a;
+      {
+        absl::MutexLock l(&queue_mu_);
+        if (queue_.empty()) return absl::OkStatus();
+        a = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      absl::Status io;
+      if (a.payload != nullptr) {
+        FrameHeader d{};
+        d.magic = kFrameMagic;
+        d.type = static_cast<uint16_t>(FrameType::kData);
+        d.length = static_cast<uint32_t>(a.len);
+        d.tag = a.tag;
+        io = Frame(d, a.payload.get(), a.len);
+      } else {
+        io = Ack(a.tag, a.st);
+      }
+      if (a.after) a.after();
+      if (!io.ok()) return io;
+    }
+  }
+  // No more writes; what is queued is dropped.
   void Close() {
-    absl::MutexLock l(&mu_);
-    closed_ = true;
+    {
+      absl::MutexLock l(&mu_);
+      closed_ = true;
+    }
+    std::deque<Answer> dropped;
+    {
+      absl::MutexLock l(&queue_mu_);
+      queue_closed_ = true;
+      dropped.swap(queue_);
+    }
+    for (Answer& a : dropped) {
+      if (a.after) a.after();
+    }
   }
 
  private:
+  struct Answer {
+    uint64_t tag = 0;
+    std::shared_ptr<char[]> payload;  // a READ's bytes; null: an ack of st
+    size_t len = 0;
+    absl::Status st;
+    std::function<void()> after;
+  };
   absl::Mutex mu_;
   const int fd_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Mutex queue_mu_;
+  UniqueFd wake_;
+  std::deque<Answer> queue_ ABSL_GUARDED_BY(queue_mu_);
+  bool queue_closed_ ABSL_GUARDED_BY(queue_mu_) = false;
 };
 
 
@@ -56,8 +138,19 @@ absl::Status MeshEngine::ServeForward(const std::shared_ptr<ConnWriter>& writer,
     st = absl::UnavailableError(absl::StrCat("node ", fwd.peer->node(), "'s podlinkd restarted: open the region again"));
   } else if (auto links = fwd.peer->links(); links == nullptr || links->live() == 0) {
     st = absl::UnavailableError(absl::StrCat("this relay has no link up to node ", fwd.peer->node()));
-  } else if (n > 0 && !ReserveRelay(node, n)) {
-    st = absl::ResourceExhaustedError("the relay's staging stayed full");
+  } else if (n > 0) {
+    // The staging this node's earlier answers hold is released once this
+    // thread has written them (ConnWriter): write them while waiting.
+    const absl::Time until = absl::Now() + options_.answer_timeout;
+    bool reserved = false;
+    while (!(reserved = ReserveRelay(node, n, absl::Milliseconds(20))) && absl::Now() < until &&
+           !stopping_.load(std::memory_order_acquire)) {
+      if (absl::Status io = writer->Flush(); !io.ok()) {
+        end();
+        return io;
+      }
+    }
+    if (!reserved) st = absl::ResourceExhaustedError("the relay's staging stayed full");
   }
   if (!st.ok()) {
     absl::Status io = type == FrameType::kWrite ? Discard(fd, h.length) : absl::OkStatus();
@@ -80,24 +173,20 @@ absl::Status MeshEngine::ServeForward(const std::shared_ptr<ConnWriter>& writer,
   op.local = buf.get();
   op.keep = buf;
   const uint64_t tag = h.tag;
+  // On the link thread that completed it: the answer is queued for this
+  // connection's serving thread (ConnWriter), and the staging it holds goes
+  // once that thread has written it or dropped it.
   op.done = [this, writer, buf, tag, type, n, node, key, transfer, end](const absl::Status& result) {
-    if (type == FrameType::kRead && result.ok()) {
-      FrameHeader d{};
-      d.magic = kFrameMagic;
-      d.type = static_cast<uint16_t>(FrameType::kData);
-      d.length = static_cast<uint32_t>(n);
-      d.tag = tag;
-      (void)writer->Frame(d, buf.get(), n);
-    } else {
-      if (type == FrameType::kNotify && result.ok()) MarkFinished(key, transfer);
-      (void)writer->Ack(tag, result);
-    }
-    if (n > 0) ReleaseRelay(node, n);
+    if (type == FrameType::kNotify && result.ok()) MarkFinished(key, transfer);
     if (result.ok()) {
       absl::MutexLock l(&mu_);
       relay_forwarded_bytes_ += n;
     }
     end();
+    const bool data = type == FrameType::kRead && result.ok();
+    writer->Post(tag, data ? buf : nullptr, data ? n : 0, result, [this, node, n] {
+      if (n > 0) ReleaseRelay(node, n);
+    });
   };
   std::shared_ptr<DataLinks> links = fwd.peer->links();
   absl::Status submitted = links == nullptr ? absl::UnavailableError("the relay's link went down") : absl::OkStatus();
@@ -218,6 +307,10 @@ void MeshEngine::ServeConnection(int fd, const std::string& source, bool strange
     ++authenticated_;
   }
   TuneDataSocket(fd, options_.io_timeout);
+  // A write that makes no progress for the io_timeout cuts the peer: one
+  // that stopped reading holds this thread no longer than that.
+  const timeval send_timeout = absl::ToTimeval(options_.io_timeout);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
   Log()->info("event=mesh_data_connection peer={}", node);
   ServeFrames(fd, node, link_instance);
   absl::MutexLock l(&mu_);
@@ -241,12 +334,15 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
     Log()->warn("event=mesh_protocol_error peer={} reason=\"{}\" type={}", node, why, h.type);
   };
   for (;;) {
+    if (!writer->Flush().ok()) return;
     // Idle connections go: a peer cannot keep slots it does not use.
-    pollfd pfd{fd, POLLIN, 0};
+    // Answers of forwarded requests wake this thread to write them.
+    pollfd pfd[2] = {{fd, POLLIN, 0}, {writer->wake_fd(), POLLIN, 0}};
     int ready;
     do {
-      ready = ::poll(&pfd, 1, static_cast<int>(absl::ToInt64Milliseconds(options_.data_idle_timeout)));
+      ready = ::poll(pfd, 2, static_cast<int>(absl::ToInt64Milliseconds(options_.data_idle_timeout)));
     } while (ready < 0 && errno == EINTR);
+    if (ready > 0 && (pfd[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;  // answers to write
     if (ready == 0) {
       absl::MutexLock l(&mu_);
       ++idle_closed_;

@@ -66,6 +66,8 @@ class MeshHostile : public Mesh {
     int64_t age_seconds = 0;
     uint64_t nonce = 0;
     bool fenceable = false;
+    uint64_t export_id = 0;  // 0: the fixture's export on node b
+    std::vector<std::string> addresses = {"10.77.1.2/30"};  // the destination's
   };
   // Opens the fixture's export through `stub` under `c`, signed with the key
   // in dir_/<c.signer>.
@@ -79,16 +81,16 @@ class MeshHostile : public Mesh {
     who->set_pod_name("prefill-0");
     (*who->mutable_annotations())["podlink.io/peer-group"] = "job-7";
     claim.mutable_destination()->set_node(c.destination);
-    claim.mutable_destination()->add_addresses("10.77.1.2/30");
+    for (const std::string& a : c.addresses) claim.mutable_destination()->add_addresses(a);
     claim.mutable_destination()->set_port(7446);
     for (const std::string& v : c.via) claim.add_via(v);
-    claim.set_export_id(export_id_);
+    claim.set_export_id(c.export_id != 0 ? c.export_id : export_id_);
     claim.set_issued_unix_seconds(absl::ToUnixSeconds(absl::Now()) - c.age_seconds);
     claim.set_nonce(c.nonce);
     claim.set_fenceable(c.fenceable);
     pb::OpenRegionRequest req;
     *req.mutable_importer() = *who;  // ignored for routed requests: the claim decides
-    req.set_export_id(export_id_);
+    req.set_export_id(c.export_id != 0 ? c.export_id : export_id_);
     claim.SerializeToString(req.mutable_route()->mutable_claim());
     absl::StatusOr<std::string> sig =
         mesh::SignWithKey(ReadFile(dir_ + "/" + c.signer + "/tls.key"), req.route().claim());
@@ -775,6 +777,91 @@ TEST_F(MeshShares, OneTenantsPodsCannotTakeTheirNodesWholeShareOfGrants) {
   }
   EXPECT_EQ(code("p2"), grpc::StatusCode::OK);
   EXPECT_EQ(code("p3"), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(nb_->Alive());
+}
+
+// An upstream that sends READs through a relay and takes the answers slowly
+// holds only its own connection's thread on the relay: the relay's link to
+// the owner, which its own pods share, keeps carrying their transfers, and
+// the upstream is cut once a write makes no progress for the io_timeout.
+// (The answers were written on the link's threads, which blocked on the
+// upstream's full socket, so node b's pods could not reach node a.)
+TEST_F(MeshShares, AnUpstreamThatStopsReadingHoldsNoLinkThreadOfTheRelay) {
+  constexpr uint64_t kSize = 8 << 20;
+  Pod owner_a(*na_, &owner_, {"kv-serve", "--size", std::to_string(kSize), "--verify", "3"});
+  json served = owner_a.Expect("serving");
+  ASSERT_EQ(served["event"], "serving") << served.dump();
+  std::vector<std::string> f = absl::StrSplit(served["descriptor"].get<std::string>(), ';');
+  ASSERT_GE(f.size(), 3u);
+  // node-t opens node a's export through node b (b relays).
+  ca_->Issue("node-t", dir_ + "/node-t");
+  auto stub = Stub(dir_ + "/node-t");
+  Claim c;
+  c.origin = c.importer_node = c.signer = c.cert = "node-t";
+  c.destination = "node-a";
+  c.via = {"node-b"};
+  c.export_id = std::stoull(f[2]);
+  c.addresses = {"10.77.1.1/30"};
+  pb::OpenRegionResponse grant;
+  grpc::Status opened = OpenRouted(*stub, c, &grant);
+  ASSERT_TRUE(opened.ok()) << opened.error_message();
+  std::vector<int> fds = Authenticated(1, 4242);
+  ASSERT_EQ(fds.size(), 1u);
+  int fd = fds[0];
+  int small = 64 << 10;
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  // 24 READs of 1 MiB.
+  for (uint64_t i = 0; i < 24; ++i) {
+    Frame r;
+    r.type = 3;
+    r.length = 1 << 20;
+    r.tag = (i + 1) << 32;
+    r.grant = grant.grant();
+    r.offset = (i % 8) << 20;
+    ASSERT_EQ(::send(fd, &r, sizeof(r), MSG_NOSIGNAL), 40);
+  }
+  // It reads, slowly: 64 KiB every 100 ms (a write of one answer then
+  // takes about 1.6 s, and trips no timeout).
+  std::atomic<bool> stop{false};
+  std::thread slow([&] {
+    std::vector<char> buf(64 << 10);
+    while (!stop.load()) {
+      (void)::recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // Node b's own pod writes node a's export meanwhile, over the same link.
+  auto t0 = std::chrono::steady_clock::now();
+  Pod client(*nb_, &other_, {"kv-put", "--desc", served["descriptor"].get<std::string>(), "--seed", "3"});
+  json put = client.Expect("put", 15000);
+  EXPECT_EQ(put["event"], "put") << put.dump() << "\n" << nb_->Log();
+  const auto took = std::chrono::steady_clock::now() - t0;
+  std::printf("kv-put through the relay's link took %lld ms\n",
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(took).count()));
+  EXPECT_LT(took, std::chrono::seconds(4)) << "node b's link to node a was held (7.7 s here before the fix; 0.04 s after)";
+  json v = owner_a.Expect("verified", 15000);
+  EXPECT_EQ(v["mismatches"], 0) << v.dump();
+  stop = true;
+  slow.join();
+  // Once it stops reading it is cut (io_timeout is 2 s here): what node b
+  // had written before is there to read, then the end, well before all 24
+  // answers.
+  std::this_thread::sleep_for(std::chrono::seconds(4));
+  bool cut = false;
+  uint64_t got = 0;
+  for (auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+       !cut && std::chrono::steady_clock::now() < until;) {
+    char buf[65536];
+    ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n > 0) got += static_cast<uint64_t>(n);
+    cut = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+    if (n < 0 && !cut) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::printf("upstream got %llu bytes before the end (cut=%d)\n", static_cast<unsigned long long>(got), cut);
+  EXPECT_LT(got, uint64_t{24} << 20);
+  EXPECT_TRUE(cut) << "the upstream that stopped reading was kept";
+  ::close(fd);
   EXPECT_TRUE(nb_->Alive());
 }
 
