@@ -32,6 +32,7 @@
 #include "absl/time/time.h"
 #include "common/unique_fd.h"
 #include "daemon/identity/pod_source.h"
+#include "daemon/mesh/routes.h"
 #include "daemon/mesh/addresses.h"
 #include "daemon/mesh/mesh_host.h"
 #include "daemon/mesh/nic_rank.h"
@@ -281,6 +282,12 @@ class MeshEngine final : public MeshPort {
   // and from their own Hello answers.
   void Learn(const std::string& node, const std::vector<std::string>& addresses, uint32_t port)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // `node` (its certificate checked) talked to this one from, or was reached
+  // at, `address`: a neighbour when that lies on one of this node's subnets
+  // (its next advert says so).
+  void SawNeighbour(const std::string& node, const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
+  // What makes a cable between two other nodes in a route (routes.h).
+  CableTrust Trust() const ABSL_LOCKS_EXCLUDED(mu_);
   // `source`: the caller's address, whose data connections then count as a
   // peer's before their AUTH (AcceptLoop).
   absl::StatusOr<std::vector<std::string>> IssueCookies(const std::string& node, uint32_t n,
@@ -455,6 +462,13 @@ class MeshEngine final : public MeshPort {
   };
   void OpenThrough(const RemoteTarget& hop, podlink::mesh::v1::OpenRegionRequest req, const std::string& destination,
                    size_t relays, std::function<void(absl::StatusOr<Carried>)> got);
+  // The owner of a routed open signs what it answers (OwnerAnswer), bound to
+  // the claim; the origin checks it came from the destination it named,
+  // unchanged (CheckOwnerAnswer), whatever the relays did.
+  absl::Status SignOwnerAnswer(const podlink::mesh::v1::OriginClaim& claim,
+                               podlink::mesh::v1::OpenRegionResponse* resp) const ABSL_LOCKS_EXCLUDED(pem_mu_);
+  absl::Status CheckOwnerAnswer(const std::string& destination, uint64_t nonce,
+                                const podlink::mesh::v1::OpenRegionResponse& resp) const ABSL_LOCKS_EXCLUDED(pem_mu_);
   // Signs `req`'s route to `target` through `via` (the claim's nonce in
   // *nonce; `fenceable`: the owner lands it so that FenceRoute can stop it).
   absl::Status SignRoute(const RemoteTarget& target, const std::vector<std::string>& via,
@@ -618,7 +632,10 @@ class MeshEngine final : public MeshPort {
   struct StoredAdvert {
     podlink::mesh::v1::NodeAdvert advert;
     int64_t issued = 0;  // unix seconds
+    std::set<std::string> neighbours;  // its entry's, parsed once
   };
+  // Nodes this one talked to over a direct path (SawNeighbour), when last.
+  std::map<std::string, absl::Time> neighbours_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, StoredAdvert> adverts_ ABSL_GUARDED_BY(mu_);  // by node, this one's included
   std::map<std::string, absl::Time> adverts_from_ ABSL_GUARDED_BY(mu_);  // last batch taken, by sender
   std::map<std::string, std::shared_ptr<podlink::mesh::v1::Mesh::Stub>> advert_stubs_ ABSL_GUARDED_BY(mu_);

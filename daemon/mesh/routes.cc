@@ -3,11 +3,27 @@
 #include <algorithm>
 #include <limits>
 
+#include <sys/socket.h>
+
 namespace podlink::mesh {
+
+std::set<std::string> SharedSubnets(const std::vector<IpPrefix>& x, const std::vector<IpPrefix>& y) {
+  std::set<std::string> out;
+  for (const IpPrefix& a : x) {
+    for (const IpPrefix& b : y) {
+      if (a.prefix != b.prefix || !a.SameNetwork(b) || a.addr == b.addr) continue;
+      IpPrefix net = a;
+      for (int bit = a.prefix; bit < (a.family == AF_INET ? 32 : 128); ++bit) net.addr[bit / 8] &= ~(0x80 >> (bit % 8));
+      out.insert(net.ToString());
+    }
+  }
+  return out;
+}
 
 std::optional<std::vector<std::string>> RelayPath(const std::string& self_name, const std::vector<IpPrefix>& self,
                                                   const std::map<std::string, std::vector<IpPrefix>>& known,
-                                                  const std::string& target, size_t max_relays) {
+                                                  const std::string& target, const CableTrust& trust,
+                                                  size_t max_relays) {
   auto target_it = known.find(target);
   if (target_it == known.end() || target == self_name) return std::nullopt;
   // Nodes by index: 0 is this node.
@@ -19,7 +35,22 @@ std::optional<std::vector<std::string>> RelayPath(const std::string& self_name, 
     addrs.push_back(&a);
   }
   const size_t n = names.size();
-  auto width = [&](size_t x, size_t y) { return ChoosePaths(*addrs[x], *addrs[y], false).size(); };
+  static const std::vector<IpPrefix> kNone;
+  auto configured = [&](const std::string& node) -> const std::vector<IpPrefix>& {
+    auto it = trust.configured.find(node);
+    return it == trust.configured.end() ? kNone : it->second;
+  };
+  // Cables: distinct shared subnets (a claim repeated counts once), between
+  // two other nodes only those some word other than their own vouches for.
+  auto width = [&](size_t x, size_t y) -> size_t {
+    std::set<std::string> shared = SharedSubnets(*addrs[x], *addrs[y]);
+    if (x == 0 || trust.believe_all || trust.Confirmed(names[x], names[y])) return shared.size();
+    std::set<std::string> vouched = SharedSubnets(configured(names[x]), names[y] == target ? *addrs[y]
+                                                                                          : configured(names[y]));
+    size_t n = 0;
+    for (const std::string& subnet : shared) n += vouched.contains(subnet);
+    return n;
+  };
   const size_t goal = static_cast<size_t>(std::find(names.begin(), names.end(), target) - names.begin());
   // Breadth first, one layer per hop; within a layer each node keeps the
   // predecessor that gives it the widest bottleneck.

@@ -27,25 +27,27 @@ class PartialMesh : public ::testing::Test {
       {"c", Addrs({"10.0.2.2/30", "10.0.3.2/30", "10.0.4.1/30"})},
       {"d", Addrs({"10.0.4.2/30"})},
   };
+  // These tests are about the graph: every claimed cable is believed.
+  CableTrust all_{.believe_all = true};
 };
 
 TEST_F(PartialMesh, AdjacentNodesNeedNoRelay) {
-  auto via = RelayPath("a", a_, known_, "c");
+  auto via = RelayPath("a", a_, known_, "c", all_);
   ASSERT_TRUE(via.has_value());
   EXPECT_TRUE(via->empty());
 }
 
 TEST_F(PartialMesh, ANodeCabledOnlyToCIsReachedThroughC) {
-  auto via = RelayPath("a", a_, known_, "d");
+  auto via = RelayPath("a", a_, known_, "d", all_);
   ASSERT_TRUE(via.has_value());
   EXPECT_EQ(*via, std::vector<std::string>{"c"});
 }
 
 TEST_F(PartialMesh, UnknownRelaysGiveNoRoute) {
   known_.erase("c");
-  EXPECT_FALSE(RelayPath("a", a_, known_, "d").has_value());
-  EXPECT_FALSE(RelayPath("a", a_, known_, "nobody").has_value());
-  EXPECT_FALSE(RelayPath("a", a_, known_, "a").has_value());
+  EXPECT_FALSE(RelayPath("a", a_, known_, "d", all_).has_value());
+  EXPECT_FALSE(RelayPath("a", a_, known_, "nobody", all_).has_value());
+  EXPECT_FALSE(RelayPath("a", a_, known_, "a", all_).has_value());
 }
 
 TEST_F(PartialMesh, AChainIsFollowedUpToTheRelayBound) {
@@ -55,14 +57,14 @@ TEST_F(PartialMesh, AChainIsFollowedUpToTheRelayBound) {
   known_["e"] = Addrs({"10.0.5.2/30", "10.0.6.1/30"});
   known_["f"] = Addrs({"10.0.6.2/30", "10.0.7.1/30"});
   known_["g"] = Addrs({"10.0.7.2/30"});
-  auto e = RelayPath("a", a_, known_, "e");
+  auto e = RelayPath("a", a_, known_, "e", all_);
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(*e, (std::vector<std::string>{"c", "d"}));
-  auto f = RelayPath("a", a_, known_, "f");
+  auto f = RelayPath("a", a_, known_, "f", all_);
   ASSERT_TRUE(f.has_value());
   EXPECT_EQ(*f, (std::vector<std::string>{"c", "d", "e"}));
-  EXPECT_FALSE(RelayPath("a", a_, known_, "g").has_value());
-  EXPECT_TRUE(RelayPath("a", a_, known_, "g", 4).has_value());
+  EXPECT_FALSE(RelayPath("a", a_, known_, "g", all_).has_value());
+  EXPECT_TRUE(RelayPath("a", a_, known_, "g", all_, 4).has_value());
 }
 
 TEST_F(PartialMesh, AmongEquallyShortRoutesTheWidestBottleneckWins) {
@@ -70,7 +72,7 @@ TEST_F(PartialMesh, AmongEquallyShortRoutesTheWidestBottleneckWins) {
   a_ = Addrs({"10.0.1.1/30", "10.0.8.1/30", "10.0.3.1/30"});
   known_["b"] = Addrs({"10.0.1.2/30", "10.0.8.2/30", "10.0.9.1/30", "10.0.10.1/30"});
   known_["d"] = Addrs({"10.0.4.2/30", "10.0.9.2/30", "10.0.10.2/30"});
-  auto via = RelayPath("a", a_, known_, "d");
+  auto via = RelayPath("a", a_, known_, "d", all_);
   ASSERT_TRUE(via.has_value());
   EXPECT_EQ(*via, std::vector<std::string>{"b"});  // two cables on each hop through b, one through c
 }
@@ -78,9 +80,68 @@ TEST_F(PartialMesh, AmongEquallyShortRoutesTheWidestBottleneckWins) {
 TEST_F(PartialMesh, ARouteNeverPassesThroughItsOwnOrigin) {
   // This node's own name among the known nodes is ignored.
   known_["a"] = Addrs({"10.0.4.3/30"});
-  auto via = RelayPath("a", a_, known_, "d");
+  auto via = RelayPath("a", a_, known_, "d", all_);
   ASSERT_TRUE(via.has_value());
   EXPECT_EQ(*via, std::vector<std::string>{"c"});
+}
+
+// The route hijack of 2026-11-27 (issue 34), from node b's side: b is cabled
+// to a and to c; a is cabled to d; c, with a valid certificate, advertises
+// its own address twice and two addresses in the a-d subnet, where it has no
+// cable. A claim about one's own addresses makes no cable between two other
+// nodes; only the far end's word (its advert naming the near end) or the
+// operator's does.
+class BorrowedAddresses : public ::testing::Test {
+ protected:
+  std::vector<IpPrefix> b_ = Addrs({"10.1.1.2/30", "10.1.2.2/30"});
+  std::map<std::string, std::vector<IpPrefix>> known_ = {
+      {"a", Addrs({"10.1.1.1/30", "10.1.3.1/30"})},
+      {"c", Addrs({"10.1.2.1/30", "10.1.2.1/30", "10.1.3.3/30", "10.1.3.2/30"})},
+      {"d", Addrs({"10.1.3.2/30"})},
+  };
+};
+
+TEST_F(BorrowedAddresses, RepeatedClaimsCountOnce) {
+  // Believing every claim, c's four addresses are still one cable to b and
+  // one to d: no wider than a's, so the first by name (a) is taken.
+  EXPECT_EQ(SharedSubnets(b_, known_["c"]).size(), 1u);
+  EXPECT_EQ(SharedSubnets(known_["c"], known_["d"]).size(), 1u) << "d's own address claimed by c is no cable";
+  auto via = RelayPath("b", b_, known_, "d", CableTrust{.believe_all = true});
+  ASSERT_TRUE(via.has_value());
+  EXPECT_EQ(*via, std::vector<std::string>{"a"});
+}
+
+TEST_F(BorrowedAddresses, OnlyCablesTheFarEndConfirmsCarryRoutes) {
+  CableTrust trust;
+  // No word but the nodes' own: no route at all.
+  EXPECT_FALSE(RelayPath("b", b_, known_, "d", trust).has_value());
+  // d's advert names a and a's names d: the route goes through a.
+  trust.confirmed.insert({"a", "d"});
+  auto via = RelayPath("b", b_, known_, "d", trust);
+  ASSERT_TRUE(via.has_value());
+  EXPECT_EQ(*via, std::vector<std::string>{"a"});
+  // Without a, c's claim alone (its advert may name d; d's does not name c)
+  // draws nothing.
+  known_.erase("a");
+  EXPECT_FALSE(RelayPath("b", b_, known_, "d", trust).has_value());
+  trust.confirmed.insert({"c", "d"});  // were d to name c, c would be believed
+  EXPECT_TRUE(RelayPath("b", b_, known_, "d", trust).has_value());
+}
+
+TEST_F(BorrowedAddresses, TheOperatorsWordMakesACableToTheDestination) {
+  CableTrust trust;
+  trust.configured["a"] = Addrs({"10.1.1.1/30", "10.1.3.1/30"});  // mesh.peers
+  auto via = RelayPath("b", b_, known_, "d", trust);
+  ASSERT_TRUE(via.has_value());
+  EXPECT_EQ(*via, std::vector<std::string>{"a"});
+  // The operator's word about a covers a's end only: between two relays both
+  // ends must be configured (or confirmed).
+  known_["e"] = Addrs({"10.1.4.2/30"});
+  known_["d"] = Addrs({"10.1.3.2/30", "10.1.4.1/30"});
+  EXPECT_FALSE(RelayPath("b", b_, known_, "e", trust).has_value());
+  trust.configured["d"] = Addrs({"10.1.3.2/30"});
+  trust.confirmed.insert({"d", "e"});
+  EXPECT_TRUE(RelayPath("b", b_, known_, "e", trust).has_value());
 }
 
 }  // namespace

@@ -13,6 +13,7 @@ class MeshEngine::Service final : public pb::Mesh::CallbackService {
   grpc::ServerUnaryReactor* Hello(grpc::CallbackServerContext* ctx, const pb::HelloRequest* req,
                                   pb::HelloResponse* resp) override {
     return Run(ctx, [&](const std::string& node) {
+      if (node != e_->node_name_) e_->SawNeighbour(node, SourceOfGrpcPeer(ctx->peer()));
       if (node != e_->node_name_) e_->SeenInstance(node, req->instance());
       if (node != e_->node_name_) e_->AcceptAdverts(node, req->adverts());
       e_->AddAdverts(resp->mutable_adverts());

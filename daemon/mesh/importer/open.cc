@@ -260,6 +260,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
   // configured) the owner through the kernel's routing.
   RemoteTarget hop = target;
   std::vector<std::string> relays;  // the route's, first hop first; empty: direct
+  uint64_t route_nonce = 0;         // the route's claim's
   std::vector<IpPrefix> local = LocalForPaths();
   std::vector<IpPrefix> remote = ParsePrefixes(target.addresses);
   const bool cabled = !ChoosePaths(local, remote, false).empty();
@@ -272,10 +273,9 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
     }
     for (const auto& [name, k] : known) graph[name] = ParsePrefixes(k.addresses);
     graph[target.node_name] = remote;  // the descriptor's word, for this open only
-    std::optional<std::vector<std::string>> via = RelayPath(node_name_, local, graph, target.node_name);
+    std::optional<std::vector<std::string>> via = RelayPath(node_name_, local, graph, target.node_name, Trust());
     if (via.has_value() && !via->empty()) {
-      uint64_t nonce = 0;
-      if (absl::Status st = SignRoute(target, *via, &req, &nonce); !st.ok()) return done(st);
+      if (absl::Status st = SignRoute(target, *via, &req, &route_nonce); !st.ok()) return done(st);
       relays = *via;
       hop.node_name = via->front();
       hop.addresses = known[hop.node_name].addresses;
@@ -296,9 +296,17 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
   const bool two_hop = cabled && options_.two_hop_stripe && options_.transport == "tcp";
   OpenThrough(hop, req, target.node_name, relays.size(),
               [this, session, done = std::move(done), destination = target.node_name, via = relays, two_hop, target,
-               unrouted](absl::StatusOr<Carried> opened) {
+               unrouted, route_nonce](absl::StatusOr<Carried> opened) {
                 if (!opened.ok()) return done(opened.status());
                 const pb::OpenRegionResponse& resp = opened->resp;
+                if (!via.empty()) {
+                  if (absl::Status st = CheckOwnerAnswer(destination, route_nonce, resp); !st.ok()) {
+                    Log()->warn("event=mesh_route_refused destination={} via={} why={}", destination,
+                                absl::StrJoin(via, ","), LogQuoted(st.message()));
+                    ReleaseRemoteGrant(opened->carrier.get(), resp.grant());
+                    return done(st);
+                  }
+                }
                 RemoteRegionInfo info;
                 bool over = false;
                 {
@@ -459,6 +467,11 @@ void MeshEngine::AddTwoHop(uint64_t session, uint64_t handle, RemoteTarget targe
                   Log()->warn("event=mesh_two_hop_failed destination={} relay={} why={}", destination, relay,
                               LogQuoted(opened.status().message().substr(0, 512)));
                   return;
+                }
+                if (absl::Status st = CheckOwnerAnswer(destination, nonce, opened->resp); !st.ok()) {
+                  Log()->warn("event=mesh_two_hop_failed destination={} relay={} why={}", destination, relay,
+                              LogQuoted(st.message()));
+                  return ReleaseRemoteGrant(opened->carrier.get(), opened->resp.grant());
                 }
                 if (opened->resp.export_id() != export_id || opened->resp.size() != size) {
                   Log()->warn("event=mesh_two_hop_failed destination={} relay={} why=\"the route reached export {} of "

@@ -9,7 +9,40 @@ namespace {
 constexpr size_t kMaxAdvertsPerMessage = 48;
 constexpr size_t kMaxAdvertEntry = 4 << 10;
 constexpr int kAdvertLifetimes = 10;  // an advert older than this many intervals is stale
+constexpr size_t kMaxNeighbours = 64;
 }  // namespace
+
+void MeshEngine::SawNeighbour(const std::string& node, const std::string& address) {
+  absl::StatusOr<IpPrefix> far = IpPrefix::Parse(address);
+  if (!far.ok() || !ValidNodeName(node) || node == node_name_) return;
+  bool direct = false;
+  for (const IpPrefix& l : LocalForPaths()) direct = direct || (l.SameNetwork(*far) && !(l.addr == far->addr));
+  if (!direct) return;
+  absl::MutexLock l(&mu_);
+  if (!neighbours_.contains(node)) {
+    if (neighbours_.size() >= kMaxNeighbours) return;
+    Log()->info("event=mesh_neighbour node={} address={}", node, address);
+    // Said in this node's advert, and traded, at the next housekeeping.
+    own_advert_signed_ = absl::InfinitePast();
+    adverts_traded_ = absl::InfinitePast();
+  }
+  neighbours_[node] = absl::Now();
+}
+
+CableTrust MeshEngine::Trust() const {
+  CableTrust t;
+  for (const PeerEntry& p : options_.peers) t.configured[p.node] = ParsePrefixes(p.addresses);
+  absl::MutexLock l(&mu_);
+  for (const auto& [node, s] : adverts_) {
+    for (const std::string& n : s.neighbours) {
+      auto other = adverts_.find(n);
+      if (n != node && other != adverts_.end() && other->second.neighbours.contains(node)) {
+        t.confirmed.insert(node < n ? std::make_pair(node, n) : std::make_pair(n, node));
+      }
+    }
+  }
+  return t;
+}
 
 std::shared_ptr<pb::Mesh::Stub> MeshEngine::NewStub(const std::string& node, const std::string& endpoint) const {
   grpc::experimental::TlsChannelCredentialsOptions tls;
@@ -34,10 +67,23 @@ void MeshEngine::RefreshOwnAdvert() {
   entry.mutable_node()->set_node(node_name_);
   for (const IpPrefix& a : advertised_) entry.mutable_node()->add_addresses(a.ToString());
   entry.mutable_node()->set_port(control_port_);
+  {
+    absl::MutexLock l(&mu_);
+    const absl::Time recent = absl::Now() - kAdvertLifetimes * options_.advert_interval;
+    for (auto it = neighbours_.begin(); it != neighbours_.end();) {
+      if (it->second < recent) {
+        it = neighbours_.erase(it);
+        continue;
+      }
+      if (entry.neighbours_size() < static_cast<int>(kMaxNeighbours)) entry.add_neighbours(it->first);
+      ++it;
+    }
+  }
   const int64_t issued = absl::ToUnixSeconds(absl::Now());
   entry.set_issued_unix_seconds(issued);
   StoredAdvert own;
   own.issued = issued;
+  own.neighbours.insert(entry.neighbours().begin(), entry.neighbours().end());
   entry.SerializeToString(own.advert.mutable_entry());
   const Pems pems = CurrentPems();
   absl::StatusOr<std::string> sig = SignWithKey(pems.key, own.advert.entry());
@@ -107,6 +153,15 @@ void MeshEngine::AcceptAdverts(const std::string& from,
       fresh = s.issued == 0;
       s.advert = a;
       s.issued = issued;
+      std::set<std::string> said;
+      for (const std::string& n : entry.neighbours()) {
+        if (said.size() >= kMaxNeighbours) break;
+        if (ValidNodeName(n)) said.insert(n);
+      }
+      if (said != s.neighbours) {
+        Log()->info("event=mesh_node_neighbours node={} neighbours={}", node, LogQuoted(absl::StrJoin(said, ",")));
+        s.neighbours = std::move(said);
+      }
     }
     // Said by the node itself, whoever passed it on: routes may go through it.
     Learn(node, addresses, entry.node().port());
@@ -184,8 +239,11 @@ void MeshEngine::TradeAdverts() {
       if (stopping_.load(std::memory_order_acquire)) return;
       advert_calls_.insert(&c->ctx);
     }
-    stub->async()->Hello(&c->ctx, &c->req, &c->resp, [this, call, node](grpc::Status st) mutable {
+    const std::string dialed = paths.front().remote.AddressText();
+    stub->async()->Hello(&c->ctx, &c->req, &c->resp, [this, call, node, dialed](grpc::Status st) mutable {
       if (st.ok() && call->resp.node_name() == node && !stopping_.load(std::memory_order_acquire)) {
+        // Reached over a shared subnet, its certificate naming it: a neighbour.
+        SawNeighbour(node, dialed);
         AcceptAdverts(node, call->resp.adverts());
       }
       absl::MutexLock l(&advert_calls_mu_);

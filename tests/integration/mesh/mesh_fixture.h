@@ -109,6 +109,27 @@ inline json LinksOf(const Daemon& d) {
   return json::parse(RunCommand(absl::StrCat(KUBECTL_PODLINK_PATH, " links -o json --socket ", d.dir())), nullptr, false);
 }
 
+// Whether `d` holds an advert of `node` naming every one of `names` as its
+// neighbour (the latest event=mesh_node_neighbours line for it), waiting up
+// to `timeout_ms`: routes through cables between other nodes need both
+// ends' adverts (daemon/mesh/routes.h).
+inline bool WaitForNeighbours(const Daemon& d, const std::string& node, const std::vector<std::string>& names,
+                              int timeout_ms = 20000) {
+  const std::string key = "event=mesh_node_neighbours node=" + node + " ";
+  for (int waited = 0;; waited += 100) {
+    const std::string log = d.Log();
+    size_t at = log.rfind(key);
+    if (at != std::string::npos) {
+      const std::string line = log.substr(at, log.find('\n', at) - at);
+      bool all = true;
+      for (const std::string& n : names) all = all && line.find(n) != std::string::npos;
+      if (all) return true;
+    }
+    if (waited >= timeout_ms) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
 // One series of `d`'s /metrics, read inside namespace `ns` (-1: absent).
 inline double MetricOf(const std::string& ns, const Daemon& d, const std::string& series) {
   std::string m = RunCommand(absl::StrCat("ip netns exec ", ns,
