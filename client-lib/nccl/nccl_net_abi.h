@@ -221,6 +221,10 @@ struct NetV11 {
 // library NCCL_TUNER_PLUGIN names, and without one in the net plugin's
 // library, so exporting ncclTunerPlugin_v4 here is enough.
 enum Func : int { kFuncBroadcast = 0, kFuncReduce = 1, kFuncAllGather = 2, kFuncReduceScatter = 3, kFuncAllReduce = 4 };
+// Protocol columns of the cost table (NCCL_PROTO_LL, _LL128, _SIMPLE), and
+// the entry that removes a choice (NCCL_ALGO_PROTO_IGNORE).
+enum Proto : int { kProtoLL = 0, kProtoLL128 = 1, kProtoSimple = 2 };
+constexpr float kAlgoProtoIgnore = -1.0f;
 
 struct TunerV4 {
   const char* name;

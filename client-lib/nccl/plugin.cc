@@ -261,8 +261,12 @@ void JoinNative(State& s) {
 // Defaults for the relay, set only when podlinkd is reachable and the user
 // chose nothing (aws-ofi-nccl does the same on its platforms); NCCL reads
 // them when it builds the communicator, after this init (docs/nccl.md):
-//  - NCCL_PROTO=Simple: NCCL's LL/LL128 mix is slower over the relay at
-//    every size measured.
+//  - Simple only over the relay: NCCL's LL/LL128 mix is slower there at
+//    every size measured. Not NCCL_PROTO, which would bind NCCL's own P2P
+//    transport between the GPUs of one pod as well (0.46-0.59 of native for
+//    small all_reduces, 2026-11-27): the tuner removes LL and LL128 from the
+//    choices of communicators that span pods (tuner.cc), and
+//    NCCL_P2P_LL_THRESHOLD=0 keeps send/recv, which no tuner sees, on Simple.
 //  - NCCL_MIN_NCHANNELS=16, NCCL_BUFFSIZE=16 MiB: NCCL sizes channels from
 //    the topology, where the plugin's NIC sits behind the GPU's PCIe link,
 //    and opens 4; the relay needs more requests in flight.
@@ -284,7 +288,8 @@ void SetRelayDefaults(State& s) {
     s.Log(nccl_abi::kLogInfo, __FILE__, __LINE__,
           "%s was not set: setting %s=%s for the podlink relay (%s=1 keeps NCCL's)", name, name, value, keep);
   };
-  set_default("NCCL_PROTO", "Simple", "PODLINK_NCCL_KEEP_PROTO");
+  // A user's NCCL_PROTO is a choice of protocols for send/recv too.
+  if (std::getenv("NCCL_PROTO") == nullptr) set_default("NCCL_P2P_LL_THRESHOLD", "0", "PODLINK_NCCL_KEEP_PROTO");
   set_default("NCCL_MIN_NCHANNELS", "16", "PODLINK_NCCL_KEEP_CHANNELS");
   set_default("NCCL_BUFFSIZE", "16777216", "PODLINK_NCCL_KEEP_CHANNELS");
   set_default("NCCL_NCHANNELS_PER_NET_PEER", kP2pChannels, "PODLINK_NCCL_KEEP_P2P");

@@ -98,14 +98,20 @@ class NcclNet : public ::testing::TestWithParam<Mode> {
       ASSERT_EQ(r["result"], 0) << r.dump();
       ASSERT_EQ(r["gpu"], GetParam().gpu) << r.dump();
       ASSERT_GE(r["ndev"], 1);
-      // With podlinkd the plugin defaults NCCL_PROTO, NCCL_MIN_NCHANNELS,
-      // NCCL_BUFFSIZE and the point-to-point settings for the relay, keeps a
-      // user's choice (PODLINK_NCCL_KEEP_P2P=1: NCCL's own point-to-point),
-      // and leaves them alone without podlinkd.
+      // With podlinkd the plugin defaults NCCL_MIN_NCHANNELS, NCCL_BUFFSIZE,
+      // the point-to-point settings for the relay and Simple for send/recv
+      // (NCCL_P2P_LL_THRESHOLD=0; never NCCL_PROTO, which would bind NCCL's
+      // own transport too: the tuner keeps collectives that span pods on
+      // Simple), keeps a user's choice (PODLINK_NCCL_KEEP_P2P=1: NCCL's own
+      // point-to-point; a user's NCCL_PROTO), and leaves them alone without
+      // podlinkd.
       bool daemon = GetParam().transport != std::string("TCP");
       bool p2p = daemon;
       for (const std::string& e : GetParam().env) p2p &= e != "PODLINK_NCCL_KEEP_P2P=1";
-      std::map<std::string, std::string> want = {{"NCCL_PROTO", daemon ? "Simple" : ""},
+      bool user_proto = false;
+      for (const std::string& e : GetParam().env) user_proto |= e.rfind("NCCL_PROTO=", 0) == 0;
+      std::map<std::string, std::string> want = {{"NCCL_PROTO", ""},
+                                                 {"NCCL_P2P_LL_THRESHOLD", daemon && !user_proto ? "0" : ""},
                                                  {"NCCL_MIN_NCHANNELS", daemon ? "16" : ""},
                                                  {"NCCL_BUFFSIZE", daemon ? "16777216" : ""},
                                                  {"NCCL_NCHANNELS_PER_NET_PEER", p2p ? "16" : ""},
@@ -117,6 +123,7 @@ class NcclNet : public ::testing::TestWithParam<Mode> {
         if (want.count(e.substr(0, eq))) want[e.substr(0, eq)] = e.substr(eq + 1);
       }
       EXPECT_EQ(r["nccl_proto"], want["NCCL_PROTO"]) << r.dump();
+      EXPECT_EQ(r["nccl_p2p_ll_threshold"], want["NCCL_P2P_LL_THRESHOLD"]) << r.dump();
       EXPECT_EQ(r["nccl_min_nchannels"], want["NCCL_MIN_NCHANNELS"]) << r.dump();
       EXPECT_EQ(r["nccl_buffsize"], want["NCCL_BUFFSIZE"]) << r.dump();
       EXPECT_EQ(r["nccl_nchannels_per_net_peer"], want["NCCL_NCHANNELS_PER_NET_PEER"]) << r.dump();
@@ -262,12 +269,27 @@ TEST_P(NcclNet, TunerPicksChannelsBySize) {
   EXPECT_EQ(t["name"], "podlink") << t.dump();
   EXPECT_EQ(t["init"], 0);
   EXPECT_EQ(t["channels"], json(want)) << t.dump();
-  EXPECT_TRUE(t["table_unchanged"]) << t.dump();
+  // Over the relay (two nodes, podlinkd) LL and LL128 are taken out of
+  // NCCL's choices, Simple and the algorithms stay; without podlinkd, or
+  // where the user chose NCCL_PROTO, nothing changes.
+  bool user_proto = false;
+  for (const std::string& e : GetParam().env) user_proto |= e.rfind("NCCL_PROTO=", 0) == 0;
+  if (daemon && !user_proto) {
+    json simple = json::array();
+    for (int a = 0; a < 7; ++a) {
+      simple.push_back(a == 1 ? json::array({-1.0, -1.0, 30.0}) : json::array({-1.0, -1.0, -1.0}));
+    }
+    EXPECT_EQ(t["table"], simple) << t.dump();
+  } else {
+    EXPECT_TRUE(t["table_unchanged"]) << t.dump();
+  }
   EXPECT_EQ(t["foreign_context"], nccl_abi::kInvalidArgument);
   EXPECT_EQ(t["destroy"], 0);
   // One node (ranks of one pod talk over NCCL's own transports) and send/recv (5): untouched.
   send_->Send(json{{"cmd", "tune"}, {"ranks", 2}, {"nodes", 1}, {"sizes", {1 << 20}}}.dump());
-  EXPECT_EQ(send_->Expect("tuned")["channels"], json({0}));
+  json one = send_->Expect("tuned");
+  EXPECT_EQ(one["channels"], json({0}));
+  EXPECT_TRUE(one["table_unchanged"]) << "within one pod NCCL keeps LL and LL128: " << one.dump();
   send_->Send(json{{"cmd", "tune"}, {"ranks", 2}, {"nodes", 2}, {"coll", 5}, {"sizes", {1 << 20}}}.dump());
   EXPECT_EQ(send_->Expect("tuned")["channels"], json({0}));
 }
@@ -522,7 +544,8 @@ TEST(NcclNative, APeerGroupSharesShmAndNcclsIpcSockets) {
     EXPECT_EQ(ready["a"]["nccl_tuner_plugin"], "none") << "NCCL would call the relay's tuner for every collective";
     EXPECT_EQ(ready["c"]["nccl_tuner_plugin"], "");
     EXPECT_EQ(ready["c"]["nccl_hostid"], "");
-    EXPECT_EQ(ready["c"]["nccl_proto"], "Simple") << "a pod that did not ask stays on the relay";
+    EXPECT_EQ(ready["c"]["nccl_p2p_ll_threshold"], "0") << "a pod that did not ask stays on the relay";
+    EXPECT_EQ(ready["a"]["nccl_p2p_ll_threshold"], "") << "native mode keeps NCCL's protocols";
     EXPECT_NE(ready["d"]["nccl_hostid"], ready["a"]["nccl_hostid"]);
     EXPECT_NE(ready["d"]["shm_dev"], ready["a"]["shm_dev"]);
 

@@ -588,7 +588,8 @@ int main(int argc, char** argv) {
             {"nccl_nchannels_per_net_peer", env("NCCL_NCHANNELS_PER_NET_PEER")},
             {"nccl_min_p2p_nchannels", env("NCCL_MIN_P2P_NCHANNELS")},
             {"nccl_max_p2p_nchannels", env("NCCL_MAX_P2P_NCHANNELS")},
-            {"nccl_p2p_net_chunksize", env("NCCL_P2P_NET_CHUNKSIZE")}, {"nccl_hostid", env("NCCL_HOSTID")},
+            {"nccl_p2p_net_chunksize", env("NCCL_P2P_NET_CHUNKSIZE")},
+            {"nccl_p2p_ll_threshold", env("NCCL_P2P_LL_THRESHOLD")}, {"nccl_hostid", env("NCCL_HOSTID")},
             {"nccl_tuner_plugin", env("NCCL_TUNER_PLUGIN")},
             {"shm_dev", ShmDev()}, {"warnings", g_warnings}, {"gpu", UseGpu()},
             {"devices", devices}});
@@ -706,9 +707,11 @@ int main(int argc, char** argv) {
       int bad_ctx = tuner->getCollInfo(&bad_ctx_nc, 4, 1 << 20, 1, reinterpret_cast<float**>(table), kAlgos, kProtos, 0,
                                        &bad_ctx_nc);
       int d = tuner->destroy(tctx);
+      json after = json::array();
+      for (int a = 0; a < kAlgos; ++a) after.push_back(std::vector<float>(table[a], table[a] + kProtos));
       Emit({{"event", "tuned"}, {"name", tuner->name}, {"init", r}, {"channels", channels},
-            {"table_unchanged", std::memcmp(before, table, sizeof(table)) == 0}, {"foreign_context", bad_ctx},
-            {"destroy", d}});
+            {"table_unchanged", std::memcmp(before, table, sizeof(table)) == 0}, {"table", after},
+            {"foreign_context", bad_ctx}, {"destroy", d}});
     } else if (what == "exit") {
       break;
     }
