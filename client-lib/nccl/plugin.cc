@@ -277,7 +277,11 @@ void JoinNative(State& s) {
 //    BUFFSIZE / 8) give the copy engines fewer, larger copies and more of
 //    them at once. 16 channels, not 32: with 32, NCCL 2.28.9 kept only about
 //    two connections busy at a time (47 GB/s against 228 with 16; 2×H200,
-//    2026-11-24, docs/performance.md).
+//    2026-11-24, docs/performance.md). Only the net's own settings
+//    (NCCL_NCHANNELS_PER_NET_PEER, NCCL_P2P_NET_CHUNKSIZE): NCCL_MIN/MAX_P2P_
+//    NCHANNELS bound NCCL's own P2P transport between a pod's GPUs as well
+//    (0.56-0.89 of native send/recv at 16 MiB-1 GiB, and the relay no faster
+//    with them; docs/results/nccl-p2p-defaults-2026-11-27-1712-h200x2).
 constexpr const char* kP2pChannels = "16";
 constexpr const char* kP2pChunk = "2097152";  // NCCL_BUFFSIZE / 8
 
@@ -293,8 +297,6 @@ void SetRelayDefaults(State& s) {
   set_default("NCCL_MIN_NCHANNELS", "16", "PODLINK_NCCL_KEEP_CHANNELS");
   set_default("NCCL_BUFFSIZE", "16777216", "PODLINK_NCCL_KEEP_CHANNELS");
   set_default("NCCL_NCHANNELS_PER_NET_PEER", kP2pChannels, "PODLINK_NCCL_KEEP_P2P");
-  set_default("NCCL_MIN_P2P_NCHANNELS", kP2pChannels, "PODLINK_NCCL_KEEP_P2P");
-  set_default("NCCL_MAX_P2P_NCHANNELS", kP2pChannels, "PODLINK_NCCL_KEEP_P2P");
   set_default("NCCL_P2P_NET_CHUNKSIZE", kP2pChunk, "PODLINK_NCCL_KEEP_P2P");
 }
 

@@ -24,6 +24,9 @@
 #           the plugin costs NCCL's own transport; podlinkd runs but the ranks are no pods)
 #   host-plugin-bare, host-env  the same, with the plugin loaded but none of its defaults, or with only the
 #           environment native-mode pods get (diagnostics for native mode below 1 MiB)
+#   host-p2p-net  the same, with of the plugin's point-to-point defaults only those for the net
+#           (NCCL_NCHANNELS_PER_NET_PEER, NCCL_P2P_NET_CHUNKSIZE; not NCCL_MIN/MAX_P2P_NCHANNELS, which bind
+#           NCCL's own P2P transport too)
 #   native-pods  the isolated pods, each able to open both GPUs (direct mode), annotated
 #           podlink.io/nccl-native=true, with what the device plugin's Allocate sets and nothing else:
 #           podlinkd gives them one /dev/shm and carries NCCL's IPC sockets between their network
@@ -285,6 +288,7 @@ declare -A PSETUP=([plugin]="||0" [direct]="||1" [native-pods]="--config $WORK/c
   # (tuner off, NCCL's protocol and channels kept), and with only the environment native-mode pods get.
   [native-plugin]="--config $WORK/config-native.json|${PLUGIN_ENV[*]}|0"
   [host-plugin-bare]="--config $WORK/config-native.json|${PLUGIN_ENV[*]} NCCL_TUNER_PLUGIN=none PODLINK_NCCL_KEEP_PROTO=1 PODLINK_NCCL_KEEP_CHANNELS=1 PODLINK_NCCL_KEEP_P2P=1|0"
+  [host-p2p-net]="--config $WORK/config-native.json|${PLUGIN_ENV[*]} PODLINK_NCCL_KEEP_P2P=1 NCCL_P2P_NET_CHUNKSIZE=2097152|0"
   [host-env]="|NCCL_NCHANNELS_PER_NET_PEER=16 NCCL_NET_GDR_LEVEL=SYS NCCL_NET_GDR_READ=1 NCCL_TUNER_PLUGIN=none NCCL_HOSTID=podlink-host-env|0")
 IFS=';' read -ra extra <<< "${NCCL_TESTS_EXTRA:-}"
 # (names starting with "direct": pods that can open both GPUs, as in the direct setup)
@@ -377,10 +381,15 @@ for s in $SETUPS; do
       done
       if [ "$s" = plugin ] && [[ " $COLLS " == *" sendrecv "* ]]; then
         # The relay's defaults must reach NCCL (issue 32): NCCL reports each with the plugin's value.
-        for kv in NCCL_NCHANNELS_PER_NET_PEER=16 NCCL_MIN_P2P_NCHANNELS=16 NCCL_MAX_P2P_NCHANNELS=16 \
-                  NCCL_P2P_NET_CHUNKSIZE=2097152 NCCL_MIN_NCHANNELS=16 NCCL_BUFFSIZE=16777216; do
+        for kv in NCCL_NCHANNELS_PER_NET_PEER=16 NCCL_P2P_NET_CHUNKSIZE=2097152 NCCL_P2P_LL_THRESHOLD=0 \
+                  NCCL_MIN_NCHANNELS=16 NCCL_BUFFSIZE=16777216; do
           grep -q "^${kv%%=*} set by environment to ${kv#*=}\$" "$OUT/$s/sendrecv.nccl_env.txt" 2>/dev/null ||
             FAILED+=("$s: NCCL did not report ${kv} (sendrecv.nccl_env.txt)")
+        done
+        # And none that would bind NCCL's own P2P transport inside a pod as well.
+        for k in NCCL_PROTO NCCL_MIN_P2P_NCHANNELS NCCL_MAX_P2P_NCHANNELS; do
+          ! grep -q "^$k set by environment" "$OUT/$s/sendrecv.nccl_env.txt" 2>/dev/null ||
+            FAILED+=("$s: NCCL read $k from the environment (sendrecv.nccl_env.txt)")
         done
       fi
       if [ "$s" = native-pods ]; then

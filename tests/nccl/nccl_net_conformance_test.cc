@@ -115,8 +115,8 @@ class NcclNet : public ::testing::TestWithParam<Mode> {
                                                  {"NCCL_MIN_NCHANNELS", daemon ? "16" : ""},
                                                  {"NCCL_BUFFSIZE", daemon ? "16777216" : ""},
                                                  {"NCCL_NCHANNELS_PER_NET_PEER", p2p ? "16" : ""},
-                                                 {"NCCL_MIN_P2P_NCHANNELS", p2p ? "16" : ""},
-                                                 {"NCCL_MAX_P2P_NCHANNELS", p2p ? "16" : ""},
+                                                 {"NCCL_MIN_P2P_NCHANNELS", ""},  // they bind NCCL's own P2P too
+                                                 {"NCCL_MAX_P2P_NCHANNELS", ""},
                                                  {"NCCL_P2P_NET_CHUNKSIZE", p2p ? "2097152" : ""}};
       for (const std::string& e : GetParam().env) {
         size_t eq = e.find('=');
