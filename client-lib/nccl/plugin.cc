@@ -281,7 +281,7 @@ void JoinNative(State& s) {
 //    (NCCL_NCHANNELS_PER_NET_PEER, NCCL_P2P_NET_CHUNKSIZE): NCCL_MIN/MAX_P2P_
 //    NCHANNELS bound NCCL's own P2P transport between a pod's GPUs as well
 //    (0.56-0.89 of native send/recv at 16 MiB-1 GiB, and the relay no faster
-//    with them; docs/results/nccl-p2p-defaults-2026-11-27-1712-h200x2).
+//    with them; docs/results/nccl-p2p-defaults-2026-11-27-1648-h200x2).
 constexpr const char* kP2pChannels = "16";
 constexpr const char* kP2pChunk = "2097152";  // NCCL_BUFFSIZE / 8
 
