@@ -108,13 +108,58 @@ class Bridge::Impl {
     return job->result;
   }
 
+  // Bridge::Sync: one queued scan per session, its callers waiting together.
+  absl::Status RequestSync(uint64_t session) {
+    std::shared_ptr<PendingSync> p;
+    bool queue = false;
+    {
+      absl::MutexLock l(&mu_);
+      std::shared_ptr<PendingSync>& slot = pending_sync_[session];
+      if (slot == nullptr) {
+        slot = std::make_shared<PendingSync>();
+        queue = true;
+      }
+      if (slot->waiters >= Bridge::kMaxSyncWaiters) {
+        syncs_refused_.fetch_add(1, std::memory_order_relaxed);
+        return absl::ResourceExhaustedError(absl::StrCat(Bridge::kMaxSyncWaiters,
+                                                         " SyncNcclIpc calls of this session wait already"));
+      }
+      ++slot->waiters;
+      p = slot;
+      if (queue) {
+        jobs_.push_back([this, session, p] {
+          {
+            // Started: a later call queues a scan of its own.
+            absl::MutexLock l(&mu_);
+            auto it = pending_sync_.find(session);
+            if (it != pending_sync_.end() && it->second == p) pending_sync_.erase(it);
+          }
+          syncs_scanned_.fetch_add(1, std::memory_order_relaxed);
+          p->result = Sync(session);
+          p->done.Notify();
+        });
+      } else {
+        syncs_coalesced_.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+    if (queue) Wake();
+    if (!p->done.WaitForNotificationWithTimeout(opt_.call_timeout)) {
+      return absl::DeadlineExceededError("podlinkd's NCCL IPC bridge did not answer in time");
+    }
+    return p->result;
+  }
+
   absl::Status Join(Member m);
   absl::Status Sync(uint64_t session);
   void Leave(uint64_t session);
 
   BridgeCounters counters() const {
     absl::MutexLock l(&counters_mu_);
-    return c_;
+    BridgeCounters c = c_;
+    c.syncs_scanned = syncs_scanned_.load(std::memory_order_relaxed);
+    c.syncs_coalesced = syncs_coalesced_.load(std::memory_order_relaxed);
+    c.syncs_refused = syncs_refused_.load(std::memory_order_relaxed);
+    return c;
   }
   std::atomic<size_t> members{0}, mirror_count{0};
 
@@ -176,6 +221,13 @@ class Bridge::Impl {
 
   absl::Mutex mu_;
   std::deque<std::function<void()>> jobs_ ABSL_GUARDED_BY(mu_);
+  struct PendingSync {
+    int waiters = 0;
+    absl::Status result;
+    absl::Notification done;
+  };
+  std::map<uint64_t, std::shared_ptr<PendingSync>> pending_sync_ ABSL_GUARDED_BY(mu_);  // by session: queued, not started
+  std::atomic<uint64_t> syncs_scanned_{0}, syncs_coalesced_{0}, syncs_refused_{0};
   mutable absl::Mutex counters_mu_;
   BridgeCounters c_ ABSL_GUARDED_BY(counters_mu_);
 
@@ -575,9 +627,7 @@ absl::Status Bridge::Join(Member m) {
   return impl_->Call([this, shared] { return impl_->Join(std::move(*shared)); });
 }
 
-absl::Status Bridge::Sync(uint64_t session) {
-  return impl_->Call([this, session] { return impl_->Sync(session); });
-}
+absl::Status Bridge::Sync(uint64_t session) { return impl_->RequestSync(session); }
 
 void Bridge::Leave(uint64_t session) {
   (void)impl_->Call([this, session] {
@@ -612,6 +662,9 @@ std::string Bridge::RenderMetrics() const {
   counter("dropped_undeliverable_total", "datagrams whose socket was full or gone", c.dropped_undeliverable);
   counter("mirror_limit_total", "mirrors not made: a pod's limit", c.mirror_limit);
   counter("name_conflicts_total", "mirrors not made: the name was taken", c.name_conflicts);
+  counter("syncs_scanned_total", "scans of a pod that SyncNcclIpc calls asked for", c.syncs_scanned);
+  counter("syncs_coalesced_total", "SyncNcclIpc calls answered by a scan another call had queued", c.syncs_coalesced);
+  counter("syncs_refused_total", "SyncNcclIpc calls refused: too many of one session waiting", c.syncs_refused);
   return out;
 }
 

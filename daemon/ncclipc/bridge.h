@@ -66,6 +66,9 @@ struct BridgeCounters {
   uint64_t dropped_undeliverable = 0;  // the real socket was full or gone
   uint64_t mirror_limit = 0;           // names or answers over a member's limit (not mirrored)
   uint64_t name_conflicts = 0;         // mirrors not made: the name is taken in that namespace
+  uint64_t syncs_scanned = 0;          // scans that Sync calls asked for
+  uint64_t syncs_coalesced = 0;        // Sync calls answered by a scan another call had queued
+  uint64_t syncs_refused = 0;          // Sync calls over kMaxSyncWaiters (RESOURCE_EXHAUSTED)
 };
 
 class Bridge {
@@ -87,6 +90,13 @@ class Bridge {
   // namespace or a namespace already joined to another group.
   absl::Status Join(Member m);
   // Scans the session's namespace now and mirrors every name that is new.
+  // Calls of one session coalesce: while a scan of it waits in the bridge's
+  // queue, later calls wait for that one (it starts after them, so it sees
+  // every name they bound) instead of queuing another, and at most
+  // kMaxSyncWaiters wait; more are RESOURCE_EXHAUSTED. A pod calling it in
+  // a loop or from many threads thus keeps at most one scan per session
+  // queued, and the bridge's thread forwards between them.
+  static constexpr int kMaxSyncWaiters = 8;
   absl::Status Sync(uint64_t session);
   // Drops the session; the namespace's last session removes its mirrors and
   // the mirrors of its names. Unknown sessions are ignored.

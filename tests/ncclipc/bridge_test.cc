@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <string>
+#include <atomic>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -267,6 +268,45 @@ TEST_F(BridgeTest, APodsMirrorsAndDatagramsAreBounded) {
     if (a == "answer " + kAnswer) break;
     EXPECT_LT(i, 2) << a;
   }
+}
+
+// A pod calling SyncNcclIpc in a flood (64 threads, 20 calls each, on one
+// session): one scan of the session is queued at a time and the calls
+// waiting for it share it, at most 8 wait, the rest are refused at once;
+// every call answered is answered by a scan that started after it, and the
+// bridge forwards the group's datagrams meanwhile. (Each call queued a scan
+// of its own before, and a flood held the bridge's only thread.)
+TEST_F(BridgeTest, SyncCallsOfOneSessionCoalesceAndAreBounded) {
+  Peer proxy({"proxy", "1", "abcdef12"});
+  Peer client({"client", "0", "1", "abcdef12"});
+  ASSERT_TRUE(bridge_->Join(M(1, "ml/job", proxy)).ok());
+  ASSERT_TRUE(bridge_->Join(M(2, "ml/job", client)).ok());
+  std::atomic<int> ok{0}, refused{0}, other{0};
+  std::vector<std::thread> flood;
+  for (int t = 0; t < 64; ++t) {
+    flood.emplace_back([&] {
+      for (int i = 0; i < 20; ++i) {
+        absl::Status st = bridge_->Sync(2);
+        (st.ok() ? ok : absl::IsResourceExhausted(st) ? refused : other).fetch_add(1);
+      }
+    });
+  }
+  // The group's request and answer cross while the flood runs.
+  client.Send("go socket");
+  EXPECT_EQ(proxy.Line(), "request rank=0 fd=placeholder");
+  EXPECT_EQ(client.Line(), "answer " + kAnswer);
+  for (std::thread& t : flood) t.join();
+  EXPECT_EQ(ok + refused + other, 64 * 20);
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_GT(refused.load(), 0) << "more than 8 calls of one session waited at once";
+  BridgeCounters c = bridge_->Counters();
+  EXPECT_EQ(c.syncs_refused, static_cast<uint64_t>(refused.load()));
+  EXPECT_EQ(c.syncs_scanned + c.syncs_coalesced, static_cast<uint64_t>(ok.load()));
+  EXPECT_LT(c.syncs_scanned, static_cast<uint64_t>(ok.load())) << "no call shared a scan";
+  // A call alone still gets a scan of its own.
+  uint64_t before = c.syncs_scanned;
+  ASSERT_TRUE(bridge_->Sync(2).ok());
+  EXPECT_EQ(bridge_->Counters().syncs_scanned, before + 1);
 }
 
 // A group's /dev/shm: one tmpfs, mounted over each member's own /dev/shm
