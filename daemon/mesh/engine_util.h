@@ -36,6 +36,7 @@
 #include "common/log.h"
 #include "common/status_util.h"
 #include "daemon/mesh/origin_sign.h"
+#include "daemon/mesh/owner_answer.h"
 #include "daemon/mesh/routes.h"
 #include "daemon/metrics/metrics.h"
 #include "podlink/mesh/v1/mesh.grpc.pb.h"

@@ -3,6 +3,8 @@
 // the origin, over the exact bytes signed.
 #include "daemon/mesh/origin_sign.h"
 
+#include "daemon/mesh/owner_answer.h"
+
 #include <unistd.h>
 
 #include <cstdlib>
@@ -105,6 +107,57 @@ TEST_F(OriginSign, EveryForgeryIsRefused) {
 TEST_F(OriginSign, AKeyThatDoesNotLoadSaysSo) {
   absl::StatusOr<std::string> sig = SignWithKey("not a key", "x");
   EXPECT_EQ(sig.status().code(), absl::StatusCode::kFailedPrecondition) << sig.status();
+}
+
+// The owner's answer to a routed open (owner_answer.h): it holds only as
+// the destination's, to this origin's claim, saying what the answer says.
+TEST_F(OriginSign, TheOwnersAnswerHoldsOnlyAsTheDestinationsToThisClaim) {
+  podlink::mesh::v1::OriginClaim claim;
+  claim.set_origin("node-a");
+  claim.set_nonce(42);
+  podlink::mesh::v1::OpenRegionResponse resp;
+  resp.set_grant(7);
+  resp.set_export_id(3);
+  resp.set_size(1 << 20);
+  resp.set_handle_type(3);
+  resp.set_owner_namespace("ml");
+  resp.set_owner_name("decode-0");
+  ASSERT_TRUE(SignOwnerAnswer("node-b", claim, Pem("node-b.key"), Pem("node-b.crt"), &resp).ok());
+  const std::string ca = Pem("ca.crt");
+  EXPECT_TRUE(CheckOwnerAnswer(ca, "node-b", "node-a", 42, resp).ok());
+  // A relay may change the grant it hands on (its own) and nothing else.
+  auto with = [&](auto change) {
+    podlink::mesh::v1::OpenRegionResponse r = resp;
+    change(r);
+    return CheckOwnerAnswer(ca, "node-b", "node-a", 42, r);
+  };
+  EXPECT_TRUE(with([](auto& r) { r.set_grant(99); }).ok());
+  struct Case {
+    const char* what;
+    absl::Status st;
+  };
+  const Case cases[] = {
+      {"unsigned", with([](auto& r) { r.clear_owner_answer(); r.clear_owner_signature(); })},
+      {"another size", with([](auto& r) { r.set_size(1 << 30); })},
+      {"another export", with([](auto& r) { r.set_export_id(4); })},
+      {"another owning pod", with([](auto& r) { r.set_owner_name("other"); })},
+      {"the answer changed after signing", with([](auto& r) { r.mutable_owner_answer()->back() ^= 1; })},
+      {"signed by another node", with([&](auto& r) {
+         r.set_owner_signature(*SignWithKey(Pem("node-a.key"), r.owner_answer()));
+         r.set_owner_cert(Pem("node-a.crt"));
+       })},
+      {"another CA", with([&](auto& r) {
+         r.set_owner_signature(*SignWithKey(Pem("rogue-a.key"), r.owner_answer()));
+         r.set_owner_cert(Pem("rogue-a.crt"));
+       })},
+      {"oversized", with([](auto& r) { r.set_owner_cert(std::string(kMaxCertPem + 1, 'x')); })},
+      {"another claim", CheckOwnerAnswer(ca, "node-b", "node-a", 43, resp)},
+      {"another origin", CheckOwnerAnswer(ca, "node-b", "node-c", 42, resp)},
+      {"another destination", CheckOwnerAnswer(ca, "node-a", "node-a", 42, resp)},
+  };
+  for (const Case& c : cases) {
+    EXPECT_TRUE(absl::IsPermissionDenied(c.st)) << c.what << ": " << c.st;
+  }
 }
 
 }  // namespace

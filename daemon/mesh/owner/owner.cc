@@ -73,50 +73,13 @@ void MeshEngine::OpenRegionFor(const std::string& node, const pb::OpenRegionRequ
 }
 
 absl::Status MeshEngine::SignOwnerAnswer(const pb::OriginClaim& claim, pb::OpenRegionResponse* resp) const {
-  pb::OwnerAnswer a;
-  a.set_owner(node_name_);
-  a.set_origin(claim.origin());
-  a.set_claim_nonce(claim.nonce());
-  a.set_export_id(resp->export_id());
-  a.set_size(resp->size());
-  a.set_handle_type(resp->handle_type());
-  a.set_owner_namespace(resp->owner_namespace());
-  a.set_owner_name(resp->owner_name());
-  a.SerializeToString(resp->mutable_owner_answer());
   const Pems pems = CurrentPems();
-  PODLINK_ASSIGN_OR_RETURN(std::string sig, SignWithKey(pems.key, resp->owner_answer()));
-  resp->set_owner_signature(std::move(sig));
-  resp->set_owner_cert(pems.cert);
-  return absl::OkStatus();
+  return mesh::SignOwnerAnswer(node_name_, claim, pems.key, pems.cert, resp);
 }
 
 absl::Status MeshEngine::CheckOwnerAnswer(const std::string& destination, uint64_t nonce,
                                           const pb::OpenRegionResponse& resp) const {
-  constexpr size_t kMaxAnswer = 4 << 10;
-  auto refuse = [&](absl::string_view why) {
-    return absl::PermissionDeniedError(absl::StrCat("the answer through the relays is not node ", destination,
-                                                    "'s: ", why));
-  };
-  if (resp.owner_answer().empty() || resp.owner_signature().empty()) return refuse("it is not signed");
-  if (resp.owner_answer().size() > kMaxAnswer || resp.owner_cert().size() > kMaxCertPem ||
-      resp.owner_signature().size() > kMaxSignature) {
-    return refuse("oversized");
-  }
-  if (absl::Status st = VerifyNodeSignature(CurrentPems().ca, resp.owner_cert(), destination, resp.owner_answer(),
-                                            resp.owner_signature());
-      !st.ok()) {
-    return refuse(st.message());
-  }
-  pb::OwnerAnswer a;
-  if (!a.ParseFromString(resp.owner_answer())) return refuse("it does not parse");
-  if (a.owner() != destination || a.origin() != node_name_ || a.claim_nonce() != nonce) {
-    return refuse("it answers another request");
-  }
-  if (a.export_id() != resp.export_id() || a.size() != resp.size() || a.handle_type() != resp.handle_type() ||
-      a.owner_namespace() != resp.owner_namespace() || a.owner_name() != resp.owner_name()) {
-    return refuse("a relay changed it");
-  }
-  return absl::OkStatus();
+  return mesh::CheckOwnerAnswer(CurrentPems().ca, destination, node_name_, nonce, resp);
 }
 
 absl::StatusOr<MeshEngine::CheckedClaim> MeshEngine::CheckClaim(const std::string& caller,
