@@ -629,6 +629,8 @@ absl::Status Bridge::Join(Member m) {
 
 absl::Status Bridge::Sync(uint64_t session) { return impl_->RequestSync(session); }
 
+absl::Status Bridge::RunOnBridgeThread(std::function<absl::Status()> fn) { return impl_->Call(std::move(fn)); }
+
 void Bridge::Leave(uint64_t session) {
   (void)impl_->Call([this, session] {
     impl_->Leave(session);

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -101,6 +102,10 @@ class Bridge {
   // Drops the session; the namespace's last session removes its mirrors and
   // the mirrors of its names. Unknown sessions are ignored.
   void Leave(uint64_t session);
+
+  // Runs `fn` on the bridge's thread and returns its status (tests hold the
+  // thread with it to make calls queue deterministically).
+  absl::Status RunOnBridgeThread(std::function<absl::Status()> fn);
 
   BridgeCounters Counters() const;
   size_t members() const;

@@ -270,43 +270,54 @@ TEST_F(BridgeTest, APodsMirrorsAndDatagramsAreBounded) {
   }
 }
 
-// A pod calling SyncNcclIpc in a flood (64 threads, 20 calls each, on one
-// session): one scan of the session is queued at a time and the calls
-// waiting for it share it, at most 8 wait, the rest are refused at once;
-// every call answered is answered by a scan that started after it, and the
-// bridge forwards the group's datagrams meanwhile. (Each call queued a scan
-// of its own before, and a flood held the bridge's only thread.)
+// A pod calling SyncNcclIpc in a flood: while the bridge's thread is busy,
+// 64 calls of one session arrive. One scan is queued, 7 more calls wait for
+// it (it starts after each of them, so it sees every name they bound), the
+// other 56 are refused at once; all 8 get the one scan's answer. Then the
+// group's datagrams still cross, and a call alone gets a scan of its own.
+// (Each call queued a scan of its own before, on the bridge's only thread.)
 TEST_F(BridgeTest, SyncCallsOfOneSessionCoalesceAndAreBounded) {
   Peer proxy({"proxy", "1", "abcdef12"});
   Peer client({"client", "0", "1", "abcdef12"});
   ASSERT_TRUE(bridge_->Join(M(1, "ml/job", proxy)).ok());
   ASSERT_TRUE(bridge_->Join(M(2, "ml/job", client)).ok());
+  // Hold the bridge's thread until every call has either joined the queued
+  // scan or been refused (at most 20 s).
+  std::thread hold([&] {
+    ASSERT_TRUE(bridge_
+                    ->RunOnBridgeThread([&] {
+                      for (int i = 0; i < 2000; ++i) {
+                        BridgeCounters c = bridge_->Counters();
+                        if (c.syncs_coalesced + c.syncs_refused >= 63) break;
+                        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+                      }
+                      return absl::OkStatus();
+                    })
+                    .ok());
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the hold is on the thread
   std::atomic<int> ok{0}, refused{0}, other{0};
   std::vector<std::thread> flood;
   for (int t = 0; t < 64; ++t) {
     flood.emplace_back([&] {
-      for (int i = 0; i < 20; ++i) {
-        absl::Status st = bridge_->Sync(2);
-        (st.ok() ? ok : absl::IsResourceExhausted(st) ? refused : other).fetch_add(1);
-      }
+      absl::Status st = bridge_->Sync(2);
+      (st.ok() ? ok : absl::IsResourceExhausted(st) ? refused : other).fetch_add(1);
     });
   }
-  // The group's request and answer cross while the flood runs.
+  for (std::thread& t : flood) t.join();
+  hold.join();
+  EXPECT_EQ(ok.load(), Bridge::kMaxSyncWaiters);
+  EXPECT_EQ(refused.load(), 64 - Bridge::kMaxSyncWaiters);
+  EXPECT_EQ(other.load(), 0);
+  BridgeCounters c = bridge_->Counters();
+  EXPECT_EQ(c.syncs_scanned, 1u) << "the calls that waited shared one scan";
+  EXPECT_EQ(c.syncs_coalesced, static_cast<uint64_t>(Bridge::kMaxSyncWaiters - 1));
+  EXPECT_EQ(c.syncs_refused, static_cast<uint64_t>(64 - Bridge::kMaxSyncWaiters));
   client.Send("go socket");
   EXPECT_EQ(proxy.Line(), "request rank=0 fd=placeholder");
   EXPECT_EQ(client.Line(), "answer " + kAnswer);
-  for (std::thread& t : flood) t.join();
-  EXPECT_EQ(ok + refused + other, 64 * 20);
-  EXPECT_EQ(other.load(), 0);
-  EXPECT_GT(refused.load(), 0) << "more than 8 calls of one session waited at once";
-  BridgeCounters c = bridge_->Counters();
-  EXPECT_EQ(c.syncs_refused, static_cast<uint64_t>(refused.load()));
-  EXPECT_EQ(c.syncs_scanned + c.syncs_coalesced, static_cast<uint64_t>(ok.load()));
-  EXPECT_LT(c.syncs_scanned, static_cast<uint64_t>(ok.load())) << "no call shared a scan";
-  // A call alone still gets a scan of its own.
-  uint64_t before = c.syncs_scanned;
   ASSERT_TRUE(bridge_->Sync(2).ok());
-  EXPECT_EQ(bridge_->Counters().syncs_scanned, before + 1);
+  EXPECT_EQ(bridge_->Counters().syncs_scanned, 2u);
 }
 
 // A group's /dev/shm: one tmpfs, mounted over each member's own /dev/shm
