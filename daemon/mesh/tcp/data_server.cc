@@ -42,6 +42,7 @@ class MeshEngine::ConnWriter {
       absl::MutexLock l(&queue_mu_);
       if (!queue_closed_ && queue_.size() < kMaxQueued) {
         queue_.push_back(Answer{tag, std::move(payload), len, std::move(st), std::move(after)});
+        queued_.fetch_add(1, std::memory_order_release);
         uint64_t one = 1;
         (void)!::write(wake_.get(), &one, sizeof(one));
         return;
@@ -56,10 +57,15 @@ class MeshEngine::ConnWriter {
   }
   // The descriptor that becomes readable when answers are queued.
   int wake_fd() const { return wake_.get(); }
-  // Serving thread: writes the queued answers.
-  absl::Status Flush() {
+  // Serving thread: takes the wake-ups poll reported.
+  void Drain() {
     uint64_t n;
     (void)!::read(wake_.get(), &n, sizeof(n));
+  }
+  // Serving thread: writes the queued answers (no system call when there are
+  // none: it runs before every frame).
+  absl::Status Flush() {
+    if (queued_.load(std::memory_order_acquire) == 0) return absl::OkStatus();
     for (;;) {
       Answer a;
       {
@@ -67,6 +73,7 @@ class MeshEngine::ConnWriter {
         if (queue_.empty()) return absl::OkStatus();
         a = std::move(queue_.front());
         queue_.pop_front();
+        queued_.fetch_sub(1, std::memory_order_relaxed);
       }
       absl::Status io;
       if (a.payload != nullptr) {
@@ -94,6 +101,7 @@ class MeshEngine::ConnWriter {
       absl::MutexLock l(&queue_mu_);
       queue_closed_ = true;
       dropped.swap(queue_);
+      queued_.store(0, std::memory_order_relaxed);
     }
     for (Answer& a : dropped) {
       if (a.after) a.after();
@@ -115,6 +123,7 @@ class MeshEngine::ConnWriter {
   UniqueFd wake_;
   std::deque<Answer> queue_ ABSL_GUARDED_BY(queue_mu_);
   bool queue_closed_ ABSL_GUARDED_BY(queue_mu_) = false;
+  std::atomic<size_t> queued_{0};  // queue_.size(), read without the lock
 };
 
 
@@ -342,6 +351,7 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
     do {
       ready = ::poll(pfd, 2, static_cast<int>(absl::ToInt64Milliseconds(options_.data_idle_timeout)));
     } while (ready < 0 && errno == EINTR);
+    if (ready > 0 && (pfd[1].revents & POLLIN) != 0) writer->Drain();
     if (ready > 0 && (pfd[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;  // answers to write
     if (ready == 0) {
       absl::MutexLock l(&mu_);
