@@ -80,6 +80,19 @@ class TcpWire : public ::testing::Test {
     EXPECT_EQ(cts.size(), sizeof(Frame));
     return req;
   }
+  // Posts one send of `buf` (tag 7) from host memory, retried while the
+  // comm has no clear-to-send yet (at most ~200 ms); its request or null.
+  void* Send(TcpComm& c, std::vector<char>& buf) {
+    Mr* mr = nullptr;
+    EXPECT_EQ(c.RegMr(buf.data(), buf.size(), nccl_abi::kPtrHost, &mr), nccl_abi::kSuccess);
+    mrs_.emplace_back(mr);
+    void* req = nullptr;
+    for (int i = 0; i < 200 && req == nullptr; ++i) {
+      EXPECT_EQ(c.Isend(buf.data(), buf.size(), 7, mr, &req), nccl_abi::kSuccess);
+      if (req == nullptr) ::usleep(1000);
+    }
+    return req;
+  }
   static Result Poll(TcpComm& c, void* req, int* done, int* size, int rounds = 200) {
     Result r = nccl_abi::kSuccess;
     for (int i = 0; i < rounds && r == nccl_abi::kSuccess && !*done; ++i) {
@@ -104,14 +117,7 @@ TEST_F(TcpWire, ASmallSendFromHostMemoryTravelsInlineAndIsDoneOnceWritten) {
   Peer(&cts, sizeof(cts));
   std::vector<char> buf(100);
   for (size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<char>(i * 3 + 1);
-  Mr* mr = nullptr;
-  ASSERT_EQ(c->RegMr(buf.data(), buf.size(), nccl_abi::kPtrHost, &mr), nccl_abi::kSuccess);
-  mrs_.emplace_back(mr);
-  void* req = nullptr;
-  for (int i = 0; i < 200 && req == nullptr; ++i) {
-    ASSERT_EQ(c->Isend(buf.data(), buf.size(), 7, mr, &req), nccl_abi::kSuccess);
-    if (req == nullptr) ::usleep(1000);
-  }
+  void* req = Send(*c, buf);
   ASSERT_NE(req, nullptr);
   int done = 0, size = -1;
   ASSERT_EQ(Poll(*c, req, &done, &size), nccl_abi::kSuccess);
@@ -139,14 +145,7 @@ TEST_F(TcpWire, ALargeSendStillGoesToTheDataSockets) {
   cts.sizes[0] = 1 << 20;
   Peer(&cts, sizeof(cts));
   std::vector<char> buf(kMaxInlinePayload + 1, 'x');
-  Mr* mr = nullptr;
-  ASSERT_EQ(c->RegMr(buf.data(), buf.size(), nccl_abi::kPtrHost, &mr), nccl_abi::kSuccess);
-  mrs_.emplace_back(mr);
-  void* req = nullptr;
-  for (int i = 0; i < 200 && req == nullptr; ++i) {
-    ASSERT_EQ(c->Isend(buf.data(), buf.size(), 7, mr, &req), nccl_abi::kSuccess);
-    if (req == nullptr) ::usleep(1000);
-  }
+  void* req = Send(*c, buf);
   ASSERT_NE(req, nullptr);
   std::string wire = ReadExactly(ctrl_.get(), sizeof(Frame));
   ASSERT_EQ(wire.size(), sizeof(Frame));
