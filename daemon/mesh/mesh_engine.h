@@ -4,7 +4,7 @@
 // over mutual TLS; the peer's node name is its certificate's identity.
 // Data plane: plain TCP connections to the data port, each authenticated by
 // a one-use cookie from OpenLink (wire.h), one or more per direct path
-// (addresses.h), striped by PeerLinks (tcp_link.h).
+// (addresses.h), striped by PeerLinks (tcp/tcp_link.h).
 //
 // Importing side: a pod asks its own daemon to open a region of another node
 // (Broker::OpenRemote). The daemon dials that node on the peer's own worker
@@ -37,7 +37,7 @@
 #include "daemon/mesh/mesh_host.h"
 #include "daemon/mesh/nic_rank.h"
 #include "daemon/metrics/metrics.h"
-#include "daemon/mesh/tcp_link.h"
+#include "daemon/mesh/tcp/tcp_link.h"
 #include "daemon/mesh/verbs/verbs_link.h"
 #include "daemon/relay/mesh_port.h"
 #include "podlink/mesh/v1/mesh.grpc.pb.h"
@@ -112,7 +112,7 @@ struct MeshOptions {
   // A request the peer leaves unanswered this long fails its connection (its
   // slices go elsewhere, or fail UNAVAILABLE).
   absl::Duration answer_timeout = absl::Seconds(30);
-  // "tcp": data connections (tcp_link.h). "verbs": RC queue pairs on the RDMA
+  // "tcp": data connections (tcp/tcp_link.h). "verbs": RC queue pairs on the RDMA
   // device of each path's local address (verbs/verbs_link.h). Either way the
   // daemon serves both to its peers.
   std::string transport = "tcp";

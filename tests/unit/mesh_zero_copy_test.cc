@@ -24,7 +24,7 @@
 #include <gtest/gtest.h>
 
 #include "common/unique_fd.h"
-#include "daemon/mesh/tcp_link.h"
+#include "daemon/mesh/tcp/tcp_link.h"
 #include "daemon/mesh/wire.h"
 
 namespace podlink::mesh {

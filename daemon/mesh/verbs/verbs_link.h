@@ -64,7 +64,7 @@
 #include "absl/time/time.h"
 #include "absl/synchronization/mutex.h"
 #include "common/unique_fd.h"
-#include "daemon/mesh/links.h"
+#include "daemon/mesh/links/links.h"
 #include "daemon/mesh/verbs/gid.h"
 #include "daemon/mesh/verbs/verbs_api.h"
 

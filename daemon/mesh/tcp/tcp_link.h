@@ -37,7 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/unique_fd.h"
-#include "daemon/mesh/links.h"
+#include "daemon/mesh/links/links.h"
 #include "daemon/mesh/wire.h"
 
 namespace podlink::mesh {

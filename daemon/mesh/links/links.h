@@ -1,5 +1,5 @@
 // The data path to one peer daemon, whatever carries it: TCP connections
-// (tcp_link.h) or RDMA queue pairs (verbs/verbs_link.h). The engine hands a
+// (tcp/tcp_link.h) or RDMA queue pairs (verbs/verbs_link.h). The engine hands a
 // link set whole operations on a granted region of the peer; the link set
 // cuts, stripes, retries and reports each operation once.
 #pragma once

@@ -1,4 +1,4 @@
-#include "daemon/mesh/tcp_link.h"
+#include "daemon/mesh/tcp/tcp_link.h"
 
 #include <poll.h>
 #include <sys/socket.h>
