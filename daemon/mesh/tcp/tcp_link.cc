@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/status_util.h"
 
 namespace podlink::mesh {
 namespace {
@@ -31,7 +32,10 @@ PeerLinks::PeerLinks(std::string node, uint64_t slice_bytes, uint32_t slices_in_
       slice_bytes_(std::clamp<uint64_t>(slice_bytes, 4096, kMaxFramePayload)),
       slices_in_flight_(std::max<uint32_t>(slices_in_flight, 1)),
       answer_timeout_(answer_timeout),
-      zero_copy_(zero_copy) {}
+      zero_copy_(zero_copy),
+      sched_(&mu_, SliceScheduler::Options{.max_attempts = kMaxAttempts},
+             [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !stop_ && stats_.connections_up > 0; },
+             [this] { cv_.SignalAll(); }, absl::StrCat("no data connection to node ", node_, " is up")) {}
 
 PeerLinks::~PeerLinks() {
   std::vector<Conn*> all;
@@ -55,10 +59,10 @@ PeerLinks::~PeerLinks() {
       for (auto& [tag, s] : c->unacked) left.push_back(std::move(s));
       c->unacked.clear();
     }
-    left.insert(left.end(), queue_.begin(), queue_.end());
-    queue_.clear();
+    std::vector<Slice> queued = sched_.TakeAll();
+    left.insert(left.end(), std::make_move_iterator(queued.begin()), std::make_move_iterator(queued.end()));
   }
-  for (const Slice& s : left) Finish(s, absl::UnavailableError("mesh link to node " + node_ + " closed"));
+  for (const Slice& s : left) sched_.Settle(s, absl::UnavailableError("mesh link to node " + node_ + " closed"));
 }
 
 void PeerLinks::AddConnection(UniqueFd fd, std::string path) {
@@ -120,78 +124,24 @@ std::vector<std::tuple<std::string, bool, uint64_t>> PeerLinks::Connections() co
 }
 
 absl::Status PeerLinks::Submit(LinkOp op) {
-  auto st = std::make_shared<OpState>();
-  uint64_t n = op.length == 0 ? 1 : (op.length + slice_bytes_ - 1) / slice_bytes_;
-  st->remaining.store(n, std::memory_order_relaxed);
-  st->slices = n;
-  st->op = std::move(op);
-  if (n >= kDoneSlice) return absl::InvalidArgumentError("transfer too large for one mesh operation");
+  auto t = std::make_shared<Transfer>();
+  t->op = std::move(op);
   {
     absl::MutexLock l(&mu_);
     if (stop_ || stats_.connections_up == 0) {
       return absl::UnavailableError(absl::StrCat("no data connection to node ", node_, " is up"));
     }
-    st->number = next_op_++;
-    if (next_op_ == 0) next_op_ = 1;
-    for (uint64_t i = 0; i < n; ++i) {
-      Slice s;
-      s.op = st;
-      s.index = static_cast<uint32_t>(i);
-      s.offset = i * slice_bytes_;
-      s.length = std::min(slice_bytes_, st->op.length - std::min(st->op.length, s.offset));
-      queue_.push_back(std::move(s));
-    }
+    PODLINK_RETURN_IF_ERROR(sched_.Cut(std::move(t), slice_bytes_));
   }
   cv_.SignalAll();
   return absl::OkStatus();
 }
 
-void PeerLinks::Finish(const Slice& s, const absl::Status& st) {
-  if (!st.ok()) {
-    absl::MutexLock l(&s.op->mu);
-    if (s.op->first_error.ok()) s.op->first_error = st;
-  }
-  if (s.op->remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  absl::Status result;
-  {
-    absl::MutexLock l(&s.op->mu);
-    result = s.op->first_error;
-  }
-  if (result.ok() && s.op->resent.load(std::memory_order_acquire) && !s.op->done_sent) {
-    // A copy of some slice may still be on its way over the failed
-    // connection: tell the receiver this transfer is over before saying so.
-    s.op->done_sent = true;
-    s.op->remaining.store(1, std::memory_order_release);
-    Slice d;
-    d.op = s.op;
-    d.index = kDoneSlice;
-    bool queued = false;
-    {
-      absl::MutexLock l(&mu_);
-      if (!stop_ && stats_.connections_up > 0) {
-        queue_.push_front(std::move(d));
-        queued = true;
-      }
-    }
-    if (queued) {
-      cv_.SignalAll();
-      return;
-    }
-    result = absl::UnavailableError(absl::StrCat("no data connection to node ", node_, " is up"));
-  }
-  s.op->op.done(result);
-}
-
-std::deque<PeerLinks::Slice>::iterator PeerLinks::NextFor(const Conn& c) {
-  // Near the front only: a slice that prefers other paths waits there for
-  // their connections, and this one for a slice it may carry.
-  constexpr size_t kScan = 256;
-  size_t seen = 0;
-  for (auto it = queue_.begin(); it != queue_.end() && seen < kScan; ++it, ++seen) {
-    const LinkOp& op = it->op->op;
-    if (it->index == kDoneSlice || MayUse(op.prefer.get(), it->op->slices == 1, c.path, up_paths_)) return it;
-  }
-  return queue_.end();
+std::optional<Slice> PeerLinks::NextFor(const Conn& c) {
+  return sched_.Next([&](const Slice& s) {
+    return SliceScheduler::MayCarry(s, c.path, up_paths_) ? SliceScheduler::Verdict::kTake
+                                                          : SliceScheduler::Verdict::kSkip;
+  });
 }
 
 void PeerLinks::Send(Conn& c) {
@@ -200,28 +150,26 @@ void PeerLinks::Send(Conn& c) {
     FrameHeader h{};
     {
       absl::MutexLock l(&mu_);
-      auto next = queue_.end();
-      while (!stop_ && !c.dead && (c.unacked.size() >= slices_in_flight_ || (next = NextFor(c)) == queue_.end())) {
+      std::optional<Slice> next;
+      while (!stop_ && !c.dead && (c.unacked.size() >= slices_in_flight_ || !(next = NextFor(c)).has_value())) {
         cv_.Wait(&mu_);
       }
-      if (stop_ || c.dead) return;
-      s = std::move(*next);
-      queue_.erase(next);
+      if (stop_ || c.dead) return;  // nothing was taken then
+      s = *std::move(next);
       const LinkOp& op = s.op->op;
-      const bool done = s.index == kDoneSlice;
+      const bool done = s.done_record;
       h.magic = kFrameMagic;
       h.type = static_cast<uint16_t>(done ? FrameType::kDone : op.type);
-      h.tag = (static_cast<uint64_t>(s.op->number) << 32) | s.index;
+      h.tag = Tag(s);
       h.grant = op.grant;
       h.offset = done ? 0 : op.type == FrameType::kNotify ? op.offset : op.offset + s.offset;
       h.length = done ? 0 : static_cast<uint32_t>(s.length);
-      ++s.attempts;
-      s.sent = absl::Now();
+      SliceScheduler::Sent(s);
       c.unacked[h.tag] = s;
     }
     const LinkOp& op = s.op->op;
     const char* payload =
-        op.type == FrameType::kWrite && s.index != kDoneSlice ? op.local + s.offset : nullptr;
+        op.type == FrameType::kWrite && !s.done_record ? op.local + s.offset : nullptr;
     const size_t len = payload != nullptr ? s.length : 0;
     const bool zero = op.local_is_export && c.zc.on();
     absl::Status st = zero ? c.zc.WriteFrame(c.fd.get(), h, payload, len) : WriteFrame(c.fd.get(), h, payload, len);
@@ -300,7 +248,7 @@ void PeerLinks::Receive(Conn& c) {
     if (!known) return Kill(c, absl::DataLossError(absl::StrCat("node ", node_, " answered unknown request ", h.tag)));
     absl::Status result;
     if (type == FrameType::kData) {
-      if (s.op->op.type != FrameType::kRead || s.index == kDoneSlice || h.length != s.length) {
+      if (s.op->op.type != FrameType::kRead || s.done_record || h.length != s.length) {
         return Kill(c,
                     absl::DataLossError(absl::StrCat("node ", node_, " sent ", h.length, " bytes for a read of ",
                                                      s.length)),
@@ -326,7 +274,7 @@ void PeerLinks::Receive(Conn& c) {
       if (type == FrameType::kData) stats_.bytes_received += s.length;
     }
     cv_.SignalAll();
-    Finish(s, result);
+    sched_.Settle(s, result);
   }
 }
 
@@ -360,7 +308,7 @@ void PeerLinks::Kill(Conn& c, const absl::Status& why, Slice* owned) {
   }
   if (!failed.empty()) {
     for (const Slice& s : failed) {
-      Finish(s, absl::UnavailableError(absl::StrCat("mesh connection to node ", node_, " failed: ", why.message())));
+      sched_.Settle(s, absl::UnavailableError(absl::StrCat("mesh connection to node ", node_, " failed: ", why.message())));
     }
     return;
   }
@@ -381,19 +329,17 @@ void PeerLinks::Kill(Conn& c, const absl::Status& why, Slice* owned) {
     size_t resent = 0;
     for (auto it = c.unacked.rbegin(); it != c.unacked.rend(); ++it) {
       Slice& s = it->second;
-      if (!stop_ && stats_.connections_up > 0 && s.attempts < kMaxAttempts) {
-        s.op->resent.store(true, std::memory_order_release);
+      if (sched_.Resend(s, /*mark_resent=*/true, /*nothing_left=*/stop_ || stats_.connections_up == 0)) {
         ++stats_.resent_slices;
         ++resent;
-        queue_.push_front(std::move(s));
       } else {
         failed.push_back(std::move(s));
       }
     }
     c.unacked.clear();
     if (stats_.connections_up == 0) {
-      failed.insert(failed.end(), queue_.begin(), queue_.end());
-      queue_.clear();
+      std::vector<Slice> queued = sched_.TakeAll();
+      failed.insert(failed.end(), std::make_move_iterator(queued.begin()), std::make_move_iterator(queued.end()));
     }
     if (!stop_) {
       on_down = on_down_;
@@ -406,7 +352,7 @@ void PeerLinks::Kill(Conn& c, const absl::Status& why, Slice* owned) {
   cv_.SignalAll();
   absl::Status st = absl::UnavailableError(absl::StrCat("mesh connection to node ", node_, " (", c.path,
                                                         ") failed: ", why.message()));
-  for (const Slice& s : failed) Finish(s, st);
+  for (const Slice& s : failed) sched_.Settle(s, st);
   if (on_down) on_down(path);
 }
 

@@ -23,9 +23,9 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <set>
 #include <string>
@@ -38,6 +38,7 @@
 #include "absl/time/time.h"
 #include "common/unique_fd.h"
 #include "daemon/mesh/links/links.h"
+#include "daemon/mesh/links/slices.h"
 #include "daemon/mesh/wire.h"
 
 namespace podlink::mesh {
@@ -74,25 +75,11 @@ class PeerLinks final : public DataLinks {
   std::vector<std::tuple<std::string, bool, uint64_t>> Connections() const override ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  struct OpState {
-    LinkOp op;
-    uint32_t number = 0;                // the transfer's number in tags
-    uint64_t slices = 0;                // how many it was cut into
-    std::atomic<uint64_t> remaining{0};
-    std::atomic<bool> resent{false};    // a slice went out twice: DONE before completing
-    bool done_sent = false;             // only the thread that finished the last slice touches it
-    absl::Mutex mu;
-    absl::Status first_error ABSL_GUARDED_BY(mu);
-  };
+  // The DONE record's slice index in tags (wire.h): (op number << 32) | index.
   static constexpr uint32_t kDoneSlice = 0xffffffff;
-  struct Slice {
-    std::shared_ptr<OpState> op;
-    uint32_t index = 0;   // kDoneSlice: the DONE request
-    uint32_t attempts = 0;
-    uint64_t offset = 0;  // within the op
-    uint64_t length = 0;
-    absl::Time sent;      // when it last went out
-  };
+  static uint64_t Tag(const Slice& s) {
+    return (uint64_t{static_cast<uint32_t>(s.op->number)} << 32) | (s.done_record ? kDoneSlice : s.index);
+  }
   struct Conn {
     UniqueFd fd;
     std::string path;
@@ -106,14 +93,13 @@ class PeerLinks final : public DataLinks {
   };
 
   // The first queued slice connection c may carry (its op's path
-  // preference, nic_rank.h), or queue_.end().
-  std::deque<Slice>::iterator NextFor(const Conn& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // preference, nic_rank.h).
+  std::optional<Slice> NextFor(const Conn& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Send(Conn& c);
   void Receive(Conn& c);
   // Fails connection c; its unanswered slices, and `owned` (one the caller
   // took out of c.unacked), go to the other connections or fail.
   void Kill(Conn& c, const absl::Status& why, Slice* owned = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
-  void Finish(const Slice& s, const absl::Status& st) ABSL_LOCKS_EXCLUDED(mu_);
   // Takes c's zero-copy completions (returns how many messages); says once
   // when the kernel made the connection stop asking.
   int ReapZeroCopy(Conn& c) ABSL_LOCKS_EXCLUDED(mu_);
@@ -127,10 +113,9 @@ class PeerLinks final : public DataLinks {
 
   mutable absl::Mutex mu_;  // protects everything below and the Conn fields marked so
   absl::CondVar cv_;        // queue, room or state changed
-  std::deque<Slice> queue_ ABSL_GUARDED_BY(mu_);
+  SliceScheduler sched_;   // the queue: guarded by mu_
   std::vector<std::unique_ptr<Conn>> conns_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> up_paths_ ABSL_GUARDED_BY(mu_);  // paths with a connection up
-  uint32_t next_op_ ABSL_GUARDED_BY(mu_) = 1;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   LinkStats stats_ ABSL_GUARDED_BY(mu_);
   ZeroCopyCounters zc_counters_;  // all connections'; atomics

@@ -65,6 +65,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/unique_fd.h"
 #include "daemon/mesh/links/links.h"
+#include "daemon/mesh/links/slices.h"
 #include "daemon/mesh/verbs/gid.h"
 #include "daemon/mesh/verbs/verbs_api.h"
 
@@ -235,13 +236,9 @@ class VerbsLinks final : public DataLinks {
   // The registrations of `op`'s local memory on every path up now.
   std::vector<std::pair<const Path*, std::shared_ptr<LocalReg>>> LocalRegs(const LinkOp& op)
       ABSL_LOCKS_EXCLUDED(mu_, reg_mu_);
-  struct Slice {
-    std::shared_ptr<OpState> op;
-    uint64_t offset = 0;  // within the op
-    uint64_t length = 0;
-    uint32_t attempts = 0;
-    bool done_record = false;  // not a slice: the DONE record of a staged write sent partly twice
-  };
+  // A slice of an OpState (links/slices.h); done_record: the DONE record of
+  // a staged write sent partly twice.
+  using Slice = ::podlink::mesh::Slice;
   struct Pending {
     Slice slice;
     uint32_t slot = 0;
@@ -288,7 +285,8 @@ class VerbsLinks final : public DataLinks {
   void PollLoop(Path* path);
   // A failed work request: its lane dies, the slice goes elsewhere or fails.
   void Fail(Lane* lane, uint64_t wr_id, const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
-  void Finish(const Slice& s, const absl::Status& st);
+  // The op's local registration on `p` (0: copied through the slots).
+  static uint32_t LkeyFor(const Slice& s, const Path* p);
   void DestroyPath(Path& p);
   // The owner's acknowledgement of a staged slice (a receive completion).
   void Acknowledged(Lane* lane, uint32_t imm) ABSL_LOCKS_EXCLUDED(mu_);
@@ -302,11 +300,10 @@ class VerbsLinks final : public DataLinks {
 
   mutable absl::Mutex mu_;  // everything below and the Lane fields
   std::vector<std::unique_ptr<Path>> paths_ ABSL_GUARDED_BY(mu_);
-  std::deque<Slice> queue_ ABSL_GUARDED_BY(mu_);
+  SliceScheduler sched_;  // the queue: guarded by mu_
   std::map<uint64_t, std::vector<RegionKey>> regions_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, uint64_t> staged_regions_ ABSL_GUARDED_BY(mu_);  // grant -> slice bytes
   uint64_t next_wr_ ABSL_GUARDED_BY(mu_) = 1;
-  uint64_t next_transfer_ ABSL_GUARDED_BY(mu_) = 1;  // numbers the ops (staged records carry it)
   size_t next_lane_ ABSL_GUARDED_BY(mu_) = 0;
   LinkStats stats_ ABSL_GUARDED_BY(mu_);
   std::function<void(const std::string&)> on_path_down_ ABSL_GUARDED_BY(mu_);

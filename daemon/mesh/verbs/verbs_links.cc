@@ -9,34 +9,35 @@ const ComponentLog Log("mesh");
 
 // --- importing side ------------------------------------------------------------
 
-struct VerbsLinks::OpState {
-  LinkOp op;
+struct VerbsLinks::OpState : Transfer {
   // Set before its slices are queued, read-only after: the local memory's
   // registration per path (none: every slice is copied through staging).
   std::vector<std::pair<const Path*, std::shared_ptr<LocalReg>>> regs;
-  uint32_t LkeyFor(const Path* p) const {
-    for (const auto& [path, reg] : regs) {
-      if (path == p && reg->mr != nullptr) return reg->mr->lkey;
-    }
-    return 0;
-  }
-  uint64_t slices = 0;  // how many it was cut into
-  uint64_t transfer = 0;  // this link set's number for it
-  // A staged write some slice of which went out again after its QP failed:
-  // a DONE record ends it (an earlier copy may still be in the owner's hands).
-  std::atomic<bool> resent{false};
-  bool done_sent = false;  // only the thread finishing its last slice reads and sets it
-  std::atomic<uint64_t> remaining{0};
-  absl::Mutex mu;
-  absl::Status first_error ABSL_GUARDED_BY(mu);
 };
+
+uint32_t VerbsLinks::LkeyFor(const Slice& s, const Path* p) {
+  for (const auto& [path, reg] : static_cast<const OpState&>(*s.op).regs) {
+    if (path == p && reg->mr != nullptr) return reg->mr->lkey;
+  }
+  return 0;
+}
 
 VerbsLinks::LocalReg::~LocalReg() {
   if (mr != nullptr) api->dereg_mr(mr);
 }
 
 VerbsLinks::VerbsLinks(std::string node, VerbsOptions options)
-    : node_(std::move(node)), options_(std::move(options)), instance_(RandomInstance()) {}
+    : node_(std::move(node)),
+      options_(std::move(options)),
+      instance_(RandomInstance()),
+      sched_(&mu_,
+             SliceScheduler::Options{.max_attempts = kMaxAttempts, .done_after_failure = true,
+                                     .empty_is_one_slice = false},
+             [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+               return !stop_.load(std::memory_order_acquire) && stats_.connections_up > 0;
+             },
+             [this] { Pump(); },
+             absl::StrCat("no verbs queue pair to node ", node_, " is up to end a staged write sent partly twice")) {}
 
 VerbsLinks::~VerbsLinks() {
   stop_.store(true, std::memory_order_release);
@@ -51,8 +52,8 @@ VerbsLinks::~VerbsLinks() {
         lane->pending.clear();
       }
     }
-    left.insert(left.end(), queue_.begin(), queue_.end());
-    queue_.clear();
+    std::vector<Slice> queued = sched_.TakeAll();
+    left.insert(left.end(), std::make_move_iterator(queued.begin()), std::make_move_iterator(queued.end()));
   }
   for (auto& p : paths) {
     if (p->poller.joinable()) p->poller.join();
@@ -68,7 +69,7 @@ VerbsLinks::~VerbsLinks() {
       lane->qp = nullptr;
     }
   }
-  for (const Slice& s : left) Finish(s, absl::UnavailableError("verbs link to node " + node_ + " closed"));
+  for (const Slice& s : left) sched_.Settle(s, absl::UnavailableError("verbs link to node " + node_ + " closed"));
   // Local registrations live in the paths' protection domains: they go
   // before those (the slices just finished held the last references besides
   // the cache's).
@@ -419,16 +420,13 @@ absl::Status VerbsLinks::Submit(LinkOp op) {
   uint64_t slice = options_.slice_bytes;
   bool staged = false;
   if (op.type != FrameType::kNotify) {
+    if (op.length == 0) return absl::InvalidArgumentError("length must be > 0");
     absl::MutexLock l(&mu_);
     if (auto it = staged_regions_.find(op.grant); it != staged_regions_.end()) {
       slice = it->second;
       staged = true;
     }
   }
-  const uint64_t n = op.type == FrameType::kNotify ? 1 : (op.length + slice - 1) / slice;
-  if (n == 0) return absl::InvalidArgumentError("length must be > 0");
-  st->remaining.store(n, std::memory_order_relaxed);
-  st->slices = n;
   if (!staged) st->regs = LocalRegs(op);  // a staged grant's slices always go through the staging slots
   st->op = std::move(op);
   {
@@ -440,14 +438,7 @@ absl::Status VerbsLinks::Submit(LinkOp op) {
         !staged_regions_.contains(st->op.grant)) {
       return absl::FailedPreconditionError("the remote region has no verbs registration");
     }
-    st->transfer = next_transfer_++;
-    for (uint64_t i = 0; i < n; ++i) {
-      Slice s;
-      s.op = st;
-      s.offset = i * slice;
-      s.length = st->op.type == FrameType::kNotify ? 0 : std::min(slice, st->op.length - s.offset);
-      queue_.push_back(std::move(s));
-    }
+    PODLINK_RETURN_IF_ERROR(sched_.Cut(std::move(st), slice));
   }
   Pump();
   return absl::OkStatus();
@@ -473,46 +464,45 @@ void VerbsLinks::Pump() {
       }
     }
     std::set<std::string> up;  // the paths with a QP up, once a slice has a preference
-    // Near the front only: a slice whose preferred paths (nic_rank.h) have
-    // no room waits for them while later ones go.
-    constexpr size_t kScan = 256;
-    size_t scanned = 0;
-    for (auto it = queue_.begin(); it != queue_.end() && !lanes.empty() && scanned < kScan;) {
-      Slice& s = *it;
-      const bool notify = s.op->op.type == FrameType::kNotify;
+    while (!lanes.empty()) {
       // The lane with the most room takes the slice (faster lanes drain
-      // their slots sooner, so they take more: striping by pull).
+      // their slots sooner, so they take more: striping by pull). A slice
+      // whose preferred paths (nic_rank.h) have no room waits for them while
+      // later ones go.
       Lane* best = nullptr;
-      size_t room = 0;
-      bool restricted = false;
-      for (size_t k = 0; k < lanes.size(); ++k) {
-        Lane* lane = lanes[(next_lane_ + k) % lanes.size()];
-        if (s.op->op.prefer != nullptr && up.empty()) {
-          for (Lane* l : lanes) up.insert(l->path->name);
+      std::optional<Slice> taken = sched_.Next([&](const Slice& s) {
+        const bool notify = s.op->op.type == FrameType::kNotify;
+        best = nullptr;
+        size_t room = 0;
+        bool restricted = false;
+        for (size_t k = 0; k < lanes.size(); ++k) {
+          Lane* lane = lanes[(next_lane_ + k) % lanes.size()];
+          if (s.op->op.prefer != nullptr && up.empty()) {
+            for (Lane* l : lanes) up.insert(l->path->name);
+          }
+          if (!SliceScheduler::MayCarry(s, lane->path->name, up)) {
+            restricted = true;
+            continue;
+          }
+          size_t r = 0;
+          if (notify) {
+            size_t out = 0;
+            for (const auto& [id, pend] : lane->pending) out += pend.slot >= options_.slices_in_flight;
+            r = kNotifyDepth - out;
+          } else {
+            r = lane->free_slots.size();
+          }
+          if (r > room) {
+            room = r;
+            best = lane;
+          }
         }
-        if (!s.done_record && !MayUse(s.op->op.prefer.get(), s.op->slices == 1, lane->path->name, up)) {
-          restricted = true;
-          continue;
-        }
-        size_t r = 0;
-        if (notify) {
-          size_t out = 0;
-          for (const auto& [id, pend] : lane->pending) out += pend.slot >= options_.slices_in_flight;
-          r = kNotifyDepth - out;
-        } else {
-          r = lane->free_slots.size();
-        }
-        if (r > room) {
-          room = r;
-          best = lane;
-        }
-      }
-      if (best == nullptr) {
-        if (!restricted) break;  // no lane has room
-        ++it;
-        ++scanned;
-        continue;
-      }
+        if (best != nullptr) return SliceScheduler::Verdict::kTake;
+        return restricted ? SliceScheduler::Verdict::kSkip : SliceScheduler::Verdict::kStop;  // no lane has room
+      });
+      if (!taken.has_value()) break;
+      Slice& s = *taken;
+      const bool notify = s.op->op.type == FrameType::kNotify;
       next_lane_ = (next_lane_ + 1) % lanes.size();
       Ready r{};
       r.post.lane = best;
@@ -523,14 +513,12 @@ void VerbsLinks::Pump() {
       if (s.done_record && r.records < kRecordsStagedDone) {
         // An owner of an older version has no late-copy guard to ask.
         failed.emplace_back(std::move(s), absl::OkStatus());
-        it = queue_.erase(it);
         continue;
       }
       if (r.staged && r.records < kRecordsStaged) {
         failed.emplace_back(std::move(s), absl::FailedPreconditionError(absl::StrCat(
                                               "node ", node_, " stages this region but its queue pairs on device ",
                                               best->path->remote_device, " do not take staged records")));
-        it = queue_.erase(it);
         continue;
       }
       if (notify || r.staged) {
@@ -557,23 +545,22 @@ void VerbsLinks::Pump() {
           failed.emplace_back(std::move(s), absl::FailedPreconditionError(absl::StrCat(
                                                 "the remote region is not registered on device ",
                                                 best->path->remote_device, " of node ", node_)));
-          it = queue_.erase(it);
           continue;
         }
         r.post.slot = best->free_slots.back();
         best->free_slots.pop_back();
         r.remote_addr = key->base + s.op->op.offset + s.offset;
         r.rkey = key->rkey;
-        r.post.lkey = s.op->LkeyFor(best->path);
+        r.post.lkey = LkeyFor(s, best->path);
       }
+      SliceScheduler::Sent(s);
       r.post.slice = std::move(s);
-      it = queue_.erase(it);
       best->pending[r.post.wr_id] = Pending{r.post.slice, r.post.slot, r.post.lkey != 0, r.staged, absl::Now()};
       if (r.post.lkey != 0) ++stats_.zero_copy_slices;
       ready.push_back(std::move(r));
     }
   }
-  for (auto& [s, st] : failed) Finish(s, st);
+  for (auto& [s, st] : failed) sched_.Settle(s, st);
   for (const Ready& r : ready) {
     Lane& lane = *r.post.lane;
     const LinkOp& op = r.post.slice.op->op;
@@ -606,7 +593,7 @@ void VerbsLinks::Pump() {
       rec.value = op.offset + r.post.slice.offset;
       rec.kind = done_record ? kRecordStagedDone : op.type == FrameType::kWrite ? kRecordStagedWrite : kRecordStagedRead;
       rec.length = static_cast<uint32_t>(r.post.slice.length);
-      rec.transfer = r.post.slice.op->transfer;
+      rec.transfer = r.post.slice.op->number;
       rec.addr = reinterpret_cast<uintptr_t>(slot);
       rec.rkey = lane.mr->rkey;
       rec.tag = r.post.slot;
@@ -703,7 +690,7 @@ void VerbsLinks::PollLoop(Path* path) {
             stats_.bytes_received += pend.slice.length;
           }
         }
-        Finish(pend.slice, absl::OkStatus());
+        sched_.Settle(pend.slice, absl::OkStatus());
       }
       Pump();
     }
@@ -772,7 +759,7 @@ void VerbsLinks::Acknowledged(Lane* lane, uint32_t imm) {
       stats_.bytes_received += pend.slice.length;
     }
   }
-  Finish(pend.slice, st);
+  sched_.Settle(pend.slice, st);
   Pump();
 }
 
@@ -818,22 +805,19 @@ void VerbsLinks::Fail(Lane* lane, uint64_t wr_id, const absl::Status& why) {
       if (staged && !s.done_record && s.op->op.type == FrameType::kWrite) {
         s.op->resent.store(true, std::memory_order_release);
       }
-      if (s.op->op.type == FrameType::kNotify) {
-        // It may have arrived: never sent twice.
-        finish.emplace_back(std::move(s), why);
-      } else if (++s.attempts < kMaxAttempts && stats_.connections_up > 0) {
+      // A notification may have arrived: never sent twice.
+      const bool notify = s.op->op.type == FrameType::kNotify;
+      if (!notify && sched_.Resend(s, /*mark_resent=*/false, /*nothing_left=*/stats_.connections_up == 0)) {
         if (!s.done_record) ++stats_.resent_slices;
-        queue_.push_front(std::move(s));
       } else {
         finish.emplace_back(std::move(s), why);
       }
     }
     if (stats_.connections_up == 0) {
-      for (Slice& s : queue_) finish.emplace_back(std::move(s), why);
-      queue_.clear();
+      for (Slice& s : sched_.TakeAll()) finish.emplace_back(std::move(s), why);
     }
   }
-  for (auto& [s, st] : finish) Finish(s, st);
+  for (auto& [s, st] : finish) sched_.Settle(s, st);
   if (newly_dead) {
     // Each failed QP is replaced (the path's others carry on meanwhile).
     std::function<void(const std::string&)> down;
@@ -844,47 +828,6 @@ void VerbsLinks::Fail(Lane* lane, uint64_t wr_id, const absl::Status& why) {
     if (down) down(lane->path->name);
   }
   Pump();
-}
-
-void VerbsLinks::Finish(const Slice& s, const absl::Status& st) {
-  OpState& op = *s.op;
-  if (!st.ok()) {
-    absl::MutexLock l(&op.mu);
-    if (op.first_error.ok()) op.first_error = st;
-  }
-  if (op.remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  absl::Status result;
-  {
-    absl::MutexLock l(&op.mu);
-    result = op.first_error;
-  }
-  if (op.resent.load(std::memory_order_acquire) && !op.done_sent) {
-    // Every slice was answered (or failed), but a copy of one may still be
-    // in the owner's hands from an attempt whose QP failed: the owner
-    // answers this DONE record once no such copy can land any more (it
-    // drops later ones), so the pod's next write to these bytes cannot be
-    // overwritten by it — after a failed op too. The op's own result stays
-    // (first_error).
-    op.done_sent = true;
-    op.remaining.store(1, std::memory_order_release);
-    Slice d;
-    d.op = s.op;
-    d.done_record = true;
-    bool queued = false;
-    {
-      absl::MutexLock l(&mu_);
-      if (!stop_.load(std::memory_order_acquire) && stats_.connections_up > 0) {
-        queue_.push_front(std::move(d));
-        queued = true;
-      }
-    }
-    if (queued) return Pump();
-    if (result.ok()) {
-      result = absl::UnavailableError(absl::StrCat("no verbs queue pair to node ", node_,
-                                                   " is up to end a staged write sent partly twice"));
-    }
-  }
-  if (op.op.done) op.op.done(result);
 }
 
 }  // namespace podlink::mesh::verbs
