@@ -426,6 +426,14 @@ class MeshEngine final : public MeshPort {
   // `verbs_failed`: set when the node answered but no RDMA path to it came
   // up (the TCP links to it may still work).
   absl::Status Connect(const std::shared_ptr<Peer>& p, const RemoteTarget& target, bool* verbs_failed = nullptr);
+  // After the peer's Hello: its links over `paths` — TCP data connections
+  // (tcp/connect.cc) or RDMA queue pairs (verbs/engine_verbs.cc).
+  absl::Status ConnectTcpLinks(const std::shared_ptr<Peer>& peer, const RemoteTarget& target,
+                               const std::vector<Path>& paths, std::shared_ptr<podlink::mesh::v1::Mesh::Stub> stub,
+                               const podlink::mesh::v1::HelloResponse& hello, bool* verbs_failed);
+  absl::Status ConnectVerbsLinks(const std::shared_ptr<Peer>& peer, const RemoteTarget& target,
+                                 const std::vector<Path>& paths, std::shared_ptr<podlink::mesh::v1::Mesh::Stub> stub,
+                                 const podlink::mesh::v1::HelloResponse& hello, bool* verbs_failed);
   // Binds a grant `peer`'s node gave to the peer whose links carry it: its
   // RDMA keys on `peer`'s verbs links, or (over_tcp_reason) the node's TCP
   // peer; `failed` (the grant given back) when that cannot connect.

@@ -170,66 +170,9 @@ absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const Remote
   AcceptAdverts(target.node_name, hello.adverts());
   p.set_paths(paths, PeerLinkInfo(hello));
   if (options_.transport == "verbs" && !p.tcp()) {
-    auto open = [&](const pb::OpenVerbsRequest& req) -> absl::StatusOr<pb::OpenVerbsResponse> {
-      grpc::ClientContext ctx;
-      // The owner may open its device and make QPs first: more than a
-      // handshake (seconds on emulated soft-RoCE).
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.connect_timeout + absl::Seconds(25)));
-      pb::OpenVerbsResponse resp;
-      PODLINK_RETURN_IF_ERROR(FromGrpc(stub->OpenVerbs(&ctx, req, &resp), target.node_name));
-      return resp;
-    };
-    absl::StatusOr<std::shared_ptr<verbs::VerbsLinks>> made = ConnectVerbs(target.node_name, paths, open);
-    if (!made.ok()) {
-      if (verbs_failed != nullptr) *verbs_failed = true;
-      return made.status();
-    }
-    std::shared_ptr<verbs::VerbsLinks> vl = *std::move(made);
-    // A path whose QPs all failed gets new ones in the background (the
-    // owner drops the failed ones), while the other paths carry on.
-    vl->set_on_path_down(RepairOnDown(peer, vl, paths));
-    Log()->info("event=mesh_peer_connected node={} control={} transport=verbs paths={} qps={}", target.node_name,
-                endpoint, paths.size(), vl->live());
-    p.set_stub(std::move(stub));
-    p.instance.store(hello.instance(), std::memory_order_release);
-    p.set_links(std::move(vl));
-    return absl::OkStatus();
+    return ConnectVerbsLinks(peer, target, paths, std::move(stub), hello, verbs_failed);
   }
-  uint32_t per_path = options_.connections_per_path;
-  pb::OpenLinkResponse link;
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(deadline());
-    pb::OpenLinkRequest req;
-    req.set_connections(static_cast<uint32_t>(std::min<size_t>(64, paths.size() * per_path)));
-    PODLINK_RETURN_IF_ERROR(FromGrpc(stub->OpenLink(&ctx, req, &link), target.node_name));
-  }
-  auto links = std::make_shared<PeerLinks>(target.node_name, options_.slice_bytes, options_.slices_in_flight,
-                                           options_.answer_timeout, options_.tcp_zero_copy);
-  int cookie = 0;
-  absl::Status last;
-  for (const Path& path : paths) {
-    for (uint32_t i = 0; i < per_path && cookie < link.cookies_size(); ++i) {
-      absl::StatusOr<UniqueFd> fd = DialData(path, link.data_port(), link.cookies(cookie++), links->instance(),
-                                             options_.connect_timeout);
-      if (fd.ok()) {
-        links->AddConnection(*std::move(fd), PathName(path));
-      } else {
-        last = fd.status();
-      }
-    }
-  }
-  if (links->live() == 0) {
-    return absl::UnavailableError(absl::StrCat("no data connection to node ", target.node_name, ": ", last.message()));
-  }
-  Log()->info("event=mesh_peer_connected node={} control={} paths={} connections={}", target.node_name, endpoint,
-              paths.size(), links->live());
-  // A connection that fails later is dialed again over its path.
-  links->set_on_down(RepairOnDown(peer, links, paths, link.data_port()));
-  p.set_stub(std::move(stub));
-  p.instance.store(hello.instance(), std::memory_order_release);
-  p.set_links(std::move(links));
-  return absl::OkStatus();
+  return ConnectTcpLinks(peer, target, paths, std::move(stub), hello, verbs_failed);
 }
 
 void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget target, OpenDone done) {

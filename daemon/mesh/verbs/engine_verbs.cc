@@ -276,6 +276,37 @@ void MeshEngine::SweepVerbs() {
   }
 }
 
+absl::Status MeshEngine::ConnectVerbsLinks(const std::shared_ptr<Peer>& peer, const RemoteTarget& target,
+                                           const std::vector<Path>& paths, std::shared_ptr<pb::Mesh::Stub> stub,
+                                           const pb::HelloResponse& hello, bool* verbs_failed) {
+  Peer& p = *peer;
+  const std::string endpoint = HostPort(paths.front().remote, target.port);
+  auto open = [&](const pb::OpenVerbsRequest& req) -> absl::StatusOr<pb::OpenVerbsResponse> {
+    grpc::ClientContext ctx;
+    // The owner may open its device and make QPs first: more than a
+    // handshake (seconds on emulated soft-RoCE).
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.connect_timeout + absl::Seconds(25)));
+    pb::OpenVerbsResponse resp;
+    PODLINK_RETURN_IF_ERROR(FromGrpc(stub->OpenVerbs(&ctx, req, &resp), target.node_name));
+    return resp;
+  };
+  absl::StatusOr<std::shared_ptr<verbs::VerbsLinks>> made = ConnectVerbs(target.node_name, paths, open);
+  if (!made.ok()) {
+    if (verbs_failed != nullptr) *verbs_failed = true;
+    return made.status();
+  }
+  std::shared_ptr<verbs::VerbsLinks> vl = *std::move(made);
+  // A path whose QPs all failed gets new ones in the background (the
+  // owner drops the failed ones), while the other paths carry on.
+  vl->set_on_path_down(RepairOnDown(peer, vl, paths));
+  Log()->info("event=mesh_peer_connected node={} control={} transport=verbs paths={} qps={}", target.node_name,
+              endpoint, paths.size(), vl->live());
+  p.set_stub(std::move(stub));
+  p.instance.store(hello.instance(), std::memory_order_release);
+  p.set_links(std::move(vl));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<verbs::VerbsLinks>> MeshEngine::ConnectVerbs(const std::string& node,
                                                                             const std::vector<Path>& paths,
                                                                             const OpenVerbsCall& open) {
