@@ -18,6 +18,19 @@ absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions option
   }
   std::unique_ptr<MeshEngine> e(new MeshEngine(std::move(options), std::move(node_name), host));
   const MeshOptions& o = e->options_;
+  // The one place that reads mesh.transport: how this node's own links to a
+  // peer are made and what they can do (LinkTransport). The TCP links are the
+  // default.
+  if (o.transport == "verbs") {
+    // Said at start, not at the first pod's open: this node cannot use verbs.
+    absl::StatusOr<const verbs::VerbsApi*> api = verbs::LoadVerbs();
+    if (!api.ok()) return api.status();
+    e->transport_ = LinkTransport{.connect = &MeshEngine::ConnectVerbsLinks,
+                                  .carries_relayed_grants = false,
+                                  .stripes_two_hop = false};
+  } else if (o.transport != "tcp") {
+    return absl::InvalidArgumentError(absl::StrCat("mesh.transport '", o.transport, "': tcp or verbs"));
+  }
   {
     Pems p;
     PODLINK_ASSIGN_OR_RETURN(p.ca, ReadPem(o.cert_dir, "ca.crt"));
@@ -93,13 +106,6 @@ absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions option
   }
   e->control_port_ = static_cast<uint32_t>(port);
   e->accept_thread_ = std::thread([p = e.get()] { p->AcceptLoop(); });
-  if (o.transport == "verbs") {
-    // Said at start, not at the first pod's open: this node cannot use verbs.
-    absl::StatusOr<const verbs::VerbsApi*> api = verbs::LoadVerbs();
-    if (!api.ok()) return api.status();
-  } else if (o.transport != "tcp") {
-    return absl::InvalidArgumentError(absl::StrCat("mesh.transport '", o.transport, "': tcp or verbs"));
-  }
   e->RefreshOwnAdvert();  // before the first Hello it could be asked for
   e->repair_thread_ = std::thread([p = e.get()] { p->RepairLoop(); });
   e->housekeeping_thread_ = std::thread([p = e.get()] { p->HousekeepingLoop(); });

@@ -434,6 +434,22 @@ class MeshEngine final : public MeshPort {
   absl::Status ConnectVerbsLinks(const std::shared_ptr<Peer>& peer, const RemoteTarget& target,
                                  const std::vector<Path>& paths, std::shared_ptr<podlink::mesh::v1::Mesh::Stub> stub,
                                  const podlink::mesh::v1::HelloResponse& hello, bool* verbs_failed);
+  // The configured transport (mesh.transport), chosen once in Start — the
+  // one place that reads its name: how a peer's own links are made, and what
+  // they can do. The engine asks this, never the name.
+  struct LinkTransport {
+    absl::Status (MeshEngine::*connect)(const std::shared_ptr<Peer>&, const RemoteTarget&, const std::vector<Path>&,
+                                        std::shared_ptr<podlink::mesh::v1::Mesh::Stub>,
+                                        const podlink::mesh::v1::HelloResponse&, bool*) = &MeshEngine::ConnectTcpLinks;
+    // Its links carry any grant, a relay's too (which has no memory of the
+    // relay's own for RDMA to land in): a peer that must be reached over TCP
+    // links is then the node's own peer.
+    bool carries_relayed_grants = true;
+    // Two-hop striping (mesh.two_hop_stripe) may add a relay's route to its
+    // transfers.
+    bool stripes_two_hop = true;
+  };
+  LinkTransport transport_;  // set in Start, before any thread; read-only after
   // Binds a grant `peer`'s node gave to the peer whose links carry it: its
   // RDMA keys on `peer`'s verbs links, or (over_tcp_reason) the node's TCP
   // peer; `failed` (the grant given back) when that cannot connect.

@@ -7,7 +7,7 @@ namespace podlink::mesh {
 // --- importing side ----------------------------------------------------------
 
 std::shared_ptr<MeshEngine::Peer> MeshEngine::PeerFor(const RemoteTarget& target, bool tcp) {
-  tcp = tcp && options_.transport != "tcp";  // with TCP links anyway, one peer serves both
+  tcp = tcp && !transport_.carries_relayed_grants;  // with TCP links anyway, one peer serves both
   const std::string key = tcp ? target.node_name + "/tcp" : target.node_name;
   std::vector<std::shared_ptr<Peer>> evicted;  // destroyed outside the lock (their workers are joined)
   absl::MutexLock l(&mu_);
@@ -169,10 +169,9 @@ absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const Remote
   Learn(target.node_name, {hello.addresses().begin(), hello.addresses().end()}, hello.control_port());
   AcceptAdverts(target.node_name, hello.adverts());
   p.set_paths(paths, PeerLinkInfo(hello));
-  if (options_.transport == "verbs" && !p.tcp()) {
-    return ConnectVerbsLinks(peer, target, paths, std::move(stub), hello, verbs_failed);
-  }
-  return ConnectTcpLinks(peer, target, paths, std::move(stub), hello, verbs_failed);
+  // A peer kept for TCP links (PeerFor) gets those, whatever the node's transport.
+  auto connect = p.tcp() ? &MeshEngine::ConnectTcpLinks : transport_.connect;
+  return (this->*connect)(peer, target, paths, std::move(stub), hello, verbs_failed);
 }
 
 void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget target, OpenDone done) {
@@ -236,7 +235,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
           "let the kernel route)")));
     }
   }
-  const bool two_hop = cabled && options_.two_hop_stripe && options_.transport == "tcp";
+  const bool two_hop = cabled && options_.two_hop_stripe && transport_.stripes_two_hop;
   OpenThrough(hop, req, target.node_name, relays.size(),
               [this, session, done = std::move(done), destination = target.node_name, via = relays, two_hop, target,
                unrouted, route_nonce](absl::StatusOr<Carried> opened) {

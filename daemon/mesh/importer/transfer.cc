@@ -269,11 +269,10 @@ absl::Status MeshEngine::Start(MeshTransfer t, Done done) {
       op.local_is_export = t.keep->owner_session == t.session && t.local >= base &&
                            static_cast<uint64_t>(t.local - base) <= t.keep->size &&
                            t.length <= t.keep->size - static_cast<uint64_t>(t.local - base);
-      if (std::string_view(links->transport()) == "verbs") {
-        op.local_memory = t.keep->memory;
-        op.local_base = reinterpret_cast<char*>(view->address);
-        op.local_size = t.keep->size;
-      }
+      // Links that register local memory (verbs) send from and read into it.
+      op.local_memory = t.keep->memory;
+      op.local_base = reinterpret_cast<char*>(view->address);
+      op.local_size = t.keep->size;
     }
   }
   const std::string place = t.keep != nullptr ? host_->GpuBusId(*t.keep) : std::string();
