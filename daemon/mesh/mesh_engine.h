@@ -258,6 +258,12 @@ class MeshEngine final : public MeshPort {
   // This node relays `req` (its claim checked) to the next node of its route.
   void Relay(const std::string& caller, const CheckedClaim& checked, const podlink::mesh::v1::OpenRegionRequest& req,
              RegionDone done) ABSL_LOCKS_EXCLUDED(mu_);
+  // The relay's own grant for `caller`, forwarding to the next node's grant
+  // `resp` on `carrier` (given back where the caller is over its limits).
+  void InstallRelayGrant(const std::string& caller, const podlink::mesh::v1::OpenRegionRequest& req,
+                         const std::string& pod, const std::string& tenant, const std::string& origin,
+                         const std::string& next, uint64_t staged_slice, std::shared_ptr<Peer> carrier,
+                         podlink::mesh::v1::OpenRegionResponse resp, const RegionDone& done) ABSL_LOCKS_EXCLUDED(mu_);
   // This node's addresses for choosing paths.
   std::vector<IpPrefix> LocalForPaths() const;
   // This node's advertised addresses and the NICs under them (sysfs), as

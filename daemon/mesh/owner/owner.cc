@@ -293,103 +293,61 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
       return done(absl::ResourceExhaustedError(absl::StrCat("node ", caller, " or its pod holds its limit of grants")));
     }
   }
-  // Over this node's transport to the next node, a relay too: over verbs
-  // the next relay stages the region for this one (as this one does for the
-  // caller); one that cannot is reached over TCP instead (below).
-  std::shared_ptr<Peer> peer = PeerFor(next, /*tcp=*/false);
-  if (peer == nullptr) return done(NoPeer());
-  auto answer = std::make_shared<RegionDone>(std::move(done));
-  Peer* p = peer.get();
-  bool posted = p->Post([this, p, caller, next, req, pod, tenant, answer, origin = claim.origin(), staged_slice,
-                         destination = claim.destination().node(), next_is_relay = checked.next_is_relay,
-                         relays_after = checked.relays_after] {
-    std::shared_ptr<Peer> peer = p->shared_from_this();
-    RegionDone done = std::move(*answer);
-    *answer = nullptr;
-    if (stopping_.load(std::memory_order_acquire)) return done(StoppingStatus());
-    // Onward as for this node's own pods: direct paths (the kernel's routing
-    // only where mesh.fallback says so), over TCP where no RDMA path comes up.
-    // `self`: this lambda, to open again over TCP.
-    auto open_on = [this, caller, next, req, pod, tenant, done, origin, staged_slice, destination, next_is_relay,
-                    relays_after](const auto& self, const std::shared_ptr<Peer>& peer) -> void {
-      // Onward over this node's own transport: over verbs the owner registers
-      // the export for this node's queue pairs, as for its own pods.
-      std::shared_ptr<DataLinks> links = peer->links();
-      const bool registers = links != nullptr && links->RegistersRegions();
-      pb::OpenRegionResponse resp;
-      grpc::ClientContext ctx;
-      ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.open_per_hop * (1 + relays_after)));
-      std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();
-      pb::OpenRegionRequest onward = req;
-      onward.set_caller_instance(instance_);
-      onward.set_verbs(registers);
-      onward.set_accepts_over_tcp(true);
-      onward.set_accepts_staged(registers);
-      if (absl::Status st = FromGrpc(stub->OpenRegion(&ctx, onward, &resp), next.node_name); !st.ok()) {
-        // The next relay cannot stage over verbs (no bounce pool for this
-        // node, or an older version): the hop to it goes over TCP.
-        if (registers && next_is_relay && RelayCannotStage(st)) {
-          Log()->info("event=mesh_relay_over_tcp relay={} destination={} why={}", next.node_name, destination,
-                      LogQuoted(std::string(st.message()).substr(0, 256)));
-          return OverTcp(next, [self, done](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
-            if (!tcp.ok()) return done(tcp.status());
-            self(self, *tcp);
-          });
-        }
-        return done(st);
-      }
-      // The relay's grant, forwarding to the next node's grant on `carrier`.
-      auto install = [this, caller, req, pod, tenant, done, origin, next, staged_slice](const std::shared_ptr<Peer>& carrier,
-                                                                   pb::OpenRegionResponse resp) {
-        auto fwd = std::make_shared<Forward>(Forward{carrier, resp.grant(), resp.size(), resp.instance()});
-        bool over = false;
-        uint64_t g = 0;
-        {
-          absl::MutexLock l(&mu_);
-          uint32_t& count = grants_per_node_[caller];
-          uint32_t& mine = grants_per_pod_[pod];
-          uint32_t& ours = grants_per_tenant_[tenant];
-          if (stopping_.load(std::memory_order_acquire) || count >= options_.max_grants_per_peer ||
-              mine >= options_.max_grants_per_pod || ours >= options_.max_grants_per_tenant) {
-            over = true;
-          } else {
-            ++count;
-            ++mine;
-            ++ours;
-            while (g == 0 || grants_.contains(g)) g = RandomU64();
-            grants_[g] = Grant{caller, {}, pod, fwd, req.caller_instance(), {}, 0, tenant};
-            SeenLocked(caller);  // a grant given is a sign of life, however long the node was quiet
-            ++relayed_opens_;
-          }
-        }
-        if (over) {
-          ReleaseRemoteGrant(carrier.get(), resp.grant());
-          if (stopping_.load(std::memory_order_acquire)) return done(StoppingStatus());
-          return done(absl::ResourceExhaustedError(absl::StrCat("node ", caller, " or its pod holds its limit of grants")));
-        }
-        Log()->info("event=mesh_relay_grant peer={} origin={} next={} grant={}", caller, origin, next.node_name, g);
-        resp.set_grant(g);
-        resp.set_instance(instance_);
-        resp.clear_verbs_keys();
-        resp.clear_over_tcp_reason();
-        resp.clear_staged_reason();
-        resp.clear_staged_slice_bytes();
-        if (staged_slice != 0) {
-          resp.set_staged_reason(absl::StrCat("relay ", node_name_, " stores and forwards"));
-          resp.set_staged_slice_bytes(staged_slice);
-        }
-        done(std::move(resp));
-      };
-      CarryGrant(peer, next, resp, [install, resp](const std::shared_ptr<Peer>& carrier) { install(carrier, resp); },
-                 [done](absl::Status st) { done(std::move(st)); });
-    };
-    ConnectOrOverTcp(
-        peer, next, [open_on](const std::shared_ptr<Peer>& peer) { open_on(open_on, peer); },
-        [done](absl::Status st) { done(std::move(st)); });
-  });
-  if (!posted) {
-    (*answer)(NotQueued(next.node_name));
+  // Onward as this node opens for its own pods (OpenThrough: over its own
+  // transport, a next relay staging the region for this one as this one does
+  // for the caller, or over TCP where it cannot), then the relay's grant,
+  // forwarding to the next node's grant on the peer that carries it.
+  OpenThrough(next, req, claim.destination().node(), checked.relays_after,
+              [this, caller, req, pod, tenant, done = std::move(done), origin = claim.origin(), next,
+               staged_slice](absl::StatusOr<Carried> opened) {
+                if (!opened.ok()) return done(opened.status());
+                InstallRelayGrant(caller, req, pod, tenant, origin, next.node_name, staged_slice,
+                                  std::move(opened->carrier), std::move(opened->resp), done);
+              });
+}
+
+void MeshEngine::InstallRelayGrant(const std::string& caller, const pb::OpenRegionRequest& req,
+                                   const std::string& pod, const std::string& tenant, const std::string& origin,
+                                   const std::string& next, uint64_t staged_slice, std::shared_ptr<Peer> carrier,
+                                   pb::OpenRegionResponse resp, const RegionDone& done) {
+  auto fwd = std::make_shared<Forward>(Forward{carrier, resp.grant(), resp.size(), resp.instance()});
+  bool over = false;
+  uint64_t g = 0;
+  {
+    absl::MutexLock l(&mu_);
+    uint32_t& count = grants_per_node_[caller];
+    uint32_t& mine = grants_per_pod_[pod];
+    uint32_t& ours = grants_per_tenant_[tenant];
+    if (stopping_.load(std::memory_order_acquire) || count >= options_.max_grants_per_peer ||
+        mine >= options_.max_grants_per_pod || ours >= options_.max_grants_per_tenant) {
+      over = true;
+    } else {
+      ++count;
+      ++mine;
+      ++ours;
+      while (g == 0 || grants_.contains(g)) g = RandomU64();
+      grants_[g] = Grant{caller, {}, pod, fwd, req.caller_instance(), {}, 0, tenant};
+      SeenLocked(caller);  // a grant given is a sign of life, however long the node was quiet
+      ++relayed_opens_;
+    }
   }
+  if (over) {
+    ReleaseRemoteGrant(carrier.get(), resp.grant());
+    if (stopping_.load(std::memory_order_acquire)) return done(StoppingStatus());
+    return done(absl::ResourceExhaustedError(absl::StrCat("node ", caller, " or its pod holds its limit of grants")));
+  }
+  Log()->info("event=mesh_relay_grant peer={} origin={} next={} grant={}", caller, origin, next, g);
+  resp.set_grant(g);
+  resp.set_instance(instance_);
+  resp.clear_verbs_keys();
+  resp.clear_over_tcp_reason();
+  resp.clear_staged_reason();
+  resp.clear_staged_slice_bytes();
+  if (staged_slice != 0) {
+    resp.set_staged_reason(absl::StrCat("relay ", node_name_, " stores and forwards"));
+    resp.set_staged_slice_bytes(staged_slice);
+  }
+  done(std::move(resp));
 }
 
 bool MeshEngine::ReserveRelay(const std::string& node, uint64_t n, absl::Duration wait) {
