@@ -295,9 +295,14 @@ class MeshEngine final : public MeshPort {
   // What makes a cable between two other nodes in a route (routes.h).
   CableTrust Trust() const ABSL_LOCKS_EXCLUDED(mu_);
   // `source`: the caller's address, whose data connections then count as a
-  // peer's before their AUTH (AcceptLoop).
+  // peer's before their AUTH (AcceptLoop). `sources`: the addresses the
+  // caller says its data connections come from (its paths' own ends, at most
+  // kMaxClaimedSources); they count so too while it says so, replacing what
+  // its last OpenLink said.
   absl::StatusOr<std::vector<std::string>> IssueCookies(const std::string& node, uint32_t n,
-                                                        const std::string& source = "") ABSL_LOCKS_EXCLUDED(mu_);
+                                                        const std::string& source = "",
+                                                        const std::vector<std::string>& sources = {})
+      ABSL_LOCKS_EXCLUDED(mu_);
   // `claim`: the checked claim of a relayed request (importer and target are
   // taken from it), or nullptr.
   absl::StatusOr<podlink::mesh::v1::OpenRegionResponse> OpenRegion(const std::string& node,
@@ -420,6 +425,7 @@ class MeshEngine final : public MeshPort {
   static constexpr size_t kMaxUnauthenticatedPerSource = 8;
   static constexpr size_t kStrangerShare = kMaxUnauthenticated / 2;
   static constexpr size_t kMaxKnownSources = 4096;
+  static constexpr size_t kMaxClaimedSources = 16;
   static constexpr uint32_t kGuaranteedConnections = 16;
   // The peer address of a connection or of a control call, as one key.
   void RememberSource(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -643,6 +649,11 @@ class MeshEngine final : public MeshPort {
   size_t unauthenticated_strangers_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, size_t> unauthenticated_of_ ABSL_GUARDED_BY(mu_);  // by source address
   std::map<std::string, absl::Time> known_sources_ ABSL_GUARDED_BY(mu_);   // peers' addresses, last seen
+  // What each peer's last OpenLink named as its data connections' sources,
+  // and how many peers name each address (kept apart from known_sources_: a
+  // peer's claims cannot push other peers' addresses out of that table).
+  std::map<std::string, std::vector<std::string>> sources_of_node_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, uint32_t> claimed_sources_ ABSL_GUARDED_BY(mu_);
   size_t authenticated_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t idle_closed_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Repair> repairs_ ABSL_GUARDED_BY(mu_);

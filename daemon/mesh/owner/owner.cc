@@ -21,11 +21,34 @@ uint64_t MeshEngine::GrantForTesting(const std::string& node, std::shared_ptr<co
 }
 
 absl::StatusOr<std::vector<std::string>> MeshEngine::IssueCookies(const std::string& node, uint32_t n,
-                                                                 const std::string& source) {
+                                                                 const std::string& source,
+                                                                 const std::vector<std::string>& sources) {
   if (n == 0 || n > 64) return absl::InvalidArgumentError("OpenLink: 1 to 64 connections");
+  if (sources.size() > kMaxClaimedSources) {
+    return absl::InvalidArgumentError(absl::StrCat("OpenLink: at most ", kMaxClaimedSources, " source addresses"));
+  }
+  std::vector<std::string> claimed;
+  for (const std::string& s : sources) {
+    // A whole address ("10.0.1.2", "fd00::1"), written as the data port's
+    // accept writes a connection's source.
+    absl::StatusOr<IpPrefix> a = IpPrefix::Parse(s);
+    if (!a.ok() || s.find('/') != std::string::npos) {
+      return absl::InvalidArgumentError("OpenLink: a source is not an IP address");
+    }
+    std::string text = a->AddressText();
+    if (std::find(claimed.begin(), claimed.end(), text) == claimed.end()) claimed.push_back(std::move(text));
+  }
   absl::Time now = absl::Now();
   absl::MutexLock l(&mu_);
   RememberSource(source);
+  std::vector<std::string>& mine_before = sources_of_node_[node];
+  for (const std::string& s : mine_before) {
+    if (auto it = claimed_sources_.find(s); it != claimed_sources_.end() && --it->second == 0) {
+      claimed_sources_.erase(it);
+    }
+  }
+  for (const std::string& s : claimed) ++claimed_sources_[s];
+  mine_before = std::move(claimed);
   size_t mine = 0;
   for (auto it = cookies_.begin(); it != cookies_.end();) {
     if (it->second.expires < now) {

@@ -238,7 +238,7 @@ void MeshEngine::AcceptLoop() {
     // and strangers' (addresses no peer has used) only half of them, so a
     // flood cannot take the slots of peers. Authenticated connections are
     // counted per peer (ServeConnection). The thread bound: both together.
-    const bool stranger = !known_sources_.contains(source);
+    const bool stranger = !known_sources_.contains(source) && !claimed_sources_.contains(source);
     auto of = unauthenticated_of_.find(source);
     const size_t from_source = of == unauthenticated_of_.end() ? 0 : of->second;
     const char* why = nullptr;

@@ -455,8 +455,8 @@ TEST_F(MeshHostile, HostileVerbsRequestsAreRefusedAndLeakNothing) {
   EXPECT_NE(resp.grant(), 0u);
 }
 
-// Raw data connections to node b's data port.
-int DialData(const std::string& addr) {
+// Raw data connections to node b's data port (from `from`, when given).
+int DialData(const std::string& addr, const std::string& from = "") {
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(7447);
@@ -466,6 +466,15 @@ int DialData(const std::string& addr) {
   int fd = -1;
   for (int tries = 0; fd < 0 && tries < 50; ++tries) {
     fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (!from.empty()) {
+      sockaddr_in local{};
+      local.sin_family = AF_INET;
+      ::inet_pton(AF_INET, from.c_str(), &local.sin_addr);
+      if (::bind(fd, reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0) {
+        ::close(fd);
+        return -1;
+      }
+    }
     if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
       ::close(fd);
       fd = -1;
@@ -688,6 +697,69 @@ TEST_F(MeshShares, UnauthenticatedConnectionsAreBoundedPerSourceAddress) {
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   EXPECT_EQ(StillOpen(fds), 8) << "node b holds more than 8 unauthenticated connections from one address";
   for (int fd : fds) ::close(fd);
+  EXPECT_TRUE(nb_->Alive());
+}
+
+// A peer's data connections from another of its addresses (a second path
+// binds its own) are the peer's before AUTH, not a stranger's: while
+// strangers hold their whole share, they still get a slot once its OpenLink
+// named that address. Before, they were closed at once until one of them
+// had authenticated.
+TEST_F(MeshShares, APeersOtherAddressesAreNotStrangersWhileStrangersFlood) {
+  ca_->Issue("node-t", dir_ + "/node-t");
+  auto stub = Stub(dir_ + "/node-t");
+  const std::string second = topo_.HostAlias(b_ns_, 9, 210);
+  pb::OpenLinkResponse link;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::OpenLinkRequest req;
+    req.set_connections(2);
+    req.add_sources(second);
+    ASSERT_TRUE(stub->OpenLink(&ctx, req, &link).ok());
+  }
+  // Four stranger addresses, eight connections each: the strangers' share.
+  std::vector<int> flood;
+  for (int k = 0; k < 4; ++k) {
+    const std::string from = topo_.HostAlias(b_ns_, 9, 200 + k);
+    for (int i = 0; i < 8; ++i) {
+      int fd = DialData(b_addr_, from);
+      ASSERT_GE(fd, 0);
+      flood.push_back(fd);
+    }
+  }
+  int late = DialData(b_addr_, topo_.HostAlias(b_ns_, 9, 204));  // a fifth stranger: over the share
+  ASSERT_GE(late, 0);
+  int mine = DialData(b_addr_, second);
+  ASSERT_GE(mine, 0);
+  Frame auth;
+  auth.type = 1;
+  auth.length = 32;
+  auth.grant = 77;
+  ASSERT_EQ(::send(mine, &auth, sizeof(auth), MSG_NOSIGNAL), 40);
+  ASSERT_EQ(::send(mine, link.cookies(0).data(), 32, MSG_NOSIGNAL), 32);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  // Well inside the 2 s AUTH deadline the strangers' connections are held.
+  EXPECT_EQ(StillOpen(flood), 32);
+  EXPECT_EQ(StillOpen({late}), 0) << "a stranger got a slot past the strangers' share";
+  EXPECT_EQ(StillOpen({mine}), 1) << "the peer's second address was counted as a stranger's";
+  for (int fd : flood) ::close(fd);
+  ::close(late);
+  ::close(mine);
+  // More than kMaxClaimedSources sources, or one that is no address: refused.
+  for (int bad = 0; bad < 2; ++bad) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    pb::OpenLinkRequest req;
+    req.set_connections(1);
+    if (bad == 0) {
+      for (int i = 0; i < 17; ++i) req.add_sources(absl::StrCat("10.9.9.", i));
+    } else {
+      req.add_sources("10.9.9.0/24");
+    }
+    pb::OpenLinkResponse ignored;
+    EXPECT_EQ(stub->OpenLink(&ctx, req, &ignored).error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad;
+  }
   EXPECT_TRUE(nb_->Alive());
 }
 

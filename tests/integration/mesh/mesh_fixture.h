@@ -223,6 +223,16 @@ class Topology {
     host_devs_.push_back(dh);
     return absl::StrCat(host_net_, ".", (sub % 64) * 4 + 2);
   }
+  // Another address of the host, `host_net_.<host>`, on host cable `sub` to
+  // `node` (made by HostCable), and the node's route back to it: clients
+  // dialing from it look like other machines to the node.
+  std::string HostAlias(const std::string& node, int sub, int host) {
+    std::string dh = absl::StrCat(tag_, "h", sub), dn = absl::StrCat(tag_, "h", sub, "n");
+    std::string addr = absl::StrCat(host_net_, ".", host);
+    EXPECT_EQ(Sh(absl::StrCat("ip addr add ", addr, "/32 dev ", dh)), 0) << addr;
+    EXPECT_EQ(Sh(absl::StrCat("ip -n ", node, " route add ", addr, "/32 dev ", dn)), 0) << addr;
+    return addr;
+  }
   const std::string& tag() const { return tag_; }
 
  private:
