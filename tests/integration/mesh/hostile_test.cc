@@ -503,16 +503,35 @@ struct Frame {
 };
 static_assert(sizeof(Frame) == 40);
 
+// node-t's OpenLink on node b for `n` data connections, naming `sources` as
+// where they come from; a refusal fails the test (empty cookies then).
+pb::OpenLinkResponse OpenLinkOf(pb::Mesh::Stub& stub, int n, const std::vector<std::string>& sources = {}) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  pb::OpenLinkRequest req;
+  req.set_connections(n);
+  for (const std::string& s : sources) req.add_sources(s);
+  pb::OpenLinkResponse link;
+  grpc::Status st = stub.OpenLink(&ctx, req, &link);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  return link;
+}
+
+// The AUTH frame of link instance `instance` and its 32-byte cookie on data connection `fd`.
+void SendAuth(int fd, const std::string& cookie, uint64_t instance = 0) {
+  Frame auth;
+  auth.type = 1;
+  auth.length = 32;
+  auth.grant = instance;
+  EXPECT_EQ(::send(fd, &auth, sizeof(auth), MSG_NOSIGNAL), 40);
+  EXPECT_EQ(::send(fd, cookie.data(), cookie.size(), MSG_NOSIGNAL), static_cast<ssize_t>(cookie.size()));
+}
+
 TEST_F(MeshHostile, ForgedDataConnectionsAreClosedUnanswered) {
   // A guessed cookie.
   int fd = DialData(b_addr_);
   ASSERT_GE(fd, 0);
-  Frame auth;
-  auth.type = 1;
-  auth.length = 32;
-  std::string cookie(32, 'x');
-  ASSERT_EQ(::send(fd, &auth, sizeof(auth), MSG_NOSIGNAL), 40);
-  ASSERT_EQ(::send(fd, cookie.data(), cookie.size(), MSG_NOSIGNAL), 32);
+  SendAuth(fd, std::string(32, 'x'));
   EXPECT_EQ(Answer(fd), 0);
   ::close(fd);
   // A WRITE without AUTH, aimed at the grant a real peer would hold.
@@ -552,20 +571,13 @@ TEST_F(MeshHostile, ForgedDataConnectionsAreClosedUnanswered) {
   // out-of-bounds and oversized ones.
   ca_->Issue("node-t", dir_ + "/node-t");
   auto stub = Stub(dir_ + "/node-t");
-  pb::OpenLinkResponse link;
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    pb::OpenLinkRequest req;
-    req.set_connections(2);
-    ASSERT_TRUE(stub->OpenLink(&ctx, req, &link).ok());
-  }
+  pb::OpenLinkResponse link = OpenLinkOf(*stub, 2);
+  ASSERT_EQ(link.cookies_size(), 2);
   pb::OpenRegionResponse grant;
   ASSERT_TRUE(Open(*stub, "node-t", &grant).ok());
   fd = DialData(b_addr_);
   ASSERT_GE(fd, 0);
-  ASSERT_EQ(::send(fd, &auth, sizeof(auth), MSG_NOSIGNAL), 40);
-  ASSERT_EQ(::send(fd, link.cookies(0).data(), 32, MSG_NOSIGNAL), 32);
+  SendAuth(fd, link.cookies(0));
   auto ack = [&](const Frame& f, const std::string& payload) {
     EXPECT_EQ(::send(fd, &f, sizeof(f), MSG_NOSIGNAL), 40);
     if (!payload.empty()) {
@@ -626,8 +638,7 @@ TEST_F(MeshHostile, ForgedDataConnectionsAreClosedUnanswered) {
   // A cookie is single-use.
   int again = DialData(b_addr_);
   ASSERT_GE(again, 0);
-  ASSERT_EQ(::send(again, &auth, sizeof(auth), MSG_NOSIGNAL), 40);
-  ASSERT_EQ(::send(again, link.cookies(0).data(), 32, MSG_NOSIGNAL), 32);
+  SendAuth(again, link.cookies(0));
   EXPECT_EQ(Answer(again), 0);
   ::close(again);
   // An oversized frame closes the connection.
@@ -661,23 +672,13 @@ class MeshShares : public MeshHostile {
   std::vector<int> Authenticated(int n, uint64_t instance = 77) {
     ca_->Issue("node-t", dir_ + "/node-t");
     auto stub = Stub(dir_ + "/node-t");
-    pb::OpenLinkResponse link;
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    pb::OpenLinkRequest req;
-    req.set_connections(n);
-    EXPECT_TRUE(stub->OpenLink(&ctx, req, &link).ok());
+    pb::OpenLinkResponse link = OpenLinkOf(*stub, n);
     std::vector<int> fds;
     for (int i = 0; i < link.cookies_size(); ++i) {
       int fd = DialData(b_addr_);
       EXPECT_GE(fd, 0);
       if (fd < 0) continue;
-      Frame auth;
-      auth.type = 1;
-      auth.length = 32;
-      auth.grant = instance;
-      EXPECT_EQ(::send(fd, &auth, sizeof(auth), MSG_NOSIGNAL), 40);
-      EXPECT_EQ(::send(fd, link.cookies(i).data(), 32, MSG_NOSIGNAL), 32);
+      SendAuth(fd, link.cookies(i), instance);
       fds.push_back(fd);
     }
     return fds;
@@ -709,15 +710,8 @@ TEST_F(MeshShares, APeersOtherAddressesAreNotStrangersWhileStrangersFlood) {
   ca_->Issue("node-t", dir_ + "/node-t");
   auto stub = Stub(dir_ + "/node-t");
   const std::string second = topo_.HostAlias(b_ns_, 9, 210);
-  pb::OpenLinkResponse link;
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    pb::OpenLinkRequest req;
-    req.set_connections(2);
-    req.add_sources(second);
-    ASSERT_TRUE(stub->OpenLink(&ctx, req, &link).ok());
-  }
+  pb::OpenLinkResponse link = OpenLinkOf(*stub, 2, {second});
+  ASSERT_EQ(link.cookies_size(), 2);
   // Four stranger addresses, eight connections each: the strangers' share.
   std::vector<int> flood;
   for (int k = 0; k < 4; ++k) {
@@ -732,12 +726,7 @@ TEST_F(MeshShares, APeersOtherAddressesAreNotStrangersWhileStrangersFlood) {
   ASSERT_GE(late, 0);
   int mine = DialData(b_addr_, second);
   ASSERT_GE(mine, 0);
-  Frame auth;
-  auth.type = 1;
-  auth.length = 32;
-  auth.grant = 77;
-  ASSERT_EQ(::send(mine, &auth, sizeof(auth), MSG_NOSIGNAL), 40);
-  ASSERT_EQ(::send(mine, link.cookies(0).data(), 32, MSG_NOSIGNAL), 32);
+  SendAuth(mine, link.cookies(0), 77);
   std::this_thread::sleep_for(std::chrono::milliseconds(400));
   // Well inside the 2 s AUTH deadline the strangers' connections are held.
   EXPECT_EQ(StillOpen(flood), 32);
