@@ -10,11 +10,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include "absl/status/statusor.h"
@@ -53,21 +55,28 @@ Daemon::Daemon(const std::string& config_json, std::vector<std::string> extra_ar
   } else {
     std::ofstream(cfg) << config_json;
   }
+  // Everything the child needs is made here: the test process has threads
+  // (a test runtime's gRPC server, say), and a child of a threaded process may
+  // only make async-signal-safe calls before exec — an allocation can wait
+  // forever on a lock another thread held at the fork (seen once under ASan:
+  // a podlinkd that never wrote a line).
+  std::vector<std::string> args = {BinPath("PODLINKD_PATH", PODLINKD_PATH), "--socket-dir", dir_, "--config", cfg,
+                                   "--metrics-addr", "127.0.0.1:0"};
+  if (!gpu) args.push_back("--no-gpu");
+  for (auto& a : extra_args) args.push_back(a);
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string log_path = dir_ + "/podlinkd.log";
+  const std::string ns_path = netns.empty() ? std::string() : "/run/netns/" + netns;
   pid_ = fork();
   if (pid_ == 0) {
-    int log = ::open((dir_ + "/podlinkd.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(log, 2);
-    if (!netns.empty()) {
-      int ns = ::open(("/run/netns/" + netns).c_str(), O_RDONLY | O_CLOEXEC);
+    if (!ns_path.empty()) {
+      int ns = ::open(ns_path.c_str(), O_RDONLY | O_CLOEXEC);
       if (ns < 0 || ::setns(ns, CLONE_NEWNET) != 0) _exit(126);
     }
-    std::vector<std::string> args = {BinPath("PODLINKD_PATH", PODLINKD_PATH), "--socket-dir", dir_, "--config", cfg,
-                                     "--metrics-addr", "127.0.0.1:0"};
-    if (!gpu) args.push_back("--no-gpu");
-    for (auto& a : extra_args) args.push_back(a);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
     execv(argv[0], argv.data());
     _exit(127);
   }
@@ -168,6 +177,18 @@ PodCgroup::~PodCgroup() {
   for (auto it = dirs_.rbegin(); it != dirs_.rend(); ++it) RemoveCgroupDir(*it, 1000);
 }
 
+// `name` as execvp would find it on PATH (itself when not found: execve then fails).
+std::string OnPath(const std::string& name) {
+  if (name.find('/') != std::string::npos) return name;
+  const char* path = ::getenv("PATH");
+  std::stringstream dirs(path != nullptr ? path : "/usr/bin:/bin");
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    std::string full = (dir.empty() ? "." : dir) + "/" + name;
+    if (::access(full.c_str(), X_OK) == 0) return full;
+  }
+  return name;
+}
+
 std::string DemoPath() { return BinPath("PODLINK_DEMO_PATH", PODLINK_DEMO_PATH); }
 
 Pod::Pod(const Daemon& d, const PodCgroup* cg, std::vector<std::string> args, const std::string& binary)
@@ -179,7 +200,40 @@ Pod::Pod(const Daemon& d, const std::string& cgroup_path, std::vector<std::strin
     ADD_FAILURE() << "pipe";
     return;
   }
-  std::string procs = cgroup_path.empty() ? "" : cgroup_path + "/cgroup.procs";
+  // Made before the fork, as in Daemon: the child only makes async-signal-safe calls.
+  const std::string procs = cgroup_path.empty() ? "" : cgroup_path + "/cgroup.procs";
+  std::vector<std::string> full = PodUnshareCommand();
+  full.push_back(binary.empty() ? DemoPath() : binary);
+  for (auto& a : args) full.push_back(a);
+  std::vector<char*> argv;
+  for (auto& a : full) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const std::string unshare = OnPath(full.front());
+  // The environment: this one, the daemon's socket directory, and under
+  // ThreadSanitizer (scripts/sanitize.sh tsan) a report path of the pod's own:
+  // every pod's process is pid 1 of its own PID namespace, so reports written
+  // to <log_path>.<pid> would overwrite each other.
+  static std::atomic<int> pods{0};
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string_view v = *e;
+    if (v.starts_with("PODLINK_SOCKET_DIR=")) continue;
+    if (v.starts_with("TSAN_OPTIONS=")) {
+      std::string opts(v);
+      if (size_t at = opts.find("log_path="); at != std::string::npos) {
+        size_t end = opts.find(':', at);
+        std::string path = opts.substr(at + 9, end == std::string::npos ? std::string::npos : end - at - 9);
+        opts += absl::StrCat(":log_path=", path, "-pod", ::getpid(), "-", pods.fetch_add(1));
+      }
+      env.push_back(std::move(opts));
+      continue;
+    }
+    env.emplace_back(v);
+  }
+  env.push_back("PODLINK_SOCKET_DIR=" + d.dir());
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
   pid_ = fork();
   if (pid_ == 0) {
     if (!procs.empty()) {
@@ -189,27 +243,7 @@ Pod::Pod(const Daemon& d, const std::string& cgroup_path, std::vector<std::strin
     }
     dup2(in[0], 0);
     dup2(out[1], 1);
-    setenv("PODLINK_SOCKET_DIR", d.dir().c_str(), 1);
-    // Under ThreadSanitizer (scripts/sanitize.sh tsan) every pod's process is
-    // pid 1 of its own PID namespace, so reports written to <log_path>.<pid>
-    // would overwrite each other: each pod's go to a file named after its
-    // host pid.
-    if (const char* t = getenv("TSAN_OPTIONS"); t != nullptr) {
-      std::string opts = t;
-      if (size_t at = opts.find("log_path="); at != std::string::npos) {
-        size_t end = opts.find(':', at);
-        std::string path = opts.substr(at + 9, end == std::string::npos ? std::string::npos : end - at - 9);
-        opts += ":log_path=" + path + "-pod" + std::to_string(getpid());
-        setenv("TSAN_OPTIONS", opts.c_str(), 1);
-      }
-    }
-    std::vector<std::string> full = PodUnshareCommand();
-    full.push_back(binary.empty() ? DemoPath() : binary);
-    for (auto& a : args) full.push_back(a);
-    std::vector<char*> argv;
-    for (auto& a : full) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execvp("unshare", argv.data());
+    execve(unshare.c_str(), argv.data(), envp.data());
     _exit(127);
   }
   ::close(in[0]);
