@@ -62,6 +62,7 @@ esac
 start=$(date +%s)
 echo "== $mode: configure and build $build (-fsanitize=$flags)"
 # -O1 -g1 (line tables): reports keep file:line, and the build takes far less of CI's time than -O2 -g.
+# The test programs themselves are built at -O0 (tests/CMakeLists.txt).
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
   -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" -DPODLINK_SANITIZE="$flags" -DPODLINK_PYTHON=OFF >/dev/null
 cmake --build "$build" -j "$jobs" --target "${targets[@]}"
