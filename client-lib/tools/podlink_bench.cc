@@ -507,7 +507,9 @@ int RunKv(const Args& a, const podlink::cu::Driver* d) {
   for (auto [block, n] : a.kv_blocks) largest = std::max(largest, block * n);
   Checker checker(d, largest);
   int wrong_total = 0;
-  for (auto [block, n] : a.kv_blocks) {
+  for (const auto& shape : a.kv_blocks) {
+    // Named copies, not a structured binding: the lambdas below capture them (clang before 16 cannot).
+    const uint64_t block = shape.first, n = shape.second;
     if (2 * n * block > remote->size) {
       Fail("kv", absl::InvalidArgumentError(absl::StrFormat("%d blocks of %d bytes need a cache of %d bytes; the "
                                                             "export holds %d", 2 * n, block, 2 * n * block,

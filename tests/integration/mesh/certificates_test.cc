@@ -45,7 +45,7 @@ TEST_F(Mesh, RotatedCertificatesTakeEffectWithoutARestart) {
   Pod server(*nb, &pb, {"kv-serve", "--size", "65536", "--verify", "4"});
   json s = server.Expect("serving");
   ASSERT_EQ(s["event"], "serving") << s.dump();
-  auto put = [&]() {
+  auto put = [&, &pa = pa]() {
     Pod client(*na, &pa, {"kv-put", "--desc", s["descriptor"], "--seed", "4"});
     json r = client.Next(30000).value_or(json());
     client.Wait();

@@ -22,7 +22,7 @@ TEST_F(Mesh, TwoHopStripingAddsARelaysCablesAndOutlivesTheRelay) {
   auto na = StartNode("node-a", a, {ab_a, ac_a}, pods, "", kStripesThroughC);
   auto nb = StartNode("node-b", b, {ab_b, bc_b}, pods);
   auto nc = StartNode("node-c", c, {bc_c, ac_c}, pods);
-  auto metric = [&](const std::string& series) { return MetricOf(a, *na, series); };
+  auto metric = [&, &a = a](const std::string& series) { return MetricOf(a, *na, series); };
   const uint64_t size = 32 << 20;
   // A to B: the route through C opens beside the direct one (the pod waits a
   // second before writing, so every transfer finds it), three whole writes,
