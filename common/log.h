@@ -21,9 +21,10 @@ namespace podlink {
 
 // The logger of one daemon component ("broker", "relay", ...): the one podlinkd
 // registers for it at start, or spdlog's default where none is (tests, tools).
-// Looked up once, at the first call. Each file defines
-//   namespace { const ComponentLog Log("relay"); }
-// and logs with Log()->info(...).
+// Looked up once, at the first call. Each file defines its own, under a name
+// unique among the files compiled with it in one unity unit (daemon/CMakeLists.txt):
+//   namespace { const ComponentLog RelayLog("relay"); }
+// and logs with RelayLog()->info(...). The mesh engine's files share one, Log (engine_util.h).
 class ComponentLog {
  public:
   explicit ComponentLog(const char* component) : component_(component) {}

@@ -30,7 +30,7 @@
 namespace podlink {
 namespace {
 
-const ComponentLog Log("broker");
+const ComponentLog BrokerLog("broker");
 
 std::string ReadBootId() {
   std::ifstream f("/proc/sys/kernel/random/boot_id");
@@ -222,7 +222,7 @@ absl::StatusOr<std::shared_ptr<Session>> Broker::FinishOpen(UniqueFd sock, absl:
     CloseSession(s->id, "could not greet client");
     return sent;
   }
-  Log()->info("event=session_open session={} pid={} uid={} pod={} key={} container={} qos={}", s->id,
+  BrokerLog()->info("event=session_open session={} pid={} uid={} pod={} key={} container={} qos={}", s->id,
               s->peer.pid, s->peer.uid, LogQuoted(s->pod.Ref()), LogQuoted(s->pod.key), s->peer.cgroup.container_id,
               s->peer.cgroup.qos_class);
   return s;
@@ -319,7 +319,7 @@ void Broker::CloseSession(uint64_t session_id, const std::string& reason) {
   }
   v1::Event bye = MakeEvent(v1::Event::TYPE_SESSION_CLOSED, 0, "", reason);
   for (auto& w : watchers) w->Close(bye);
-  Log()->info("event=session_close session={} pod={} exports_dropped={} reason={}", session_id,
+  BrokerLog()->info("event=session_close session={} pod={} exports_dropped={} reason={}", session_id,
               s->pod.Ref(), removed.size(), LogQuoted(reason));
 }
 
@@ -512,7 +512,7 @@ absl::StatusOr<v1::ExportResponse> Broker::Export(Session& s, const v1::ExportRe
     if (s.closed) return absl::UnavailableError("session closed during export");
     PODLINK_ASSIGN_OR_RETURN(uint64_t id, registry_.Add(std::move(rec)));
     exports_total_.fetch_add(1, std::memory_order_relaxed);
-    Log()->info("event=export session={} pod={} export={} name={} size={} kind={}", s.id, s.pod.Ref(), id,
+    BrokerLog()->info("event=export session={} pod={} export={} name={} size={} kind={}", s.id, s.pod.Ref(), id,
                 req.name(), req.size(), HandleKindName(kind));
     v1::ExportResponse resp;
     resp.set_export_id(id);
@@ -561,7 +561,7 @@ absl::StatusOr<std::shared_ptr<const ExportRecord>> Broker::FindAuthorized(const
   if (absl::Status allowed = CheckImport(view, importer, &reason); !allowed.ok()) {
     denials_total_.fetch_add(1, std::memory_order_relaxed);
     denials_.Inc(reason);
-    Log()->warn("event=deny {} pod={} export={} reason={}", who, importer.Ref(), rec.id, LogQuoted(allowed.message()));
+    BrokerLog()->warn("event=deny {} pod={} export={} reason={}", who, importer.Ref(), rec.id, LogQuoted(allowed.message()));
     if (rec.owner.namespace_ != importer.namespace_) {
       // A pod of another namespace learns nothing, not even that the export
       // exists: the answer is the one for an id or name that was never used.
@@ -627,7 +627,7 @@ absl::StatusOr<v1::ImportResponse> Broker::Import(Session& s, const v1::ImportRe
     resp.set_delivery_slot(slot);
   }
   imports_total_.fetch_add(1, std::memory_order_relaxed);
-  Log()->info("event=import session={} pod={} export={} owner={}", s.id, s.pod.Ref(), rec.id,
+  BrokerLog()->info("event=import session={} pod={} export={} owner={}", s.id, s.pod.Ref(), rec.id,
               rec.owner.Ref());
   return resp;
 }
@@ -656,7 +656,7 @@ absl::StatusOr<v1::ReleaseResponse> Broker::Release(Session& s, const v1::Releas
     case v1::ReleaseResponse::KIND_EXPORT: {
       PODLINK_ASSIGN_OR_RETURN(RemovedExport removed, registry_.ReleaseExport(req.export_id(), s.id));
       NotifyGone(removed, absl::StrCat("released by its owner ", s.pod.Ref()));
-      Log()->info("event=release session={} export={} importers={}", s.id, req.export_id(),
+      BrokerLog()->info("event=release session={} export={} importers={}", s.id, req.export_id(),
                   removed.importers.size());
       return resp;
     }
@@ -750,7 +750,7 @@ absl::StatusOr<v1::OpenRelayResponse> Broker::OpenRelay(Session& s, const v1::Op
     if (s.closed) return absl::UnavailableError("session closed");
     PODLINK_RETURN_IF_ERROR(relay_->AddRing(s.id, std::move(ring), layout, std::move(doorbell)));
   }
-  Log()->info("event=relay_open session={} pod={} sq={} cq={} nq={}", s.id, s.pod.Ref(), layout.sq_entries,
+  BrokerLog()->info("event=relay_open session={} pod={} sq={} cq={} nq={}", s.id, s.pod.Ref(), layout.sq_entries,
               layout.cq_entries, layout.nq_entries);
   return v1::OpenRelayResponse();
 }
@@ -786,7 +786,7 @@ void Broker::OpenRemote(Session& s, const v1::OpenRemoteRequest& req,
                       e->set_handle_type(static_cast<v1::HandleType>(info->handle_type));
                       e->mutable_owner()->set_namespace_(info->owner_namespace);
                       e->mutable_owner()->set_name(info->owner_name);
-                      Log()->info("event=open_remote session={} node={} export={} handle={}", session, node,
+                      BrokerLog()->info("event=open_remote session={} node={} export={} handle={}", session, node,
                                   info->export_id, info->handle);
                       // A session that closed meanwhile must not keep the handle.
                       if (FindSession(session) == nullptr) (void)mesh_->DropHandle(session, info->handle);

@@ -28,7 +28,7 @@ constexpr int kOpeners = 4;
 constexpr size_t kMaxWaiting = 512;      // clients waiting for the pod source, in all
 constexpr size_t kMaxWaitingPerPod = 8;  // and per pod
 
-const ComponentLog Log("fdchan");
+const ComponentLog FdLog("fdchan");
 
 }  // namespace
 
@@ -117,7 +117,7 @@ void FdServer::Run() {
     }
     if (n < 0) {
       if (errno == EINTR) continue;
-      Log()->error("event=epoll_failed error={}", LogQuoted(std::strerror(errno)));
+      FdLog()->error("event=epoll_failed error={}", LogQuoted(std::strerror(errno)));
       return;
     }
     for (int i = 0; i < n; ++i) {
@@ -139,7 +139,7 @@ void FdServer::Accept() {
     UniqueFd sock(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (!sock) {
       if (errno != EAGAIN && errno != EINTR) {
-        Log()->warn("event=accept_failed error={}", LogQuoted(std::strerror(errno)));
+        FdLog()->warn("event=accept_failed error={}", LogQuoted(std::strerror(errno)));
       }
       return;
     }
@@ -214,7 +214,7 @@ void FdServer::Opener() {
     if (stopping) pod = absl::UnavailableError("podlinkd is stopping");
     absl::StatusOr<std::shared_ptr<Session>> s = broker_->FinishOpen(std::move(w.sock), std::move(w.peer), pod);
     if (!s.ok()) {
-      Log()->warn("event=session_refused reason={}", LogQuoted(s.status().ToString()));
+      FdLog()->warn("event=session_refused reason={}", LogQuoted(s.status().ToString()));
       continue;
     }
     {
@@ -244,7 +244,7 @@ void FdServer::RegisterOpened() {
 
 void FdServer::Register(absl::StatusOr<std::shared_ptr<Session>> s) {
   if (!s.ok()) {
-    Log()->warn("event=session_refused reason={}", LogQuoted(s.status().ToString()));
+    FdLog()->warn("event=session_refused reason={}", LogQuoted(s.status().ToString()));
     return;
   }
   epoll_event ev{};
@@ -274,11 +274,11 @@ void FdServer::Drain(uint64_t session_id) {
     if (!m.ok()) {
       if (absl::IsNotFound(m.status())) return close("client closed its descriptor channel");
       if (absl::IsUnavailable(m.status())) return close(std::string(m.status().message()));
-      Log()->warn("event=protocol_violation session={} error={}", session_id, LogQuoted(m.status().message()));
+      FdLog()->warn("event=protocol_violation session={} error={}", session_id, LogQuoted(m.status().message()));
       return close(absl::StrCat("protocol violation: ", m.status().message()));
     }
     if (m->msg.type != static_cast<uint16_t>(FdMsgType::kOffer)) {
-      Log()->warn("event=protocol_violation session={} type={}", session_id, m->msg.type);
+      FdLog()->warn("event=protocol_violation session={} type={}", session_id, m->msg.type);
       return close(absl::StrCat("protocol violation: unexpected message type ", m->msg.type));
     }
     broker_->OnOffer(*s, m->msg.seq, std::move(m->fd));

@@ -27,7 +27,7 @@ constexpr uint64_t kListenKey = 0;
 constexpr uint64_t kWakeKey = 1;
 constexpr int kAcceptsPerWake = 64;
 
-const ComponentLog Log("grpc");
+const ComponentLog ListenerLog("grpc");
 
 int64_t MonotonicSeconds() {
   timespec ts{};
@@ -95,7 +95,7 @@ void GrpcListener::Run() {
     int n = ::epoll_wait(epoll_.get(), events, 64, -1);
     if (n < 0) {
       if (errno == EINTR) continue;
-      Log()->error("event=epoll_failed error={}", LogQuoted(std::strerror(errno)));
+      ListenerLog()->error("event=epoll_failed error={}", LogQuoted(std::strerror(errno)));
       return;
     }
     for (int i = 0; i < n; ++i) {
@@ -115,7 +115,7 @@ void GrpcListener::Accept() {
     UniqueFd c(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (!c) {
       if (errno != EAGAIN && errno != EINTR) {
-        Log()->warn("event=accept_failed error={}", LogQuoted(std::strerror(errno)));
+        ListenerLog()->warn("event=accept_failed error={}", LogQuoted(std::strerror(errno)));
       }
       return;
     }
@@ -153,7 +153,7 @@ void GrpcListener::Accept() {
       // One line per second at most: a flood of refusals must not flood the log.
       if (int64_t now = MonotonicSeconds(); now != last_refusal_log_) {
         last_refusal_log_ = now;
-        Log()->warn("event=grpc_connection_refused refused_total={} reason={}", refused(), LogQuoted(refusal));
+        ListenerLog()->warn("event=grpc_connection_refused refused_total={} reason={}", refused(), LogQuoted(refusal));
       }
       continue;  // `c` closes
     }

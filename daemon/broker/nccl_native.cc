@@ -31,7 +31,7 @@
 
 namespace podlink {
 namespace {
-const ComponentLog Log("broker");
+const ComponentLog NativeLog("broker");
 }  // namespace
 
 namespace {
@@ -117,7 +117,7 @@ absl::StatusOr<v1::JoinNcclNativeResponse> Broker::JoinNcclNative(Session& s) {
   nccl_groups_[group].insert(s.id);
   r.set_host_id(absl::StrCat("podlink-", node_id_, "-", ShortHash(group)));
   r.set_members(static_cast<uint32_t>(nccl_bridge_->members()));
-  Log()->info("event=nccl_native_join session={} pod={} group={} shm_mounted={}", s.id, pod.Ref(), LogQuoted(group),
+  NativeLog()->info("event=nccl_native_join session={} pod={} group={} shm_mounted={}", s.id, pod.Ref(), LogQuoted(group),
               r.shm_mounted());
   return r;
 }

@@ -14,7 +14,7 @@
 namespace podlink {
 namespace {
 
-const ComponentLog Log("deviceplugin");
+const ComponentLog PluginLog("deviceplugin");
 
 std::string DeviceId(int i) { return absl::StrCat("podlink-peer-", i); }
 
@@ -168,7 +168,7 @@ void DevicePlugin::Watch() {
     // Our socket gone (kubelet restarted and cleaned the directory) or never served.
     if (!socket_id_.exists() || !(IdOf(SocketPath()) == socket_id_)) {
       if (absl::Status s = Serve(); !s.ok()) {
-        Log()->warn("event=serve_failed error={}", LogQuoted(s.message()));
+        PluginLog()->warn("event=serve_failed error={}", LogQuoted(s.message()));
       } else {
         registered_ = false;
       }
@@ -187,13 +187,13 @@ void DevicePlugin::Watch() {
         ++registrations_;
         state_.registered = true;
         state_.last_error.clear();
-        Log()->info("event=registered resource={} endpoint={}", config_.resource, config_.endpoint);
+        PluginLog()->info("event=registered resource={} endpoint={}", config_.resource, config_.endpoint);
       } else {
         next_attempt_ = absl::Now() + backoff_;
         ++state_.failures;
         state_.registered = false;
         state_.last_error = std::string(s.message());
-        Log()->warn("event=register_failed resource={} error={} retry_in_s={:.0f}", config_.resource,
+        PluginLog()->warn("event=register_failed resource={} error={} retry_in_s={:.0f}", config_.resource,
                     LogQuoted(s.message()), absl::ToDoubleSeconds(backoff_));
         backoff_ = std::min(backoff_ * 2, config_.register_backoff_max);
       }
@@ -208,7 +208,7 @@ void DevicePlugin::Watch() {
     std::string why;
     bool h = health_(&why);
     if (h != healthy_.exchange(h)) {
-      Log()->info("event=health healthy={} reason={}", h, LogQuoted(why));
+      PluginLog()->info("event=health healthy={} reason={}", h, LogQuoted(why));
       service_->Broadcast();
     }
     absl::MutexLock l(&stop_mu_);

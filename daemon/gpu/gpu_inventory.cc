@@ -26,7 +26,7 @@ const GpuDevice* GpuInventory::FindByUuid(const std::string& uuid) const {
 
 namespace {
 
-const ComponentLog Log("gpu");
+const ComponentLog GpuLog("gpu");
 
 // /proc/driver/nvidia/gpus/<bus id>/information has "Device Minor: N".
 std::string DeviceNodeFor(const std::string& bus_id) {
@@ -91,7 +91,7 @@ bool TryFabric(const cu::Driver& d, int ordinal, uint64_t granularity) {
   cu::MemHandle h = 0;
   cu::Result r = d.MemCreate(&h, granularity, &prop, 0);
   if (r != cu::kSuccess) {
-    Log()->info("gpu={} fabric handles unavailable ({}); POSIX-FD only", ordinal,
+    GpuLog()->info("gpu={} fabric handles unavailable ({}); POSIX-FD only", ordinal,
                              cu::CuStatus(r, "cuMemCreate(FABRIC)").message());
     return false;
   }
@@ -158,7 +158,7 @@ GpuInventory DiscoverGpus() {
   }
   Nvml nvml{};
   bool have_nvml = LoadNvml(nvml);
-  if (!have_nvml) Log()->info("NVML unavailable: NVLink link counts not reported");
+  if (!have_nvml) GpuLog()->info("NVML unavailable: NVLink link counts not reported");
   std::vector<void*> handles(inv.gpus.size(), nullptr);
   for (size_t i = 0; have_nvml && i < inv.gpus.size(); ++i) {
     if (nvml.DeviceGetHandleByPciBusId(inv.gpus[i].pci_bus_id.c_str(), &handles[i]) != 0) handles[i] = nullptr;

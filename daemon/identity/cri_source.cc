@@ -16,7 +16,7 @@
 namespace podlink {
 namespace {
 
-const ComponentLog Log("identity");
+const ComponentLog CriLog("identity");
 
 std::chrono::system_clock::time_point ToChrono(absl::Time t) {
   return std::chrono::system_clock::now() + absl::ToChronoNanoseconds(t - absl::Now());
@@ -92,9 +92,9 @@ void CriPodSource::Probe() {
       runtime_error_ = error;
     }
     if (changed && error.empty()) {  // logged without the lock: a slow log sink must not hold up lookups
-      Log()->info("event=container_runtime_reached socket={} runtime={}", socket_, LogQuoted(name));
+      CriLog()->info("event=container_runtime_reached socket={} runtime={}", socket_, LogQuoted(name));
     } else if (changed) {
-      Log()->warn("event=container_runtime_unreachable socket={} error={}", socket_, LogQuoted(error));
+      CriLog()->warn("event=container_runtime_unreachable socket={} error={}", socket_, LogQuoted(error));
     }
   } while (!stop_.WaitForNotificationWithTimeout(options_.probe_interval));
 }
@@ -236,7 +236,7 @@ absl::Status CriPodSource::LookUp(const std::string& uid, const std::string& con
       other_ref = absl::StrCat(sb.metadata().namespace_(), "/", sb.metadata().name());
     }
     if (!other.empty() && other != uid) {
-      Log()->warn("event=container_of_another_pod cgroup_pod={} container={} runtime_pod={} runtime_uid={}", uid,
+      CriLog()->warn("event=container_of_another_pod cgroup_pod={} container={} runtime_pod={} runtime_uid={}", uid,
                   container, LogQuoted(other_ref), other);
     }
   }
@@ -287,7 +287,7 @@ std::optional<absl::StatusOr<PodInfo>> CriPodSource::ResolveCached(const PeerIde
     d = Decide(peer, &warn);
     if (d && d->ok()) ++resolves_["cached"];
   }
-  if (!warn.empty()) Log()->warn("{}", warn);
+  if (!warn.empty()) CriLog()->warn("{}", warn);
   return d;
 }
 
@@ -297,7 +297,7 @@ absl::StatusOr<PodInfo> CriPodSource::Resolve(const PeerIdentity& peer) {
   const std::string& container = peer.cgroup.container_id;
   std::string warn;
   absl::Cleanup log_warning = [&warn] {
-    if (!warn.empty()) Log()->warn("{}", warn);  // after the lock is released
+    if (!warn.empty()) CriLog()->warn("{}", warn);  // after the lock is released
   };
   if (container.empty()) {
     absl::MutexLock l(&mu_);

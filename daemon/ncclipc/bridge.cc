@@ -31,7 +31,7 @@
 namespace podlink::ncclipc {
 namespace {
 
-const ComponentLog Log("ncclipc");
+const ComponentLog BridgeLog("ncclipc");
 
 constexpr size_t kMaxDatagram = 4096;  // NCCL's ncclIpcHdr is under 200 bytes
 constexpr int kMaxFdsPerDatagram = 4;  // room to see (and refuse) more than NCCL's one
@@ -257,7 +257,7 @@ absl::Status Bridge::Impl::Scan(Pod& p) {
   }
   if (over && !p.over_limit) {
     Count(&BridgeCounters::mirror_limit);
-    Log()->warn("event=names_over_limit pod={} limit={}", p.ref, opt_.max_names_per_pod);
+    BridgeLog()->warn("event=names_over_limit pod={} limit={}", p.ref, opt_.max_names_per_pod);
   }
   p.over_limit = over;
   // Names gone from this namespace: their mirrors elsewhere go too (a mirror
@@ -295,7 +295,7 @@ void Bridge::Impl::MirrorInto(Pod& target, Pod& origin) {
     }
     auto m = EnsureMirror(target, name, origin.ino, false);
     if (!m.ok()) {
-      Log()->warn("event=mirror_failed name={} from={} into={} error={}", Printable(name), origin.ref, target.ref,
+      BridgeLog()->warn("event=mirror_failed name={} from={} into={} error={}", Printable(name), origin.ref, target.ref,
                   LogQuoted(m.status().message()));
     }
   }
@@ -411,7 +411,7 @@ bool Bridge::Impl::Forward(Mirror* m) {
       absl::Time now = absl::Now();
       if (now - last_refusal_log_ > absl::Seconds(1)) {
         last_refusal_log_ = now;
-        Log()->warn("event=datagram_refused from={} to={} name={} reason={}", sender.ref, dest.ref,
+        BridgeLog()->warn("event=datagram_refused from={} to={} name={} reason={}", sender.ref, dest.ref,
                     Printable(m->name), LogQuoted(why));
       }
     };
@@ -466,7 +466,7 @@ bool Bridge::Impl::Forward(Mirror* m) {
     if (!fds.empty()) AttachFd(o, oc, sizeof(oc), fds[0].get());
     if (::sendmsg(out, &o, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
       Count(&BridgeCounters::dropped_undeliverable);
-      Log()->debug("event=undeliverable to={} name={} errno={}", dest.ref, Printable(m->name), errno);
+      BridgeLog()->debug("event=undeliverable to={} name={} errno={}", dest.ref, Printable(m->name), errno);
       continue;
     }
     {
@@ -494,7 +494,7 @@ void Bridge::Impl::Periodic() {
   for (const Key& k : expired) RemoveMirror(k);
   for (auto& [ino, p] : pods_) {
     absl::Status s = Scan(p);
-    if (!s.ok()) Log()->debug("event=scan_failed pod={} error={}", p.ref, LogQuoted(s.message()));
+    if (!s.ok()) BridgeLog()->debug("event=scan_failed pod={} error={}", p.ref, LogQuoted(s.message()));
   }
 }
 
@@ -563,7 +563,7 @@ absl::Status Bridge::Impl::Join(Member m) {
   for (auto& [oino, other] : pods_) {
     if (oino != ino && other.group == in.group) MirrorInto(in, other);
   }
-  Log()->info("event=join pod={} group={} netns={} members={}", in.ref, LogQuoted(in.group), ino, pods_.size());
+  BridgeLog()->info("event=join pod={} group={} netns={} members={}", in.ref, LogQuoted(in.group), ino, pods_.size());
   return Scan(in);
 }
 
@@ -582,7 +582,7 @@ void Bridge::Impl::Leave(uint64_t session) {
   if (p == pods_.end()) return;
   p->second.sessions.erase(session);
   if (!p->second.sessions.empty()) return;
-  Log()->info("event=leave pod={} group={} netns={}", p->second.ref, LogQuoted(p->second.group), ino);
+  BridgeLog()->info("event=leave pod={} group={} netns={}", p->second.ref, LogQuoted(p->second.group), ino);
   RemovePod(ino);
 }
 

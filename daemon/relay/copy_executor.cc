@@ -12,14 +12,15 @@
 namespace podlink {
 namespace {
 
-const ComponentLog Log("relay");
+const ComponentLog CopyLog("relay");
+
+
+}  // namespace
 
 uint64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
-
-}  // namespace
 
 bool CopyQueue::HasRunningUpTo(uint64_t seq) const {
   for (const Merged& m : unissued_) {
@@ -177,7 +178,7 @@ void CopyExecutor::Seal(CopyQueue& q, int gpu, uint32_t si, CopyQueue::StreamQue
     // No event to poll: finish synchronously (slow: this thread waits).
     if (!warned_sync_) {
       warned_sync_ = true;
-      Log()->warn("event=relay_sync_fallback worker={} gpu={} error={}", index_, gpu,
+      CopyLog()->warn("event=relay_sync_fallback worker={} gpu={} error={}", index_, gpu,
                   LogQuoted(g.event == nullptr ? std::string("cuEventCreate failed")
                                                : std::string(cu::CuStatus(rec, "cuEventRecord").message())));
     }

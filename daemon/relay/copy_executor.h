@@ -33,6 +33,9 @@
 
 namespace podlink {
 
+// The steady clock in nanoseconds: what the executor and the relay time copies with.
+uint64_t NowNs();
+
 // One resolved copy. `src`/`dst` are the exports (kept alive until the copy
 // completes); addresses are the daemon's own mappings.
 struct CopyRequest {

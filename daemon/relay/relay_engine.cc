@@ -15,14 +15,9 @@
 namespace podlink {
 namespace {
 
-const ComponentLog Log("relay");
+const ComponentLog RelayLog("relay");
 
 constexpr uint64_t kWakeKey = ~uint64_t{0};
-
-uint64_t NowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 uint64_t NowUs() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
@@ -600,7 +595,7 @@ bool RelayEngine::DrainMesh(Ring& r) {
 void RelayEngine::Complete(Ring& r, uint64_t user_data, const absl::Status& st) {
   if (!st.ok()) {
     failed_.fetch_add(1, std::memory_order_relaxed);
-    Log()->debug("event=relay_op_failed session={} user_data={} error={}", r.session, user_data, LogQuoted(st.message()));
+    RelayLog()->debug("event=relay_op_failed session={} user_data={} error={}", r.session, user_data, LogQuoted(st.message()));
   }
   if (r.broken.load(std::memory_order_relaxed)) return;
   RelayCqe& c = r.cq[r.cq_tail & (r.layout.cq_entries - 1)];
@@ -615,7 +610,7 @@ void RelayEngine::Break(Ring& r, const std::string& why) {
   r.broken.store(true, std::memory_order_relaxed);
   broken_.fetch_add(1, std::memory_order_relaxed);
   r.hdr->daemon_status.value.store(static_cast<uint32_t>(absl::StatusCode::kDataLoss), std::memory_order_release);
-  Log()->warn("event=relay_ring_broken session={} reason={}", r.session, LogQuoted(why));
+  RelayLog()->warn("event=relay_ring_broken session={} reason={}", r.session, LogQuoted(why));
 }
 
 }  // namespace podlink
