@@ -686,6 +686,10 @@ class MeshEngine final : public MeshPort {
   absl::Time own_advert_signed_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   uint64_t adverts_refused_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t idle_peer_grants_dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  // SweepIdleImporters: when it last ran, and the times this daemon itself did not run for a while (its own
+  // pauses, which are no peer's silence).
+  absl::Time last_sweep_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  uint64_t own_pauses_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_keepalive_ ABSL_GUARDED_BY(mu_) = absl::Now();
   uint64_t relay_staged_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, uint64_t> relay_staged_by_node_ ABSL_GUARDED_BY(mu_);

@@ -84,5 +84,26 @@ TEST(MeshIdle, OnlyTheSilentNodeLosesItsGrants) {
   EXPECT_NE(metrics.find("podlink_mesh_idle_peer_grants_dropped_total 1"), std::string::npos) << metrics;
 }
 
+// The owner itself did not run (its host starved it, or it was stopped) for longer than the idle limit: what its
+// importers sent meanwhile is still unread, so the pause is not their silence. Silence after it still counts.
+TEST(MeshIdle, TheOwnersOwnPauseIsNoImportersSilence) {
+  OneExportHost host;
+  auto e = MeshEngine::ForTesting(IdleAfter(absl::Milliseconds(300)), "owner", &host);
+  ASSERT_TRUE(Open(*e, "importer").ok());
+  e->SweepIdleImportersForTesting();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // no sweep ran: the owner was paused
+  e->SweepIdleImportersForTesting();
+  EXPECT_EQ(e->Status().grants(), 1u) << "the owner's own pause was taken for the importer's silence";
+  EXPECT_NE(e->RenderMetrics().find("podlink_mesh_own_pauses_total 1"), std::string::npos) << e->RenderMetrics();
+  // Running again, sweeping at its period: the importer stays silent and loses its grant after the limit.
+  const auto resumed = std::chrono::steady_clock::now();
+  while (e->Status().grants() != 0 && std::chrono::steady_clock::now() - resumed < std::chrono::seconds(2)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    e->SweepIdleImportersForTesting();
+  }
+  EXPECT_EQ(e->Status().grants(), 0u) << "an importer silent after the pause kept its grant";
+  EXPECT_GE(std::chrono::steady_clock::now() - resumed, std::chrono::milliseconds(100));
+}
+
 }  // namespace
 }  // namespace podlink::mesh

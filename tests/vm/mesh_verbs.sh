@@ -29,10 +29,14 @@ echo "eth0 10.77.1.2/30" > "$out/node-b.net"
 port=$((20000 + $$ % 20000))
 VM_NICS_node_a="listen:$port"
 VM_NICS_node_b="connect:$port"
-# Each pod holds the other's region idle for 5 s before writing, while the
-# owners drop grants of nodes silent for 3 s: only the importers' keepalives
+# Each pod holds the other's region idle for 8 s before writing, while the
+# owners drop grants of nodes silent for 6 s: only the importers' keepalives
 # (every second; verbs leaves no TCP connection to count) keep the grants.
-idle="PODLINK_VM_IDLE_MS=5000 PODLINK_VM_GRANT_IDLE=3 PODLINK_VM_KEEPALIVE=1"
+# How fast the guests run does not decide it: an owner that did not run for a
+# while (a starved guest) counts that pause as no importer's silence
+# (podlink_mesh_own_pauses_total), and an importer's keepalives may be late by
+# up to 5 s.
+idle="PODLINK_VM_IDLE_MS=8000 PODLINK_VM_GRANT_IDLE=6 PODLINK_VM_KEEPALIVE=1"
 t0=$(date +%s)
 vm_log "booting node-a and node-b (kernel $VM_KVER, soft-RoCE); $bytes bytes each way"
 vm_start node_a 1 "PODLINK_VM_NCCL=1 $idle PODLINK_VM_GDB=${PODLINK_VM_GDB:-0} PODLINK_VM_NAME=node-a sh $here/node.sh $build pair $bytes node-b"
@@ -74,7 +78,9 @@ for n in node-a node-b; do
   fi
   if grep -q '"event":"idle"' "$out"/"$n".put-*.out 2>/dev/null &&
      ! grep -q "event=mesh_importer_gone" "$out/$n.podlinkd.log" 2>/dev/null; then
-    echo "$n: held its peer's region idle for 5 s (grants dropped after 3 s of silence): kept by keepalives"
+    pauses=$(awk '/^podlink_mesh_own_pauses_total/ {print $2}' "$out/$n.metrics" 2>/dev/null)
+    echo "$n: held its peer's region idle for 8 s (grants dropped after 6 s of silence): kept by keepalives" \
+         "(the owner's own pauses: ${pauses:-?})"
   else
     echo "$n: the idle hold did not happen, or a live importer's grants were dropped:"
     grep "event=mesh_importer_gone" "$out/$n.podlinkd.log" 2>/dev/null | tail -2; rc=1

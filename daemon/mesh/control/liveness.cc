@@ -28,8 +28,18 @@ void MeshEngine::EndCall(const std::string& node) {
 void MeshEngine::SweepIdleImporters() {
   const absl::Time now = absl::Now();
   std::map<std::string, std::vector<uint64_t>> idle;
+  absl::Duration paused;
   {
     absl::MutexLock l(&mu_);
+    // A pause of this daemon itself (a starved host or guest, SIGSTOP, a stopped VM) is no importer's silence:
+    // their keepalives wait unread in its sockets meanwhile, and the first sweep after it may run before they are
+    // read. The time between two sweeps beyond their period and kPauseSlack is credited to every importer.
+    if (last_sweep_ != absl::InfinitePast() && now - last_sweep_ > kHousekeepingPeriod + kPauseSlack) {
+      paused = now - last_sweep_ - kHousekeepingPeriod;
+      for (auto& [node, seen] : last_seen_) seen += paused;
+      ++own_pauses_;
+    }
+    last_sweep_ = now;
     // By node (a handful), then the grants of idle ones only.
     for (const auto& [node, n] : grants_per_node_) {
       if (n == 0 || data_conns_of_.contains(node) || calls_of_.contains(node)) continue;
@@ -38,14 +48,18 @@ void MeshEngine::SweepIdleImporters() {
       if (seen != last_seen_.end() && now - seen->second < options_.grant_idle_timeout) continue;
       idle[node];
     }
-    if (idle.empty()) return;
-    for (const auto& [g, grant] : grants_) {
-      if (auto it = idle.find(grant.node); it != idle.end()) it->second.push_back(g);
+    if (!idle.empty()) {
+      for (const auto& [g, grant] : grants_) {
+        if (auto it = idle.find(grant.node); it != idle.end()) it->second.push_back(g);
+      }
     }
     for (const auto& [node, gs] : idle) {
       idle_peer_grants_dropped_ += gs.size();
       last_seen_.erase(node);
     }
+  }
+  if (paused > absl::ZeroDuration()) {
+    Log()->warn("event=mesh_own_pause paused_for={} credited_to=importers", absl::FormatDuration(paused));
   }
   for (const auto& [node, gs] : idle) {
     Log()->warn("event=mesh_importer_gone node={} dropped_grants={} idle_for=\"more than {}\"", node, gs.size(),

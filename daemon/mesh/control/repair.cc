@@ -95,7 +95,7 @@ void MeshEngine::HousekeepingLoop() {
     {
       absl::MutexLock l(&mu_);
       auto stop = [this] { return stopping_.load(std::memory_order_acquire); };
-      mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(200));
+      mu_.AwaitWithTimeout(absl::Condition(&stop), kHousekeepingPeriod);
       if (stop()) return;
     }
     SweepVerbs();
