@@ -142,6 +142,33 @@ TEST(SliceScheduler, ACarrierTakesOnlySlicesItMayCarryAndStopsWhenTold) {
   EXPECT_TRUE(SliceScheduler::MayCarry(done, "b->y", up));
 }
 
+// A carrier taking several slices under one hold of the lock (verbs' Pump) looks at a slice it passed over once,
+// not again for every slice it takes after it.
+TEST(SliceScheduler, SlicesPassedOverInOneRoundAreLookedAtOnce) {
+  Rig rig;
+  std::vector<absl::Status> results;
+  absl::MutexLock l(&rig.mu);
+  ASSERT_TRUE(rig.sched.Cut(rig.Op(2000, &results), 1000).ok());  // op 1: passed over
+  ASSERT_TRUE(rig.sched.Cut(rig.Op(4000, &results), 1000).ok());  // op 2: taken
+  int looks_at_op1 = 0, taken = 0;
+  auto choose = [&](const Slice& c) {
+    if (c.op->number == 1) {
+      ++looks_at_op1;
+      return SliceScheduler::Verdict::kSkip;
+    }
+    return SliceScheduler::Verdict::kTake;
+  };
+  size_t resume = 0;
+  while (rig.sched.Next(choose, &resume).has_value()) ++taken;
+  EXPECT_EQ(taken, 4);
+  EXPECT_EQ(looks_at_op1, 2) << "each passed-over slice once";
+  EXPECT_EQ(rig.sched.queued(), 2u);
+  // A new round starts at the front again.
+  looks_at_op1 = 0;
+  EXPECT_FALSE(rig.sched.Next(choose).has_value());
+  EXPECT_EQ(looks_at_op1, 2);
+}
+
 TEST(SliceScheduler, AFailedCarriersSlicesGoFirstInLineAtMostMaxAttemptsTimes) {
   Rig rig(SliceScheduler::Options{.max_attempts = 3});
   std::vector<absl::Status> results;

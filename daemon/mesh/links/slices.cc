@@ -8,12 +8,6 @@
 
 namespace podlink::mesh {
 
-namespace {
-// Slice indices fit 32 bits beside the op's number in a tag (TCP), the
-// largest being kept for the DONE record.
-constexpr uint64_t kMaxSlices = 0xffffffffULL;
-}  // namespace
-
 SliceScheduler::SliceScheduler(absl::Mutex* mu, Options options, std::function<bool()> can_queue,
                                std::function<void()> wake, std::string unavailable)
     : mu_(mu),
@@ -30,7 +24,8 @@ absl::Status SliceScheduler::Cut(std::shared_ptr<Transfer> t, uint64_t slice_byt
     if (op.length == 0 && !options_.empty_is_one_slice) return absl::InvalidArgumentError("length must be > 0");
     n = op.length == 0 ? 1 : op.length / slice_bytes + (op.length % slice_bytes != 0 ? 1 : 0);
   }
-  if (n >= kMaxSlices) return absl::InvalidArgumentError("transfer too large for one mesh operation");
+  // Slice indices fit 32 bits beside the op's number in a tag (TCP), the largest kept for the DONE record.
+  if (n >= kDoneSliceIndex) return absl::InvalidArgumentError("transfer too large for one mesh operation");
   t->slices = n;
   t->remaining.store(n, std::memory_order_relaxed);
   t->number = next_number_++;
@@ -49,21 +44,25 @@ absl::Status SliceScheduler::Cut(std::shared_ptr<Transfer> t, uint64_t slice_byt
   return absl::OkStatus();
 }
 
-std::optional<Slice> SliceScheduler::Next(const std::function<Verdict(const Slice&)>& choose) {
-  size_t seen = 0;
-  for (auto it = queue_.begin(); it != queue_.end() && seen < options_.scan; ++it, ++seen) {
+std::optional<Slice> SliceScheduler::Next(const std::function<Verdict(const Slice&)>& choose, size_t* resume) {
+  size_t seen = resume != nullptr ? std::min(*resume, queue_.size()) : 0;
+  for (auto it = queue_.begin() + static_cast<std::ptrdiff_t>(seen); it != queue_.end() && seen < options_.scan;
+       ++it, ++seen) {
     switch (choose(*it)) {
       case Verdict::kTake: {
         Slice s = std::move(*it);
         queue_.erase(it);
+        if (resume != nullptr) *resume = seen;  // the slices before it were skipped
         return s;
       }
       case Verdict::kSkip:
         continue;
       case Verdict::kStop:
+        if (resume != nullptr) *resume = seen;
         return std::nullopt;
     }
   }
+  if (resume != nullptr) *resume = seen;
   return std::nullopt;
 }
 
@@ -71,9 +70,9 @@ bool SliceScheduler::MayCarry(const Slice& s, const std::string& path, const std
   return s.done_record || MayUse(s.op->op.prefer.get(), s.op->slices == 1, path, up);
 }
 
-void SliceScheduler::Sent(Slice& s) {
+void SliceScheduler::Sent(Slice& s, std::optional<absl::Time> now) {
   ++s.attempts;
-  s.sent = absl::Now();
+  if (now.has_value()) s.sent = *now;
 }
 
 bool SliceScheduler::Resend(Slice s, bool mark_resent, bool nothing_left) {

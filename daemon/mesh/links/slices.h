@@ -29,6 +29,9 @@
 
 namespace podlink::mesh {
 
+// The largest slice index is never a slice's: an op has fewer slices, and TCP's tags give it to the DONE record.
+inline constexpr uint32_t kDoneSliceIndex = 0xffffffff;
+
 // One operation, shared by its slices. A transport may derive from it to keep
 // what its slices need (verbs: the local memory's registrations).
 struct Transfer {
@@ -52,7 +55,7 @@ struct Slice {
   uint64_t length = 0;
   uint32_t attempts = 0;     // sends so far (Sent)
   bool done_record = false;  // not a slice of bytes: the DONE record ending the op
-  absl::Time sent;           // when it last went out
+  absl::Time sent;           // when it last went out (Sent with the time; a transport that keeps its own leaves it)
 };
 
 class SliceScheduler {
@@ -88,13 +91,18 @@ class SliceScheduler {
   // The first queued slice, within the scan, that `choose` takes (DONE
   // records and slices alike are offered): kTake hands it out, kSkip looks
   // further, kStop ends the look (nothing can carry more now).
-  std::optional<Slice> Next(const std::function<Verdict(const Slice&)>& choose) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `resume`, where a caller takes several slices under one hold of `mu` and
+  // a slice it skipped stays skipped (its carriers' room only shrinks): where
+  // to start looking, moved past the slices skipped for the next call.
+  std::optional<Slice> Next(const std::function<Verdict(const Slice&)>& choose, size_t* resume = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether path `path` may carry `s` (nic_rank.h MayUse; DONE records go
   // anywhere), given the paths up now.
   static bool MayCarry(const Slice& s, const std::string& path, const std::set<std::string>& up);
 
-  // A slice goes out (counts the attempt, stamps the time).
-  static void Sent(Slice& s);
+  // A slice goes out: counts the attempt, and stamps `now` where a transport times slices by it (TCP's ACK
+  // timeout; verbs keeps its own clock per work request and passes nothing).
+  static void Sent(Slice& s, std::optional<absl::Time> now = std::nullopt);
   // A slice whose carrier failed: queued first in line again unless it was
   // sent `max_attempts` times already or `nothing_left` (returned false:
   // the caller settles it with the failure). `mark_resent`: an earlier copy

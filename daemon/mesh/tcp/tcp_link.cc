@@ -164,7 +164,7 @@ void PeerLinks::Send(Conn& c) {
       h.grant = op.grant;
       h.offset = done ? 0 : op.type == FrameType::kNotify ? op.offset : op.offset + s.offset;
       h.length = done ? 0 : static_cast<uint32_t>(s.length);
-      SliceScheduler::Sent(s);
+      SliceScheduler::Sent(s, absl::Now());
       c.unacked[h.tag] = s;
     }
     const LinkOp& op = s.op->op;

@@ -75,10 +75,9 @@ class PeerLinks final : public DataLinks {
   std::vector<std::tuple<std::string, bool, uint64_t>> Connections() const override ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  // The DONE record's slice index in tags (wire.h): (op number << 32) | index.
-  static constexpr uint32_t kDoneSlice = 0xffffffff;
+  // A slice's tag (wire.h): (op number << 32) | index, the DONE record's index kDoneSliceIndex.
   static uint64_t Tag(const Slice& s) {
-    return (uint64_t{static_cast<uint32_t>(s.op->number)} << 32) | (s.done_record ? kDoneSlice : s.index);
+    return (uint64_t{static_cast<uint32_t>(s.op->number)} << 32) | (s.done_record ? kDoneSliceIndex : s.index);
   }
   struct Conn {
     UniqueFd fd;

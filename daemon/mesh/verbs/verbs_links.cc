@@ -464,6 +464,7 @@ void VerbsLinks::Pump() {
       }
     }
     std::set<std::string> up;  // the paths with a QP up, once a slice has a preference
+    size_t resume = 0;           // the slices before it were skipped: no lane they may use has room left
     while (!lanes.empty()) {
       // The lane with the most room takes the slice (faster lanes drain
       // their slots sooner, so they take more: striping by pull). A slice
@@ -499,7 +500,7 @@ void VerbsLinks::Pump() {
         }
         if (best != nullptr) return SliceScheduler::Verdict::kTake;
         return restricted ? SliceScheduler::Verdict::kSkip : SliceScheduler::Verdict::kStop;  // no lane has room
-      });
+      }, &resume);
       if (!taken.has_value()) break;
       Slice& s = *taken;
       const bool notify = s.op->op.type == FrameType::kNotify;
