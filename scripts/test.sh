@@ -6,7 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 PODLINK_DEBUG_INFO=${PODLINK_DEBUG_INFO:--g1} bash scripts/build.sh
-(cd "${PODLINK_BUILD_DIR:-build}" && ctest --output-on-failure -j 2 -LE gpu)
+# Twice as many tests at a time as cores: they wait on timers, sockets and their pods' processes more than they
+# compute (2 cores, 2026-11-27: -j 2 took 146 s with the cores 47% busy, -j 4 81 s; docs/testing.md).
+(cd "${PODLINK_BUILD_DIR:-build}" && ctest --output-on-failure -j "$((2 * $(nproc)))" -LE gpu)
 # `import podlink` (tests/python): Debian's python3 with the package from the build tree, podlinkd and pods
 # made by the tests. pytest exits 5 when it collected no test: that fails here like any other failure.
 PYTHONPATH="$PWD/${PODLINK_BUILD_DIR:-build}/python" PODLINKD="$PWD/${PODLINK_BUILD_DIR:-build}/daemon/podlinkd" \
