@@ -8,7 +8,9 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstdint>
 #include <cstring>
+#include <string>
 
 #define FUZZ_CHECK(cond, ...)                                             \
   do {                                                                    \
@@ -30,3 +32,29 @@ inline int OpenFdCount() {
   ::closedir(d);
   return n;
 }
+
+// A fuzz input read front to back; past its end every byte is 0. Integers are
+// big-endian, so a committed corpus keeps its meaning.
+struct FuzzInput {
+  const uint8_t* p;
+  size_t n;
+  bool empty() const { return n == 0; }
+  bool more() const { return n > 0; }
+  uint8_t Byte() {
+    if (n == 0) return 0;
+    --n;
+    return *p++;
+  }
+  uint64_t U64() {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v = (v << 8) | Byte();
+    return v;
+  }
+  // A string of at most `cap` bytes: its length byte (mod cap + 1), then the bytes.
+  std::string Str(size_t cap) {
+    const size_t len = Byte() % (cap + 1);
+    std::string s;
+    for (size_t i = 0; i < len; ++i) s.push_back(static_cast<char>(Byte()));
+    return s;
+  }
+};

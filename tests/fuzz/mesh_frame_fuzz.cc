@@ -53,22 +53,6 @@ namespace {
 constexpr uint64_t kSizeA = 16 << 10, kSizeBC = 4 << 10;
 constexpr uint8_t kPoison = 0xA7;
 
-struct Input {
-  const uint8_t* p;
-  size_t n;
-  bool empty() const { return n == 0; }
-  uint8_t Byte() {
-    if (n == 0) return 0;
-    --n;
-    return *p++;
-  }
-  uint64_t U64() {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v = (v << 8) | Byte();
-    return v;
-  }
-};
-
 UniqueFd SealedMemfd(uint64_t size) {
   UniqueFd fd(::memfd_create("mesh-fuzz", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   FUZZ_CHECK(fd.valid(), "memfd_create: %s", std::strerror(errno));
@@ -114,7 +98,7 @@ class FakeHost final : public MeshHost {
   absl::Status NotifyOwner(const ExportRecord&, uint64_t) override { return absl::OkStatus(); }
 };
 
-uint64_t Pick(Input& in, uint64_t size) {
+uint64_t Pick(FuzzInput& in, uint64_t size) {
   switch (in.Byte() % 8) {
     case 0: return 0;
     case 1: return in.Byte() % 64 + 1;
@@ -146,7 +130,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const uint64_t gc = engine->GrantForTesting("peer", c.record);
 
     // Build the stream and, alongside, the answers the server owes.
-    Input in{data, size};
+    FuzzInput in{data, size};
     std::string stream;
     std::vector<Expected> want;
     std::vector<uint8_t> model(kSizeA, 0);

@@ -93,28 +93,6 @@ void MakeKeys() {
 }
 
 // Reads the input front to back; past its end every read is 0.
-struct Input {
-  const uint8_t* p;
-  size_t n;
-  bool more() const { return n > 0; }
-  uint8_t Byte() {
-    if (n == 0) return 0;
-    --n;
-    return *p++;
-  }
-  uint64_t U64() {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v = v << 8 | Byte();
-    return v;
-  }
-  std::string Str(size_t cap) {
-    const size_t len = Byte() % (cap + 1);
-    std::string s;
-    for (size_t i = 0; i < len; ++i) s.push_back(static_cast<char>(Byte()));
-    return s;
-  }
-};
-
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -135,7 +113,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  Input in{data, size};
+  FuzzInput in{data, size};
   pb::OpenRegionResponse resp = *genuine;
   auto at = [&](std::string* s) {
     if (!s->empty()) (*s)[in.Byte() % s->size()] ^= static_cast<char>(in.Byte() | 1);
