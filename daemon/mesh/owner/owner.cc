@@ -41,14 +41,6 @@ absl::StatusOr<std::vector<std::string>> MeshEngine::IssueCookies(const std::str
   absl::Time now = absl::Now();
   absl::MutexLock l(&mu_);
   RememberSource(source);
-  std::vector<std::string>& mine_before = sources_of_node_[node];
-  for (const std::string& s : mine_before) {
-    if (auto it = claimed_sources_.find(s); it != claimed_sources_.end() && --it->second == 0) {
-      claimed_sources_.erase(it);
-    }
-  }
-  for (const std::string& s : claimed) ++claimed_sources_[s];
-  mine_before = std::move(claimed);
   size_t mine = 0;
   for (auto it = cookies_.begin(); it != cookies_.end();) {
     if (it->second.expires < now) {
@@ -61,6 +53,15 @@ absl::StatusOr<std::vector<std::string>> MeshEngine::IssueCookies(const std::str
   if (mine + n > 256) {
     return absl::ResourceExhaustedError(absl::StrCat("node ", node, " holds ", mine, " unused link cookies"));
   }
+  // The addresses its paths connect from, once the call is taken: they replace the node's earlier ones.
+  std::vector<std::string>& mine_before = sources_of_node_[node];
+  for (const std::string& s : mine_before) {
+    if (auto it = claimed_sources_.find(s); it != claimed_sources_.end() && --it->second == 0) {
+      claimed_sources_.erase(it);
+    }
+  }
+  for (const std::string& s : claimed) ++claimed_sources_[s];
+  mine_before = std::move(claimed);
   std::vector<std::string> out;
   for (uint32_t i = 0; i < n; ++i) {
     std::string c = RandomCookie();
