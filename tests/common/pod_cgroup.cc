@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -129,6 +130,17 @@ void RemoveSharedPodCgroups(int max_wait_ms) {
     dirs.swap(SharedDirs());
   }
   for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) RemoveCgroupDir(*it, max_wait_ms);
+}
+
+std::string OnPath(const std::string& name) {
+  if (name.find('/') != std::string::npos) return name;
+  const char* path = ::getenv("PATH");
+  std::stringstream dirs(path != nullptr ? path : "/usr/bin:/bin");
+  for (std::string dir; std::getline(dirs, dir, ':');) {
+    std::string full = (dir.empty() ? "." : dir) + "/" + name;
+    if (::access(full.c_str(), X_OK) == 0) return full;
+  }
+  return name;
 }
 
 std::vector<std::string> PodUnshareCommand() {

@@ -68,6 +68,9 @@ void RemoveSharedPodCgroups(int max_wait_ms);
 
 // The command line before a pod's program: "unshare", the flags above, "--".
 std::vector<std::string> PodUnshareCommand();
+// `name` as execvp would find it on PATH (itself when not found: execve then fails). For a child of a threaded
+// process, which may only exec after fork, not search and allocate.
+std::string OnPath(const std::string& name);
 
 // Joins the network namespaces of two pods (the pids of their unshare
 // processes) by a veth pair: `if_a` with `addr_a` (CIDR) in a's namespace,

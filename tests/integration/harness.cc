@@ -177,18 +177,6 @@ PodCgroup::~PodCgroup() {
   for (auto it = dirs_.rbegin(); it != dirs_.rend(); ++it) RemoveCgroupDir(*it, 1000);
 }
 
-// `name` as execvp would find it on PATH (itself when not found: execve then fails).
-std::string OnPath(const std::string& name) {
-  if (name.find('/') != std::string::npos) return name;
-  const char* path = ::getenv("PATH");
-  std::stringstream dirs(path != nullptr ? path : "/usr/bin:/bin");
-  for (std::string dir; std::getline(dirs, dir, ':');) {
-    std::string full = (dir.empty() ? "." : dir) + "/" + name;
-    if (::access(full.c_str(), X_OK) == 0) return full;
-  }
-  return name;
-}
-
 std::string DemoPath() { return BinPath("PODLINK_DEMO_PATH", PODLINK_DEMO_PATH); }
 
 Pod::Pod(const Daemon& d, const PodCgroup* cg, std::vector<std::string> args, const std::string& binary)
