@@ -3,9 +3,10 @@
 // attempt limit, the first error, and the DONE record ending an op one of
 // whose slices went out twice. Then the TCP links driven through it over
 // socketpairs, the test playing the owner: a connection that dies holding
-// slices hands them to another, and the op ends with DONE. (The verbs links
-// go through the same scheduler in verbs_fake_test: `AQpFailingMidTransfer…`,
-// `AStagedWriteSentPartlyTwice…`.)
+// slices hands them to another, and the op ends with DONE. Last, one write
+// through each transport's links (TCP, and verbs over the fake fabric of
+// tests/fakes/), each losing a carrier mid-write: the same scheduler moves
+// the slices and every byte lands. (More of verbs in verbs_fake_test.)
 #include "daemon/mesh/links/slices.h"
 
 #include <sys/socket.h>
@@ -14,16 +15,20 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "common/status_util.h"
 #include "common/unique_fd.h"
 #include "daemon/mesh/nic_rank.h"
 #include "daemon/mesh/tcp/tcp_link.h"
+#include "daemon/mesh/verbs/verbs_link.h"
 #include "daemon/mesh/wire.h"
 #include "gtest/gtest.h"
+#include "tests/fakes/verbs_owner.h"
 
 namespace podlink::mesh {
 namespace {
@@ -397,6 +402,113 @@ TEST(TcpLinksThroughTheScheduler, ADeadConnectionsSlicesGoToAnotherAndTheWriteEn
   ASSERT_TRUE(finished.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_TRUE(result.ok()) << result;
   EXPECT_EQ(links.Stats().resent_slices, kSlices);
+}
+
+// --- one write through each transport --------------------------------------------
+
+// A TCP owner on socketpairs: lands WRITE frames in `region` and answers every frame, except that a connection
+// made `dying` is closed unanswered at its `die_at`th frame.
+class TcpOwner {
+ public:
+  explicit TcpOwner(std::vector<char>* region) : region_(region) {}
+  ~TcpOwner() {
+    for (std::thread& t : threads_) t.join();
+  }
+  UniqueFd Connection(bool dying, int die_at) {
+    Socketpair p;
+    threads_.emplace_back(
+        [this, fd = std::move(p.theirs), dying, die_at]() mutable { Serve(std::move(fd), dying, die_at); });
+    return std::move(p.mine);
+  }
+
+ private:
+  void Serve(UniqueFd fd, bool dying, int die_at) {
+    for (int frames = 1;; ++frames) {
+      FrameHeader h;
+      if (!ReadFull(fd.get(), &h, sizeof(h)).ok()) return;  // the links closed it, or 10 s passed
+      std::vector<char> payload(h.length);
+      if (h.length > 0 && !ReadFull(fd.get(), payload.data(), payload.size()).ok()) return;
+      if (dying && frames == die_at) return;  // closed with this frame and those before it in flight unanswered
+      FrameHeader ack{};
+      ack.magic = kFrameMagic;
+      ack.type = static_cast<uint16_t>(FrameType::kAck);
+      ack.tag = h.tag;
+      if (static_cast<FrameType>(h.type) == FrameType::kWrite) {
+        std::lock_guard<std::mutex> l(mu_);
+        if (h.offset > region_->size() || h.length > region_->size() - h.offset) {
+          ack.status = static_cast<int32_t>(absl::StatusCode::kOutOfRange);
+        } else {
+          std::memcpy(region_->data() + h.offset, payload.data(), payload.size());
+        }
+      }
+      if (!WriteFrame(fd.get(), ack, nullptr, 0).ok()) return;
+    }
+  }
+  std::vector<char>* const region_;
+  std::mutex mu_;
+  std::vector<std::thread> threads_;
+};
+
+// Writes `src` to grant 9 at offset 0 through `links`, as the engine submits an op.
+absl::Status WriteThrough(DataLinks& links, std::vector<char>& src) {
+  absl::Notification finished;
+  absl::Status result;
+  LinkOp op;
+  op.type = FrameType::kWrite;
+  op.grant = 9;
+  op.length = src.size();
+  op.local = src.data();
+  op.done = [&](const absl::Status& st) {
+    result = st;
+    finished.Notify();
+  };
+  PODLINK_RETURN_IF_ERROR(links.Submit(std::move(op)));
+  if (!finished.WaitForNotificationWithTimeout(absl::Seconds(30))) return absl::DeadlineExceededError("not finished");
+  return result;
+}
+
+std::vector<char> Pattern(size_t n, int seed) {
+  std::vector<char> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<char>((i * 131 + seed) & 0xff);
+  return v;
+}
+
+TEST(BothTransportsThroughTheScheduler, ACarrierDyingMidWriteCostsNoByteOnEither) {
+  {
+    SCOPED_TRACE("tcp");
+    std::vector<char> src = Pattern(4 << 20, 5);  // 64 slices: the dying connection surely takes three
+    std::vector<char> region(src.size());
+    TcpOwner owner(&region);
+    auto links = std::make_unique<PeerLinks>("owner", 64 << 10, /*slices_in_flight=*/4, absl::Seconds(30));
+    links->AddConnection(owner.Connection(/*dying=*/true, /*die_at=*/3), "a->x");
+    links->AddConnection(owner.Connection(/*dying=*/false, 0), "a->x");
+    absl::Status st = WriteThrough(*links, src);
+    EXPECT_TRUE(st.ok()) << st;
+    EXPECT_TRUE(region == src) << "bytes lost or misplaced over TCP";
+    const LinkStats stats = links->Stats();
+    EXPECT_EQ(stats.connection_failures, 1u);
+    EXPECT_GE(stats.resent_slices, 1u);
+    EXPECT_EQ(links->live(), 1u);
+    links.reset();  // closes the living connection: its owner thread ends
+  }
+  {
+    SCOPED_TRACE("verbs");
+    std::vector<char> src = Pattern(1 << 20, 6);  // the fake owner's whole region: 16 slices
+    verbs::FakeVerbsOwner owner;
+    std::unique_ptr<verbs::VerbsLinks> links = owner.Connect("node-a");
+    links->AddRegion(9, owner.Register("node-a", 9));
+    {
+      std::lock_guard<std::recursive_mutex> l(verbs::fabric->mu);
+      verbs::fabric->qps.at(owner.QpsOf(*links).front())->fail_after = 3;
+    }
+    absl::Status st = WriteThrough(*links, src);
+    EXPECT_TRUE(st.ok()) << st;
+    EXPECT_EQ(0, std::memcmp(owner.region_.data(), src.data(), src.size())) << "bytes lost or misplaced over verbs";
+    const LinkStats stats = links->Stats();
+    EXPECT_EQ(stats.connection_failures, 1u);
+    EXPECT_GE(stats.resent_slices, 1u);
+    EXPECT_EQ(links->live(), 1u);
+  }
 }
 
 }  // namespace
