@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 
@@ -49,9 +50,24 @@ PodProcess::PodProcess(const std::string& cgroup, const std::string& socket_dir,
     eof_ = reaped_ = true;
     return;
   }
-  std::string procs = cgroup + "/cgroup.procs";
+  // Everything the child needs is made before the fork: the soak's threads may hold the allocator's locks at
+  // it, so the child only opens, dups and execs.
+  const std::string procs = cgroup + "/cgroup.procs";
   std::vector<std::string> full = testing::PodUnshareCommand();
   for (const auto& a : argv) full.push_back(a);
+  std::vector<char*> args;
+  for (auto& s : full) args.push_back(s.data());
+  args.push_back(nullptr);
+  const std::string unshare = testing::OnPath(full.front());
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::string_view(*e).starts_with("PODLINK_SOCKET_DIR=")) continue;
+    env.emplace_back(*e);
+  }
+  env.push_back("PODLINK_SOCKET_DIR=" + socket_dir);
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
   pid_ = ::fork();
   if (pid_ < 0) {
     ::close(in[0]);
@@ -70,11 +86,7 @@ PodProcess::PodProcess(const std::string& cgroup, const std::string& socket_dir,
     ::dup2(out[1], 1);
     int err = ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     if (err >= 0) ::dup2(err, 2);
-    ::setenv("PODLINK_SOCKET_DIR", socket_dir.c_str(), 1);
-    std::vector<char*> a;
-    for (auto& s : full) a.push_back(s.data());
-    a.push_back(nullptr);
-    ::execvp("unshare", a.data());
+    ::execve(unshare.c_str(), args.data(), envp.data());
     ::_exit(127);
   }
   ::close(in[0]);
