@@ -48,8 +48,8 @@ case "$mode" in
     # failover and fence are raced by Mesh.TwoHopStriping…).
     ctest_args=(-R '(^|/)(BrokerNamespaces|Attacks|HostileClients|Relay|RelayLifetime|ClientLifetime|CApi|Mesh|MeshHostile|MeshStager|MeshIdle|VerbsFake|NcclNetTrace|ZeroCopy|BridgeTest|NcclNative|SliceScheduler|TcpLinksThroughTheScheduler|BothTransportsThroughTheScheduler)\.'
                 -E 'Mesh\.ACutCable|Mesh\.AStalledRelay|Relay\.A06_')
-    # One test per core: under TSan they compute more than they wait, and at two per core a flood test
-    # (BridgeTest.APodsMirrorsAndDatagramsAreBounded) could no longer outrun its rate limit (2026-11-28).
+    # One test per core: under TSan they compute more than they wait (2 cores, 2026-11-28: 223 s at -j 2; at
+    # -j 4 174 s with the cores 79% busy, where timing-bound tests have too little room left).
     test_jobs=$jobs
     mkdir -p "$build"
     bash scripts/lib/tsan_abseil.sh "$PWD/$build/absl"
