@@ -27,6 +27,13 @@
 
 namespace podlink::mesh::verbs {
 
+// Bytes to write and check: `n` of a pattern set by `seed`.
+inline std::vector<char> Pattern(size_t n, int seed) {
+  std::vector<char> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<char>((i * 31 + seed) & 0xff);
+  return v;
+}
+
 // --- the two sides over it -------------------------------------------------------
 
 // The local side of an op as the engine describes a host export's mapping;

@@ -337,26 +337,30 @@ struct Socketpair {
   }
 };
 
+// A write of `src` to grant 9 at offset 0 whose end lands in *result and notifies *finished.
+LinkOp WriteOf(std::vector<char>& src, absl::Status* result, absl::Notification* finished) {
+  LinkOp op;
+  op.type = FrameType::kWrite;
+  op.grant = 9;
+  op.length = src.size();
+  op.local = src.data();
+  op.done = [result, finished](const absl::Status& st) {
+    *result = st;
+    finished->Notify();
+  };
+  return op;
+}
+
 TEST(TcpLinksThroughTheScheduler, ADeadConnectionsSlicesGoToAnotherAndTheWriteEndsWithDone) {
   constexpr uint64_t kSlice = 4096;
   constexpr uint32_t kSlices = 4;
   PeerLinks links("owner", kSlice, /*slices_in_flight=*/kSlices, absl::Seconds(30));
   Socketpair dying, living;
   links.AddConnection(std::move(dying.mine), "a->x");
-  std::vector<char> src(kSlice * kSlices);
-  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i * 7 + 1);
+  std::vector<char> src = verbs::Pattern(kSlice * kSlices, 1);
   absl::Notification finished;
   absl::Status result;
-  LinkOp op;
-  op.type = FrameType::kWrite;
-  op.grant = 9;
-  op.length = src.size();
-  op.local = src.data();
-  op.done = [&](const absl::Status& st) {
-    result = st;
-    finished.Notify();
-  };
-  ASSERT_TRUE(links.Submit(std::move(op)).ok());
+  ASSERT_TRUE(links.Submit(WriteOf(src, &result, &finished)).ok());
   // The first connection takes every slice (4 may be in flight) and dies
   // without answering.
   std::set<uint32_t> seen;
@@ -458,30 +462,15 @@ class TcpOwner {
 absl::Status WriteThrough(DataLinks& links, std::vector<char>& src) {
   absl::Notification finished;
   absl::Status result;
-  LinkOp op;
-  op.type = FrameType::kWrite;
-  op.grant = 9;
-  op.length = src.size();
-  op.local = src.data();
-  op.done = [&](const absl::Status& st) {
-    result = st;
-    finished.Notify();
-  };
-  PODLINK_RETURN_IF_ERROR(links.Submit(std::move(op)));
+  PODLINK_RETURN_IF_ERROR(links.Submit(WriteOf(src, &result, &finished)));
   if (!finished.WaitForNotificationWithTimeout(absl::Seconds(30))) return absl::DeadlineExceededError("not finished");
   return result;
-}
-
-std::vector<char> Pattern(size_t n, int seed) {
-  std::vector<char> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<char>((i * 131 + seed) & 0xff);
-  return v;
 }
 
 TEST(BothTransportsThroughTheScheduler, ACarrierDyingMidWriteCostsNoByteOnEither) {
   {
     SCOPED_TRACE("tcp");
-    std::vector<char> src = Pattern(4 << 20, 5);  // 64 slices: the dying connection surely takes three
+    std::vector<char> src = verbs::Pattern(4 << 20, 5);  // 64 slices: the dying connection surely takes three
     std::vector<char> region(src.size());
     TcpOwner owner(&region);
     auto links = std::make_unique<PeerLinks>("owner", 64 << 10, /*slices_in_flight=*/4, absl::Seconds(30));
@@ -498,7 +487,7 @@ TEST(BothTransportsThroughTheScheduler, ACarrierDyingMidWriteCostsNoByteOnEither
   }
   {
     SCOPED_TRACE("verbs");
-    std::vector<char> src = Pattern(1 << 20, 6);  // the fake owner's whole region: 16 slices
+    std::vector<char> src = verbs::Pattern(1 << 20, 6);  // the fake owner's whole region: 16 slices
     verbs::FakeVerbsOwner owner;
     std::unique_ptr<verbs::VerbsLinks> links = owner.Connect("node-a");
     links->AddRegion(9, owner.Register("node-a", 9));

@@ -35,12 +35,6 @@ class VerbsFake : public ::testing::Test, public FakeVerbsOwner {
   using FakeVerbsOwner::Run;  // not ::testing::Test's
 };
 
-std::vector<char> Pattern(size_t n, int seed) {
-  std::vector<char> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<char>((i * 31 + seed) & 0xff);
-  return v;
-}
-
 TEST_F(VerbsFake, WriteReadNotifyLandWhereGranted) {
   auto links = Connect("node-a");
   links->AddRegion(42, Register("node-a", 42));
