@@ -11,6 +11,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -141,6 +142,16 @@ std::string OnPath(const std::string& name) {
     if (::access(full.c_str(), X_OK) == 0) return full;
   }
   return name;
+}
+
+std::vector<std::string> PodEnvironment(const std::string& socket_dir) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::string_view(*e).starts_with("PODLINK_SOCKET_DIR=")) continue;
+    env.emplace_back(*e);
+  }
+  env.push_back("PODLINK_SOCKET_DIR=" + socket_dir);
+  return env;
 }
 
 std::vector<std::string> PodUnshareCommand() {

@@ -71,6 +71,9 @@ std::vector<std::string> PodUnshareCommand();
 // `name` as execvp would find it on PATH (itself when not found: execve then fails). For a child of a threaded
 // process, which may only exec after fork, not search and allocate.
 std::string OnPath(const std::string& name);
+// This process's environment for a pod's program, with PODLINK_SOCKET_DIR set to `socket_dir` (made before a
+// fork, as OnPath is).
+std::vector<std::string> PodEnvironment(const std::string& socket_dir);
 
 // Joins the network namespaces of two pods (the pids of their unshare
 // processes) by a veth pair: `if_a` with `addr_a` (CIDR) in a's namespace,

@@ -202,23 +202,15 @@ Pod::Pod(const Daemon& d, const std::string& cgroup_path, std::vector<std::strin
   // every pod's process is pid 1 of its own PID namespace, so reports written
   // to <log_path>.<pid> would overwrite each other.
   static std::atomic<int> pods{0};
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    std::string_view v = *e;
-    if (v.starts_with("PODLINK_SOCKET_DIR=")) continue;
-    if (v.starts_with("TSAN_OPTIONS=")) {
-      std::string opts(v);
-      if (size_t at = opts.find("log_path="); at != std::string::npos) {
-        size_t end = opts.find(':', at);
-        std::string path = opts.substr(at + 9, end == std::string::npos ? std::string::npos : end - at - 9);
-        opts += absl::StrCat(":log_path=", path, "-pod", ::getpid(), "-", pods.fetch_add(1));
-      }
-      env.push_back(std::move(opts));
-      continue;
+  std::vector<std::string> env = PodEnvironment(d.dir());
+  for (std::string& opts : env) {
+    if (!opts.starts_with("TSAN_OPTIONS=")) continue;
+    if (size_t at = opts.find("log_path="); at != std::string::npos) {
+      size_t end = opts.find(':', at);
+      std::string path = opts.substr(at + 9, end == std::string::npos ? std::string::npos : end - at - 9);
+      opts += absl::StrCat(":log_path=", path, "-pod", ::getpid(), "-", pods.fetch_add(1));
     }
-    env.emplace_back(v);
   }
-  env.push_back("PODLINK_SOCKET_DIR=" + d.dir());
   std::vector<char*> envp;
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);

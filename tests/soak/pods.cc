@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <fstream>
-#include <string_view>
 
 #include "absl/strings/str_cat.h"
 
@@ -59,12 +58,7 @@ PodProcess::PodProcess(const std::string& cgroup, const std::string& socket_dir,
   for (auto& s : full) args.push_back(s.data());
   args.push_back(nullptr);
   const std::string unshare = testing::OnPath(full.front());
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    if (std::string_view(*e).starts_with("PODLINK_SOCKET_DIR=")) continue;
-    env.emplace_back(*e);
-  }
-  env.push_back("PODLINK_SOCKET_DIR=" + socket_dir);
+  std::vector<std::string> env = testing::PodEnvironment(socket_dir);
   std::vector<char*> envp;
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
