@@ -5,6 +5,7 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 # golang-go, sprig and yaml.v3 build tests/deploy/chartrender, which renders the Helm chart in tests;
 # python3-grpcio runs tests/deploy/fake_cri.py, the container runtime behind rendered manifests' podlinkd;
+# libcpp-httplib-dev: podlinkd's client of the Kubernetes API server (--remote-pods apiserver) and its fake in tests;
 # libssl-dev: mesh requests through relays are signed with the node key (daemon/mesh/origin_sign.*);
 # iproute2 and openssl: the mesh tests' emulated nodes (netns, veth, tc) and their per-run CA;
 # python3-yaml reads YAML back in tests (rendered manifests, kubectl-podlink -o yaml);
@@ -16,7 +17,7 @@ SUDO=""
 # mesh test (tests/vm/; Debian's kernel package is fetched there with apt-get download, not installed).
 pkgs=(build-essential cmake pkg-config protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
       libgrpc++-dev libabsl-dev libspdlog-dev libgtest-dev libgmock-dev nlohmann-json3-dev
-      libibverbs-dev librdmacm-dev libssl-dev util-linux iproute2 openssl yamllint python3-yaml
+      libibverbs-dev librdmacm-dev libssl-dev libcpp-httplib-dev util-linux iproute2 openssl yamllint python3-yaml
       golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev python3-grpcio
       containerd runc umoci busybox-static python3-protobuf
       clang libclang-rt-14-dev
