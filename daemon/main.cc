@@ -30,6 +30,7 @@
 #include "daemon/gpu/gpu_inventory.h"
 #include "daemon/gpu/host_backend.h"
 #include "daemon/identity/cri_source.h"
+#include "daemon/identity/kube_pods.h"
 #include "daemon/identity/standalone_source.h"
 #include "daemon/deviceplugin/device_plugin.h"
 #include "daemon/metrics/http_server.h"
@@ -49,6 +50,17 @@ ABSL_FLAG(bool, no_gpu, false, "do not load the CUDA driver; serve host memory o
 ABSL_FLAG(std::string, pod_source, "standalone",
           "standalone (pod names and annotations from the config file) or cri (from the container runtime)");
 ABSL_FLAG(std::string, cri_socket, "", "CRI socket; empty: containerd's if present, else CRI-O's");
+ABSL_FLAG(std::string, remote_pods, "forwarded",
+          "how the owner of a region believes the pod another node's daemon imports for: forwarded (as that "
+          "daemon states it) or apiserver (only as the Kubernetes API server confirms it: UID, node, "
+          "podlink.io/ annotations; needs get/list/watch on pods); used with the mesh only");
+ABSL_FLAG(std::string, kube_api_server, "",
+          "with --remote-pods apiserver: https://host:port of the API server; empty: in-cluster "
+          "(KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT)");
+ABSL_FLAG(std::string, kube_token_file, "/var/run/secrets/kubernetes.io/serviceaccount/token",
+          "with --remote-pods apiserver: the bearer token, read again for every request");
+ABSL_FLAG(std::string, kube_ca_file, "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
+          "with --remote-pods apiserver: the CA that signs the API server's certificate");
 ABSL_FLAG(std::string, metrics_addr, "127.0.0.1:9477",
           "host:port for /metrics, /healthz, /readyz; empty disables; port 0 picks a free port");
 ABSL_FLAG(std::string, device_plugin_dir, "",
@@ -80,7 +92,7 @@ annotation (docs/usage.md, docs/security.md).
 // Every option's value, checked once after parsing.
 struct Args {
   std::string socket_dir, config, log_level, metrics_addr, device_plugin_dir, pod_source, cri_socket,
-      host_lib_dir, probe;
+      host_lib_dir, probe, remote_pods, kube_api_server, kube_token_file, kube_ca_file;
   bool no_gpu = false;
   uint32_t device_plugin_devices = 0, relay_workers = 0, relay_streams = 0, relay_merge_mib = 0;
 };
@@ -105,11 +117,17 @@ bool ReadFlags(Args& a, std::string* why) {
   a.relay_streams = absl::GetFlag(FLAGS_relay_streams);
   a.relay_merge_mib = absl::GetFlag(FLAGS_relay_merge_mib);
   a.probe = absl::GetFlag(FLAGS_probe);
+  a.remote_pods = absl::GetFlag(FLAGS_remote_pods);
+  a.kube_api_server = absl::GetFlag(FLAGS_kube_api_server);
+  a.kube_token_file = absl::GetFlag(FLAGS_kube_token_file);
+  a.kube_ca_file = absl::GetFlag(FLAGS_kube_ca_file);
   const std::vector<std::string> levels = {"trace", "debug", "info", "warn", "error", "critical", "off"};
   if (std::find(levels.begin(), levels.end(), a.log_level) == levels.end()) {
     *why = "--log-level must be one of trace, debug, info, warn, error, critical, off (got '" + a.log_level + "')";
   } else if (a.pod_source != "standalone" && a.pod_source != "cri") {
     *why = "--pod-source must be standalone or cri (got '" + a.pod_source + "')";
+  } else if (a.remote_pods != "forwarded" && a.remote_pods != "apiserver") {
+    *why = "--remote-pods must be forwarded or apiserver (got '" + a.remote_pods + "')";
   } else if (a.relay_workers > 64) {
     *why = "--relay-workers must be 0 (one per GPU) to 64";
   } else if (a.relay_streams == 0 || a.relay_streams > 64) {
@@ -313,7 +331,29 @@ int main(int argc, char** argv) {
   cfg.broker.relay.streams_per_gpu = args.relay_streams;
   cfg.broker.relay.merge_bytes = uint64_t{args.relay_merge_mib} << 20;
   cfg.broker.node_name = cfg.node_name.empty() ? NodeName() : cfg.node_name;
+  // Pods of other nodes (mesh only): as the API server states them, or as
+  // their daemons forward them. Declared before the broker, which asks it.
+  std::unique_ptr<podlink::PodDirectory> remote_pods;
+  if (cfg.broker.mesh.enabled && args.remote_pods == "apiserver") {
+    absl::StatusOr<podlink::KubeApiConfig> api = args.kube_api_server.empty()
+                                                     ? podlink::InClusterConfig()
+                                                     : podlink::ParseApiServerUrl(args.kube_api_server);
+    if (!api.ok()) {
+      log->critical("event=bad_config error={}", podlink::LogQuoted("--remote-pods apiserver: " + api.status().ToString()));
+      return 1;
+    }
+    podlink::PodDirectoryOptions po;
+    po.api = *api;
+    po.api.token_file = args.kube_token_file;
+    po.api.ca_file = args.kube_ca_file;
+    remote_pods = std::make_unique<podlink::PodDirectory>(po);
+    remote_pods->Start();
+  } else if (cfg.broker.mesh.enabled) {
+    log->warn("event=remote_pods mode=forwarded msg=\"pods of other nodes are believed as their daemons state "
+              "them; --remote-pods apiserver confirms them with the Kubernetes API server\"");
+  }
   podlink::Broker broker(cfg.broker, std::move(pods), inv, std::move(backends));
+  broker.ConfirmRemotePodsWith(remote_pods.get());
   if (absl::Status st = broker.StartMesh(); !st.ok()) {
     log->critical("event=mesh_start_failed error={}", podlink::LogQuoted(st.message()));
     return 1;
@@ -365,13 +405,19 @@ int main(int argc, char** argv) {
   // (with --pod-source cri: while the container runtime answers); the body
   // also names a device plugin the kubelet has not accepted (pods already
   // running keep working; new ones cannot be allocated podlink.io resources).
-  auto readiness = [&broker, &plugin, &direct_plugin] {
+  auto readiness = [&broker, &plugin, &direct_plugin, &remote_pods] {
     if (!broker.ready()) return podlink::HttpResponse{503, "text/plain; charset=utf-8", "not ready\n"};
     if (absl::Status pods = broker.PodSourceReady(); !pods.ok()) {
       return podlink::HttpResponse{503, "text/plain; charset=utf-8",
                                    "not ready: " + std::string(pods.message()) + "\n"};
     }
     std::string body = "ready\n";
+    if (remote_pods != nullptr) {
+      if (absl::Status st = remote_pods->Ready(); !st.ok()) {
+        body += "pods of other nodes are refused until the API server confirms them: " + std::string(st.message()) +
+                "\n";
+      }
+    }
     for (const auto* p : {plugin.get(), direct_plugin.get()}) {
       if (p == nullptr) continue;
       podlink::DevicePlugin::RegistrationState st = p->registration();
@@ -387,7 +433,8 @@ int main(int argc, char** argv) {
     auto h = podlink::HttpServer::Start(args.metrics_addr, [&](const std::string& path) {
       if (path == "/metrics") {
         return podlink::HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8",
-                                     broker.RenderMetrics() + (*listener)->RenderMetrics() + plugin_metrics()};
+                                     broker.RenderMetrics() + (*listener)->RenderMetrics() + plugin_metrics() +
+                                         (remote_pods != nullptr ? remote_pods->RenderMetrics() : std::string())};
       }
       if (path == "/healthz") return podlink::HttpResponse{200, "text/plain; charset=utf-8", "ok\n"};
       if (path == "/readyz") return readiness();
@@ -462,6 +509,7 @@ int main(int argc, char** argv) {
   // The mesh first: opens of other nodes still waiting are answered while
   // the RPC server can finish their calls.
   broker.StopMesh();
+  if (remote_pods != nullptr) remote_pods->Stop();
   (*fds)->Stop();  // closes every session; Watch streams end with SESSION_CLOSED
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   log->info("event=stopped");

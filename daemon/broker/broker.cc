@@ -800,8 +800,22 @@ absl::StatusOr<std::shared_ptr<const ExportRecord>> Broker::AuthorizeRemote(
   if (!by_id && req.target_case() != podlink::mesh::v1::OpenRegionRequest::kName) {
     return absl::InvalidArgumentError("OpenRegion needs export_id or name");
   }
+  PodInfo who = importer;
+  if (remote_pods_ != nullptr) {
+    absl::StatusOr<KubePod> pod = remote_pods_->Confirm(importer.uid, importer.namespace_, importer.name, importer.node,
+                                                        importer.annotations);
+    if (!pod.ok()) {
+      BrokerLog()->warn("event=remote_pod_refused node={} pod={} uid={} source={} reason={}", LogQuoted(importer.node),
+                        LogQuoted(importer.Ref()), LogQuoted(importer.uid), LogQuoted(importer.source),
+                        LogQuoted(pod.status().message()));
+      denials_total_.fetch_add(1, std::memory_order_relaxed);
+      return pod.status();
+    }
+    // Policy reads the API server's annotations, not the forwarded ones.
+    who.annotations = pod->annotations;
+  }
   PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<const ExportRecord> rec,
-                           FindAuthorized(importer, by_id, req.export_id(), req.name(), "remote=" + importer.source));
+                           FindAuthorized(who, by_id, req.export_id(), req.name(), "remote=" + importer.source));
   imports_total_.fetch_add(1, std::memory_order_relaxed);
   return rec;
 }

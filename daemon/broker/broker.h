@@ -20,6 +20,7 @@
 #include "daemon/broker/session.h"
 #include "daemon/gpu/gpu_inventory.h"
 #include "daemon/gpu/memory_object.h"
+#include "daemon/identity/kube_pods.h"
 #include "daemon/identity/pod_source.h"
 #include "daemon/mesh/mesh_engine.h"
 #include "daemon/ncclipc/bridge.h"
@@ -71,6 +72,11 @@ class Broker final : public mesh::MeshHost {
   Broker(BrokerOptions options, std::unique_ptr<PodSource> pods, GpuInventory inventory,
          std::vector<std::unique_ptr<MemoryBackend>> backends);
   ~Broker() override;
+
+  // Pods of other nodes are believed only as `directory` confirms them (with
+  // the API server); null: as their daemons forward them. Not owned; call
+  // before StartMesh.
+  void ConfirmRemotePodsWith(PodDirectory* directory) { remote_pods_ = directory; }
 
   // Starts the inter-node mesh when options.mesh.enabled (no-op otherwise).
   absl::Status StartMesh();
@@ -160,6 +166,7 @@ class Broker final : public mesh::MeshHost {
 
   const BrokerOptions options_;
   std::unique_ptr<PodSource> pods_;
+  PodDirectory* remote_pods_ = nullptr;  // confirms other nodes' pods; null: believed as forwarded
   const GpuInventory inventory_;
   std::vector<std::unique_ptr<MemoryBackend>> backends_;
   Registry registry_;

@@ -21,6 +21,7 @@ struct PodInfo {
   std::string name;
   std::map<std::string, std::string> annotations;
   std::string source;     // "standalone", "cri", ...
+  std::string node;       // a pod of another node: the node whose daemon speaks for it
 
   std::string Ref() const { return namespace_ + "/" + name; }
   std::string PeerGroup() const {

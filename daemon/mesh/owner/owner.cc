@@ -207,6 +207,7 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
   pod.namespace_ = who.namespace_();
   pod.name = who.pod_name();
   pod.annotations.insert(who.annotations().begin(), who.annotations().end());
+  pod.node = origin;
   pod.source = origin == node ? "mesh:" + node : absl::StrCat("mesh:", origin, " via ", node);
   absl::StatusOr<std::shared_ptr<const ExportRecord>> rec = host_->AuthorizeRemote(pod, req);
   if (!rec.ok()) {

@@ -1,5 +1,6 @@
 // Hostile peers: no certificate, another node's pods, forged relays, fences, adverts, verbs
 // requests and data connections.
+#include "tests/fakes/kube_apiserver.h"
 #include "tests/integration/mesh/mesh_fixture.h"
 
 namespace podlink::testing {
@@ -17,7 +18,7 @@ class MeshHostile : public Mesh {
     b_ns_ = b;
     std::string pods = Rule(owner_, "ml", "decode-0", "job-7") + "," + Rule(other_, "ml", "prefill-0", "job-7");
     na_ = StartNode("node-a", a, {da}, pods);
-    nb_ = StartNode("node-b", b, {db}, pods, "", NodeBMesh());
+    nb_ = StartNode("node-b", b, {db}, pods, "", NodeBMesh(), false, NodeBArgs());
     server_ = std::make_unique<Pod>(*nb_, &owner_,
                                     std::vector<std::string>{"kv-serve", "--size", "65536", "--verify", "1"});
     json s = server_->Expect("serving");
@@ -31,8 +32,9 @@ class MeshHostile : public Mesh {
     server_.reset();
     Mesh::TearDown();
   }
-  // More keys for node b's mesh section.
+  // More keys for node b's mesh section, and more arguments for its podlinkd.
   virtual std::string NodeBMesh() const { return ""; }
+  virtual std::vector<std::string> NodeBArgs() { return {}; }
   std::unique_ptr<pb::Mesh::Stub> Stub(const std::string& cert_dir, const std::string& target_name = "node-b") {
     grpc::SslCredentialsOptions tls;
     tls.pem_root_certs = ReadFile(ca_->ca());
@@ -45,15 +47,17 @@ class MeshHostile : public Mesh {
     return pb::Mesh::NewStub(grpc::CreateCustomChannel(b_addr_ + ":7446", grpc::SslCredentials(tls), args));
   }
   grpc::Status Open(pb::Mesh::Stub& stub, const std::string& claimed_node, pb::OpenRegionResponse* resp,
-                    const std::string& ns = "ml", const std::string& pod = "prefill-0") {
+                    const std::string& ns = "ml", const std::string& pod = "prefill-0", const std::string& uid = "",
+                    const std::string& group = "job-7") {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     pb::OpenRegionRequest req;
     req.mutable_importer()->set_node(claimed_node);
     req.mutable_importer()->set_key(ns + "/" + pod);
+    req.mutable_importer()->set_pod_uid(uid);
     req.mutable_importer()->set_namespace_(ns);
     req.mutable_importer()->set_pod_name(pod);
-    (*req.mutable_importer()->mutable_annotations())["podlink.io/peer-group"] = "job-7";
+    if (!group.empty()) (*req.mutable_importer()->mutable_annotations())["podlink.io/peer-group"] = group;
     req.set_export_id(export_id_);
     return stub.OpenRegion(&ctx, req, resp);
   }
@@ -142,6 +146,88 @@ TEST_F(MeshHostile, ADaemonSpeaksOnlyForItsOwnNodesPods) {
   ca_->Issue("node-b", dir_ + "/fake-b");
   st = Open(*Stub(dir_ + "/fake-b"), "node-b", &resp);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
+}
+
+// Node b confirms the pods other nodes' daemons speak for with a (fake)
+// Kubernetes API server (--remote-pods apiserver), reached from its
+// namespace over the host cable: a daemon with a valid certificate can
+// import only for pods the API server places on its node, with the
+// annotations the API server holds.
+class MeshApiServer : public MeshHostile {
+ protected:
+  std::vector<std::string> NodeBArgs() override {
+    // The host's side of node b's host cable (.1 where node b has .2).
+    const size_t dot = b_addr_.rfind('.');
+    const std::string host = b_addr_.substr(0, dot + 1) + std::to_string(std::stoi(b_addr_.substr(dot + 1)) - 1);
+    ca_->Issue("kube-api", dir_ + "/kube-api", "", "IP:" + host);
+    std::ofstream(dir_ + "/kube-token") << "node-b-token\n";
+    api_ = std::make_unique<FakeKubeApiServer>(dir_ + "/kube-api/tls.crt", dir_ + "/kube-api/tls.key", host,
+                                               "node-b-token");
+    const std::map<std::string, std::string> group = {{"podlink.io/peer-group", "job-7"}};
+    api_->Put(FakePod{owner_.pod_uid(), "ml", "decode-0", "node-b", group});
+    api_->Put(FakePod{other_.pod_uid(), "ml", "prefill-0", "node-a", group});
+    api_->Put(FakePod{"uid-t", "ml", "worker-t", "node-t", group});
+    return {"--remote_pods=apiserver", absl::StrCat("--kube_api_server=https://", host, ":", api_->port()),
+            "--kube_token_file=" + dir_ + "/kube-token", "--kube_ca_file=" + ca_->ca()};
+  }
+  void TearDown() override {
+    MeshHostile::TearDown();
+    api_.reset();
+  }
+  std::unique_ptr<FakeKubeApiServer> api_;
+};
+
+TEST_F(MeshApiServer, ADaemonImportsOnlyForPodsTheApiServerPlacesOnItsNode) {
+  ASSERT_TRUE(nb_->WaitForLog("event=kube_pods_listed pods=3")) << nb_->Log();
+  ca_->Issue("node-t", dir_ + "/node-t");
+  auto stub = Stub(dir_ + "/node-t");
+  pb::OpenRegionResponse resp;
+  // A pod node t made up, in the victim's group: granted without the API server.
+  grpc::Status st = Open(*stub, "node-t", &resp, "ml", "attacker-0", "uid-x");
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
+  EXPECT_NE(st.error_message().find("the API server has no pod ml/attacker-0"), std::string::npos)
+      << st.error_message();
+  // A real pod, but node a's.
+  st = Open(*stub, "node-t", &resp, "ml", "prefill-0", other_.pod_uid());
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
+  EXPECT_NE(st.error_message().find("on node 'node-a', not on node node-t"), std::string::npos) << st.error_message();
+  // Node t's own pod, with a group it does not have.
+  st = Open(*stub, "node-t", &resp, "ml", "worker-t", "uid-t", "job-8");
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
+  // Node t's own pod as the API server states it: granted.
+  st = Open(*stub, "node-t", &resp, "ml", "worker-t", "uid-t");
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_NE(resp.grant(), 0u);
+  // Its group annotation removed in the API server: refused from the watch on.
+  api_->Put(FakePod{"uid-t", "ml", "worker-t", "node-t", {}});
+  absl::Time end = absl::Now() + absl::Seconds(10);
+  do {
+    st = Open(*stub, "node-t", &resp, "ml", "worker-t", "uid-t");
+    if (!st.ok()) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  } while (absl::Now() < end);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
+  EXPECT_TRUE(nb_->WaitForLog("event=remote_pod_refused node=\"node-t\" pod=\"ml/attacker-0\"")) << nb_->Log();
+  EXPECT_EQ(nb_->Log().find("event=mesh_grant peer=node-t pod=ml/attacker-0"), std::string::npos);
+}
+
+TEST_F(MeshApiServer, APodTheApiServerConfirmsWritesAcrossNodes) {
+  ASSERT_TRUE(nb_->WaitForLog("event=kube_pods_listed pods=3")) << nb_->Log();
+  KvAcrossNodes(*nb_, owner_, *na_, other_, 65536, 5);
+  EXPECT_TRUE(nb_->WaitForLog("event=mesh_grant peer=node-a pod=ml/prefill-0")) << nb_->Log();
+  // The API server's view was asked for nothing by name: the list held the pod.
+  for (const std::string& r : api_->Requests()) EXPECT_EQ(r.find("/namespaces/"), std::string::npos) << r;
+}
+
+TEST_F(MeshApiServer, NothingIsConfirmedWhileTheApiServerIsAway) {
+  ASSERT_TRUE(nb_->WaitForLog("event=kube_pods_listed pods=3")) << nb_->Log();
+  api_.reset();  // gone: the pod a daemon forwards is not in the list, and cannot be fetched
+  ca_->Issue("node-t", dir_ + "/node-t");
+  pb::OpenRegionResponse resp;
+  grpc::Status st = Open(*Stub(dir_ + "/node-t"), "node-t", &resp, "ml", "worker-new", "uid-new");
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
+  EXPECT_NE(st.error_message().find("cannot confirm pod ml/worker-new with the API server"), std::string::npos)
+      << st.error_message();
 }
 
 // Requests through relays carry the origin's signed claim; a relay (or any

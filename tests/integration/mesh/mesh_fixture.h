@@ -158,11 +158,14 @@ class TestCa {
         << "openssl is needed for the mesh tests";
   }
   // Writes ca.crt, tls.crt and tls.key for `node` into `out` (what a
-  // daemon's mesh.cert_dir holds); `trust` is the CA bundle the node trusts.
-  void Issue(const std::string& node, const std::string& out, const std::string& trust = "") const {
+  // daemon's mesh.cert_dir holds); `trust` is the CA bundle the node trusts;
+  // `san` replaces the subject alternative name (e.g. "IP:10.1.2.3").
+  void Issue(const std::string& node, const std::string& out, const std::string& trust = "",
+             const std::string& san = "") const {
     Sh("mkdir -p " + out);
     std::string ext = out + "/ext.cnf";
-    std::ofstream(ext) << "subjectAltName=DNS:" << node << "\nextendedKeyUsage=serverAuth,clientAuth\n";
+    std::ofstream(ext) << "subjectAltName=" << (san.empty() ? "DNS:" + node : san)
+                       << "\nextendedKeyUsage=serverAuth,clientAuth\n";
     EXPECT_EQ(Sh(absl::StrCat("openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=", node,
                               " -keyout ", out, "/tls.key -out ", out, "/tls.csr")),
               0);
@@ -258,7 +261,7 @@ class Mesh : public ::testing::Test {
   std::unique_ptr<Daemon> StartNode(const std::string& node, const std::string& ns,
                                     const std::vector<std::string>& interfaces, const std::string& pods,
                                     const std::string& cert_dir = "", const std::string& extra_mesh = "",
-                                    bool gpu = false) {
+                                    bool gpu = false, const std::vector<std::string>& args = {}) {
     std::string certs = cert_dir;
     if (certs.empty()) {
       certs = dir_ + "/" + node;
@@ -268,7 +271,7 @@ class Mesh : public ::testing::Test {
     std::string cfg = absl::StrCat(R"({"node": {"name": ")", node, R"(", "id": ")", node, R"("}, "mesh": {"enabled": true, "cert_dir": ")",
                                    certs, R"(", "interfaces": )", ifs.dump(), R"(, "io_timeout_seconds": 2)",
                                    extra_mesh, R"(}, "pods": [)", pods, "]}");
-    return std::make_unique<Daemon>(cfg, std::vector<std::string>{}, gpu, ns);
+    return std::make_unique<Daemon>(cfg, args, gpu, ns);
   }
 
   static std::string Rule(const PodCgroup& cg, const std::string& ns, const std::string& name,
