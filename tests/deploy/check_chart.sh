@@ -14,9 +14,14 @@
 # default render's init container installs the client library without
 # disturbing a process that has the old one mapped (check_library_install.sh).
 #
-#   check_chart.sh REPO BUILD_DIR PODLINKD
+# With the mesh on, podlinkd confirms other nodes' pods with the API server:
+# the render grants it get/list/watch on pods and nothing more, and its
+# podlinkd lists pods from a fake API server (FAKE_KUBE_API) as in a pod.
+#
+#   check_chart.sh REPO BUILD_DIR PODLINKD FAKE_KUBE_APISERVER
 set -euo pipefail
 repo=$(realpath "$1") build=$(realpath -m "$2") podlinkd=$(realpath "$3")
+export FAKE_KUBE_API=$(realpath "$4")
 cd "$repo"
 fail() { echo "FAIL: $*"; exit 1; }
 mkdir -p "$build"
@@ -184,12 +189,33 @@ assert mesh == {"enabled": True, "listen": "0.0.0.0:7456", "data_port": 7457, "c
                 "transport": "verbs", "verbs_tcp_fallback": False, "verbs_staged_only": True, "tcp_zero_copy": False, "two_hop_stripe": True, "relay_staging_mib": 32, "grant_idle_seconds": 300, "keepalive_seconds": 20,
                 "cert_refresh_seconds": 30, "advert_seconds": 15,
                 "peers": [{"node": "node-c", "addresses": ["10.0.3.2/30", "10.0.4.1/30"], "port": 7446}]}, mesh
-print("mesh render: host network, ports", ports, "config", mesh)
+assert "--remote-pods=apiserver" in args, args
+assert pod["automountServiceAccountToken"] is True
+role = next(d for d in docs if d["kind"] == "ClusterRole")
+assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}], role
+binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding")
+assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                              "name": role["metadata"]["name"]}, binding
+assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod["serviceAccountName"],
+                                "namespace": ds["metadata"]["namespace"]}], binding
+print("mesh render: host network, ports", ports, "config", mesh, "pods read by", role["metadata"]["name"])
+PY
+# The mesh on with remotePods forwarded: no API-server access at all.
+printf 'mesh: {enabled: true, remotePods: forwarded}\n' > "$tmp/mesh-forwarded.yaml"
+"$render" -f "$tmp/mesh-forwarded.yaml" charts/podlink > "$tmp/mesh-forwarded-render.yaml" \
+  || fail "the chart with remotePods forwarded does not render"
+python3 - "$tmp/mesh-forwarded-render.yaml" <<'PY' || fail "render with remotePods forwarded"
+exec(open(__import__("os").environ["RENDER_PY"]).read())
+assert "--remote-pods=forwarded" in args, args
+assert "automountServiceAccountToken" not in pod
+assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
 PY
 python3 - "$tmp/default.yaml" <<'PY' || fail "the default render has parts of the mesh"
 import json
 exec(open(__import__("os").environ["RENDER_PY"]).read())
 assert "hostNetwork" not in pod and "mesh-certs" not in vols
+assert "automountServiceAccountToken" not in pod and not any(a.startswith("--remote-pods") for a in args), args
+assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")]
 cm = next(d for d in docs if d["kind"] == "ConfigMap")
 assert "mesh" not in json.loads(cm["data"]["config.json"])
 assert json.loads(cm["data"]["config.json"])["nccl_native"] == {"enabled": True, "shm_size_mib": 1024}
@@ -260,6 +286,7 @@ mesh: {enabled: true, dataPort: 7446}|mesh.port, mesh.dataPort and metrics.port 
 mesh: {enabled: true, certHostPath: certs}|mesh.certHostPath must be an absolute path
 mesh: {enabled: true, connectionsPerPath: 17}|mesh.connectionsPerPath must be in 1..16
 mesh: {enabled: true, transport: udp}|mesh.transport must be tcp or verbs
+mesh: {enabled: true, remotePods: trust}|mesh.remotePods must be apiserver or forwarded
 mesh: {enabled: true, verbsTcpFallback: "no"}|mesh.verbsTcpFallback must be true or false
 mesh: {enabled: true, verbsStagedOnly: "yes"}|mesh.verbsStagedOnly must be true or false
 mesh: {enabled: true, tcpZeroCopy: 0}|mesh.tcpZeroCopy must be true or false

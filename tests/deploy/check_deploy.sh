@@ -35,6 +35,16 @@ vols = {v["name"]: v for v in pod["volumes"]}
 assert vols["cri-socket-dir"]["hostPath"] == {"path": "/run/containerd", "type": "Directory"}, vols
 assert {"name": "cri-socket-dir", "mountPath": "/run/containerd", "readOnly": True} in c["volumeMounts"]
 assert not any(v.get("hostPath", {}).get("type") == "Socket" for v in pod["volumes"]), "a socket mounted as a file"
+# Other nodes' pods are confirmed with the API server: pods read, nothing else.
+assert "--remote-pods=apiserver" in c["args"], c["args"]
+assert pod["automountServiceAccountToken"] is True
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+roles = [d for d in docs if d["kind"] in ("ClusterRole", "Role")]
+assert [r["rules"] for r in roles] == [[{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]], roles
+binding = next(d for d in docs if d["kind"] == "ClusterRoleBinding")
+assert binding["roleRef"]["name"] == roles[0]["metadata"]["name"], binding
+assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod["serviceAccountName"],
+                                "namespace": ds["metadata"]["namespace"]}], binding
 PY
 yamllint -s deploy/ charts/podlink/Chart.yaml charts/podlink/values.yaml charts/podlink/values-standalone.yaml \
   .yamllint tests/deploy/rendered.yamllint \
@@ -84,11 +94,12 @@ def pairs(v):  # (chart key, chart value, podlinkd default)
         ("mesh.fallback", v["mesh"]["fallback"], d["mesh"]["fallback"]),
         ("mesh.connectionsPerPath", v["mesh"]["connectionsPerPath"], d["mesh"]["connections_per_path"]),
         ("mesh.transport", v["mesh"]["transport"], d["mesh"]["transport"]),
+        ("mesh.remotePods", v["mesh"]["remotePods"], d["remote_pods"]),
     ]
 bad = [f"with values-standalone.yaml, {k}: chart {a!r}, podlinkd {b!r}" for k, a, b in pairs(standalone) if a != b]
 # The cluster defaults: exactly these differ from podlinkd's, and are what a cluster needs.
 cluster_only = {"podSource": "cri", "criSocket": "/run/containerd/containerd.sock", "devicePlugin.enabled": True,
-                "metrics.address": "0.0.0.0"}
+                "metrics.address": "0.0.0.0", "mesh.remotePods": "apiserver"}
 differ = {k: a for k, a, b in pairs(cluster) if a != b}
 if differ != cluster_only:
     bad.append(f"values.yaml differs from podlinkd's defaults in {differ}, expected {cluster_only}")

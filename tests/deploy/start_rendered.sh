@@ -13,6 +13,12 @@
 # must still answer at the path podlinkd was given, and podlinkd must be (or
 # become again) ready.
 #
+# With --remote-pods=apiserver, podlinkd finds the API server as in a pod:
+# KUBERNETES_SERVICE_HOST/PORT, and the service account's token and CA under
+# /var/run/secrets/kubernetes.io/serviceaccount; a fake API server
+# ($FAKE_KUBE_API, tests/tools/fake_kube_apiserver.cc) answers there, and
+# podlinkd must list its pods.
+#
 #   start_rendered.sh RENDERED.yaml PODLINKD LABEL
 set -euo pipefail
 rendered=$1 podlinkd=$(realpath "$2") label=$3
@@ -110,6 +116,28 @@ PODLINKD=$podlinkd WORK=$work CONFIG_PATH=$config_path FAKE_CRI=$here/fake_cri.p
     export NODE_NAME=test-node
   fi
   eval "args=($(cat "$WORK/args"))"
+  kube_api=""
+  if printf "%s\n" "${args[@]}" | grep -qx -- "--remote-pods=apiserver" && [ -s "$WORK/mesh_cert_dir" ]; then
+    # In the pod: the service account'"'"'s files (under the tmpfs /run) and the service'"'"'s address.
+    sa=/var/run/secrets/kubernetes.io/serviceaccount
+    mkdir -p "$sa" "$WORK/kube"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=test-kube-ca \
+      -keyout "$WORK/kube/ca.key" -out "$sa/ca.crt" 2> /dev/null
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=kube-apiserver \
+      -keyout "$WORK/kube/tls.key" -out "$WORK/kube/tls.csr" 2> /dev/null
+    printf "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n" > "$WORK/kube/ext.cnf"
+    openssl x509 -req -in "$WORK/kube/tls.csr" -CA "$sa/ca.crt" -CAkey "$WORK/kube/ca.key" -CAcreateserial \
+      -days 1 -extfile "$WORK/kube/ext.cnf" -out "$WORK/kube/tls.crt" 2> /dev/null
+    echo "service-account-token" > "$sa/token"
+    echo "[{\"uid\": \"u-1\", \"namespace\": \"ml\", \"name\": \"p-1\", \"node\": \"test-node\"}]" \
+      > "$WORK/kube/pods.json"
+    "$FAKE_KUBE_API" "$WORK/kube/tls.crt" "$WORK/kube/tls.key" 127.0.0.1 service-account-token \
+      "$WORK/kube/pods.json" "$WORK/kube/port" 2> "$WORK/kube/log" &
+    kube_api=$!
+    for _ in $(seq 50); do [ -s "$WORK/kube/port" ] && break; sleep 0.1; done
+    [ -s "$WORK/kube/port" ] || { echo "the fake API server did not start: $(cat "$WORK/kube/log")"; exit 1; }
+    export KUBERNETES_SERVICE_HOST=127.0.0.1 KUBERNETES_SERVICE_PORT=$(cat "$WORK/kube/port")
+  fi
   eval "ready=($(cat "$WORK/ready"))"
   cri_sock=$(cat "$WORK/cri_sock") cri_mount=$(cat "$WORK/cri_mount") cri_host=$(cat "$WORK/cri_host")
   cri_type=$(cat "$WORK/cri_type") cri_ro=$(cat "$WORK/cri_ro")
@@ -141,6 +169,7 @@ PODLINKD=$podlinkd WORK=$work CONFIG_PATH=$config_path FAKE_CRI=$here/fake_cri.p
   stop() {
     kill -TERM "$pid" 2> /dev/null; wait "$pid" || true
     if [ -n "$runtime" ]; then kill "$runtime"; wait "$runtime" 2> /dev/null || true; fi
+    if [ -n "$kube_api" ]; then kill "$kube_api"; wait "$kube_api" 2> /dev/null || true; fi
   }
   await_ready() {  # $1: what is awaited
     for _ in $(seq 150); do
@@ -160,6 +189,12 @@ PODLINKD=$podlinkd WORK=$work CONFIG_PATH=$config_path FAKE_CRI=$here/fake_cri.p
     grep -q "event=mesh_ready node=test-node" "$WORK/log" \
       || { echo "podlinkd did not start its mesh:"; tail -20 "$WORK/log"; stop; exit 1; }
     echo "the mesh serves: $(grep -o "event=mesh_ready.*" "$WORK/log")"
+  fi
+  if [ -n "$kube_api" ]; then
+    for _ in $(seq 100); do grep -q "event=kube_pods_listed pods=1" "$WORK/log" && break; sleep 0.1; done
+    grep -q "event=kube_pods_listed pods=1" "$WORK/log" \
+      || { echo "podlinkd did not list pods from the API server:"; tail -20 "$WORK/log"; stop; exit 1; }
+    echo "pods from the API server: $(grep -o "event=kube_pods_listed.*" "$WORK/log")"
   fi
   if [ -n "$cri_sock" ]; then
     grep -qF "event=pod_source source=cri socket=$cri_sock" "$WORK/log" \
