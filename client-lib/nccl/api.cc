@@ -35,6 +35,7 @@ Result Init(nccl_abi::Logger logger) {
     return FailStatus(kSystemError, "no interface to listen on", addr.status());
   }
   s.listen_addr = *addr;
+  s.ifname_speed_mbps = InterfaceSpeedMbps(s.ifname);
 
   if (!s.tcp_only) ConnectPodlinkd(s);
   JoinNative(s);
@@ -43,8 +44,8 @@ Result Init(nccl_abi::Logger logger) {
   if (s.devs.empty()) EnumerateDevices(s);
   if (!s.node_id.empty() && !s.native) SetRelayDefaults(s);
   s.Log(nccl_abi::kLogInfo, __FILE__, __LINE__,
-        "NET/podlink %s: %zu device(s), listening on %s (%s), %d data sockets per TCP connection, node %s",
-        "v1", s.devs.size(), s.listen_addr.ToString().c_str(), s.ifname.c_str(), s.nsocks,
+        "NET/podlink %s: %zu device(s), listening on %s (%s, %d Mb/s), %d data sockets per TCP connection, node %s",
+        "v1", s.devs.size(), s.listen_addr.ToString().c_str(), s.ifname.c_str(), s.ifname_speed_mbps, s.nsocks,
         s.node_id.empty() ? "(no podlinkd)" : s.node_id.c_str());
   return kSuccess;
 }
@@ -124,7 +125,11 @@ Result GetProperties(int dev, DeviceProps* p) {
   // still sizes channels by the NIC's PCIe path; Init's defaults and the
   // tuner take care of the channel count (docs/nccl.md).
   // A rail group: its NICs' speed (what other nodes are reached at).
-  const int dflt = d.speed_mbps != 0 ? static_cast<int>(d.speed_mbps) : s.node_id.empty() ? 100000 : 3200000;
+  // TCP alone: the listening interface's speed, as NET/Socket reports it.
+  // NCCL's cost model picks protocols by it: at 100 Gb/s on a veth it chose
+  // LL up to 512 KiB, which moves twice the bytes of Simple over the sockets
+  // (all_reduce at 0.50-0.58 of NET/Socket at 256-512 KiB, 2026-11-28).
+  const int dflt = s.node_id.empty() ? s.ifname_speed_mbps : d.speed_mbps != 0 ? static_cast<int>(d.speed_mbps) : 3200000;
   p->speed_mbps = EnvInt("PODLINK_NCCL_SPEED_MBPS", dflt);
   p->port = 1;
   p->latency_us = static_cast<float>(EnvInt("PODLINK_NCCL_LATENCY_US", 5));

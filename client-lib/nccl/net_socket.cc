@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
+#include <fstream>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -103,6 +105,15 @@ absl::StatusOr<SockAddr> ChooseListenAddress(std::string* ifname) {
   }
   if (ifname != nullptr) *ifname = best_name;
   return best;
+}
+
+int InterfaceSpeedMbps(const std::string& ifname, const std::string& sysfs_net) {
+  constexpr int kUnknown = 10000;
+  if (ifname.empty() || ifname.find('/') != std::string::npos || ifname == "." || ifname == "..") return kUnknown;
+  std::ifstream f(sysfs_net + "/" + ifname + "/speed");
+  long long mbps = 0;
+  if (!(f >> mbps) || mbps <= 0 || mbps > INT_MAX) return kUnknown;
+  return static_cast<int>(mbps);
 }
 
 absl::StatusOr<UniqueFd> ListenOn(SockAddr& addr) {

@@ -26,6 +26,11 @@ struct SockAddr {
 // either, the first non-loopback interface, else loopback. Port 0.
 absl::StatusOr<SockAddr> ChooseListenAddress(std::string* ifname);
 
+// The link speed of interface `ifname` in Mb/s, as NCCL's NET/Socket reads
+// it (<sysfs_net>/<ifname>/speed); 10000 where the kernel reports none
+// (veth, some virtual NICs), as NET/Socket assumes then.
+int InterfaceSpeedMbps(const std::string& ifname, const std::string& sysfs_net = "/sys/class/net");
+
 // A bound, listening, non-blocking socket; `addr` gets the chosen port.
 absl::StatusOr<UniqueFd> ListenOn(SockAddr& addr);
 

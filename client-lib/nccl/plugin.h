@@ -55,6 +55,7 @@ class State {
   std::vector<NodeInfo::MeshNic> mesh_nics;
   SockAddr listen_addr;
   std::string ifname;
+  int ifname_speed_mbps = 0;  // ifname's link speed, as NET/Socket reads it
   int nsocks = 4;
   bool tcp_only = false;
 

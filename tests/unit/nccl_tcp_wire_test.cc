@@ -8,10 +8,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
+#include "client-lib/nccl/net_socket.h"
 #include "client-lib/nccl/plugin.h"
 #include "client-lib/nccl/transport_tcp.h"
 #include "gtest/gtest.h"
@@ -232,6 +235,34 @@ TEST_F(TcpWire, APeerClosingInTheMiddleOfAnInlinePayloadFailsTheReceive) {
   int done = 0, size = -1;
   EXPECT_EQ(Poll(*c, req, &done, &size), nccl_abi::kRemoteError);
   EXPECT_EQ(done, 0);
+}
+
+}  // namespace
+}  // namespace podlink::ncclnet
+
+namespace podlink::ncclnet {
+namespace {
+
+// Without podlinkd the plugin reports its interface's speed as NET/Socket
+// does: NCCL's choice of protocol follows it.
+TEST(TcpSpeed, TheInterfaceSpeedIsWhatNetSocketWouldReport) {
+  char tmpl[] = "/tmp/podlink-sysfs-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string root = tmpl;
+  auto speed = [&](const std::string& dev, const std::string& text) {
+    ASSERT_EQ(std::system(("mkdir -p " + root + "/" + dev).c_str()), 0);
+    std::ofstream(root + "/" + dev + "/speed") << text;
+  };
+  speed("eth0", "100000\n");
+  speed("veth0", "-1\n");  // what an unknown speed reads as
+  speed("odd0", "fast\n");
+  EXPECT_EQ(InterfaceSpeedMbps("eth0", root), 100000);
+  EXPECT_EQ(InterfaceSpeedMbps("veth0", root), 10000);
+  EXPECT_EQ(InterfaceSpeedMbps("odd0", root), 10000);
+  EXPECT_EQ(InterfaceSpeedMbps("missing0", root), 10000);
+  EXPECT_EQ(InterfaceSpeedMbps("../eth0", root + "/veth0"), 10000);  // a name is never a path
+  EXPECT_EQ(InterfaceSpeedMbps("", root), 10000);
+  std::system(("rm -rf " + root).c_str());
 }
 
 }  // namespace
