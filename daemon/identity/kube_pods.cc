@@ -218,11 +218,19 @@ absl::StatusOr<PodWatchEvent> ParseWatchEvent(absl::string_view line) {
 
 bool ValidKubeName(absl::string_view s) {
   if (s.empty() || s.size() > 253) return false;
-  for (size_t i = 0; i < s.size(); ++i) {
+  // Dot-separated labels of 1 to 63 of a-z, 0-9 and '-', each starting and
+  // ending with a letter or digit.
+  size_t label = 0;
+  for (size_t i = 0; i <= s.size(); ++i) {
+    if (i == s.size() || s[i] == '.') {
+      if (label == 0 || label > 63 || s[i - 1] == '-') return false;
+      label = 0;
+      continue;
+    }
     char c = s[i];
     bool alnum = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
-    if (!alnum && c != '-' && c != '.') return false;
-    if (!alnum && (i == 0 || i + 1 == s.size())) return false;
+    if (!alnum && (c != '-' || label == 0)) return false;
+    ++label;
   }
   return true;
 }

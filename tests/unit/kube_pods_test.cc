@@ -79,10 +79,12 @@ TEST(KubePodsParse, WatchEvents) {
 
 TEST(KubePodsParse, NamesAndUrls) {
   for (const char* ok : {"ml", "decode-0", "a.b-c", "0"}) EXPECT_TRUE(ValidKubeName(ok)) << ok;
-  for (const char* bad : {"", "../x", "a/b", "A", "-a", "a-", "a?b", "a%2f", "a b", ".."}) {
+  for (const char* bad : {"", "../x", "a/b", "A", "-a", "a-", "a?b", "a%2f", "a b", "..", "a..b", "a.-b", "a-.b", ".a"}) {
     EXPECT_FALSE(ValidKubeName(bad)) << bad;
   }
   EXPECT_FALSE(ValidKubeName(std::string(254, 'a')));
+  EXPECT_FALSE(ValidKubeName(std::string(64, 'a')));  // a label of 64
+  EXPECT_TRUE(ValidKubeName(std::string(63, 'a') + "." + std::string(63, 'b')));
   absl::StatusOr<KubeApiConfig> c = ParseApiServerUrl("https://10.96.0.1:6443/");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->host, "10.96.0.1");
