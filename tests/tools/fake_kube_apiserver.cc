@@ -29,7 +29,8 @@ int main(int argc, char** argv) {
   }
   for (const auto& p : pods) {
     podlink::testing::FakePod pod{p.at("uid"), p.at("namespace"), p.at("name"), p.value("node", ""), {}};
-    for (const auto& [k, v] : p.value("annotations", nlohmann::json::object()).items()) pod.annotations[k] = v;
+    const nlohmann::json annotations = p.value("annotations", nlohmann::json::object());  // outlives the loop
+    for (const auto& [k, v] : annotations.items()) pod.annotations[k] = v;
     api.Put(pod);
   }
   std::ofstream(argv[6]) << api.port() << "\n";
