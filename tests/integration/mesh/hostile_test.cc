@@ -172,6 +172,10 @@ class MeshApiServer : public MeshHostile {
   }
   void TearDown() override {
     MeshHostile::TearDown();
+    // The daemons first: the fake API server's stop waits for its clients'
+    // keep-alive connections to go.
+    nb_.reset();
+    na_.reset();
     api_.reset();
   }
   std::unique_ptr<FakeKubeApiServer> api_;
