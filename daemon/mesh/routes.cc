@@ -20,6 +20,21 @@ std::set<std::string> SharedSubnets(const std::vector<IpPrefix>& x, const std::v
   return out;
 }
 
+size_t TrustedCables(const std::string& x_name, const std::vector<IpPrefix>& x, const std::string& y_name,
+                     const std::vector<IpPrefix>& y, bool y_is_target, const CableTrust& trust) {
+  std::set<std::string> shared = SharedSubnets(x, y);
+  if (trust.believe_all || trust.Confirmed(x_name, y_name)) return shared.size();
+  static const std::vector<IpPrefix> kNone;
+  auto configured = [&](const std::string& node) -> const std::vector<IpPrefix>& {
+    auto it = trust.configured.find(node);
+    return it == trust.configured.end() ? kNone : it->second;
+  };
+  std::set<std::string> vouched = SharedSubnets(configured(x_name), y_is_target ? y : configured(y_name));
+  size_t n = 0;
+  for (const std::string& subnet : shared) n += vouched.contains(subnet);
+  return n;
+}
+
 std::optional<std::vector<std::string>> RelayPath(const std::string& self_name, const std::vector<IpPrefix>& self,
                                                   const std::map<std::string, std::vector<IpPrefix>>& known,
                                                   const std::string& target, const CableTrust& trust,
@@ -35,21 +50,11 @@ std::optional<std::vector<std::string>> RelayPath(const std::string& self_name, 
     addrs.push_back(&a);
   }
   const size_t n = names.size();
-  static const std::vector<IpPrefix> kNone;
-  auto configured = [&](const std::string& node) -> const std::vector<IpPrefix>& {
-    auto it = trust.configured.find(node);
-    return it == trust.configured.end() ? kNone : it->second;
-  };
   // Cables: distinct shared subnets (a claim repeated counts once), between
   // two other nodes only those some word other than their own vouches for.
   auto width = [&](size_t x, size_t y) -> size_t {
-    std::set<std::string> shared = SharedSubnets(*addrs[x], *addrs[y]);
-    if (x == 0 || trust.believe_all || trust.Confirmed(names[x], names[y])) return shared.size();
-    std::set<std::string> vouched = SharedSubnets(configured(names[x]), names[y] == target ? *addrs[y]
-                                                                                          : configured(names[y]));
-    size_t n = 0;
-    for (const std::string& subnet : shared) n += vouched.contains(subnet);
-    return n;
+    if (x == 0) return SharedSubnets(*addrs[x], *addrs[y]).size();
+    return TrustedCables(names[x], *addrs[x], names[y], *addrs[y], names[y] == target, trust);
   };
   const size_t goal = static_cast<size_t>(std::find(names.begin(), names.end(), target) - names.begin());
   // Breadth first, one layer per hop; within a layer each node keeps the

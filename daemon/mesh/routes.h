@@ -51,6 +51,13 @@ struct CableTrust {
 // prefix lengths), as "network/prefix".
 std::set<std::string> SharedSubnets(const std::vector<IpPrefix>& x, const std::vector<IpPrefix>& y);
 
+// The cables between two nodes other than this one, `x` and `y`: their
+// distinct shared subnets that some word other than their own vouches for
+// (above). `y_is_target`: y is the destination, whose addresses come from the
+// region descriptor and whose identity the last hop's TLS checks.
+size_t TrustedCables(const std::string& x_name, const std::vector<IpPrefix>& x, const std::string& y_name,
+                     const std::vector<IpPrefix>& y, bool y_is_target, const CableTrust& trust);
+
 // The relays between `self` and `target`, first hop first: empty when the
 // target is adjacent, nullopt when no route of at most `max_relays` relays
 // exists. `known` holds every other node's addresses (the target's included).
