@@ -96,4 +96,21 @@ std::optional<std::vector<std::string>> RelayPath(const std::string& self_name, 
   return via;
 }
 
+std::optional<std::string> TwoHopRelay(const std::string& self_name, const std::vector<IpPrefix>& self,
+                                       const std::map<std::string, std::vector<IpPrefix>>& known,
+                                       const std::string& target, const std::vector<IpPrefix>& target_addrs,
+                                       const CableTrust& trust) {
+  std::optional<std::string> best;
+  size_t best_cables = 0;
+  for (const auto& [name, addrs] : known) {  // by name: the first of equals stays
+    if (name == target || name == self_name || SharedSubnets(self, addrs).empty()) continue;
+    size_t cables = TrustedCables(name, addrs, target, target_addrs, /*y_is_target=*/true, trust);
+    if (cables > best_cables) {
+      best = name;
+      best_cables = cables;
+    }
+  }
+  return best;
+}
+
 }  // namespace podlink::mesh

@@ -66,4 +66,15 @@ std::optional<std::vector<std::string>> RelayPath(const std::string& self_name, 
                                                   const std::string& target, const CableTrust& trust,
                                                   size_t max_relays = kMaxRelays);
 
+// The relay for two-hop striping to `target`, a node cabled to this one: a
+// known node other than both that shares a subnet with this node (a cable of
+// this node's own, checked by its dial) and has a trusted cable to the target
+// (TrustedCables: a relay's claim to share the target's subnet is not enough).
+// Among several, the one with the most such cables, then the first by name;
+// nullopt when there is none.
+std::optional<std::string> TwoHopRelay(const std::string& self_name, const std::vector<IpPrefix>& self,
+                                       const std::map<std::string, std::vector<IpPrefix>>& known,
+                                       const std::string& target, const std::vector<IpPrefix>& target_addrs,
+                                       const CableTrust& trust);
+
 }  // namespace podlink::mesh

@@ -144,5 +144,37 @@ TEST_F(BorrowedAddresses, TheOperatorsWordMakesACableToTheDestination) {
   EXPECT_TRUE(RelayPath("b", b_, known_, "e", trust).has_value());
 }
 
+// Two-hop striping to a node this one is cabled to (mesh.two_hop_stripe)
+// adds a relay's cables: the relay's claim to share the target's subnet is
+// not enough, as for routes. Before, the first known node by name sharing a
+// subnet with both ends was taken: here the attacker.
+TEST(TwoHopRelay, ARelaysCableToTheTargetMustBeVouchedFor) {
+  std::vector<IpPrefix> b = Addrs({"10.2.1.2/30", "10.2.2.2/30", "10.2.5.1/30"});  // to attacker, relay, d
+  std::vector<IpPrefix> d = Addrs({"10.2.3.2/30", "10.2.5.2/30"});
+  std::map<std::string, std::vector<IpPrefix>> known = {
+      {"attacker", Addrs({"10.2.1.1/30", "10.2.3.3/30"})},  // claims an address in relay-d's subnet
+      {"relay", Addrs({"10.2.2.1/30", "10.2.3.1/30"})},
+      {"d", d},
+  };
+  EXPECT_FALSE(SharedSubnets(known["attacker"], d).empty()) << "the old criterion would take the attacker";
+  CableTrust trust;
+  EXPECT_FALSE(TwoHopRelay("b", b, known, "d", d, trust).has_value()) << "no word but the nodes' own";
+  trust.confirmed.insert({"d", "relay"});  // both adverts name each other
+  EXPECT_EQ(TwoHopRelay("b", b, known, "d", d, trust), "relay");
+  // The operator's word about the relay's end, the destination's own addresses at the other.
+  CableTrust configured;
+  configured.configured["relay"] = Addrs({"10.2.3.1/30"});
+  EXPECT_EQ(TwoHopRelay("b", b, known, "d", d, configured), "relay");
+  // Were d to confirm the attacker's cable, it would be a relay like any other.
+  trust.confirmed.insert({"attacker", "d"});
+  EXPECT_EQ(TwoHopRelay("b", b, known, "d", d, trust), "attacker");
+  // Never the target itself or a node this one has no cable to.
+  known["far"] = Addrs({"10.2.9.1/30", "10.2.3.4/30"});
+  trust.confirmed.insert({"d", "far"});
+  trust.confirmed.erase({"attacker", "d"});
+  trust.confirmed.erase({"d", "relay"});
+  EXPECT_FALSE(TwoHopRelay("b", b, known, "d", d, trust).has_value());
+}
+
 }  // namespace
 }  // namespace podlink::mesh

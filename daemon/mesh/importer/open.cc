@@ -377,25 +377,22 @@ void MeshEngine::AddTwoHop(uint64_t session, uint64_t handle, RemoteTarget targe
   req.clear_name();
   req.set_export_id(export_id);
   // A relay: a node this one knows that shares a subnet with this node and
-  // with the target (the first such by name).
+  // has a cable to the target that more than its own word vouches for
+  // (routes.h, TwoHopRelay).
   std::vector<IpPrefix> local = LocalForPaths(), remote = ParsePrefixes(target.addresses);
   std::map<std::string, Known> known;
   {
     absl::MutexLock l(&mu_);
     known = known_;
   }
+  std::map<std::string, std::vector<IpPrefix>> graph;
+  for (const auto& [name, k] : known) graph[name] = ParsePrefixes(k.addresses);
+  std::optional<std::string> relay = TwoHopRelay(node_name_, local, graph, target.node_name, remote, Trust());
+  if (!relay.has_value()) return;  // no such relay known (yet): direct links only
   RemoteTarget hop;
-  for (const auto& [name, k] : known) {
-    if (name == target.node_name || name == node_name_) continue;
-    std::vector<IpPrefix> theirs = ParsePrefixes(k.addresses);
-    if (!ChoosePaths(local, theirs, false).empty() && !ChoosePaths(theirs, remote, false).empty()) {
-      hop.node_name = name;
-      hop.addresses = k.addresses;
-      hop.port = k.port;
-      break;
-    }
-  }
-  if (hop.node_name.empty()) return;  // no such relay known (yet): direct links only
+  hop.node_name = *relay;
+  hop.addresses = known[*relay].addresses;
+  hop.port = known[*relay].port;
   uint64_t nonce = 0;
   if (absl::Status st = SignRoute(target, {hop.node_name}, &req, &nonce, /*fenceable=*/true); !st.ok()) {
     Log()->warn("event=mesh_two_hop_failed destination={} relay={} why={}", target.node_name, hop.node_name,
