@@ -32,7 +32,6 @@ namespace podlink {
 
 std::string Broker::RenderMetrics() const {
   BrokerStats st = Stats();
-  RelayCounters rc = relay_->Counters();
   std::string out;
   auto one = [&](const char* name, const char* type, const char* help, double v) {
     RenderFamily(&out, name, type, help, {{"", v}});
@@ -54,25 +53,7 @@ std::string Broker::RenderMetrics() const {
   for (const char* reason : kDenialReasons) denials[reason] = 0;  // every series exists from the start
   for (const auto& [reason, n] : denials_.Snapshot()) denials[reason] = static_cast<double>(n);
   RenderFamily(&out, "podlink_denials_total", "counter", "imports refused, by reason", denials, "reason");
-  one("podlink_relay_rings", "gauge", "relay rings served", static_cast<double>(rc.rings));
-  one("podlink_relay_workers", "gauge", "relay threads", static_cast<double>(rc.workers));
-  one("podlink_relay_ops_total", "counter", "relay transfers issued", static_cast<double>(rc.ops));
-  one("podlink_relay_bytes_total", "counter", "bytes moved by the relay", static_cast<double>(rc.bytes));
-  one("podlink_relay_failed_total", "counter", "relay requests that failed", static_cast<double>(rc.failed));
-  one("podlink_relay_notifies_total", "counter", "notifications delivered", static_cast<double>(rc.notifies));
-  one("podlink_relay_broken_rings_total", "counter", "rings no longer served (corrupted)",
-      static_cast<double>(rc.broken_rings));
-  absl::StrAppend(&out, "# HELP podlink_relay_op_latency_seconds relay request from ring to completion\n",
-                  "# TYPE podlink_relay_op_latency_seconds histogram\n");
-  relay_->latency().Render("podlink_relay_op_latency_seconds", &out);
-  if (MeshStager* st = relay_->stager(); st != nullptr) {
-    absl::StrAppend(&out, "# HELP podlink_mesh_gpu_staging_copy_seconds copies between a pod's GPU memory and ",
-                    "host staging for other nodes (importing side)\n",
-                    "# TYPE podlink_mesh_gpu_staging_copy_seconds histogram\n");
-    st->copy_latency().Render("podlink_mesh_gpu_staging_copy_seconds", &out);
-    one("podlink_mesh_gpu_staging_queued", "gauge", "staging copies and mesh starts waiting for a stager thread",
-        static_cast<double>(st->queued()));
-  }
+  absl::StrAppend(&out, relay_->RenderMetrics());
   absl::StrAppend(&out, pods_->RenderMetrics());
   if (mesh_ != nullptr) absl::StrAppend(&out, mesh_->RenderMetrics());
   {

@@ -613,4 +613,32 @@ void RelayEngine::Break(Ring& r, const std::string& why) {
   RelayLog()->warn("event=relay_ring_broken session={} reason={}", r.session, LogQuoted(why));
 }
 
+std::string RelayEngine::RenderMetrics() const {
+  RelayCounters rc = Counters();
+  std::string out;
+  auto one = [&](const char* name, const char* type, const char* help, double v) {
+    RenderFamily(&out, name, type, help, {{"", v}});
+  };
+  one("podlink_relay_rings", "gauge", "relay rings served", static_cast<double>(rc.rings));
+  one("podlink_relay_workers", "gauge", "relay threads", static_cast<double>(rc.workers));
+  one("podlink_relay_ops_total", "counter", "relay transfers issued", static_cast<double>(rc.ops));
+  one("podlink_relay_bytes_total", "counter", "bytes moved by the relay", static_cast<double>(rc.bytes));
+  one("podlink_relay_failed_total", "counter", "relay requests that failed", static_cast<double>(rc.failed));
+  one("podlink_relay_notifies_total", "counter", "notifications delivered", static_cast<double>(rc.notifies));
+  one("podlink_relay_broken_rings_total", "counter", "rings no longer served (corrupted)",
+      static_cast<double>(rc.broken_rings));
+  absl::StrAppend(&out, "# HELP podlink_relay_op_latency_seconds relay request from ring to completion\n",
+                  "# TYPE podlink_relay_op_latency_seconds histogram\n");
+  latency_.Render("podlink_relay_op_latency_seconds", &out);
+  if (stager_ != nullptr) {
+    absl::StrAppend(&out, "# HELP podlink_mesh_gpu_staging_copy_seconds copies between a pod's GPU memory and ",
+                    "host staging for other nodes (importing side)\n",
+                    "# TYPE podlink_mesh_gpu_staging_copy_seconds histogram\n");
+    stager_->copy_latency().Render("podlink_mesh_gpu_staging_copy_seconds", &out);
+    one("podlink_mesh_gpu_staging_queued", "gauge", "staging copies and mesh starts waiting for a stager thread",
+        static_cast<double>(stager_->queued()));
+  }
+  return out;
+}
+
 }  // namespace podlink

@@ -100,6 +100,8 @@ class RelayEngine {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   RelayCounters Counters() const;
+  // The relay's metric families, Prometheus text (the daemon's /metrics).
+  std::string RenderMetrics() const;
   // Time from a request being taken off its ring to its completion.
   const LatencyHistogram& latency() const { return latency_; }
   // Copies between GPUs and their staging for other nodes (nullptr without CUDA).
