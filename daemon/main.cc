@@ -35,6 +35,11 @@
 #include "daemon/deviceplugin/device_plugin.h"
 #include "daemon/metrics/http_server.h"
 #include "daemon/metrics/metrics.h"
+#include "daemon/metrics/metrics_page.h"
+#include "daemon/metrics/process_metrics.h"
+#include "daemon/mesh/mesh_engine.h"
+#include "daemon/relay/relay_engine.h"
+#include "absl/cleanup/cleanup.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/resource_quota.h"
 #include "nlohmann/json.hpp"
@@ -352,12 +357,31 @@ int main(int argc, char** argv) {
     log->warn("event=remote_pods mode=forwarded msg=\"pods of other nodes are believed as their daemons state "
               "them; --remote-pods apiserver confirms them with the Kubernetes API server\"");
   }
+  // The daemon's parts, wired here: the broker (sessions, policy), the relay
+  // (sessions' rings, resolving exports through the broker) and the mesh
+  // (other nodes, asking the broker for policy). Each outlives what calls
+  // into it: the guard below closes every session while both engines still
+  // serve, then the mesh goes (its completions land in the relay), then the
+  // relay, then the broker.
   podlink::Broker broker(cfg.broker, std::move(pods), inv, std::move(backends));
   broker.ConfirmRemotePodsWith(remote_pods.get());
-  if (absl::Status st = broker.StartMesh(); !st.ok()) {
-    log->critical("event=mesh_start_failed error={}", podlink::LogQuoted(st.message()));
-    return 1;
+  auto relay = std::make_unique<podlink::RelayEngine>(broker.RelayResolver(), broker.inventory(), cfg.broker.relay);
+  std::unique_ptr<podlink::mesh::MeshEngine> mesh;
+  if (cfg.broker.mesh.enabled) {
+    auto started = podlink::mesh::MeshEngine::Start(cfg.broker.mesh, cfg.broker.node_name, &broker);
+    if (!started.ok()) {
+      log->critical("event=mesh_start_failed error={}", podlink::LogQuoted(started.status().message()));
+      return 1;
+    }
+    mesh = *std::move(started);
+    relay->set_mesh(mesh.get());
   }
+  broker.Attach(relay.get(), mesh.get());
+  absl::Cleanup close_sessions = [&] {
+    broker.CloseAllSessions("daemon stopping");
+    relay->set_mesh(nullptr);
+    broker.Attach(relay.get(), nullptr);
+  };
 
   auto fds = podlink::FdServer::Start(&broker, fd_path);
   if (!fds.ok()) {
@@ -427,14 +451,28 @@ int main(int argc, char** argv) {
     }
     return podlink::HttpResponse{200, "text/plain; charset=utf-8", body};
   };
+  // /metrics: each part renders its own families; the page joins them.
+  podlink::MetricsPage page;
+  page.Add([] {
+    std::string out;
+    podlink::RenderFamily(&out, "podlink_up", "gauge", "1 while podlinkd serves", {{"", 1}});
+    podlink::RenderFamily(&out, "podlink_build_info", "gauge", "podlinkd's version (the value is 1)",
+                          {{PODLINK_VERSION, 1}}, "version");
+    return out + podlink::RenderProcessMetrics();
+  });
+  page.Add([&broker] { return broker.RenderMetrics(); });
+  page.Add([&relay] { return relay->RenderMetrics(); });
+  if (mesh != nullptr) page.Add([&mesh] { return mesh->RenderMetrics(); });
+  page.Add([&listener] { return (*listener)->RenderMetrics(); });
+  page.Add(plugin_metrics);
+  if (remote_pods != nullptr) page.Add([&remote_pods] { return remote_pods->RenderMetrics(); });
   std::unique_ptr<podlink::HttpServer> http;
   std::string metrics = "off";
   if (!args.metrics_addr.empty()) {
     auto h = podlink::HttpServer::Start(args.metrics_addr, [&](const std::string& path) {
       if (path == "/metrics") {
         return podlink::HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8",
-                                     broker.RenderMetrics() + (*listener)->RenderMetrics() + plugin_metrics() +
-                                         (remote_pods != nullptr ? remote_pods->RenderMetrics() : std::string())};
+                                     page.Render()};
       }
       if (path == "/healthz") return podlink::HttpResponse{200, "text/plain; charset=utf-8", "ok\n"};
       if (path == "/readyz") return readiness();
@@ -496,7 +534,7 @@ int main(int argc, char** argv) {
   }
   log->info("event=ready version={} node={} node_name={} grpc={} fd={} metrics={} handle_types={} relay_workers={}",
             PODLINK_VERSION, broker.node_id(), podlink::LogQuoted(cfg.broker.node_name), grpc_path, fd_path, metrics,
-            broker.GetNodeInfo().handle_types_size(), broker.RelayStats().workers);
+            broker.GetNodeInfo().handle_types_size(), relay->Counters().workers);
 
   int sig = 0;
   sigwait(&sigs, &sig);
@@ -508,7 +546,7 @@ int main(int argc, char** argv) {
   (*listener)->Stop();
   // The mesh first: opens of other nodes still waiting are answered while
   // the RPC server can finish their calls.
-  broker.StopMesh();
+  if (mesh != nullptr) mesh->Stop();
   if (remote_pods != nullptr) remote_pods->Stop();
   (*fds)->Stop();  // closes every session; Watch streams end with SESSION_CLOSED
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

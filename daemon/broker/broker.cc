@@ -120,29 +120,9 @@ Broker::Broker(BrokerOptions options, std::unique_ptr<PodSource> pods, GpuInvent
       inventory_(std::move(inventory)),
       backends_(std::move(backends)),
       registry_(options.registry),
-      relay_(std::make_unique<RelayEngine>(
-          [this](uint64_t session, uint64_t id) { return registry_.GetUsable(id, session); }, inventory_,
-          options.relay)),
       node_id_(options.node_id.empty() ? ReadBootId() : options.node_id) {}
 
-Broker::~Broker() {
-  CloseAllSessions("daemon stopping");
-  if (mesh_ != nullptr) {
-    relay_->set_mesh(nullptr);
-    mesh_.reset();  // its threads finish before the relay they complete into goes away
-  }
-}
-
-absl::Status Broker::StartMesh() {
-  if (!options_.mesh.enabled) return absl::OkStatus();
-  PODLINK_ASSIGN_OR_RETURN(mesh_, mesh::MeshEngine::Start(options_.mesh, options_.node_name, this));
-  relay_->set_mesh(mesh_.get());
-  return absl::OkStatus();
-}
-
-void Broker::StopMesh() {
-  if (mesh_ != nullptr) mesh_->Stop();
-}
+Broker::~Broker() { CloseAllSessions("daemon stopping"); }
 
 MemoryBackend* Broker::BackendFor(HandleKind kind) const {
   for (const auto& b : backends_) {

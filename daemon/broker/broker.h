@@ -75,15 +75,24 @@ class Broker final : public mesh::MeshHost {
 
   // Pods of other nodes are believed only as `directory` confirms them (with
   // the API server); null: as their daemons forward them. Not owned; call
-  // before StartMesh.
+  // before the mesh starts.
   void ConfirmRemotePodsWith(PodDirectory* directory) { remote_pods_ = directory; }
 
-  // Starts the inter-node mesh when options.mesh.enabled (no-op otherwise).
-  absl::Status StartMesh();
-  // Stops the mesh (MeshEngine::Stop): pods' opens of other nodes still
-  // waiting are answered now. Call before the RPC server that carries those
-  // answers shuts down.
-  void StopMesh();
+  // The engines the daemon wires to the broker (daemon/main.cc): the relay,
+  // which serves sessions' rings, and the mesh (null without it). Not owned.
+  // Attach before serving; the engines must outlive every session, so close
+  // them (CloseAllSessions) and detach the mesh (Attach(relay, nullptr))
+  // before the mesh goes.
+  void Attach(RelayEngine* relay, mesh::MeshEngine* mesh) {
+    relay_ = relay;
+    mesh_ = mesh;
+  }
+  // What the relay asks before each copy: the export, if `session` may use
+  // it (its owner or an importer).
+  RelayEngine::Resolver RelayResolver() {
+    return [this](uint64_t session, uint64_t export_id) { return registry_.GetUsable(export_id, session); };
+  }
+  const GpuInventory& inventory() const { return inventory_; }
 
   // --- descriptor channel side -------------------------------------------
   // Identifies the peer of a freshly accepted descriptor channel, resolves
@@ -129,7 +138,6 @@ class Broker final : public mesh::MeshHost {
   static absl::Status CheckAdmin(const Session& s);
   absl::Status AddWatcher(Session& s, std::shared_ptr<EventSink> sink);
   absl::StatusOr<v1::OpenRelayResponse> OpenRelay(Session& s, const v1::OpenRelayRequest& req);
-  RelayCounters RelayStats() const { return relay_->Counters(); }
   // Opens another node's region through the mesh; `done` runs on a mesh
   // thread (never the caller's).
   void OpenRemote(Session& s, const v1::OpenRemoteRequest& req,
@@ -170,8 +178,8 @@ class Broker final : public mesh::MeshHost {
   const GpuInventory inventory_;
   std::vector<std::unique_ptr<MemoryBackend>> backends_;
   Registry registry_;
-  std::unique_ptr<RelayEngine> relay_;  // after registry_: destroyed first, it resolves through it
-  std::unique_ptr<mesh::MeshEngine> mesh_;  // after relay_: stopped first, its completions go to the relay
+  RelayEngine* relay_ = nullptr;     // Attach; resolves through registry_
+  mesh::MeshEngine* mesh_ = nullptr;  // Attach; null without the mesh
   std::string node_id_;
   // NCCL native mode: the bridge (null when off or it could not start) and
   // each group's native sessions (the group's tmpfs goes with the last).

@@ -1,4 +1,6 @@
-// The broker's counters and the daemon's metrics page.
+// The broker's counters and its metric families (sessions, exports, imports,
+// denials, its pod source, the NCCL IPC bridge); daemon/main.cc joins them
+// with the other components' on the metrics page.
 #include "daemon/broker/broker.h"
 
 #include <sys/random.h>
@@ -26,7 +28,6 @@
 #include "daemon/ncclipc/shm_mount.h"
 #include "daemon/policy/policy.h"
 #include "common/log.h"
-#include "daemon/metrics/process_metrics.h"
 
 namespace podlink {
 
@@ -36,10 +37,6 @@ std::string Broker::RenderMetrics() const {
   auto one = [&](const char* name, const char* type, const char* help, double v) {
     RenderFamily(&out, name, type, help, {{"", v}});
   };
-  one("podlink_up", "gauge", "1 while podlinkd serves", 1);
-  RenderFamily(&out, "podlink_build_info", "gauge", "podlinkd's version (the value is 1)", {{PODLINK_VERSION, 1}},
-               "version");
-  absl::StrAppend(&out, RenderProcessMetrics());
   one("podlink_ready", "gauge", "1 once both sockets serve", ready() ? 1 : 0);
   one("podlink_gpus", "gauge", "GPUs podlinkd sees", static_cast<double>(inventory_.gpus.size()));
   one("podlink_sessions", "gauge", "open client sessions", static_cast<double>(st.sessions));
@@ -53,9 +50,7 @@ std::string Broker::RenderMetrics() const {
   for (const char* reason : kDenialReasons) denials[reason] = 0;  // every series exists from the start
   for (const auto& [reason, n] : denials_.Snapshot()) denials[reason] = static_cast<double>(n);
   RenderFamily(&out, "podlink_denials_total", "counter", "imports refused, by reason", denials, "reason");
-  absl::StrAppend(&out, relay_->RenderMetrics());
   absl::StrAppend(&out, pods_->RenderMetrics());
-  if (mesh_ != nullptr) absl::StrAppend(&out, mesh_->RenderMetrics());
   {
     absl::MutexLock l(&nccl_mu_);
     if (nccl_bridge_ != nullptr) absl::StrAppend(&out, nccl_bridge_->RenderMetrics());

@@ -286,6 +286,7 @@ struct LiveExport {
 
 struct Harness {
   std::unique_ptr<Broker> broker;
+  std::unique_ptr<RelayEngine> relay;  // wired to the broker as podlinkd wires it (daemon/main.cc)
   std::array<Slot, kSlots> slots;
   std::map<uint64_t, LiveExport> exports;  // the broker's live exports, as the harness sees them
   uint32_t lazy_bits = 0;                  // input byte 0
@@ -575,8 +576,8 @@ struct Harness {
   }
 };
 
-// Limits small enough for a short input to reach each of them; one relay
-// worker; the two rules of the file comment.
+// Limits small enough for a short input to reach each of them; the two
+// rules of the file comment. (RunOne attaches one relay worker.)
 std::unique_ptr<Broker> MakeBroker() {
   BrokerOptions o;
   o.max_sessions = 4;
@@ -587,8 +588,6 @@ std::unique_ptr<Broker> MakeBroker() {
   o.registry.max_exports_per_session = 3;
   o.registry.max_exports_per_pod = 4;
   o.registry.max_exports_total = 6;
-  o.relay.workers = 1;
-  o.relay.spin_before_sleep_us = 20;
   std::vector<StandalonePodRule> rules(2);
   rules[0].uid = 0;
   rules[0].namespace_ = "team-a";
@@ -611,6 +610,11 @@ void RunOne(const uint8_t* data, size_t size, int fds_before) {
   Harness h;
   h.lazy_bits = in.Byte();
   h.broker = MakeBroker();
+  RelayOptions relay_options;
+  relay_options.workers = 1;
+  relay_options.spin_before_sleep_us = 20;
+  h.relay = std::make_unique<RelayEngine>(h.broker->RelayResolver(), h.broker->inventory(), relay_options);
+  h.broker->Attach(h.relay.get(), nullptr);
   const int fds_with_broker = OpenFdCount();
   for (size_t k = 0; k < 3; ++k) h.Open(k);
   for (size_t n = 0; n < kMaxActions && !in.empty(); ++n) {
@@ -661,6 +665,7 @@ void RunOne(const uint8_t* data, size_t size, int fds_before) {
   }
   FUZZ_CHECK(fds == fds_with_broker, "descriptor leak: %d open with the fresh broker, %d after closing every session",
              fds_with_broker, fds);
+  h.relay.reset();
   h.broker.reset();
   fds = OpenFdCount();
   FUZZ_CHECK(fds == fds_before, "descriptor leak: %d open before this input, %d after the broker is gone", fds_before,
