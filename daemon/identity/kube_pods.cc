@@ -448,14 +448,19 @@ void PodDirectory::Apply(const PodWatchEvent& e) {
   }
 }
 
-bool PodDirectory::TakeFetchToken() {
+bool PodDirectory::TakeFetchToken(const std::string& node) {
   absl::MutexLock l(&mu_);
   absl::Time now = absl::Now();
   if (now - fetch_window_ >= absl::Seconds(1)) {
     fetch_window_ = now;
     fetches_in_window_ = 0;
+    node_fetches_in_window_.clear();
   }
+  const int node_share = std::max(1, options_.max_fetches_per_second / 4);
   if (fetches_in_window_ >= options_.max_fetches_per_second) return false;
+  int& mine = node_fetches_in_window_[node];  // at most max_fetches_per_second nodes a window
+  if (mine >= node_share) return false;
+  ++mine;
   ++fetches_in_window_;
   ++stats_.fetches;
   return true;
@@ -503,10 +508,10 @@ absl::StatusOr<KubePod> PodDirectory::Confirm(const std::string& uid, const std:
   const std::string ref = ns + "/" + name;
   if (!pod.has_value()) {
     // Not (yet) seen by the watch: ask for it by name, within the rate.
-    if (!TakeFetchToken()) {
+    if (!TakeFetchToken(node)) {
       return refuse(absl::UnavailableError(absl::StrCat(
           "pod ", ref, " is not known yet and the API server is asked for at most ", options_.max_fetches_per_second,
-          " pods a second; retry")));
+          " pods a second (", std::max(1, options_.max_fetches_per_second / 4), " for one node's daemon); retry")));
     }
     absl::StatusOr<std::optional<KubePod>> got = Fetch(ns, name);
     if (!got.ok()) {

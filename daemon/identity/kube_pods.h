@@ -90,7 +90,7 @@ struct PodDirectoryOptions {
   int watch_seconds = 300;  // the API server ends each watch after this
   absl::Duration retry_min = absl::Milliseconds(500);
   absl::Duration retry_max = absl::Seconds(30);
-  int max_fetches_per_second = 20;  // pods not held, asked for by name
+  int max_fetches_per_second = 20;  // pods not held, asked for by name; one node's daemon gets a quarter
   size_t page_size = 500;
 };
 
@@ -138,7 +138,9 @@ class PodDirectory {
   absl::Status Watch();
   void Apply(const PodWatchEvent& e);
   absl::StatusOr<std::optional<KubePod>> Fetch(const std::string& ns, const std::string& name);
-  bool TakeFetchToken();
+  // Whether a lookup by name for a pod `node`'s daemon forwarded fits the
+  // rate: all nodes together, and each node its share.
+  bool TakeFetchToken(const std::string& node);
   void SetError(const absl::Status& st);
 
   PodDirectoryOptions options_;
@@ -156,6 +158,7 @@ class PodDirectory {
   Stats stats_ ABSL_GUARDED_BY(mu_);
   absl::Time fetch_window_ ABSL_GUARDED_BY(mu_);
   int fetches_in_window_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::string, int> node_fetches_in_window_ ABSL_GUARDED_BY(mu_);
   absl::Mutex fetch_mu_;  // one fetch at a time on fetch_http_
 };
 

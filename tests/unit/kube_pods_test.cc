@@ -256,7 +256,7 @@ TEST_F(KubePods, BookmarksMoveTheVersionOn) {
 
 TEST_F(KubePods, APodTheWatchHasNotDeliveredIsFetchedByNameWithinARate) {
   PodDirectoryOptions o = Options();
-  o.max_fetches_per_second = 2;
+  o.max_fetches_per_second = 8;  // 2 for one node's daemon
   PodDirectory& d = StartDirectory(o);
   ASSERT_TRUE(WaitFor([&] { return d.Ready().ok(); }));
   api_->PutQuietly(FakePod{"u-late", "ml", "late-0", "node-a", group_});
@@ -266,7 +266,27 @@ TEST_F(KubePods, APodTheWatchHasNotDeliveredIsFetchedByNameWithinARate) {
   EXPECT_EQ(d.Confirm("u-n", "ml", "nobody", "node-a", group_).status().code(), absl::StatusCode::kPermissionDenied);
   p = d.Confirm("u-m", "ml", "nobody-else", "node-a", group_);
   EXPECT_EQ(p.status().code(), absl::StatusCode::kUnavailable) << p.status();
-  EXPECT_TRUE(absl::StrContains(p.status().message(), "at most 2 pods a second")) << p.status();
+  EXPECT_TRUE(absl::StrContains(p.status().message(), "at most 8 pods a second (2 for one node's daemon)"))
+      << p.status();
+}
+
+// One node's daemon forwarding invented pods spends only its own share of
+// the lookups by name: another node's new pod is still confirmed.
+TEST_F(KubePods, ANodeFloodingInventedPodsTakesOnlyItsShareOfLookups) {
+  PodDirectoryOptions o = Options();
+  o.max_fetches_per_second = 4;  // a node's share: a quarter
+  PodDirectory& d = StartDirectory(o);
+  ASSERT_TRUE(WaitFor([&] { return d.Ready().ok(); }));
+  api_->PutQuietly(FakePod{"u-new", "ml", "new-0", "node-a", group_});
+  int unavailable = 0;
+  for (int i = 0; i < 6; ++i) {
+    absl::StatusOr<KubePod> p = d.Confirm(absl::StrCat("u-x", i), "ml", absl::StrCat("invented-", i), "node-evil", group_);
+    ASSERT_FALSE(p.ok());
+    unavailable += p.status().code() == absl::StatusCode::kUnavailable;
+  }
+  EXPECT_EQ(unavailable, 5) << "node-evil was looked up more than its share";
+  absl::StatusOr<KubePod> p = d.Confirm("u-new", "ml", "new-0", "node-a", group_);
+  EXPECT_TRUE(p.ok()) << p.status();
 }
 
 TEST_F(KubePods, AWrongTokenIsRefusedUntilTheFileChanges) {
