@@ -147,6 +147,10 @@ class Broker final : public mesh::MeshHost {
   absl::StatusOr<std::shared_ptr<const ExportRecord>> AuthorizeRemote(
       const PodInfo& importer, const podlink::mesh::v1::OpenRegionRequest& req) override;
   bool ExportLive(const ExportRecord& rec) const override;
+  bool TracksRemotePods() const override { return remote_pods_ != nullptr; }
+  bool RemotePodGone(const std::string& pod_uid) const override {
+    return remote_pods_ != nullptr && remote_pods_->Gone(pod_uid);
+  }
   absl::Status NotifyOwner(const ExportRecord& rec, uint64_t value) override;
   std::string GpuBusId(const ExportRecord& rec) const override;
 

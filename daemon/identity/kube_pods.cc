@@ -368,6 +368,7 @@ absl::Status PodDirectory::List() {
     by_uid_.swap(fresh);
     resource_version_ = rv;
     synced_ = true;
+    complete_ = dropped == 0;
     last_error_.clear();
     ++stats_.lists;
   }
@@ -438,7 +439,11 @@ void PodDirectory::Apply(const PodWatchEvent& e) {
   switch (e.type) {
     case PodWatchEvent::Type::kAdded:
     case PodWatchEvent::Type::kModified:
-      if (by_uid_.size() < options_.max_pods || by_uid_.contains(e.pod.uid)) by_uid_[e.pod.uid] = e.pod;
+      if (by_uid_.size() < options_.max_pods || by_uid_.contains(e.pod.uid)) {
+        by_uid_[e.pod.uid] = e.pod;
+      } else {
+        complete_ = false;  // until the next list
+      }
       break;
     case PodWatchEvent::Type::kDeleted:
       by_uid_.erase(e.pod.uid);
@@ -521,6 +526,18 @@ absl::StatusOr<KubePod> PodDirectory::Confirm(const std::string& uid, const std:
     }
     if (!got->has_value()) return refuse(absl::PermissionDeniedError(absl::StrCat("the API server has no pod ", ref)));
     pod = std::move(**got);
+    absl::MutexLock l(&mu_);
+    const absl::Time now = absl::Now();
+    if (fetched_.size() >= 4096) {
+      for (auto it = fetched_.begin(); it != fetched_.end();) {
+        if (now - it->second > absl::Minutes(1)) {
+          fetched_.erase(it++);
+        } else {
+          ++it;
+        }
+      }
+    }
+    if (fetched_.size() < 4096) fetched_[pod->uid] = now;
   }
   if (pod->uid != uid) {
     return refuse(absl::PermissionDeniedError(absl::StrCat("the API server's pod ", ref, " has another UID")));
@@ -554,6 +571,14 @@ absl::StatusOr<KubePod> PodDirectory::Confirm(const std::string& uid, const std:
   absl::MutexLock l(&mu_);
   ++stats_.confirmed;
   return *pod;
+}
+
+bool PodDirectory::Gone(const std::string& uid) const {
+  absl::MutexLock l(&mu_);
+  if (auto it = by_uid_.find(uid); it != by_uid_.end()) return it->second.finished;
+  if (!synced_ || !complete_) return false;
+  auto f = fetched_.find(uid);
+  return f == fetched_.end() || absl::Now() - f->second > absl::Minutes(1);
 }
 
 absl::Status PodDirectory::Ready() const {

@@ -116,6 +116,12 @@ class PodDirectory {
   // OK once the first list has loaded and while the API server answers.
   absl::Status Ready() const;
 
+  // Whether the pod with UID `uid` is known to be gone: finished, or absent
+  // from a complete view (listed, every pod held) and not confirmed by a
+  // lookup by name in the last minute (the watch may not have delivered it
+  // yet). False whenever that cannot be known.
+  bool Gone(const std::string& uid) const;
+
   struct Stats {
     size_t pods = 0;
     uint64_t lists = 0;          // full lists (the first, and after 410 Gone)
@@ -159,6 +165,8 @@ class PodDirectory {
   absl::Time fetch_window_ ABSL_GUARDED_BY(mu_);
   int fetches_in_window_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, int> node_fetches_in_window_ ABSL_GUARDED_BY(mu_);
+  bool complete_ ABSL_GUARDED_BY(mu_) = false;  // the last list kept every pod, and so has the watch since
+  absl::flat_hash_map<std::string, absl::Time> fetched_ ABSL_GUARDED_BY(mu_);  // confirmed by name: uid -> when
   absl::Mutex fetch_mu_;  // one fetch at a time on fetch_http_
 };
 

@@ -181,6 +181,7 @@ class MeshEngine final : public MeshPort {
   }
   // One pass of the idle-importer sweep the housekeeping thread makes.
   void SweepIdleImportersForTesting() { SweepIdleImporters(); }
+  void DropGrantsOfGonePodsForTesting() { DropGrantsOfGonePods(); }
   // Opens a region on behalf of `node` (a relayed request goes on toward its
   // destination on a mesh thread); `done` runs once, on some thread.
   using RegionDone = std::function<void(absl::StatusOr<podlink::mesh::v1::OpenRegionResponse>)>;
@@ -236,6 +237,7 @@ class MeshEngine final : public MeshPort {
     std::string origin;
     uint64_t nonce = 0;
     std::string tenant;  // "mesh/" + origin node + "/" + the importing pod's namespace
+    std::string pod_uid;  // the importing pod's UID as forwarded (empty: none)
   };
   // The tenant a forwarded identity's grants count against: its namespace on its node.
   static std::string TenantOf(const std::string& origin, const std::string& ns) {
@@ -340,6 +342,9 @@ class MeshEngine final : public MeshPort {
   void EndCall(const std::string& node) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the grants of nodes idle longer than grant_idle_timeout.
   void SweepIdleImporters() ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops the grants of importing pods the host knows to be gone
+  // (MeshHost::RemotePodGone: deleted or finished, per the API server).
+  void DropGrantsOfGonePods() ABSL_LOCKS_EXCLUDED(mu_);
   // Says hello to every peer whose regions this node's pods hold, every
   // `keepalive` (on the peers' workers).
   void KeepAlive() ABSL_LOCKS_EXCLUDED(mu_);
@@ -686,6 +691,7 @@ class MeshEngine final : public MeshPort {
   absl::Time own_advert_signed_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   uint64_t adverts_refused_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t idle_peer_grants_dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t gone_pod_grants_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   // SweepIdleImporters: when it last ran, and the times this daemon itself did not run for a while (its own
   // pauses, which are no peer's silence).
   absl::Time last_sweep_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

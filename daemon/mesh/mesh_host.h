@@ -25,6 +25,15 @@ class MeshHost {
   virtual bool ExportLive(const ExportRecord& rec) const = 0;
   // Queues a notification for the export's owner (its relay ring's NQ).
   virtual absl::Status NotifyOwner(const ExportRecord& rec, uint64_t value) = 0;
+  // Whether this node learns what becomes of other nodes' pods (from the
+  // API server), and whether the pod with UID `pod_uid`, which another
+  // node's daemon imported for, is known to be gone (deleted or finished):
+  // its grants are then dropped.
+  virtual bool TracksRemotePods() const { return false; }
+  virtual bool RemotePodGone(const std::string& pod_uid) const {
+    (void)pod_uid;
+    return false;
+  }
   // The PCI bus id ("0000:18:00.0") of the GPU holding `rec`'s memory; empty
   // for host memory (which paths a transfer prefers: nic_rank.h).
   virtual std::string GpuBusId(const ExportRecord& rec) const {

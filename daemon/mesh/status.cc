@@ -212,11 +212,13 @@ std::string MeshEngine::RenderMetrics() const {
     forwarded = relay_forwarded_bytes_;
     staged = relay_staged_;
   }
-  uint64_t restarted_dropped = 0, idle_dropped = 0, own_pauses = 0, adverts_held = 0, adverts_refused = 0;
+  uint64_t restarted_dropped = 0, idle_dropped = 0, gone_dropped = 0, own_pauses = 0, adverts_held = 0,
+           adverts_refused = 0;
   {
     absl::MutexLock l(&mu_);
     restarted_dropped = restarted_peer_grants_dropped_;
     idle_dropped = idle_peer_grants_dropped_;
+    gone_dropped = gone_pod_grants_dropped_;
     own_pauses = own_pauses_;
     adverts_held = adverts_.size();
     adverts_refused = adverts_refused_;
@@ -227,6 +229,9 @@ std::string MeshEngine::RenderMetrics() const {
   one("podlink_mesh_idle_peer_grants_dropped_total", "counter",
       "grants dropped because the node holding them was silent longer than mesh.grant_idle_seconds",
       static_cast<double>(idle_dropped));
+  one("podlink_mesh_gone_pod_grants_dropped_total", "counter",
+      "grants dropped because the importing pod is gone (deleted or finished, per the API server)",
+      static_cast<double>(gone_dropped));
   one("podlink_mesh_own_pauses_total", "counter",
       "times this daemon did not run for over 0.7 s (starved, stopped); the pause is not counted as importers' silence",
       static_cast<double>(own_pauses));

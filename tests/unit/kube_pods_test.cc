@@ -289,6 +289,35 @@ TEST_F(KubePods, ANodeFloodingInventedPodsTakesOnlyItsShareOfLookups) {
   EXPECT_TRUE(p.ok()) << p.status();
 }
 
+TEST_F(KubePods, APodIsGoneOnlyWhenTheViewCanTell) {
+  api_->Put(FakePod{"u-1", "ml", "p-1", "node-a", group_});
+  api_->Put(FakePod{"u-2", "ml", "p-2", "node-a", group_});
+  PodDirectory& d = StartDirectory(Options());
+  EXPECT_FALSE(d.Gone("u-9")) << "nothing is known before the first list";
+  ASSERT_TRUE(WaitFor([&] { return d.Ready().ok() && Requested("watch=true"); }));
+  EXPECT_FALSE(d.Gone("u-1"));
+  EXPECT_TRUE(d.Gone("u-9")) << "never listed";
+  api_->Delete("u-1");
+  ASSERT_TRUE(WaitFor([&] { return d.Gone("u-1"); })) << "a deleted pod";
+  api_->Put(FakePod{"u-2", "ml", "p-2", "node-a", group_, "Succeeded"});
+  ASSERT_TRUE(WaitFor([&] { return d.Gone("u-2"); })) << "a finished pod";
+  // Confirmed by name before the watch delivers it: not gone meanwhile.
+  api_->PutQuietly(FakePod{"u-3", "ml", "p-3", "node-a", group_});
+  ASSERT_TRUE(d.Confirm("u-3", "ml", "p-3", "node-a", group_).ok());
+  EXPECT_FALSE(d.Gone("u-3"));
+}
+
+TEST_F(KubePods, AViewThatDroppedPodsCallsNoneGone) {
+  for (int i = 0; i < 3; ++i) api_->Put(FakePod{absl::StrCat("u-", i), "ml", absl::StrCat("p-", i), "node-a", group_});
+  PodDirectoryOptions o = Options();
+  o.max_pods = 2;
+  PodDirectory& d = StartDirectory(o);
+  ASSERT_TRUE(WaitFor([&] { return d.Ready().ok(); }));
+  EXPECT_EQ(d.GetStats().pods, 2u);
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(d.Gone(absl::StrCat("u-", i))) << i;
+  EXPECT_FALSE(d.Gone("u-9"));
+}
+
 TEST_F(KubePods, AWrongTokenIsRefusedUntilTheFileChanges) {
   WriteToken("stale");
   api_->Put(FakePod{"u-1", "ml", "p-1", "node-a", group_});

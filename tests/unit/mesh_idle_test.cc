@@ -5,6 +5,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <set>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -103,6 +104,48 @@ TEST(MeshIdle, TheOwnersOwnPauseIsNoImportersSilence) {
   }
   EXPECT_EQ(e->Status().grants(), 0u) << "an importer silent after the pause kept its grant";
   EXPECT_GE(std::chrono::steady_clock::now() - resumed, std::chrono::milliseconds(100));
+}
+
+// With the API server (MeshHost::TracksRemotePods), a grant goes once its
+// importing pod is gone; other pods' grants stay.
+class PodsHost final : public MeshHost {
+ public:
+  absl::StatusOr<std::shared_ptr<const ExportRecord>> AuthorizeRemote(
+      const PodInfo&, const pb::OpenRegionRequest&) override {
+    return rec_;
+  }
+  bool ExportLive(const ExportRecord&) const override { return true; }
+  absl::Status NotifyOwner(const ExportRecord&, uint64_t) override { return absl::OkStatus(); }
+  bool TracksRemotePods() const override { return true; }
+  bool RemotePodGone(const std::string& uid) const override { return gone.contains(uid); }
+  std::set<std::string> gone;
+
+ private:
+  std::shared_ptr<const ExportRecord> rec_ = testing::MemfdExport(7, 4096);
+};
+
+absl::StatusOr<pb::OpenRegionResponse> OpenFor(MeshEngine& e, const std::string& node, const std::string& uid) {
+  pb::OpenRegionRequest req = RequestOf(node);
+  req.mutable_importer()->set_key(uid);
+  req.mutable_importer()->set_pod_uid(uid);
+  absl::StatusOr<pb::OpenRegionResponse> out = absl::UnknownError("not answered");
+  e.OpenRegionFor(node, req, [&](absl::StatusOr<pb::OpenRegionResponse> r) { out = std::move(r); });
+  return out;
+}
+
+TEST(MeshGonePods, AGrantGoesWithItsImportingPod) {
+  PodsHost host;
+  auto e = MeshEngine::ForTesting(MeshOptions{}, "owner", &host);
+  ASSERT_TRUE(OpenFor(*e, "node-a", "uid-1").ok());
+  ASSERT_TRUE(OpenFor(*e, "node-a", "uid-1").ok());
+  ASSERT_TRUE(OpenFor(*e, "node-a", "uid-2").ok());
+  e->DropGrantsOfGonePodsForTesting();
+  EXPECT_EQ(e->Status().grants(), 3u);
+  host.gone.insert("uid-1");  // deleted in the API server
+  e->DropGrantsOfGonePodsForTesting();
+  EXPECT_EQ(e->Status().grants(), 1u) << "uid-1's two grants should have gone, uid-2's stayed";
+  EXPECT_NE(e->RenderMetrics().find("podlink_mesh_gone_pod_grants_dropped_total 2"), std::string::npos)
+      << e->RenderMetrics();
 }
 
 }  // namespace

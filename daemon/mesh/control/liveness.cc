@@ -68,6 +68,37 @@ void MeshEngine::SweepIdleImporters() {
   }
 }
 
+void MeshEngine::DropGrantsOfGonePods() {
+  if (!host_->TracksRemotePods()) return;
+  struct Held {
+    std::string node, uid;
+    uint64_t grant;
+  };
+  std::vector<Held> held;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [g, grant] : grants_) {
+      if (!grant.pod_uid.empty()) held.push_back({grant.node, grant.pod_uid, g});
+    }
+  }
+  // Asked outside mu_: the host takes its own locks.
+  std::map<std::string, bool> gone;
+  std::map<std::pair<std::string, std::string>, size_t> dropped;  // (node, uid) -> grants
+  for (const Held& h : held) {
+    auto [it, fresh] = gone.try_emplace(h.uid, false);
+    if (fresh) it->second = host_->RemotePodGone(h.uid);
+    if (!it->second) continue;
+    CloseRegion(h.node, h.grant);
+    ++dropped[{h.node, h.uid}];
+  }
+  for (const auto& [who, n] : dropped) {
+    Log()->warn("event=mesh_importer_pod_gone node={} pod_uid={} dropped_grants={}", who.first, LogQuoted(who.second),
+                n);
+    absl::MutexLock l(&mu_);
+    gone_pod_grants_dropped_ += n;
+  }
+}
+
 void MeshEngine::KeepAlive() {
   std::set<std::shared_ptr<Peer>> peers;
   {

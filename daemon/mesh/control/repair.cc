@@ -103,6 +103,7 @@ void MeshEngine::HousekeepingLoop() {
     RefreshLocalLinks();
     ReloadPems();
     SweepIdleImporters();
+    DropGrantsOfGonePods();
     KeepAlive();
     RefreshOwnAdvert();
     TradeAdverts();

@@ -241,7 +241,7 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
     // chunk by chunk (LandFenceable), never registered for RDMA below.
     const bool fenceable = claim != nullptr && claim->fenceable() && claim->nonce() != 0;
     grants_[g] = Grant{node, *rec, pod.key, nullptr, req.caller_instance(), fenceable ? origin : std::string(),
-                       fenceable ? claim->nonce() : 0, tenant};
+                       fenceable ? claim->nonce() : 0, tenant, pod.uid};
     if (fenceable) routed_grants_.emplace(claim->nonce(), g);
     SeenLocked(node);  // a grant given is a sign of life, however long the node was quiet
     resp.set_grant(g);
