@@ -46,7 +46,7 @@ case "$mode" in
     # property; the relay's slicing is raced by the other relay tests), and
     # Mesh.AStalledRelay… (about bytes landing late; its two-hop striping,
     # failover and fence are raced by Mesh.TwoHopStriping…).
-    ctest_args=(-R '(^|/)(BrokerNamespaces|Attacks|HostileClients|Relay|RelayLifetime|ClientLifetime|CApi|Mesh|MeshHostile|MeshStager|MeshIdle|VerbsFake|NcclNetTrace|ZeroCopy|BridgeTest|NcclNative|SliceScheduler|TcpLinksThroughTheScheduler|BothTransportsThroughTheScheduler|KubePods|MeshApiServer)\.'
+    ctest_args=(-R '(^|/)(BrokerNamespaces|Attacks|HostileClients|Relay|RelayLifetime|ClientLifetime|CApi|Mesh|MeshHostile|MeshStager|MeshIdle|VerbsFake|NcclNetTrace|ZeroCopy|BridgeTest|NcclNative|SliceScheduler|TcpLinksThroughTheScheduler|BothTransportsThroughTheScheduler|KubePods|MeshApiServer|MeshGonePods)\.'
                 -E 'Mesh\.ACutCable|Mesh\.AStalledRelay|Relay\.A06_')
     # One test per core: under TSan they compute more than they wait (2 cores, 2026-11-28: 223 s at -j 2; at
     # -j 4 174 s with the cores 79% busy, where timing-bound tests have too little room left).
