@@ -198,6 +198,11 @@ TEST_F(Mesh, RailGroupsAreTheNcclDevicesWithTheirSpeed) {
   auto na = StartNode("node-a", a, {a1, a2, a3}, pods, "", absl::StrCat(R"(, "sysfs": ")", sys, R"(")"));
   auto nb = StartNode("node-b", b, {b1, b2, b3}, pods);
   [[maybe_unused]] auto [plugin, peer, args] = NcclPeer();
+  // One device per GPU this machine has (the mesh tests hide none from pods; one without a GPU).
+  int ngpu = 0;
+  auto driver = cu::LoadDriver();
+  if (!driver.ok() || (*driver)->DeviceGetCount(&ngpu) != cu::kSuccess) ngpu = 0;
+  const size_t per_gpu = static_cast<size_t>(std::max(ngpu, 1));
 
   Pod send(*na, &pa, args, peer);
   Pod recv(*nb, &pb, args, peer);
@@ -215,11 +220,7 @@ TEST_F(Mesh, RailGroupsAreTheNcclDevicesWithTheirSpeed) {
     gpus.Send(R"({"cmd": "init"})");
     json g = gpus.Expect("ready");
     ASSERT_EQ(g["result"], 0) << g.dump();
-    // One per GPU this machine has (the mesh tests hide none from pods).
-    int ngpu = 0;
-    auto driver = cu::LoadDriver();
-    if (!driver.ok() || (*driver)->DeviceGetCount(&ngpu) != cu::kSuccess) ngpu = 0;
-    ASSERT_EQ(g["devices"].size(), static_cast<size_t>(std::max(ngpu, 1))) << g.dump();
+    ASSERT_EQ(g["devices"].size(), per_gpu) << g.dump();
     for (size_t i = 0; i < g["devices"].size(); ++i) {
       EXPECT_EQ(g["devices"][i]["name"], absl::StrCat("podlink", i));
       EXPECT_EQ(g["devices"][i]["speed"], 3200000) << "one device per GPU: the relay's speed";
@@ -248,7 +249,7 @@ TEST_F(Mesh, RailGroupsAreTheNcclDevicesWithTheirSpeed) {
   recv.Send(R"({"cmd": "init"})");
   json rb = recv.Expect("ready");
   ASSERT_EQ(rb["result"], 0) << rb.dump();
-  ASSERT_EQ(rb["devices"].size(), 1u) << rb.dump();
+  ASSERT_EQ(rb["devices"].size(), per_gpu) << rb.dump();
   EXPECT_EQ(rb["devices"][0]["name"], "podlink0");
 
   // One connection on the sender's device `dev` running `sc`; the bytes each
