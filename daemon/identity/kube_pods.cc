@@ -8,6 +8,7 @@
 
 #include <httplib.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -58,9 +59,13 @@ absl::StatusOr<KubePod> PodFromJson(const json& o) {
     for (auto it = ann->begin(); it != ann->end(); ++it) {
       if (!absl::StartsWith(it.key(), kPodlinkAnnotationPrefix)) continue;
       if (!it->is_string()) return Bad("an annotation value is not a string");
+      // Any user who can create a pod chooses its annotations: too many or too
+      // large ones make this pod unusable, never the list or the watch.
       if (p.annotations.size() >= kMaxAnnotations || it.key().size() > kMaxAnnotationBytes ||
           it->get_ref<const std::string&>().size() > kMaxAnnotationBytes) {
-        return Bad("too many or too large podlink.io/ annotations");
+        p.oversized = true;
+        p.annotations.clear();
+        break;
       }
       p.annotations[it.key()] = it->get<std::string>();
     }
@@ -246,10 +251,13 @@ class PodDirectory::Http {
     client_.set_connection_timeout(ms / 1000, (ms % 1000) * 1000);
     client_.set_keep_alive(true);
   }
-  // GETs `path`, passing the body to `sink` (false: stop reading), and
-  // returns the HTTP status. A request cut short by Stop is CANCELLED.
+  // GETs `path`, passing the body of a 200 answer to `sink` (false: stop
+  // reading) and any other answer's (its first 64 KiB, an API Status) to
+  // `error_body`, and returns the HTTP status. A request cut short by Stop is
+  // CANCELLED.
   absl::StatusOr<int> Get(const std::string& path, absl::Duration read_timeout,
-                          const std::function<bool(const char*, size_t)>& sink) {
+                          const std::function<bool(const char*, size_t)>& sink, std::string* error_body) {
+    if (stopped_.load()) return absl::CancelledError("stopping");
     std::string error;
     std::string token = ReadSmallFile(api_.token_file, &error);
     if (!error.empty()) return absl::UnavailableError(absl::StrCat("service account token: ", error));
@@ -263,7 +271,11 @@ class PodDirectory::Http {
           status = res.status;
           return true;
         },
-        [&](const char* data, size_t n) { return sink(data, n); });
+        [&](const char* data, size_t n) {
+          if (status == 200) return sink(data, n);
+          if (error_body != nullptr && error_body->size() < (64 << 10)) error_body->append(data, n);
+          return error_body != nullptr && error_body->size() < (64 << 10);
+        });
     if (stopped_.load()) return absl::CancelledError("stopping");
     if (status != 0) return status;  // a sink that stopped early still has its status
     return absl::UnavailableError(absl::StrCat("https://", api_.host, ":", api_.port, path.substr(0, path.find('?')),
@@ -297,8 +309,12 @@ void PodDirectory::Start() {
 void PodDirectory::Stop() {
   if (stopping_.exchange(true)) return;
   stop_.Notify();
-  http_->Stop();
-  fetch_http_->Stop();
+  // httplib's stop() shuts down only a request in flight: one the thread
+  // starts just after it would run to its timeout. So again until it returns.
+  do {
+    http_->Stop();
+    fetch_http_->Stop();
+  } while (thread_.joinable() && !exited_.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
   if (thread_.joinable()) thread_.join();
 }
 
@@ -309,6 +325,7 @@ void PodDirectory::SetError(const absl::Status& st) {
 }
 
 void PodDirectory::Run() {
+  absl::Cleanup exited = [this] { exited_.Notify(); };
   absl::Duration backoff = options_.retry_min;
   while (!stopping_.load()) {
     bool list;
@@ -345,10 +362,13 @@ absl::Status PodDirectory::List() {
       if (!too_big) body.append(d, n);
       return !too_big;
     };
-    PODLINK_ASSIGN_OR_RETURN(int code, http_->Get(path, options_.request_timeout, keep));
+    std::string error_body;
+    PODLINK_ASSIGN_OR_RETURN(int code, http_->Get(path, options_.request_timeout, keep, &error_body));
     if (too_big) return absl::ResourceExhaustedError(absl::StrCat("a page of the pod list exceeds ", kMaxPageBytes, " bytes"));
     if (code == 410) return absl::UnavailableError("the list's continue token expired (410 Gone); listing again");
-    if (code != 200) return absl::UnavailableError(absl::StrCat("list pods: HTTP ", code, ": ", StatusMessage(body)));
+    if (code != 200) {
+      return absl::UnavailableError(absl::StrCat("list pods: HTTP ", code, ": ", StatusMessage(error_body)));
+    }
     PODLINK_ASSIGN_OR_RETURN(PodListPage page, ParsePodList(body));
     for (KubePod& p : page.pods) {
       if (fresh.size() >= options_.max_pods && !fresh.contains(p.uid)) {
@@ -369,6 +389,7 @@ absl::Status PodDirectory::List() {
     resource_version_ = rv;
     synced_ = true;
     complete_ = dropped == 0;
+    progress_ = absl::Now();
     last_error_.clear();
     ++stats_.lists;
   }
@@ -386,7 +407,7 @@ absl::Status PodDirectory::Watch() {
   std::string path = absl::StrCat("/api/v1/pods?watch=true&allowWatchBookmarks=true&resourceVersion=", QueryEscape(rv),
                                   "&timeoutSeconds=", options_.watch_seconds);
   if (!options_.label_selector.empty()) absl::StrAppend(&path, "&labelSelector=", QueryEscape(options_.label_selector));
-  std::string line, first_bytes;
+  std::string line;
   absl::Status failure;
   bool gone = false;
   auto sink = [&](const char* d, size_t n) {
@@ -399,7 +420,6 @@ absl::Status PodDirectory::Watch() {
         line.push_back(d[i]);
         continue;
       }
-      if (first_bytes.empty()) first_bytes = line.substr(0, 1024);
       absl::StatusOr<PodWatchEvent> e = ParseWatchEvent(line);
       line.clear();
       if (!e.ok()) {
@@ -417,7 +437,8 @@ absl::Status PodDirectory::Watch() {
   };
   // The server ends the watch after timeoutSeconds; a silent connection is
   // given a minute more before it counts as lost.
-  absl::StatusOr<int> code = http_->Get(path, absl::Seconds(options_.watch_seconds + 60), sink);
+  std::string error_body;
+  absl::StatusOr<int> code = http_->Get(path, absl::Seconds(options_.watch_seconds + 60), sink, &error_body);
   if (gone || (code.ok() && *code == 410)) {
     absl::MutexLock l(&mu_);
     resource_version_.clear();  // too old: list again
@@ -427,14 +448,17 @@ absl::Status PodDirectory::Watch() {
   if (!failure.ok()) return failure;
   if (!code.ok()) return code.status();
   if (*code != 200) {
-    return absl::UnavailableError(absl::StrCat("watch pods: HTTP ", *code, ": ", StatusMessage(first_bytes + line)));
+    return absl::UnavailableError(absl::StrCat("watch pods: HTTP ", *code, ": ", StatusMessage(error_body)));
   }
+  absl::MutexLock l(&mu_);
+  progress_ = absl::Now();  // the server ended the watch after timeoutSeconds: nothing happened meanwhile
   return absl::OkStatus();
 }
 
 void PodDirectory::Apply(const PodWatchEvent& e) {
   absl::MutexLock l(&mu_);
   resource_version_ = e.resource_version;
+  progress_ = absl::Now();
   ++stats_.events;
   switch (e.type) {
     case PodWatchEvent::Type::kAdded:
@@ -472,7 +496,10 @@ bool PodDirectory::TakeFetchToken(const std::string& node) {
 }
 
 absl::StatusOr<std::optional<KubePod>> PodDirectory::Fetch(const std::string& ns, const std::string& name) {
-  absl::MutexLock one(&fetch_mu_);
+  // One lookup at a time, and a caller (a gRPC thread of the mesh) never
+  // queues behind another's: it is told to retry instead.
+  if (!fetch_mu_.TryLock()) return absl::UnavailableError("another pod is being looked up; retry");
+  absl::Cleanup unlock = [this] { fetch_mu_.Unlock(); };
   std::string body;
   bool too_big = false;
   auto keep = [&](const char* d, size_t n) {
@@ -481,10 +508,11 @@ absl::StatusOr<std::optional<KubePod>> PodDirectory::Fetch(const std::string& ns
     return !too_big;
   };
   const std::string path = absl::StrCat("/api/v1/namespaces/", ns, "/pods/", name);
-  PODLINK_ASSIGN_OR_RETURN(int code, fetch_http_->Get(path, options_.request_timeout, keep));
+  std::string error_body;
+  PODLINK_ASSIGN_OR_RETURN(int code, fetch_http_->Get(path, options_.request_timeout, keep, &error_body));
   if (too_big) return absl::UnavailableError("the API server's pod is larger than expected");
   if (code == 404) return std::optional<KubePod>();
-  if (code != 200) return absl::UnavailableError(absl::StrCat("get pod: HTTP ", code, ": ", StatusMessage(body)));
+  if (code != 200) return absl::UnavailableError(absl::StrCat("get pod: HTTP ", code, ": ", StatusMessage(error_body)));
   PODLINK_ASSIGN_OR_RETURN(KubePod p, ParsePod(body));
   return std::optional<KubePod>(std::move(p));
 }
@@ -506,7 +534,8 @@ absl::StatusOr<KubePod> PodDirectory::Confirm(const std::string& uid, const std:
   {
     absl::MutexLock l(&mu_);
     auto it = by_uid_.find(uid);
-    if (it != by_uid_.end()) pod = it->second;
+    // A stale view's pods are looked up again: it may hold deleted ones.
+    if (it != by_uid_.end() && Fresh(absl::Now())) pod = it->second;
     synced = synced_;
     last_error = last_error_;
   }
@@ -551,6 +580,10 @@ absl::StatusOr<KubePod> PodDirectory::Confirm(const std::string& uid, const std:
                                                            "', not on node ", node, " that speaks for it")));
   }
   if (pod->finished) return refuse(absl::PermissionDeniedError(absl::StrCat("pod ", ref, " has finished")));
+  if (pod->oversized) {
+    return refuse(absl::PermissionDeniedError(absl::StrCat("pod ", ref, " has more or larger podlink.io/ annotations than ",
+                                                           kMaxAnnotations, " of ", kMaxAnnotationBytes, " bytes")));
+  }
   std::map<std::string, std::string> ours;
   for (const auto& [k, v] : claimed) {
     if (absl::StartsWith(k, kPodlinkAnnotationPrefix)) ours.emplace(k, v);
@@ -575,14 +608,21 @@ absl::StatusOr<KubePod> PodDirectory::Confirm(const std::string& uid, const std:
 
 bool PodDirectory::Gone(const std::string& uid) const {
   absl::MutexLock l(&mu_);
+  const absl::Time now = absl::Now();
+  if (!Fresh(now)) return false;
   if (auto it = by_uid_.find(uid); it != by_uid_.end()) return it->second.finished;
-  if (!synced_ || !complete_) return false;
+  if (!complete_) return false;
   auto f = fetched_.find(uid);
-  return f == fetched_.end() || absl::Now() - f->second > absl::Minutes(1);
+  return f == fetched_.end() || progress_ - f->second > options_.fetched_grace;
 }
 
 absl::Status PodDirectory::Ready() const {
   absl::MutexLock l(&mu_);
+  if (synced_ && !Fresh(absl::Now())) {
+    return absl::UnavailableError(absl::StrCat("the pods from the API server have not moved on for ",
+                                               absl::FormatDuration(absl::Now() - progress_),
+                                               last_error_.empty() ? "" : ": " + last_error_));
+  }
   if (synced_) return absl::OkStatus();
   return absl::UnavailableError(absl::StrCat("pods not loaded from the API server yet",
                                              last_error_.empty() ? "" : ": " + last_error_));

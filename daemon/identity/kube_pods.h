@@ -56,6 +56,9 @@ struct KubePod {
   std::string node;  // spec.nodeName; empty while unscheduled
   std::map<std::string, std::string> annotations;  // podlink.io/ keys only
   bool finished = false;  // status.phase Succeeded or Failed
+  // Its podlink.io/ annotations exceed the bounds (count, size): kept, so
+  // that one pod cannot stop the list or the watch, but never confirmed.
+  bool oversized = false;
   bool operator==(const KubePod&) const = default;
 };
 
@@ -92,6 +95,13 @@ struct PodDirectoryOptions {
   absl::Duration retry_max = absl::Seconds(30);
   int max_fetches_per_second = 20;  // pods not held, asked for by name; one node's daemon gets a quarter
   size_t page_size = 500;
+  // A view that has not moved on for this long (no list, event, bookmark or
+  // watch ending normally) is stale: its pods are looked up by name again and
+  // none is called gone.
+  absl::Duration stale_after = absl::Minutes(10);
+  // A pod confirmed by name but not yet delivered by the watch is called
+  // gone only once the view has moved on this long past that lookup.
+  absl::Duration fetched_grace = absl::Minutes(1);
 };
 
 class PodDirectory {
@@ -117,9 +127,10 @@ class PodDirectory {
   absl::Status Ready() const;
 
   // Whether the pod with UID `uid` is known to be gone: finished, or absent
-  // from a complete view (listed, every pod held) and not confirmed by a
-  // lookup by name in the last minute (the watch may not have delivered it
-  // yet). False whenever that cannot be known.
+  // from a complete, fresh view (listed, every pod held, moved on within
+  // stale_after) that has also moved on fetched_grace past any lookup by name
+  // that confirmed it (the watch may not have delivered it yet). False
+  // whenever that cannot be known.
   bool Gone(const std::string& uid) const;
 
   struct Stats {
@@ -155,6 +166,7 @@ class PodDirectory {
   std::thread thread_;
   std::atomic<bool> stopping_{false};
   absl::Notification stop_;
+  absl::Notification exited_;  // Run returned
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, KubePod> by_uid_ ABSL_GUARDED_BY(mu_);
@@ -166,6 +178,10 @@ class PodDirectory {
   int fetches_in_window_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, int> node_fetches_in_window_ ABSL_GUARDED_BY(mu_);
   bool complete_ ABSL_GUARDED_BY(mu_) = false;  // the last list kept every pod, and so has the watch since
+  absl::Time progress_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // the view last moved on
+  bool Fresh(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return synced_ && now - progress_ <= options_.stale_after;
+  }
   absl::flat_hash_map<std::string, absl::Time> fetched_ ABSL_GUARDED_BY(mu_);  // confirmed by name: uid -> when
   absl::Mutex fetch_mu_;  // one fetch at a time on fetch_http_
 };

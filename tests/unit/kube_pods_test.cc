@@ -49,7 +49,10 @@ TEST(KubePodsParse, MalformedInputIsRefused) {
   }
   std::string many = R"({"metadata":{"uid":"u","name":"n","namespace":"s","annotations":{)";
   for (int i = 0; i < 300; ++i) absl::StrAppend(&many, i ? "," : "", "\"podlink.io/k", i, "\":\"v\"");
-  EXPECT_FALSE(ParsePod(many + "}}}").ok());
+  absl::StatusOr<KubePod> big = ParsePod(many + "}}}");  // kept, so one pod cannot stop the watch
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_TRUE(big->oversized);
+  EXPECT_TRUE(big->annotations.empty());
   EXPECT_FALSE(ParsePodList(R"({"kind":"PodList","metadata":{},"items":[]})").ok());  // no resourceVersion
   EXPECT_FALSE(ParsePodList(R"({"kind":"Pod","metadata":{"resourceVersion":"1"}})").ok());
   EXPECT_FALSE(ParsePodList(R"({"kind":"PodList","metadata":{"resourceVersion":"1"},"items":{}})").ok());
@@ -117,6 +120,7 @@ class KubePods : public ::testing::Test {
               0);
     WriteToken("token-1");
     api_ = std::make_unique<FakeKubeApiServer>(dir_ + "/tls.crt", dir_ + "/tls.key", "127.0.0.1", "token-1");
+    ASSERT_GT(api_->port(), 0) << "the fake API server cannot listen";
   }
   void TearDown() override {
     directory_.reset();
@@ -207,6 +211,23 @@ TEST_F(KubePods, EveryPartOfAForwardedIdentityMustMatch) {
   EXPECT_EQ(api_->Requests().size(), before) << "a peer's text reached a request path";
   EXPECT_TRUE(d.Confirm("u-a", "ml", "prefill-0", "node-a", group_).ok());
   EXPECT_GE(d.GetStats().refused, 11u);
+}
+
+// Any user who can create a pod can give it thousands of podlink.io/
+// annotations: that pod is never confirmed, and the watch and the list go on.
+TEST_F(KubePods, APodWithTooManyAnnotationsStopsNeitherTheWatchNorTheList) {
+  std::map<std::string, std::string> many;
+  for (int i = 0; i < 300; ++i) many[absl::StrCat("podlink.io/k", i)] = "v";
+  api_->Put(FakePod{"u-big0", "ml", "big-0", "node-a", many});
+  PodDirectory& d = StartDirectory(Options());
+  ASSERT_TRUE(WaitFor([&] { return d.Ready().ok() && Requested("watch=true"); })) << d.Ready();
+  api_->Put(FakePod{"u-big1", "ml", "big-1", "node-a", many});  // through the watch
+  api_->Put(FakePod{"u-1", "ml", "p-1", "node-a", group_});
+  ASSERT_TRUE(WaitFor([&] { return d.GetStats().pods == 3; })) << "the watch stopped at the big pod";
+  EXPECT_TRUE(d.Confirm("u-1", "ml", "p-1", "node-a", group_).ok());
+  absl::StatusOr<KubePod> p = d.Confirm("u-big1", "ml", "big-1", "node-a", many);
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kPermissionDenied) << p.status();
+  EXPECT_EQ(d.GetStats().lists, 1u);
 }
 
 TEST_F(KubePods, TheWatchKeepsTheViewCurrent) {
@@ -305,6 +326,36 @@ TEST_F(KubePods, APodIsGoneOnlyWhenTheViewCanTell) {
   api_->PutQuietly(FakePod{"u-3", "ml", "p-3", "node-a", group_});
   ASSERT_TRUE(d.Confirm("u-3", "ml", "p-3", "node-a", group_).ok());
   EXPECT_FALSE(d.Gone("u-3"));
+}
+
+TEST_F(KubePods, AStaleViewLooksPodsUpAgainAndCallsNoneGone) {
+  api_->Put(FakePod{"u-1", "ml", "p-1", "node-a", group_});
+  PodDirectoryOptions o = Options();
+  o.stale_after = absl::Milliseconds(400);
+  PodDirectory& d = StartDirectory(o);
+  ASSERT_TRUE(WaitFor([&] { return d.Ready().ok() && Requested("watch=true"); }));
+  EXPECT_TRUE(d.Gone("u-9"));
+  absl::SleepFor(absl::Milliseconds(600));  // no event, no bookmark: the view may be frozen
+  EXPECT_FALSE(d.Gone("u-9")) << "a stale view calls nothing gone";
+  EXPECT_FALSE(d.Ready().ok());
+  const uint64_t before = d.GetStats().fetches;
+  EXPECT_TRUE(d.Confirm("u-1", "ml", "p-1", "node-a", group_).ok());
+  EXPECT_EQ(d.GetStats().fetches, before + 1) << "a stale view's pod is looked up again";
+  api_->Put(FakePod{"u-2", "ml", "p-2", "node-a", group_});  // the watch moves on
+  ASSERT_TRUE(WaitFor([&] { return d.Ready().ok(); })) << d.Ready();
+}
+
+TEST_F(KubePods, APodConfirmedByNameIsGoneOnlyOnceTheViewMovedOnPastIt) {
+  api_->SetBookmarkEvery(std::chrono::milliseconds(50));
+  PodDirectoryOptions o = Options();
+  o.fetched_grace = absl::Milliseconds(300);
+  PodDirectory& d = StartDirectory(o);
+  ASSERT_TRUE(WaitFor([&] { return d.Ready().ok(); }));
+  api_->PutQuietly(FakePod{"u-3", "ml", "p-3", "node-a", group_});  // never delivered by this watch
+  ASSERT_TRUE(d.Confirm("u-3", "ml", "p-3", "node-a", group_).ok());
+  EXPECT_FALSE(d.Gone("u-3"));
+  EXPECT_TRUE(WaitFor([&] { return d.Gone("u-3"); }, absl::Seconds(5)))
+      << "the view moved on past the lookup and never showed the pod";
 }
 
 TEST_F(KubePods, AViewThatDroppedPodsCallsNoneGone) {
