@@ -366,6 +366,7 @@ int main(int argc, char** argv) {
   podlink::Broker broker(cfg.broker, std::move(pods), inv, std::move(backends));
   broker.ConfirmRemotePodsWith(remote_pods.get());
   auto relay = std::make_unique<podlink::RelayEngine>(broker.RelayResolver(), broker.inventory(), cfg.broker.relay);
+  broker.Attach(relay.get(), nullptr);  // before the mesh serves: it calls into the broker at once
   std::unique_ptr<podlink::mesh::MeshEngine> mesh;
   if (cfg.broker.mesh.enabled) {
     auto started = podlink::mesh::MeshEngine::Start(cfg.broker.mesh, cfg.broker.node_name, &broker);
@@ -380,7 +381,7 @@ int main(int argc, char** argv) {
   absl::Cleanup close_sessions = [&] {
     broker.CloseAllSessions("daemon stopping");
     relay->set_mesh(nullptr);
-    broker.Attach(relay.get(), nullptr);
+    broker.Attach(nullptr, nullptr);  // the engines go before the broker
   };
 
   auto fds = podlink::FdServer::Start(&broker, fd_path);
@@ -546,8 +547,9 @@ int main(int argc, char** argv) {
   (*listener)->Stop();
   // The mesh first: opens of other nodes still waiting are answered while
   // the RPC server can finish their calls.
-  if (mesh != nullptr) mesh->Stop();
+  // The pod directory first: a mesh call waiting on a lookup by name ends now.
   if (remote_pods != nullptr) remote_pods->Stop();
+  if (mesh != nullptr) mesh->Stop();
   (*fds)->Stop();  // closes every session; Watch streams end with SESSION_CLOSED
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   log->info("event=stopped");

@@ -290,7 +290,7 @@ void Broker::CloseSession(uint64_t session_id, const std::string& reason) {
     watchers.swap(s->watchers);
   }
   ::shutdown(s->sock.get(), SHUT_RDWR);
-  relay_->RemoveRing(session_id);
+  if (relay_ != nullptr) relay_->RemoveRing(session_id);
   if (mesh_ != nullptr) mesh_->DropSession(session_id);
   LeaveNcclNative(session_id);
   std::vector<RemovedExport> removed = registry_.RemoveSession(session_id);

@@ -45,8 +45,9 @@ class FakeKubeApiServer {
     server_.Get(R"(/api/v1/namespaces/([^/]+)/pods/([^/]+))",
                 [this](const httplib::Request& req, httplib::Response& res) { OnePod(req, res); });
     port_ = server_.bind_to_any_port(address);
+    if (port_ <= 0) return;  // port() says so; nothing listens
     thread_ = std::thread([this] { server_.listen_after_bind(); });
-    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    for (int i = 0; i < 5000 && !server_.is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   ~FakeKubeApiServer() {
     {

@@ -202,7 +202,10 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
     return absl::InvalidArgumentError("the forwarded identity needs key, namespace and pod name");
   }
   PodInfo pod;
-  pod.key = absl::StrCat("mesh/", origin, "/", who.key());  // never the same pod as a local one
+  // Never the same pod as a local one. Where the API server confirms pods,
+  // the key is the UID it confirms, so a node cannot vary it to get round
+  // the limit of grants per pod.
+  pod.key = absl::StrCat("mesh/", origin, "/", host_->TracksRemotePods() ? who.pod_uid() : who.key());
   pod.uid = who.pod_uid();
   pod.namespace_ = who.namespace_();
   pod.name = who.pod_name();

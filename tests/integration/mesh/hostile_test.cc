@@ -163,6 +163,7 @@ class MeshApiServer : public MeshHostile {
     std::ofstream(dir_ + "/kube-token") << "node-b-token\n";
     api_ = std::make_unique<FakeKubeApiServer>(dir_ + "/kube-api/tls.crt", dir_ + "/kube-api/tls.key", host,
                                                "node-b-token");
+    EXPECT_GT(api_->port(), 0) << "the fake API server cannot listen on " << host;
     const std::map<std::string, std::string> group = {{"podlink.io/peer-group", "job-7"}};
     api_->Put(FakePod{owner_.pod_uid(), "ml", "decode-0", "node-b", group});
     api_->Put(FakePod{other_.pod_uid(), "ml", "prefill-0", "node-a", group});
