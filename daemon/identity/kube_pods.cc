@@ -281,6 +281,20 @@ class PodDirectory::Http {
     return absl::UnavailableError(absl::StrCat("https://", api_.host, ":", api_.port, path.substr(0, path.find('?')),
                                                ": ", httplib::to_string(r.error())));
   }
+  // Get with a 200 body kept whole in `body`, up to `limit` bytes
+  // (RESOURCE_EXHAUSTED beyond).
+  absl::StatusOr<int> GetBody(const std::string& path, absl::Duration read_timeout, size_t limit, std::string* body,
+                              std::string* error_body) {
+    bool too_big = false;
+    auto keep = [&](const char* d, size_t n) {
+      too_big = too_big || body->size() + n > limit;
+      if (!too_big) body->append(d, n);
+      return !too_big;
+    };
+    absl::StatusOr<int> code = Get(path, read_timeout, keep, error_body);
+    if (too_big) return absl::ResourceExhaustedError(absl::StrCat(path.substr(0, path.find('?')), ": over ", limit, " bytes"));
+    return code;
+  }
   void Stop() {
     stopped_.store(true);
     client_.stop();
@@ -300,9 +314,9 @@ PodDirectory::PodDirectory(PodDirectoryOptions options)
 PodDirectory::~PodDirectory() { Stop(); }
 
 void PodDirectory::Start() {
-  KubeLog()->info("event=kube_pods_start api=https://{}:{} selector={} msg=\"pods of other nodes are confirmed "
-                  "with the API server\"",
-                  options_.api.host, options_.api.port, LogQuoted(options_.label_selector));
+  KubeLog()->info("event=kube_pods_start api=https://{}:{} msg=\"pods of other nodes are confirmed with the API "
+                  "server\"",
+                  options_.api.host, options_.api.port);
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -354,17 +368,9 @@ absl::Status PodDirectory::List() {
   do {
     std::string path = absl::StrCat("/api/v1/pods?limit=", options_.page_size);
     if (!cont.empty()) absl::StrAppend(&path, "&continue=", QueryEscape(cont));
-    if (!options_.label_selector.empty()) absl::StrAppend(&path, "&labelSelector=", QueryEscape(options_.label_selector));
-    std::string body;
-    bool too_big = false;
-    auto keep = [&](const char* d, size_t n) {
-      too_big = too_big || body.size() + n > kMaxPageBytes;
-      if (!too_big) body.append(d, n);
-      return !too_big;
-    };
-    std::string error_body;
-    PODLINK_ASSIGN_OR_RETURN(int code, http_->Get(path, options_.request_timeout, keep, &error_body));
-    if (too_big) return absl::ResourceExhaustedError(absl::StrCat("a page of the pod list exceeds ", kMaxPageBytes, " bytes"));
+    std::string body, error_body;
+    PODLINK_ASSIGN_OR_RETURN(int code,
+                             http_->GetBody(path, options_.request_timeout, kMaxPageBytes, &body, &error_body));
     if (code == 410) return absl::UnavailableError("the list's continue token expired (410 Gone); listing again");
     if (code != 200) {
       return absl::UnavailableError(absl::StrCat("list pods: HTTP ", code, ": ", StatusMessage(error_body)));
@@ -406,7 +412,6 @@ absl::Status PodDirectory::Watch() {
   }
   std::string path = absl::StrCat("/api/v1/pods?watch=true&allowWatchBookmarks=true&resourceVersion=", QueryEscape(rv),
                                   "&timeoutSeconds=", options_.watch_seconds);
-  if (!options_.label_selector.empty()) absl::StrAppend(&path, "&labelSelector=", QueryEscape(options_.label_selector));
   std::string line;
   absl::Status failure;
   bool gone = false;
@@ -500,17 +505,10 @@ absl::StatusOr<std::optional<KubePod>> PodDirectory::Fetch(const std::string& ns
   // queues behind another's: it is told to retry instead.
   if (!fetch_mu_.TryLock()) return absl::UnavailableError("another pod is being looked up; retry");
   absl::Cleanup unlock = [this] { fetch_mu_.Unlock(); };
-  std::string body;
-  bool too_big = false;
-  auto keep = [&](const char* d, size_t n) {
-    too_big = too_big || body.size() + n > kMaxPodBytes;
-    if (!too_big) body.append(d, n);
-    return !too_big;
-  };
   const std::string path = absl::StrCat("/api/v1/namespaces/", ns, "/pods/", name);
-  std::string error_body;
-  PODLINK_ASSIGN_OR_RETURN(int code, fetch_http_->Get(path, options_.request_timeout, keep, &error_body));
-  if (too_big) return absl::UnavailableError("the API server's pod is larger than expected");
+  std::string body, error_body;
+  PODLINK_ASSIGN_OR_RETURN(int code,
+                           fetch_http_->GetBody(path, options_.request_timeout, kMaxPodBytes, &body, &error_body));
   if (code == 404) return std::optional<KubePod>();
   if (code != 200) return absl::UnavailableError(absl::StrCat("get pod: HTTP ", code, ": ", StatusMessage(error_body)));
   PODLINK_ASSIGN_OR_RETURN(KubePod p, ParsePod(body));

@@ -87,7 +87,6 @@ bool ValidKubeName(absl::string_view s);
 
 struct PodDirectoryOptions {
   KubeApiConfig api;
-  std::string label_selector;  // narrows list and watch (empty: every pod)
   size_t max_pods = 200000;    // beyond this, pods are fetched one by one
   absl::Duration request_timeout = absl::Seconds(10);
   int watch_seconds = 300;  // the API server ends each watch after this
