@@ -97,6 +97,15 @@ PODLINKD=$podlinkd WORK=$work CONFIG_PATH=$config_path FAKE_CRI=$here/fake_cri.p
     mkdir -p "$(dirname "$CONFIG_PATH")"
     cp "$WORK/config.json" "$CONFIG_PATH"
   fi
+  # A CA and a certificate it signs (EC P-256, a day): ca_and_cert CA_KEY CA_CRT SUBJECT SAN EKU KEY CRT SCRATCH
+  ca_and_cert() {
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj "/CN=$3-ca" \
+      -keyout "$1" -out "$2" 2> /dev/null
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj "/CN=$3" \
+      -keyout "$6" -out "$8.csr" 2> /dev/null
+    printf "subjectAltName=%s\nextendedKeyUsage=%s\n" "$4" "$5" > "$8.cnf"
+    openssl x509 -req -in "$8.csr" -CA "$2" -CAkey "$1" -CAcreateserial -days 1 -extfile "$8.cnf" -out "$7" 2> /dev/null
+  }
   mesh_cert_dir=$(cat "$WORK/mesh_cert_dir")
   if [ -n "$mesh_cert_dir" ]; then
     # A cable with an address (the node'"'"'s NIC) and a node certificate from a CA made here.
@@ -106,13 +115,8 @@ PODLINKD=$podlinkd WORK=$work CONFIG_PATH=$config_path FAKE_CRI=$here/fake_cri.p
     ip link set "$mesh_if" up
     ip link set mesh-peer0 up
     mkdir -p "$mesh_cert_dir"
-    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=test-mesh-ca \
-      -keyout "$WORK/ca.key" -out "$mesh_cert_dir/ca.crt" 2> /dev/null
-    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=test-node \
-      -keyout "$mesh_cert_dir/tls.key" -out "$WORK/tls.csr" 2> /dev/null
-    printf "subjectAltName=DNS:test-node\nextendedKeyUsage=serverAuth,clientAuth\n" > "$WORK/ext.cnf"
-    openssl x509 -req -in "$WORK/tls.csr" -CA "$mesh_cert_dir/ca.crt" -CAkey "$WORK/ca.key" -CAcreateserial \
-      -days 1 -extfile "$WORK/ext.cnf" -out "$mesh_cert_dir/tls.crt" 2> /dev/null
+    ca_and_cert "$WORK/ca.key" "$mesh_cert_dir/ca.crt" test-node DNS:test-node serverAuth,clientAuth \
+      "$mesh_cert_dir/tls.key" "$mesh_cert_dir/tls.crt" "$WORK/mesh"
     export NODE_NAME=test-node
   fi
   eval "args=($(cat "$WORK/args"))"
@@ -121,13 +125,8 @@ PODLINKD=$podlinkd WORK=$work CONFIG_PATH=$config_path FAKE_CRI=$here/fake_cri.p
     # In the pod: the service account'"'"'s files (under the tmpfs /run) and the service'"'"'s address.
     sa=/var/run/secrets/kubernetes.io/serviceaccount
     mkdir -p "$sa" "$WORK/kube"
-    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=test-kube-ca \
-      -keyout "$WORK/kube/ca.key" -out "$sa/ca.crt" 2> /dev/null
-    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=kube-apiserver \
-      -keyout "$WORK/kube/tls.key" -out "$WORK/kube/tls.csr" 2> /dev/null
-    printf "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n" > "$WORK/kube/ext.cnf"
-    openssl x509 -req -in "$WORK/kube/tls.csr" -CA "$sa/ca.crt" -CAkey "$WORK/kube/ca.key" -CAcreateserial \
-      -days 1 -extfile "$WORK/kube/ext.cnf" -out "$WORK/kube/tls.crt" 2> /dev/null
+    ca_and_cert "$WORK/kube/ca.key" "$sa/ca.crt" kube-apiserver IP:127.0.0.1 serverAuth \
+      "$WORK/kube/tls.key" "$WORK/kube/tls.crt" "$WORK/kube/tls"
     echo "service-account-token" > "$sa/token"
     echo "[{\"uid\": \"u-1\", \"namespace\": \"ml\", \"name\": \"p-1\", \"node\": \"test-node\"}]" \
       > "$WORK/kube/pods.json"
