@@ -126,6 +126,9 @@ absl::Status ParseMeshConfig(const nlohmann::json& m, mesh::MeshOptions* o) {
     } else if (k == "relay_staging_mib") {
       PODLINK_RETURN_IF_ERROR(number(v, k, 16, 65536, &n));
       o->relay_staging_bytes = n << 20;
+    } else if (k == "sealed_window_mib") {
+      PODLINK_RETURN_IF_ERROR(number(v, k, 16, 65536, &n));
+      o->sealed_window_bytes = n << 20;
     } else if (k == "grant_idle_seconds") {
       PODLINK_RETURN_IF_ERROR(number(v, k, 1, 7 * 86400, &n));
       o->grant_idle_timeout = absl::Seconds(static_cast<int64_t>(n));

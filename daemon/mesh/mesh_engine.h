@@ -37,6 +37,7 @@
 #include "daemon/mesh/mesh_host.h"
 #include "daemon/mesh/nic_rank.h"
 #include "daemon/metrics/metrics.h"
+#include "daemon/mesh/seal/window.h"
 #include "daemon/mesh/tcp/tcp_link.h"
 #include "daemon/mesh/verbs/verbs_link.h"
 #include "daemon/relay/mesh_port.h"
@@ -122,6 +123,10 @@ struct MeshOptions {
   // Relaying for other nodes: bytes of forwarded requests held in this
   // daemon at once (one upstream node at most half of it).
   uint64_t relay_staging_bytes = 64ull << 20;
+  // Owning regions opened through relays (sealed, seal/window.h): the
+  // windows' memory at once (one peer node at most half of it), taken a
+  // slot at a time as importers first write it.
+  uint64_t sealed_window_bytes = 512ull << 20;
   // Where the host's sysfs is (its NICs and GPUs: nic_rank.h).
   std::string sysfs = "/sys";
   // Grants of a node that has had no data connection and no control call
@@ -238,6 +243,9 @@ class MeshEngine final : public MeshPort {
     uint64_t nonce = 0;
     std::string tenant;  // "mesh/" + origin node + "/" + the importing pod's namespace
     std::string pod_uid;  // the importing pod's UID as forwarded (empty: none)
+    // A routed open's (the owner's side): sealed end to end, its frames go to
+    // this window and never touch the export (seal/window.h).
+    std::shared_ptr<seal::SealedRegion> sealed;
   };
   // The tenant a forwarded identity's grants count against: its namespace on its node.
   static std::string TenantOf(const std::string& origin, const std::string& ns) {
@@ -382,7 +390,14 @@ class MeshEngine final : public MeshPort {
     std::shared_ptr<const ExportRecord> record;
     std::shared_ptr<const Forward> forward;
     bool fenceable = false;  // writes land chunk by chunk, each after BeginLanding
+    std::shared_ptr<seal::SealedRegion> sealed;  // a routed open's window: the frames go there
   };
+  // A sealed grant's frame on a data connection (its window: seal/window.h).
+  absl::Status ServeSealed(ConnWriter& writer, int fd, const FrameHeader& h, uint64_t grant, const Granted& g);
+  // What a sealed grant's verified requests do to the export (the checks of a
+  // staged copy; a fenceable grant's landing stops once fenced). `g` outlives it.
+  class GrantLander;
+  std::unique_ptr<seal::Lander> LanderFor(uint64_t grant, const Granted& g);
   absl::StatusOr<Granted> LookupGrant(const std::string& node, uint64_t grant) ABSL_LOCKS_EXCLUDED(mu_);
   // A fenceable grant's bytes are copied into the export a chunk at a time,
   // each between these two: false when the grant is closed (fenced) by now.
@@ -491,6 +506,7 @@ class MeshEngine final : public MeshPort {
     uint64_t instance = 0;       // the relay daemon's instance that issued it
     uint64_t nonce = 0;          // the route's claim: the owner fences it by this
     std::atomic<bool> failed{false};  // a chunk failed on it: not used again
+    std::shared_ptr<seal::SealedLinks> sealed;  // the route is sealed end to end; its chunks go through this
   };
   // A transfer striped over the direct links and a TwoHop (StartTwoHop).
   class TwoRoutes;
@@ -512,8 +528,10 @@ class MeshEngine final : public MeshPort {
                                 const podlink::mesh::v1::OpenRegionResponse& resp) const ABSL_LOCKS_EXCLUDED(pem_mu_);
   // Signs `req`'s route to `target` through `via` (the claim's nonce in
   // *nonce; `fenceable`: the owner lands it so that FenceRoute can stop it).
+  // The claim carries a new ephemeral seal key (its private half in *key).
   absl::Status SignRoute(const RemoteTarget& target, const std::vector<std::string>& via,
-                         podlink::mesh::v1::OpenRegionRequest* req, uint64_t* nonce, bool fenceable = false) const
+                         podlink::mesh::v1::OpenRegionRequest* req, uint64_t* nonce,
+                         std::shared_ptr<seal::EphemeralKey>* key, bool fenceable = false) const
       ABSL_LOCKS_EXCLUDED(pem_mu_);
   // After a direct open of export `export_id` (`size` bytes): a relay cabled
   // to this node and to `target` is asked for the same export (a fenceable
@@ -541,7 +559,16 @@ class MeshEngine final : public MeshPort {
     std::string destination;        // the owner's node (peer is the first relay when via is set)
     std::vector<std::string> via;   // relays, first hop first
     std::shared_ptr<TwoHop> two_hop;  // mesh.two_hop_stripe: a second route, once open
+    std::shared_ptr<seal::SealedLinks> sealed;  // through relays: every operation goes sealed through this
   };
+  // The link set an operation of `h` goes to: its sealed route's, or the peer's.
+  std::shared_ptr<DataLinks> LinksOf(const Handle& h) const;
+  // The importer's end of a sealed route whose owner answered `resp` (its
+  // signed answer checked) to the claim that carried `key`.
+  absl::StatusOr<std::shared_ptr<seal::SealedLinks>> SealRoute(const std::string& destination, uint64_t nonce,
+                                                               const seal::EphemeralKey& key,
+                                                               const std::shared_ptr<Peer>& carrier,
+                                                               const podlink::mesh::v1::OpenRegionResponse& resp);
   absl::Status CheckInstance(const Handle& h) const;
   // A data connection over `path` to `port`, AUTH sent with `cookie`.
   absl::StatusOr<UniqueFd> DialData(const Path& path, uint32_t port, const std::string& cookie,
@@ -732,6 +759,10 @@ class MeshEngine final : public MeshPort {
   absl::Status verbs_error_ ABSL_GUARDED_BY(verbs_mu_);
   uint64_t refused_notifies_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t repaired_connections_ ABSL_GUARDED_BY(mu_) = 0;
+  // Sealed routes, the owner's side: the windows' memory and what came through them.
+  seal::WindowBudget seal_budget_{options_.sealed_window_bytes};
+  seal::SealCounters seal_counters_;
+  std::atomic<uint64_t> sealed_routes_{0};  // routed opens this node sealed as the importer
 };
 
 }  // namespace podlink::mesh

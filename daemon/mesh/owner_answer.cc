@@ -19,6 +19,8 @@ absl::Status SignOwnerAnswer(const std::string& owner, const pb::OriginClaim& cl
   a.set_handle_type(resp->handle_type());
   a.set_owner_namespace(resp->owner_namespace());
   a.set_owner_name(resp->owner_name());
+  a.set_seal_key(resp->seal_key());
+  a.set_window_bytes(resp->window_bytes());
   a.SerializeToString(resp->mutable_owner_answer());
   PODLINK_ASSIGN_OR_RETURN(std::string sig, SignWithKey(key_pem, resp->owner_answer()));
   resp->set_owner_signature(std::move(sig));
@@ -49,7 +51,8 @@ absl::Status CheckOwnerAnswer(const std::string& ca_pem, const std::string& dest
     return refuse("it answers another request");
   }
   if (a.export_id() != resp.export_id() || a.size() != resp.size() || a.handle_type() != resp.handle_type() ||
-      a.owner_namespace() != resp.owner_namespace() || a.owner_name() != resp.owner_name()) {
+      a.owner_namespace() != resp.owner_namespace() || a.owner_name() != resp.owner_name() ||
+      a.seal_key() != resp.seal_key() || a.window_bytes() != resp.window_bytes()) {
     return refuse("a relay changed it");
   }
   return absl::OkStatus();

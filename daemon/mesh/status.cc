@@ -257,6 +257,18 @@ std::string MeshEngine::RenderMetrics() const {
       static_cast<double>(grants_staged_.load(std::memory_order_relaxed)));
   one("podlink_mesh_relay_staged_bytes", "gauge", "bytes of forwarded requests held in this node's relay staging",
       static_cast<double>(staged));
+  one("podlink_mesh_sealed_routes_total", "counter",
+      "regions this node's pods opened through relays, sealed end to end with their owner",
+      static_cast<double>(sealed_routes_.load(std::memory_order_relaxed)));
+  one("podlink_mesh_sealed_units_total", "counter",
+      "operations of importers through relays that verified here (owner) and were carried out",
+      static_cast<double>(seal_counters_.units.load(std::memory_order_relaxed)));
+  one("podlink_mesh_sealed_refused_total", "counter",
+      "requests or records of sealed routes that did not verify here, or were replays (a relay altered them)",
+      static_cast<double>(seal_counters_.refused.load(std::memory_order_relaxed)));
+  one("podlink_mesh_sealed_window_bytes", "gauge",
+      "memory of this node's sealed windows (regions opened through relays; mesh.sealed_window_mib)",
+      static_cast<double>(seal_budget_.used()));
   one("podlink_mesh_refused_notifies_total", "counter",
       "notifications from peers not delivered (grant not theirs, export gone)", static_cast<double>(refused_notifies));
   absl::MutexLock l(&verbs_mu_);

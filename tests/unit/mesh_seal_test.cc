@@ -160,6 +160,10 @@ std::string Pattern(size_t n, uint32_t seed) {
   return s;
 }
 
+// The carrier as the engine hands it out: the link set is not the sealed
+// route's to keep (a relay thread must never drop its own last reference).
+std::shared_ptr<DataLinks> Unowned(DataLinks* links) { return std::shared_ptr<DataLinks>(std::shared_ptr<void>(), links); }
+
 class Sealed : public ::testing::Test {
  protected:
   static constexpr uint64_t kExport = 4 << 20;
@@ -170,7 +174,7 @@ class Sealed : public ::testing::Test {
         owner_(std::make_unique<SealedRegion>(keys_, kExport, "node-a", &budget_, &counters_)),
         relay_(std::make_shared<Relay>(owner_.get(), &export_)),
         importer_(std::make_shared<SealedLinks>(
-            keys_, 7, kExport, [r = relay_] { return r; },
+            keys_, 7, kExport, [r = relay_.get()] { return Unowned(r); },
             [this](std::function<void()> f) { return pump_.Post(std::move(f)); })) {}
 
   absl::Status Op(FrameType type, uint64_t offset, char* local, uint64_t length) {
@@ -351,9 +355,8 @@ TEST_F(Sealed, ManyUnitsInFlightOnTwoRelayThreadsAllLand) {
   std::atomic<int> turn{0};
   auto importer = std::make_shared<SealedLinks>(
       keys_, 7, kExport,
-      [this, other, &turn]() -> std::shared_ptr<DataLinks> {
-        if (turn.fetch_add(1) % 2 == 0) return relay_;
-        return other;
+      [this, other = other.get(), &turn]() -> std::shared_ptr<DataLinks> {
+        return Unowned(turn.fetch_add(1) % 2 == 0 ? static_cast<DataLinks*>(relay_.get()) : other);
       },
       [this](std::function<void()> f) { return pump_.Post(std::move(f)); });
   std::vector<std::future<absl::Status>> ops;

@@ -203,6 +203,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
   RemoteTarget hop = target;
   std::vector<std::string> relays;  // the route's, first hop first; empty: direct
   uint64_t route_nonce = 0;         // the route's claim's
+  std::shared_ptr<seal::EphemeralKey> seal_key;  // the route's: the region is sealed end to end
   std::vector<IpPrefix> local = LocalForPaths();
   std::vector<IpPrefix> remote = ParsePrefixes(target.addresses);
   const bool cabled = !ChoosePaths(local, remote, false).empty();
@@ -217,7 +218,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
     graph[target.node_name] = remote;  // the descriptor's word, for this open only
     std::optional<std::vector<std::string>> via = RelayPath(node_name_, local, graph, target.node_name, Trust());
     if (via.has_value() && !via->empty()) {
-      if (absl::Status st = SignRoute(target, *via, &req, &route_nonce); !st.ok()) return done(st);
+      if (absl::Status st = SignRoute(target, *via, &req, &route_nonce, &seal_key); !st.ok()) return done(st);
       relays = *via;
       hop.node_name = via->front();
       hop.addresses = known[hop.node_name].addresses;
@@ -238,16 +239,20 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
   const bool two_hop = cabled && options_.two_hop_stripe && transport_.stripes_two_hop;
   OpenThrough(hop, req, target.node_name, relays.size(),
               [this, session, done = std::move(done), destination = target.node_name, via = relays, two_hop, target,
-               unrouted, route_nonce](absl::StatusOr<Carried> opened) {
+               unrouted, route_nonce, seal_key](absl::StatusOr<Carried> opened) {
                 if (!opened.ok()) return done(opened.status());
                 const pb::OpenRegionResponse& resp = opened->resp;
+                std::shared_ptr<seal::SealedLinks> sealed;
                 if (!via.empty()) {
-                  if (absl::Status st = CheckOwnerAnswer(destination, route_nonce, resp); !st.ok()) {
+                  absl::StatusOr<std::shared_ptr<seal::SealedLinks>> route =
+                      SealRoute(destination, route_nonce, *seal_key, opened->carrier, resp);
+                  if (!route.ok()) {
                     Log()->warn("event=mesh_route_refused destination={} via={} why={}", destination,
-                                absl::StrJoin(via, ","), LogQuoted(st.message()));
+                                absl::StrJoin(via, ","), LogQuoted(route.status().message()));
                     ReleaseRemoteGrant(opened->carrier.get(), resp.grant());
-                    return done(st);
+                    return done(route.status());
                   }
+                  sealed = *std::move(route);
                 }
                 RemoteRegionInfo info;
                 bool over = false;
@@ -261,7 +266,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
                     info.handle = kRemoteHandleBit | next_handle_++;
                     handles_[info.handle] =
                         Handle{session, opened->carrier, resp.grant(), resp.size(), resp.instance(),
-                               destination, via, nullptr};
+                               destination, via, nullptr, sealed};
                   }
                 }
                 if (over) {
@@ -281,8 +286,38 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
               });
 }
 
+absl::StatusOr<std::shared_ptr<seal::SealedLinks>> MeshEngine::SealRoute(const std::string& destination,
+                                                                         uint64_t nonce,
+                                                                         const seal::EphemeralKey& key,
+                                                                         const std::shared_ptr<Peer>& carrier,
+                                                                         const pb::OpenRegionResponse& resp) {
+  // The owner's answer, signed: its seal key and window are its own.
+  PODLINK_RETURN_IF_ERROR(CheckOwnerAnswer(destination, nonce, resp));
+  if (resp.window_bytes() != seal::kWindowBytes) {
+    return absl::FailedPreconditionError(absl::StrCat("node ", destination, " seals routes with a window of ",
+                                                      resp.window_bytes(), " bytes, this node with ",
+                                                      seal::kWindowBytes, " (podlinkd versions differ)"));
+  }
+  PODLINK_ASSIGN_OR_RETURN(seal::Key shared, key.Agree(resp.seal_key()));
+  PODLINK_ASSIGN_OR_RETURN(seal::SealKeys keys, seal::DeriveSealKeys(shared, nonce, node_name_, destination,
+                                                                     key.public_key(), resp.seal_key()));
+  std::weak_ptr<Peer> weak = carrier;
+  auto links = std::make_shared<seal::SealedLinks>(
+      keys, resp.grant(), resp.size(),
+      [weak]() -> std::shared_ptr<DataLinks> {
+        std::shared_ptr<Peer> p = weak.lock();
+        return p == nullptr ? nullptr : p->links();
+      },
+      // Completions leave the carrier's link threads for the pump, which
+      // seals, opens and submits the next step.
+      [this](std::function<void()> task) { return QueueTask(std::move(task)); });
+  sealed_routes_.fetch_add(1, std::memory_order_relaxed);
+  return links;
+}
+
 absl::Status MeshEngine::SignRoute(const RemoteTarget& target, const std::vector<std::string>& via,
-                                   pb::OpenRegionRequest* req, uint64_t* nonce, bool fenceable) const {
+                                   pb::OpenRegionRequest* req, uint64_t* nonce,
+                                   std::shared_ptr<seal::EphemeralKey>* key, bool fenceable) const {
   pb::OriginClaim claim;
   claim.set_origin(node_name_);
   *claim.mutable_importer() = req->importer();
@@ -301,6 +336,9 @@ absl::Status MeshEngine::SignRoute(const RemoteTarget& target, const std::vector
   } while (*nonce == 0);
   claim.set_nonce(*nonce);
   claim.set_fenceable(fenceable);
+  PODLINK_ASSIGN_OR_RETURN(seal::EphemeralKey mine, seal::EphemeralKey::Generate());
+  claim.set_seal_key(mine.public_key());
+  *key = std::make_shared<seal::EphemeralKey>(std::move(mine));
   pb::Route* route = req->mutable_route();
   claim.SerializeToString(route->mutable_claim());
   const Pems pems = CurrentPems();
@@ -394,22 +432,25 @@ void MeshEngine::AddTwoHop(uint64_t session, uint64_t handle, RemoteTarget targe
   hop.addresses = known[*relay].addresses;
   hop.port = known[*relay].port;
   uint64_t nonce = 0;
-  if (absl::Status st = SignRoute(target, {hop.node_name}, &req, &nonce, /*fenceable=*/true); !st.ok()) {
+  std::shared_ptr<seal::EphemeralKey> seal_key;
+  if (absl::Status st = SignRoute(target, {hop.node_name}, &req, &nonce, &seal_key, /*fenceable=*/true); !st.ok()) {
     Log()->warn("event=mesh_two_hop_failed destination={} relay={} why={}", target.node_name, hop.node_name,
                 LogQuoted(st.message()));
     return;
   }
   OpenThrough(hop, req, target.node_name, 1,
-              [this, session, handle, nonce, export_id, size, relay = hop.node_name,
-               destination = target.node_name](absl::StatusOr<Carried> opened) {
+              [this, session, handle, nonce, export_id, size, relay = hop.node_name, destination = target.node_name,
+               seal_key](absl::StatusOr<Carried> opened) {
                 if (!opened.ok()) {
                   Log()->warn("event=mesh_two_hop_failed destination={} relay={} why={}", destination, relay,
                               LogQuoted(opened.status().message().substr(0, 512)));
                   return;
                 }
-                if (absl::Status st = CheckOwnerAnswer(destination, nonce, opened->resp); !st.ok()) {
+                absl::StatusOr<std::shared_ptr<seal::SealedLinks>> sealed =
+                    SealRoute(destination, nonce, *seal_key, opened->carrier, opened->resp);
+                if (!sealed.ok()) {
                   Log()->warn("event=mesh_two_hop_failed destination={} relay={} why={}", destination, relay,
-                              LogQuoted(st.message()));
+                              LogQuoted(sealed.status().message()));
                   return ReleaseRemoteGrant(opened->carrier.get(), opened->resp.grant());
                 }
                 if (opened->resp.export_id() != export_id || opened->resp.size() != size) {
@@ -423,6 +464,7 @@ void MeshEngine::AddTwoHop(uint64_t session, uint64_t handle, RemoteTarget targe
                 route->grant = opened->resp.grant();
                 route->instance = opened->resp.instance();
                 route->nonce = nonce;
+                route->sealed = *std::move(sealed);
                 bool attached = false;
                 {
                   absl::MutexLock l(&mu_);

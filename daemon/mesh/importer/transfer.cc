@@ -20,6 +20,7 @@ class MeshEngine::TwoRoutes : public std::enable_shared_from_this<MeshEngine::Tw
         direct_(direct),
         route_(route),
         alt_grant_(route->grant),
+        alt_sealed_(route->sealed),
         alt_prefer_(std::move(alt_prefer)),
         chunks_((whole_.length + kTwoHopChunk - 1) / kTwoHopChunk) {}
 
@@ -79,7 +80,12 @@ class MeshEngine::TwoRoutes : public std::enable_shared_from_this<MeshEngine::Tw
                                                               r->instance) {
       peer = r->peer;
     }
-    std::shared_ptr<DataLinks> links = peer != nullptr ? peer->links() : nullptr;
+    std::shared_ptr<DataLinks> links;
+    if (route == kDirect) {
+      links = peer != nullptr ? peer->links() : nullptr;
+    } else if (peer != nullptr) {
+      links = alt_sealed_;  // through the relay: sealed end to end
+    }
     if (links == nullptr || links->live() == 0) {
       return absl::UnavailableError(absl::StrCat("no link of the ", route == kDirect ? "direct" : "two-hop",
                                                  " route is up"));
@@ -92,7 +98,7 @@ class MeshEngine::TwoRoutes : public std::enable_shared_from_this<MeshEngine::Tw
     op.length = std::min<uint64_t>(kTwoHopChunk, whole_.length - at);
     op.local = whole_.local + at;
     op.keep = whole_.keep;
-    op.local_is_export = whole_.local_is_export;
+    op.local_is_export = route == kDirect && whole_.local_is_export;
     op.prefer = route == kDirect ? whole_.prefer : alt_prefer_;
     op.done = [self = shared_from_this(), route, chunk](const absl::Status& st) {
       self->Ended(route, chunk, st, /*on_link_thread=*/true);
@@ -223,6 +229,7 @@ class MeshEngine::TwoRoutes : public std::enable_shared_from_this<MeshEngine::Tw
   const std::weak_ptr<Peer> direct_;
   const std::weak_ptr<TwoHop> route_;
   const uint64_t alt_grant_;
+  const std::shared_ptr<seal::SealedLinks> alt_sealed_;
   const std::shared_ptr<const PathPreference> alt_prefer_;
   const uint64_t chunks_;
   absl::Mutex mu_;
@@ -245,7 +252,7 @@ absl::Status MeshEngine::Start(MeshTransfer t, Done done) {
     return absl::OutOfRangeError(absl::StrCat("remote range [", t.remote_offset, ", +", t.length,
                                               ") exceeds the remote region of ", h.size, " bytes"));
   }
-  std::shared_ptr<DataLinks> links = h.peer->links();
+  std::shared_ptr<DataLinks> links = LinksOf(h);
   if (links == nullptr || links->live() == 0) {
     return absl::UnavailableError(absl::StrCat("no link to node ", h.peer->node(),
                                                " is up (open the region again to reconnect)"));
@@ -263,7 +270,7 @@ absl::Status MeshEngine::Start(MeshTransfer t, Done done) {
   // this session's own export (pages that may still be read after the
   // transfer ended hold only the transferring pod's bytes) and the range lies
   // inside it.
-  if (t.keep != nullptr && t.staging == nullptr && t.keep->memory != nullptr) {
+  if (h.sealed == nullptr && t.keep != nullptr && t.staging == nullptr && t.keep->memory != nullptr) {
     if (absl::StatusOr<RelayView> view = t.keep->memory->MapForRelay(); view.ok() && !view->on_gpu) {
       const auto* base = reinterpret_cast<const char*>(view->address);
       op.local_is_export = t.keep->owner_session == t.session && t.local >= base &&
@@ -290,6 +297,11 @@ absl::Status MeshEngine::Start(MeshTransfer t, Done done) {
     }
   }
   return links->Submit(std::move(op));
+}
+
+std::shared_ptr<DataLinks> MeshEngine::LinksOf(const Handle& h) const {
+  if (h.sealed != nullptr) return h.sealed;
+  return h.peer->links();
 }
 
 bool MeshEngine::QueueTask(std::function<void()> task) {
@@ -320,7 +332,7 @@ void MeshEngine::PumpLoop() {
 absl::Status MeshEngine::Notify(uint64_t session, uint64_t handle, uint64_t value, Done done) {
   PODLINK_ASSIGN_OR_RETURN(Handle h, FindHandle(session, handle));
   PODLINK_RETURN_IF_ERROR(CheckInstance(h));
-  std::shared_ptr<DataLinks> links = h.peer->links();
+  std::shared_ptr<DataLinks> links = LinksOf(h);
   if (links == nullptr) return absl::UnavailableError(absl::StrCat("no link to node ", h.peer->node(), " is up"));
   LinkOp op;
   op.type = FrameType::kNotify;

@@ -50,12 +50,37 @@ absl::StatusOr<MeshEngine::Granted> MeshEngine::LookupGrant(const std::string& n
     }
     g.record = it->second.record.lock();
     g.fenceable = it->second.nonce != 0;
+    g.sealed = it->second.sealed;
   }
   if (g.record == nullptr || !host_->ExportLive(*g.record)) {
     CloseRegion(node, grant);
     return absl::NotFoundError(absl::StrCat("the export behind grant ", grant, " was withdrawn"));
   }
   return g;
+}
+
+class MeshEngine::GrantLander : public seal::Lander {
+ public:
+  GrantLander(MeshEngine* e, uint64_t grant, const Granted& g) : e_(e), grant_(grant), g_(g) {}
+  absl::Status CopyIn(uint64_t offset, const char* src, uint64_t n) override {
+    if (g_.fenceable && !e_->BeginLanding(grant_)) return absl::FailedPreconditionError("the route was fenced");
+    absl::Status st = e_->StagedCopy(*g_.record, /*write=*/true, offset, const_cast<char*>(src), n);
+    if (g_.fenceable) e_->EndLanding(grant_);
+    return st;
+  }
+  absl::Status CopyOut(uint64_t offset, char* dst, uint64_t n) override {
+    return e_->StagedCopy(*g_.record, /*write=*/false, offset, dst, n);
+  }
+  absl::Status Notify(uint64_t value) override { return e_->host_->NotifyOwner(*g_.record, value); }
+
+ private:
+  MeshEngine* const e_;
+  const uint64_t grant_;
+  const Granted& g_;
+};
+
+std::unique_ptr<seal::Lander> MeshEngine::LanderFor(uint64_t grant, const Granted& g) {
+  return std::make_unique<GrantLander>(this, grant, g);
 }
 
 bool MeshEngine::BeginLanding(uint64_t grant) {

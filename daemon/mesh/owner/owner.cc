@@ -219,6 +219,30 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
     return rec.status();
   }
   pb::OpenRegionResponse resp;
+  // Through relays: sealed end to end with the origin (seal/window.h), keys
+  // from the origin's key in its signed claim and one of this open's own.
+  std::shared_ptr<seal::SealedRegion> sealed;
+  if (claim != nullptr) {
+    absl::StatusOr<seal::EphemeralKey> mine = seal::EphemeralKey::Generate();
+    if (!mine.ok()) return mine.status();
+    absl::StatusOr<seal::Key> shared =
+        claim->seal_key().empty()
+            ? absl::PermissionDeniedError(absl::StrCat("node ", origin, "'s claim carries no seal key: regions "
+                                                       "opened through relays are sealed end to end (upgrade its "
+                                                       "podlinkd)"))
+            : mine->Agree(claim->seal_key());
+    if (!shared.ok()) {
+      absl::MutexLock l(&mu_);
+      ++remote_denials_;
+      return shared.status();
+    }
+    PODLINK_ASSIGN_OR_RETURN(seal::SealKeys keys,
+                             seal::DeriveSealKeys(*shared, claim->nonce(), origin, node_name_, claim->seal_key(),
+                                                  mine->public_key()));
+    sealed = std::make_shared<seal::SealedRegion>(keys, (*rec)->size, node, &seal_budget_, &seal_counters_);
+    resp.set_seal_key(mine->public_key());
+    resp.set_window_bytes(seal::kWindowBytes);
+  }
   {
     absl::MutexLock l(&mu_);
     uint32_t& count = grants_per_node_[node];
@@ -244,14 +268,14 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
     // chunk by chunk (LandFenceable), never registered for RDMA below.
     const bool fenceable = claim != nullptr && claim->fenceable() && claim->nonce() != 0;
     grants_[g] = Grant{node, *rec, pod.key, nullptr, req.caller_instance(), fenceable ? origin : std::string(),
-                       fenceable ? claim->nonce() : 0, tenant, pod.uid};
+                       fenceable ? claim->nonce() : 0, tenant, pod.uid, sealed};
     if (fenceable) routed_grants_.emplace(claim->nonce(), g);
     SeenLocked(node);  // a grant given is a sign of life, however long the node was quiet
     resp.set_grant(g);
   }
   if (req.verbs()) {
     absl::Status st = RegisterForVerbs(node, resp.grant(), *rec, req.accepts_over_tcp(), req.accepts_staged(),
-                                       /*may_register=*/claim == nullptr || !claim->fenceable(), &resp);
+                                       /*may_register=*/sealed == nullptr, &resp);
     if (!st.ok()) {
       CloseRegion(node, resp.grant());
       return st;
@@ -338,7 +362,9 @@ void MeshEngine::InstallRelayGrant(const std::string& caller, const pb::OpenRegi
                                    const std::string& pod, const std::string& tenant, const std::string& origin,
                                    const std::string& next, uint64_t staged_slice, std::shared_ptr<Peer> carrier,
                                    pb::OpenRegionResponse resp, const RegionDone& done) {
-  auto fwd = std::make_shared<Forward>(Forward{carrier, resp.grant(), resp.size(), resp.instance()});
+  // A sealed route's grant addresses the owner's window, not the export.
+  const uint64_t addressable = resp.window_bytes() != 0 ? resp.window_bytes() : resp.size();
+  auto fwd = std::make_shared<Forward>(Forward{carrier, resp.grant(), addressable, resp.instance()});
   bool over = false;
   uint64_t g = 0;
   {

@@ -103,10 +103,9 @@ SealedRegion::SealedRegion(SealKeys keys, uint64_t export_size, std::string node
     : keys_(keys), export_size_(export_size), node_(std::move(node)), budget_(budget), counters_(counters) {}
 
 SealedRegion::~SealedRegion() {
-  for (Slot& s : slots_) {
-    absl::MutexLock l(&s.mu);
-    if (s.bytes != nullptr) budget_->Give(node_, kSlotStride);
-  }
+  // No slot lock: nothing else holds the region now, and the last reference
+  // may go where the engine's own lock is held (a grant erased).
+  budget_->Give(node_, allocated_.load(std::memory_order_acquire) * kSlotStride);
 }
 
 absl::StatusOr<SealedRegion::Slot*> SealedRegion::SlotOf(uint64_t offset, uint64_t n, uint64_t* at) const {
@@ -130,6 +129,7 @@ absl::Status SealedRegion::Write(uint64_t offset, const char* src, uint64_t n) {
       return absl::ResourceExhaustedError("the owner's memory for sealed routes is taken (mesh.sealed_window_bytes)");
     }
     (*s)->bytes.reset(new char[kSlotStride]());
+    allocated_.fetch_add(1, std::memory_order_release);
   }
   std::memcpy((*s)->bytes.get() + at, src, n);
   return absl::OkStatus();

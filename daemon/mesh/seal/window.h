@@ -32,6 +32,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -106,7 +107,8 @@ struct SealCounters {
   std::atomic<uint64_t> bytes_sealed{0};    // read bytes sealed for importers
 };
 
-// The owner's side of one sealed grant: the window. Thread-safe (a lock per slot).
+// The owner's side of one sealed grant: the window. Thread-safe (a lock per
+// slot, held while a request is acted on: the lander's locks come after it).
 class SealedRegion {
  public:
   // `node`: the peer node the grant was given (its budget share).
@@ -141,6 +143,7 @@ class SealedRegion {
   WindowBudget* const budget_;
   SealCounters* const counters_;
   std::array<Slot, kSlots> slots_;
+  std::atomic<uint64_t> allocated_{0};  // slots whose memory the budget gave
 };
 
 // The importer's side of one sealed grant, in front of the link set that

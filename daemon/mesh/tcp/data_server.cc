@@ -414,6 +414,10 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
         if (active) e->EndWrite(key, transfer);
       }
     } end_write{this, key, transfer, type == FrameType::kWrite};
+    if (granted.ok() && granted->sealed != nullptr) {
+      if (!ServeSealed(*writer, fd, h, h.grant, *granted).ok()) return;
+      continue;
+    }
     const bool fenceable = granted.ok() && granted->fenceable;
     absl::StatusOr<std::shared_ptr<const ExportRecord>> rec =
         granted.ok() ? absl::StatusOr<std::shared_ptr<const ExportRecord>>(granted->record) : granted.status();
@@ -527,6 +531,33 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
     }
     if (!io.ok()) return;
   }
+}
+
+absl::Status MeshEngine::ServeSealed(ConnWriter& writer, int fd, const FrameHeader& h, uint64_t grant,
+                                     const Granted& g) {
+  const auto type = static_cast<FrameType>(h.type);
+  if (type == FrameType::kNotify) {
+    return writer.Ack(h.tag, absl::FailedPreconditionError("a sealed route's notifications go sealed through its window"));
+  }
+  if (h.length == 0 || h.length > seal::kSlotStride) {
+    absl::Status io = type == FrameType::kWrite ? Discard(fd, h.length) : absl::OkStatus();
+    if (!io.ok()) return io;
+    return writer.Ack(h.tag, absl::OutOfRangeError(absl::StrCat("a sealed route's frame carries 1 to ",
+                                                                seal::kSlotStride, " bytes")));
+  }
+  std::unique_ptr<char[]> buf(new char[h.length]);
+  if (type == FrameType::kWrite) {
+    PODLINK_RETURN_IF_ERROR(ReadFull(fd, buf.get(), h.length));
+    return writer.Ack(h.tag, g.sealed->Write(h.offset, buf.get(), h.length));
+  }
+  std::unique_ptr<seal::Lander> lander = LanderFor(grant, g);
+  if (absl::Status st = g.sealed->Read(h.offset, buf.get(), h.length, *lander); !st.ok()) return writer.Ack(h.tag, st);
+  FrameHeader d{};
+  d.magic = kFrameMagic;
+  d.type = static_cast<uint16_t>(FrameType::kData);
+  d.length = h.length;
+  d.tag = h.tag;
+  return writer.Frame(d, buf.get(), h.length);
 }
 
 bool MeshEngine::Finished(const LinkKey& key, uint32_t transfer) const {

@@ -78,8 +78,10 @@ absl::Status MeshEngine::RegisterForVerbs(const std::string& node, uint64_t gran
   if (options_.verbs_staged_only) {
     keys = absl::FailedPreconditionError("mesh.verbs_staged_only: no export is registered for peers");
   } else if (!may_register) {
-    // A fenceable route: its writes must land where a fence can stop them.
-    keys = absl::FailedPreconditionError("a fenceable route's export is staged, never registered for the relay");
+    // A route through relays is sealed: its frames go to the owner's window,
+    // never straight into the export (and a fenceable route's writes must
+    // land where a fence can stop them).
+    keys = absl::FailedPreconditionError("a sealed route's export is staged, never registered for the relay");
   } else if (absl::Status populated = rec->memory->CheckPopulated(0, rec->size); !populated.ok()) {
     // Registration pins every page: a range the owner punched out would be
     // faulted in at podlinkd's expense, so it is not registered (over TCP,
@@ -142,6 +144,12 @@ void MeshEngine::StagedSlice(const std::string& node, uint64_t grant, bool write
                              uint64_t length, std::shared_ptr<const void> keep, std::function<void(absl::Status)> done) {
   absl::StatusOr<Granted> granted = LookupGrant(node, grant);
   if (!granted.ok()) return done(granted.status());
+  if (granted->sealed != nullptr) {
+    // A sealed route's slice goes to its window (seal/window.h).
+    if (write) return done(granted->sealed->Write(offset, buf, length));
+    std::unique_ptr<seal::Lander> lander = LanderFor(grant, *granted);
+    return done(granted->sealed->Read(offset, buf, length, *lander));
+  }
   if (granted->forward == nullptr) {
     const bool landing = write && granted->fenceable;
     if (landing && !BeginLanding(grant)) return done(absl::FailedPreconditionError("the route was fenced"));
@@ -234,6 +242,9 @@ void MeshEngine::DeliverVerbsNotify(const std::string& node, uint64_t grant, uin
     absl::Status submitted = links == nullptr ? absl::UnavailableError("the relay's link went down") : links->Submit(std::move(op));
     if (!submitted.ok()) failed(submitted);
     return;
+  }
+  if (granted.ok() && granted->sealed != nullptr) {
+    granted = absl::FailedPreconditionError("a sealed route's notifications go sealed through its window");
   }
   absl::Status st = granted.ok() ? host_->NotifyOwner(*granted->record, value) : granted.status();
   if (!st.ok()) {

@@ -1,5 +1,6 @@
 // Hostile peers: no certificate, another node's pods, forged relays, fences, adverts, verbs
 // requests and data connections.
+#include "daemon/mesh/seal/window.h"
 #include "tests/fakes/kube_apiserver.h"
 #include "tests/integration/mesh/mesh_fixture.h"
 
@@ -92,6 +93,10 @@ class MeshHostile : public Mesh {
     claim.set_issued_unix_seconds(absl::ToUnixSeconds(absl::Now()) - c.age_seconds);
     claim.set_nonce(c.nonce);
     claim.set_fenceable(c.fenceable);
+    // The origin's seal key: what it and the owner seal, nobody else opens.
+    absl::StatusOr<mesh::seal::EphemeralKey> seal = mesh::seal::EphemeralKey::Generate();
+    EXPECT_TRUE(seal.ok()) << seal.status();
+    if (seal.ok()) claim.set_seal_key(seal->public_key());
     pb::OpenRegionRequest req;
     *req.mutable_importer() = *who;  // ignored for routed requests: the claim decides
     req.set_export_id(c.export_id != 0 ? c.export_id : export_id_);
@@ -781,6 +786,78 @@ class MeshShares : public MeshHostile {
   }
 };
 
+// The next answer on data connection `fd` within 10 s, its payload (an
+// ACK's message, a DATA frame's bytes) read and dropped; type 0 when none came.
+Frame AnswerOn(int fd) {
+  const timeval t{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &t, sizeof(t));
+  auto read = [fd](char* p, size_t len) {
+    for (size_t got = 0; got < len;) {
+      ssize_t n = ::recv(fd, p + got, len - got, 0);
+      if (n <= 0) return false;
+      got += static_cast<size_t>(n);
+    }
+    return true;
+  };
+  Frame f;
+  std::vector<char> payload;
+  if (!read(reinterpret_cast<char*>(&f), sizeof(f))) return Frame{0x314d4c50, 0};
+  payload.resize(f.length);
+  if (f.length > (16u << 20) || !read(payload.data(), payload.size())) return Frame{0x314d4c50, 0};
+  return f;
+}
+
+// A certified node on the route of a region opened through relays holds a
+// grant of the owner's: what it sends with that grant must not land in the
+// export nor reach the owning pod as a notification (with plain frames, a
+// relay kept the pod's write and wrote and notified what it liked: the
+// export held the relay's bytes and the pod verified them). The region is
+// sealed: the grant addresses the owner's window, whose receipts are the
+// owner's, and notifications go sealed through it.
+TEST_F(MeshShares, ARelaysOwnFramesNeitherLandInTheExportNorNotifyItsPod) {
+  ca_->Issue("node-a", dir_ + "/claim-a");
+  std::vector<int> fds = Authenticated(1);
+  ASSERT_EQ(fds.size(), 1u);
+  const int fd = fds[0];
+  auto t = Stub(dir_ + "/node-t");
+  pb::OpenRegionResponse resp;
+  grpc::Status st = OpenRouted(*t, Claim{}, &resp);  // node-a's pod's region, through relay t
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(resp.window_bytes(), mesh::seal::kWindowBytes);
+  EXPECT_EQ(resp.seal_key().size(), 32u);
+  // Exactly what the server pod checks for (kv-serve --verify 1), as the pod of node a would write it.
+  std::string bytes(65536, '\0');
+  for (uint64_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>((1 * 7919 + i * 131 + (i >> 13)) & 0xff);
+  auto send = [&](uint16_t type, uint64_t offset, const std::string& payload) {
+    Frame f;
+    f.type = type;
+    f.length = static_cast<uint32_t>(payload.size());
+    f.tag = uint64_t{7} << 32;
+    f.grant = resp.grant();
+    f.offset = offset;
+    EXPECT_EQ(::send(fd, &f, sizeof(f), MSG_NOSIGNAL), 40);
+    if (!payload.empty()) {
+      EXPECT_EQ(::send(fd, payload.data(), payload.size(), MSG_NOSIGNAL), static_cast<ssize_t>(payload.size()));
+    }
+    return AnswerOn(fd);
+  };
+  Frame w = send(2, 0, bytes);
+  EXPECT_EQ(w.type, 5);
+  EXPECT_EQ(w.status, static_cast<int32_t>(absl::StatusCode::kPermissionDenied)) << "the write was taken";
+  Frame n = send(6, 9, "");
+  EXPECT_EQ(n.type, 5);
+  EXPECT_EQ(n.status, static_cast<int32_t>(absl::StatusCode::kFailedPrecondition)) << "the notification was taken";
+  // Bytes it writes into the window are not acted on: a request with no
+  // verifying tag (the relay has no key) makes no receipt and lands nothing.
+  w = send(2, mesh::seal::kReceiptBytes, bytes.substr(0, 4096));
+  EXPECT_EQ(w.status, 0);
+  EXPECT_EQ(CountInLog(*nb_, "event=mesh_protocol_error"), 0u) << nb_->Log();
+  std::optional<json> v = server_->Next(3000);
+  EXPECT_FALSE(v.has_value()) << "the relay's bytes reached the pod: " << v->dump();
+  ::close(fd);
+  EXPECT_TRUE(nb_->Alive());
+}
+
 // A flood of connections that never authenticate takes at most a few slots
 // per source address; the rest are closed at once (they were held for the
 // whole AUTH deadline, 64 of them shutting out every peer, before).
@@ -965,6 +1042,25 @@ TEST_F(MeshShares, AnUpstreamThatStopsReadingHoldsNoLinkThreadOfTheRelay) {
   std::vector<int> fds = Authenticated(1, 4242);
   ASSERT_EQ(fds.size(), 1u);
   int fd = fds[0];
+  // The route is sealed: its grant addresses the owner's window, whose
+  // slots answer reads once written (with what is in them; this upstream
+  // has no keys, so nothing in them is acted on).
+  namespace seal = mesh::seal;
+  ASSERT_EQ(grant.window_bytes(), seal::kWindowBytes);
+  std::string request(seal::kRequestBytes, '\0');
+  for (uint64_t slot = 0; slot < seal::kSlots; ++slot) {
+    Frame w;
+    w.type = 2;
+    w.length = static_cast<uint32_t>(request.size());
+    w.tag = (100 + slot) << 32;
+    w.grant = grant.grant();
+    w.offset = slot * seal::kSlotStride + seal::kReceiptBytes;
+    ASSERT_EQ(::send(fd, &w, sizeof(w), MSG_NOSIGNAL), 40);
+    ASSERT_EQ(::send(fd, request.data(), request.size(), MSG_NOSIGNAL), static_cast<ssize_t>(request.size()));
+    Frame ack = AnswerOn(fd);
+    ASSERT_EQ(ack.type, 5);
+    ASSERT_EQ(ack.status, 0) << "slot " << slot;
+  }
   int small = 64 << 10;
   ::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
   // 24 READs of 1 MiB.
@@ -974,7 +1070,7 @@ TEST_F(MeshShares, AnUpstreamThatStopsReadingHoldsNoLinkThreadOfTheRelay) {
     r.length = 1 << 20;
     r.tag = (i + 1) << 32;
     r.grant = grant.grant();
-    r.offset = (i % 8) << 20;
+    r.offset = (i % seal::kSlots) * seal::kSlotStride;
     ASSERT_EQ(::send(fd, &r, sizeof(r), MSG_NOSIGNAL), 40);
   }
   // It reads, slowly: 64 KiB every 100 ms (a write of one answer then
