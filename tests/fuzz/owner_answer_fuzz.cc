@@ -16,7 +16,9 @@
 //             written from the input's fields (owner, origin, nonce, export,
 //             size, pod), signed by node-c or left with node-d's signature,
 //             10 the signature or the answer emptied, 11 the genuine answer's
-//             fields copied back into the response
+//             fields copied back into the response, 12 the seal key (the
+//             relay's own, as a man in the middle would put it, or bytes from
+//             the input), 13 the window's size
 // Checked after each input: the check never crashes and passes only where
 // the response says exactly what node-d signed — the signed bytes are node-d's
 // own, and every field the importer relies on matches them. The input with no
@@ -107,6 +109,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   genuine->set_handle_type(1);
   genuine->set_owner_namespace("ml");
   genuine->set_owner_name("kv-0");
+  genuine->set_seal_key(std::string(32, 'k'));
+  genuine->set_window_bytes(8 << 20);
   FUZZ_CHECK(SignOwnerAnswer("node-d", claim, keys->d_key, keys->d_cert, genuine).ok(), "signing the genuine answer");
   FUZZ_CHECK(CheckOwnerAnswer(keys->ca, "node-d", "node-b", 42, *genuine).ok(), "the genuine answer is refused");
   return 0;
@@ -119,7 +123,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!s->empty()) (*s)[in.Byte() % s->size()] ^= static_cast<char>(in.Byte() | 1);
   };
   for (int edits = 0; in.more() && edits < 16; ++edits) {
-    switch (in.Byte() % 12) {
+    switch (in.Byte() % 14) {
       case 0: resp.set_export_id(in.U64()); break;
       case 1: resp.set_size(in.U64()); break;
       case 2: resp.set_handle_type(static_cast<uint32_t>(in.U64())); break;
@@ -167,7 +171,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           resp.clear_owner_answer();
         }
         break;
+      case 12: resp.set_seal_key((in.Byte() & 1) ? std::string(32, 'r') : in.Str(40)); break;
+      case 13: resp.set_window_bytes(in.U64()); break;
       default:
+        resp.set_seal_key(genuine->seal_key());
+        resp.set_window_bytes(genuine->window_bytes());
         resp.set_export_id(genuine->export_id());
         resp.set_size(genuine->size());
         resp.set_handle_type(genuine->handle_type());
@@ -183,7 +191,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(resp.export_id() == genuine->export_id() && resp.size() == genuine->size() &&
                    resp.handle_type() == genuine->handle_type() &&
                    resp.owner_namespace() == genuine->owner_namespace() &&
-                   resp.owner_name() == genuine->owner_name(),
+                   resp.owner_name() == genuine->owner_name() && resp.seal_key() == genuine->seal_key() &&
+                   resp.window_bytes() == genuine->window_bytes(),
                "passed with a field node-d did not say (export %llu size %llu type %u pod %s/%s)",
                static_cast<unsigned long long>(resp.export_id()), static_cast<unsigned long long>(resp.size()),
                resp.handle_type(), resp.owner_namespace().c_str(), resp.owner_name().c_str());

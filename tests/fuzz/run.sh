@@ -23,7 +23,7 @@ BUILD=${PODLINK_FUZZ_BUILD_DIR:-$ROOT/build-fuzz}
 JOBS=${PODLINK_FUZZ_JOBS:-$(nproc)}
 PARALLEL=${PODLINK_FUZZ_PARALLEL:-$(nproc)}
 TARGETS=(fd_channel_fuzz cgroup_parser_fuzz config_fuzz ring_layout_fuzz relay_fuzz broker_fuzz mesh_frame_fuzz
-         owner_answer_fuzz kube_pods_fuzz)
+         owner_answer_fuzz kube_pods_fuzz seal_window_fuzz)
 LIBFUZZER_FLAGS=(-rss_limit_mb=2048 -timeout=10)
 
 if ! [[ $SECONDS_PER_TARGET =~ ^[0-9]+$ ]] || [ "$SECONDS_PER_TARGET" -eq 0 ]; then

@@ -20,6 +20,7 @@
 #                                                and 4, shaped alike), a and b using only those
 #   podlink_two_hop                              a to b over cable 1 and, striped with it, through
 #                                                c over cables 3 and 4 (mesh.two_hop_stripe on a)
+# PODLINK_MESH_BENCH_CASES: only these cases (space-separated names; default all).
 # Raw results: <output dir>/raw.jsonl (one JSON object per run) and the
 # daemons' logs; the table: tests/mesh/table.py <output dir>/raw.jsonl.
 # Needs root, iproute2 (ip, tc), openssl and python3. Reports; asserts only
@@ -35,6 +36,8 @@ reps=${PODLINK_MESH_BENCH_REPS:-3}
 # the steady state of a registered region (the daemons' mappings faulted in,
 # connections warm), as raw TCP's one reused buffer is.
 repeat=${PODLINK_MESH_BENCH_REPEAT:-3}
+cases=${PODLINK_MESH_BENCH_CASES:-}
+want() { [ -z "$cases" ] || [[ " $cases " == *" $1 "* ]]; }
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 : > "$out/raw.jsonl"
@@ -174,34 +177,42 @@ EOF
   done
 }
 
-raw_tcp raw_tcp_1cable_1conn 1 10.78.1.2
-raw_tcp raw_tcp_1cable_4conn 4 10.78.1.2
-raw_tcp raw_tcp_2cables_4conn 4 10.78.1.2 10.78.2.2
+want raw_tcp_1cable_1conn && raw_tcp raw_tcp_1cable_1conn 1 10.78.1.2
+want raw_tcp_1cable_4conn && raw_tcp raw_tcp_1cable_4conn 4 10.78.1.2
+want raw_tcp_2cables_4conn && raw_tcp raw_tcp_2cables_4conn 4 10.78.1.2 10.78.2.2
 
-start_daemons "[\"${tag}c1x\"]" "[\"${tag}c1y\"]"
-podlink_case podlink_1cable
-stop_daemons
-start_daemons "[\"${tag}c1x\", \"${tag}c2x\"]" "[\"${tag}c1y\", \"${tag}c2y\"]"
-podlink_case podlink_2cables
-stop_daemons
+if want podlink_1cable; then
+  start_daemons "[\"${tag}c1x\"]" "[\"${tag}c1y\"]"
+  podlink_case podlink_1cable
+  stop_daemons
+fi
+if want podlink_2cables; then
+  start_daemons "[\"${tag}c1x\", \"${tag}c2x\"]" "[\"${tag}c1y\", \"${tag}c2y\"]"
+  podlink_case podlink_2cables
+  stop_daemons
+fi
 # Through a relay: a knows c from configuration (every address of c, so its
 # cable to b shows); b is reached only through c.
-start_node a "[\"${tag}c3x\"]" ', "peers": [{"node": "node-c", "addresses": ["10.78.3.2/30", "10.78.4.1/30"]}]'
-start_node c "[\"${tag}c3y\", \"${tag}c4x\"]"
-start_node b "[\"${tag}c4y\"]"
-podlink_case podlink_relay
-grep -q "event=mesh_relay_grant" "$out/podlinkd-node-c.log" || { echo "mesh bench: node c relayed nothing" >&2; exit 1; }
-stop_daemons
+if want podlink_relay; then
+  start_node a "[\"${tag}c3x\"]" ', "peers": [{"node": "node-c", "addresses": ["10.78.3.2/30", "10.78.4.1/30"]}]'
+  start_node c "[\"${tag}c3y\", \"${tag}c4x\"]"
+  start_node b "[\"${tag}c4y\"]"
+  podlink_case podlink_relay
+  grep -q "event=mesh_relay_grant" "$out/podlinkd-node-c.log" || { echo "mesh bench: node c relayed nothing" >&2; exit 1; }
+  stop_daemons
+fi
 # Two-hop striping: a reaches b over cable 1, and also through c (cables 3
 # and 4); a stripes its transfers to b over both routes.
-start_node a "[\"${tag}c1x\", \"${tag}c3x\"]" \
-  ', "two_hop_stripe": true, "peers": [{"node": "node-c", "addresses": ["10.78.3.2/30", "10.78.4.1/30"]}]'
-start_node c "[\"${tag}c3y\", \"${tag}c4x\"]"
-start_node b "[\"${tag}c1y\", \"${tag}c4y\"]"
-podlink_case podlink_two_hop
-grep -q "event=mesh_two_hop destination=node-b relay=node-c" "$out/podlinkd-node-a.log" ||
-  { echo "mesh bench: node a opened no route through node c" >&2; exit 1; }
-stop_daemons
+if want podlink_two_hop; then
+  start_node a "[\"${tag}c1x\", \"${tag}c3x\"]" \
+    ', "two_hop_stripe": true, "peers": [{"node": "node-c", "addresses": ["10.78.3.2/30", "10.78.4.1/30"]}]'
+  start_node c "[\"${tag}c3y\", \"${tag}c4x\"]"
+  start_node b "[\"${tag}c1y\", \"${tag}c4y\"]"
+  podlink_case podlink_two_hop
+  grep -q "event=mesh_two_hop destination=node-b relay=node-c" "$out/podlinkd-node-a.log" ||
+    { echo "mesh bench: node a opened no route through node c" >&2; exit 1; }
+  stop_daemons
+fi
 
 {
   echo "machine: $(nproc) cores, $(uname -r); cable: veth + tc tbf $rate; $bytes bytes per run"

@@ -390,19 +390,33 @@ TEST_F(Sealed, TheOwnerRefusesRangesOutsideTheWindowOrTheExport) {
   EXPECT_EQ(Write(kExport - 8, big).code(), absl::StatusCode::kOutOfRange);
 }
 
+TEST(SealBudget, TwoNodesTakingAllTheyMayLeaveRoomForAThird) {
+  WindowBudget budget(64);
+  EXPECT_TRUE(budget.Take("node-a", 32));
+  EXPECT_FALSE(budget.Take("node-a", 1)) << "over half for one node";
+  EXPECT_TRUE(budget.Take("node-b", 16));
+  EXPECT_FALSE(budget.Take("node-b", 8)) << "into the last quarter while holding an eighth";
+  EXPECT_TRUE(budget.Take("node-c", 8)) << "the last quarter is for nodes holding little";
+  EXPECT_TRUE(budget.Take("node-d", 8));
+  EXPECT_FALSE(budget.Take("node-e", 1)) << "over the cap";
+  budget.Give("node-a", 32);
+  EXPECT_EQ(budget.used(), 32u);
+  EXPECT_TRUE(budget.Take("node-e", 8));
+}
+
 TEST(SealBudget, ASlotsMemoryIsBoundedPerNodeAndGivenBack) {
   SealKeys keys = TestKeys();
-  WindowBudget budget(4 * kSlotStride);  // half of it for any one node: two slots
+  WindowBudget budget(8 * kSlotStride);  // half of it for any one node: four slots
   SealCounters counters;
   char b[16] = {};
   {
     SealedRegion r(keys, 1 << 20, "node-a", &budget, &counters);
-    EXPECT_TRUE(r.Write(kReceiptBytes, b, 16).ok());
-    EXPECT_TRUE(r.Write(kSlotStride + kReceiptBytes, b, 16).ok());
-    EXPECT_EQ(r.Write(2 * kSlotStride + kReceiptBytes, b, 16).code(), absl::StatusCode::kResourceExhausted);
+    for (uint64_t slot = 0; slot < 4; ++slot) EXPECT_TRUE(r.Write(slot * kSlotStride + kReceiptBytes, b, 16).ok());
+    EXPECT_EQ(r.Write(4 * kSlotStride + kReceiptBytes, b, 16).code(), absl::StatusCode::kResourceExhausted);
+    EXPECT_TRUE(r.Write(2 * kSlotStride + kReceiptBytes + 100, b, 16).ok()) << "a slot it has costs nothing more";
     SealedRegion other(keys, 1 << 20, "node-c", &budget, &counters);
     EXPECT_TRUE(other.Write(kReceiptBytes, b, 16).ok()) << "one node's windows leave room for another's";
-    EXPECT_EQ(budget.used(), 3 * kSlotStride);
+    EXPECT_EQ(budget.used(), 5 * kSlotStride);
   }
   EXPECT_EQ(budget.used(), 0u);
 }

@@ -73,7 +73,11 @@ bool RequestHeader::Decode(const char* p, RequestHeader* out) {
 bool WindowBudget::Take(const std::string& node, uint64_t n) {
   absl::MutexLock l(&mu_);
   uint64_t& mine = by_node_[node];
-  if (used_ + n > cap_ || mine + n > cap_ / 2) {
+  // At most half for one node, and the last quarter only for nodes that hold
+  // less than an eighth: a few nodes that take all they may leave room for
+  // the others.
+  const bool last_quarter = used_ + n > cap_ - cap_ / 4;
+  if (used_ + n > cap_ || mine + n > cap_ / 2 || (last_quarter && mine + n > cap_ / 8)) {
     if (mine == 0) by_node_.erase(node);
     return false;
   }

@@ -52,7 +52,7 @@ namespace podlink::mesh::seal {
 inline constexpr uint64_t kRecordBytes = 64 << 10;
 inline constexpr uint64_t kSlotDataBytes = 1 << 20;
 inline constexpr uint32_t kRecordsPerSlot = kSlotDataBytes / kRecordBytes;  // 16
-inline constexpr uint32_t kSlots = 8;
+inline constexpr uint32_t kSlots = 16;
 inline constexpr uint64_t kReceiptBytes = 512;
 inline constexpr uint64_t kRequestBytes = 512;
 inline constexpr uint64_t kDataAt = kReceiptBytes + kRequestBytes;
@@ -73,7 +73,8 @@ struct RequestHeader {
 };
 
 // Where the owner's sealed windows take their memory from: a cap for the
-// node, half of it for any one peer node. A slot's memory is taken when it is
+// node, half of it for any one peer node, and its last quarter only for peer
+// nodes holding less than an eighth. A slot's memory is taken when it is
 // first written and given back with its grant.
 class WindowBudget {
  public:
