@@ -205,9 +205,10 @@ sys.exit(0 if v and v[0]["mismatches"] == 0 else 1)' "$out/$name.serve-second.ou
   write-withdrawn)
     size=$1
     peer=$2
-    peer_idx=$(cat "$out/$peer.idx")
     rc=0
     wait_for "$out/$peer.desc-first" 240 || rc=1
+    # The peer's index once it serves (its guest may boot later than this one).
+    peer_idx=$(cat "$out/$peer.idx" 2>/dev/null || echo 0)
     # Under way once this daemon's queue pairs to the peer are up (the open
     # done, the write starting).
     (
