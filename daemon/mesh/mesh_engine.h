@@ -37,6 +37,7 @@
 #include "daemon/mesh/mesh_host.h"
 #include "daemon/mesh/nic_rank.h"
 #include "daemon/metrics/metrics.h"
+#include "daemon/mesh/links/late_copies.h"
 #include "daemon/mesh/seal/window.h"
 #include "daemon/mesh/tcp/tcp_link.h"
 #include "daemon/mesh/verbs/verbs_link.h"
@@ -424,18 +425,9 @@ class MeshEngine final : public MeshPort {
   // The frames of an authenticated data connection (wire.h).
   void ServeFrames(int fd, const std::string& node, uint64_t link_instance);
   // Transfers a sender's link instance finished (DONE) or notified: late
-  // copies of their slices are dropped, a NOTIFY is delivered once.
-  using LinkKey = std::pair<std::string, uint64_t>;  // node, link instance
-  bool Finished(const LinkKey& key, uint32_t transfer) const ABSL_LOCKS_EXCLUDED(mu_);
-  void MarkFinished(const LinkKey& key, uint32_t transfer) ABSL_LOCKS_EXCLUDED(mu_);
-  static constexpr size_t kFinishedPerInstance = 8192, kFinishedInstancesPerNode = 8, kFinishedSenders = 1024;
-  size_t FinishedEntries() const ABSL_LOCKS_EXCLUDED(mu_);
-  // Writes between their check and their last byte: false when the transfer
-  // is finished (the write is a late copy and must not land).
-  bool BeginWrite(const LinkKey& key, uint32_t transfer) ABSL_LOCKS_EXCLUDED(mu_);
-  void EndWrite(const LinkKey& key, uint32_t transfer) ABSL_LOCKS_EXCLUDED(mu_);
-  // True once no write of the transfer is in progress (false: timed out).
-  bool AwaitWrites(const LinkKey& key, uint32_t transfer, absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+  // copies of their slices are dropped, a NOTIFY is delivered once
+  // (links/late_copies.h; its own lock, taken alone).
+  LateCopies late_copies_;
   // Connections before AUTH: at most kMaxUnauthenticated in all, at most
   // kMaxUnauthenticatedPerSource from one address, and addresses that have
   // not been a peer's (kStrangerShare) together at most half: a flood from
@@ -665,8 +657,6 @@ class MeshEngine final : public MeshPort {
   uint64_t remote_denials_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t late_slices_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t duplicate_notifies_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<LinkKey, std::map<uint32_t, absl::Time>> finished_ ABSL_GUARDED_BY(mu_);
-  std::map<std::pair<LinkKey, uint32_t>, uint32_t> writing_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, uint32_t> grant_writes_ ABSL_GUARDED_BY(mu_);  // fenceable grants' chunks being copied in
   std::map<std::pair<std::string, uint64_t>, absl::Time> fenced_nonces_ ABSL_GUARDED_BY(mu_);  // origin, nonce
   // Grants of fenceable routed opens, by their claim's nonce (FenceRoute looks them
@@ -676,7 +666,6 @@ class MeshEngine final : public MeshPort {
   // fences one at a time, from the owner's peer worker).
   std::set<std::string> fencing_ ABSL_GUARDED_BY(mu_);
   uint64_t fenced_grants_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time last_prune_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   size_t unauthenticated_ ABSL_GUARDED_BY(mu_) = 0;
   size_t unauthenticated_strangers_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, size_t> unauthenticated_of_ ABSL_GUARDED_BY(mu_);  // by source address

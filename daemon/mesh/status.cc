@@ -173,7 +173,7 @@ std::string MeshEngine::RenderMetrics() const {
       "data connections refused (no valid cookie, or over the bound)", static_cast<double>(refused_conns));
   one("podlink_mesh_finished_transfers", "gauge",
       "transfers peers finished or notified in the last minute, kept to drop late copies (bounded per peer)",
-      static_cast<double>(FinishedEntries()));
+      static_cast<double>(late_copies_.Entries()));
   one("podlink_mesh_idle_connections_closed_total", "counter",
       "data connections closed after mesh.data_idle_seconds without a frame", static_cast<double>(idle_closed));
   one("podlink_mesh_denials_total", "counter", "remote opens refused", static_cast<double>(denials));

@@ -130,13 +130,12 @@ class MeshEngine::ConnWriter {
 absl::Status MeshEngine::ServeForward(const std::shared_ptr<ConnWriter>& writer, int fd, const FrameHeader& h,
                                       const std::string& node, uint64_t link_instance, const Forward& fwd) {
   const auto type = static_cast<FrameType>(h.type);
-  const LinkKey key{node, link_instance};
-  const uint32_t transfer = TransferOfTag(h.tag);
+  const LateCopies::Key key{node, link_instance, TransferOfTag(h.tag)};
   const uint64_t n = type == FrameType::kNotify ? 0 : h.length;
   // A write was registered by the caller (BeginWrite); whatever happens, it
   // ends once, here or in its completion.
-  auto end = [this, key, transfer, type] {
-    if (type == FrameType::kWrite) EndWrite(key, transfer);
+  auto end = [this, key, type] {
+    if (type == FrameType::kWrite) late_copies_.EndWrite(key);
   };
   absl::Status st;
   if (type != FrameType::kNotify &&
@@ -185,8 +184,8 @@ absl::Status MeshEngine::ServeForward(const std::shared_ptr<ConnWriter>& writer,
   // On the link thread that completed it: the answer is queued for this
   // connection's serving thread (ConnWriter), and the staging it holds goes
   // once that thread has written it or dropped it.
-  op.done = [this, writer, buf, tag, type, n, node, key, transfer, end](const absl::Status& result) {
-    if (type == FrameType::kNotify && result.ok()) MarkFinished(key, transfer);
+  op.done = [this, writer, buf, tag, type, n, node, key, end](const absl::Status& result) {
+    if (type == FrameType::kNotify && result.ok()) late_copies_.Finish(key);
     if (result.ok()) {
       absl::MutexLock l(&mu_);
       relay_forwarded_bytes_ += n;
@@ -373,20 +372,19 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
         type != FrameType::kDone) {
       return refuse("unexpected frame type");
     }
-    const LinkKey key{node, link_instance};
-    const uint32_t transfer = TransferOfTag(h.tag);
+    const LateCopies::Key key{node, link_instance, TransferOfTag(h.tag)};
     if (type == FrameType::kDone) {
-      MarkFinished(key, transfer);
+      late_copies_.Finish(key);
       // Writes of this transfer already past the check finish first.
-      if (!AwaitWrites(key, transfer, 2 * options_.io_timeout)) return refuse("DONE while writes still hang");
+      if (!late_copies_.AwaitWrites(key, 2 * options_.io_timeout)) return refuse("DONE while writes still hang");
       if (!writer->Ack(h.tag, absl::OkStatus()).ok()) return;
       continue;
     }
     // A write of an unfinished transfer is registered before its bytes land,
     // so a DONE for the transfer waits for it (BeginWrite and Finished are
     // one decision under the lock).
-    const bool late = type == FrameType::kWrite ? !BeginWrite(key, transfer)
-                                                : type == FrameType::kNotify && Finished(key, transfer);
+    const bool late = type == FrameType::kWrite ? !late_copies_.BeginWrite(key)
+                                                : type == FrameType::kNotify && late_copies_.Finished(key);
     if (late) {
       // A late copy (its connection failed after the slice went out again)
       // of a finished transfer, or a notification already delivered.
@@ -406,14 +404,13 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
       continue;
     }
     struct EndWriteOnExit {
-      MeshEngine* e;
-      const LinkKey& key;
-      uint32_t transfer;
+      LateCopies& late;
+      const LateCopies::Key& key;
       bool active;
       ~EndWriteOnExit() {
-        if (active) e->EndWrite(key, transfer);
+        if (active) late.EndWrite(key);
       }
-    } end_write{this, key, transfer, type == FrameType::kWrite};
+    } end_write{late_copies_, key, type == FrameType::kWrite};
     if (granted.ok() && granted->sealed != nullptr) {
       if (!ServeSealed(*writer, fd, h, h.grant, *granted).ok()) return;
       continue;
@@ -525,7 +522,7 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
       }
       default:  // kNotify
         if (st.ok()) st = host_->NotifyOwner(**rec, h.offset);
-        if (st.ok()) MarkFinished(key, transfer);
+        if (st.ok()) late_copies_.Finish(key);
         io = writer->Ack(h.tag, st);
         break;
     }
@@ -558,76 +555,6 @@ absl::Status MeshEngine::ServeSealed(ConnWriter& writer, int fd, const FrameHead
   d.length = h.length;
   d.tag = h.tag;
   return writer.Frame(d, buf.get(), h.length);
-}
-
-bool MeshEngine::Finished(const LinkKey& key, uint32_t transfer) const {
-  absl::MutexLock l(&mu_);
-  auto it = finished_.find(key);
-  return it != finished_.end() && it->second.contains(transfer);
-}
-
-bool MeshEngine::BeginWrite(const LinkKey& key, uint32_t transfer) {
-  absl::MutexLock l(&mu_);
-  auto it = finished_.find(key);
-  if (it != finished_.end() && it->second.contains(transfer)) return false;
-  ++writing_[{key, transfer}];
-  return true;
-}
-
-void MeshEngine::EndWrite(const LinkKey& key, uint32_t transfer) {
-  absl::MutexLock l(&mu_);
-  auto it = writing_.find({key, transfer});
-  if (it != writing_.end() && --it->second == 0) writing_.erase(it);
-}
-
-bool MeshEngine::AwaitWrites(const LinkKey& key, uint32_t transfer, absl::Duration timeout) {
-  absl::MutexLock l(&mu_);
-  auto none = [this, &key, transfer]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !writing_.contains({key, transfer});
-  };
-  return mu_.AwaitWithTimeout(absl::Condition(&none), timeout);
-}
-
-void MeshEngine::MarkFinished(const LinkKey& key, uint32_t transfer) {
-  // Late copies can only be in flight for about the senders' io_timeout:
-  // a minute of memory is plenty. Bounded per link instance (its newest
-  // transfers kept: numbers grow), per sending node (its newest link
-  // instances), and in all, so that DONE frames of invented transfers and
-  // instances grow nothing but the sender's own small share.
-  const absl::Time now = absl::Now(), old = now - absl::Minutes(1);
-  absl::MutexLock l(&mu_);
-  // Expiry walks everything: at most once a second, not per frame.
-  for (auto it = now - last_prune_ < absl::Seconds(1) ? finished_.end() : finished_.begin();
-       it != finished_.end();) {
-    auto& m = it->second;
-    for (auto e = m.begin(); e != m.end();) e = e->second < old ? m.erase(e) : std::next(e);
-    it = m.empty() && it->first != key ? finished_.erase(it) : std::next(it);
-  }
-  if (now - last_prune_ >= absl::Seconds(1)) last_prune_ = now;
-  if (!finished_.contains(key)) {
-    // The node's instances are neighbours in the map (ordered by node).
-    auto first = finished_.lower_bound({key.first, 0});
-    size_t instances = 0;
-    auto stalest = finished_.end();
-    absl::Time stalest_at = absl::InfiniteFuture();
-    for (auto it = first; it != finished_.end() && it->first.first == key.first; ++it, ++instances) {
-      absl::Time newest = absl::InfinitePast();
-      for (const auto& [t, at] : it->second) newest = std::max(newest, at);
-      if (newest < stalest_at) stalest_at = newest, stalest = it;
-    }
-    if (instances >= kFinishedInstancesPerNode && stalest != finished_.end()) finished_.erase(stalest);
-    if (finished_.size() >= kFinishedSenders) finished_.erase(finished_.begin());
-  }
-  auto& m = finished_[key];
-  m[transfer] = now;
-  if (m.size() > kFinishedPerInstance) m.erase(m.begin());
-}
-
-size_t MeshEngine::FinishedEntries() const {
-  absl::MutexLock l(&mu_);
-  size_t n = 0;
-  for (const auto& [k, m] : finished_) n += m.size();
-  return n;
 }
 
 }  // namespace podlink::mesh
