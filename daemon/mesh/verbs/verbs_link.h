@@ -64,6 +64,7 @@
 #include "absl/time/time.h"
 #include "absl/synchronization/mutex.h"
 #include "common/unique_fd.h"
+#include "daemon/mesh/links/late_copies.h"
 #include "daemon/mesh/links/links.h"
 #include "daemon/mesh/links/slices.h"
 #include "daemon/mesh/verbs/gid.h"
@@ -437,9 +438,7 @@ class VerbsServer {
   // DONE is answered once the transfer's writes already in the sink finish.
   using TransferKey = std::tuple<std::string, uint64_t, uint64_t>;  // node, link instance, transfer
   static TransferKey KeyOf(const StageJob& job);
-  bool EndedLocked(const TransferKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(xfer_mu_);
-  // Marks `key` ended (bounded: a minute of memory, 65536 per peer node).
-  void EndLocked(const TransferKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(xfer_mu_);
+  static LateCopies::Key LateKeyOf(const StageJob& job);
 
   Nics* const nics_;
   const VerbsOptions options_;
@@ -458,12 +457,15 @@ class VerbsServer {
   std::atomic<uint64_t> staged_refused_{0};
   std::atomic<uint64_t> staged_late_dropped_{0};
   std::atomic<uint64_t> staged_done_{0};
-  // The late-copy guard's state (taken alone: never with mu_ or stage_mu_ held).
+  // The late-copy guard (links/late_copies.h; a late copy reaches the sink
+  // within about the importer's answer_timeout, so twice that is kept, a
+  // minute at least), and the DONE records held until their transfer's
+  // writes in the sink finish. xfer_mu_ makes a DONE's check and its holding
+  // one step against the last write's end; taken alone (never with mu_ or
+  // stage_mu_ held), the guard's own lock inside it.
+  LateCopies late_copies_;
   absl::Mutex xfer_mu_;
-  std::map<std::string, std::map<std::pair<uint64_t, uint64_t>, absl::Time>> ended_ ABSL_GUARDED_BY(xfer_mu_);
-  std::map<TransferKey, uint32_t> writing_ ABSL_GUARDED_BY(xfer_mu_);
   std::map<TransferKey, std::vector<StageJob>> done_waiting_ ABSL_GUARDED_BY(xfer_mu_);
-  absl::Time last_prune_ ABSL_GUARDED_BY(xfer_mu_);
   // The staging thread (started with the first pool) and its jobs.
   absl::Mutex stage_mu_ ABSL_ACQUIRED_AFTER(mu_);
   std::deque<StageJob> jobs_ ABSL_GUARDED_BY(stage_mu_);

@@ -61,7 +61,8 @@ VerbsServer::VerbsServer(Nics* nics, VerbsOptions options, NotifySink sink, Stag
       stage_sink_(std::move(stage)),
       // At most 32 MiB pinned per (peer, device) however large the slices.
       stage_slots_(static_cast<uint32_t>(
-          std::clamp<uint64_t>((uint64_t{32} << 20) / std::max<uint64_t>(options_.slice_bytes, 1), 2, kStageSlots))) {
+          std::clamp<uint64_t>((uint64_t{32} << 20) / std::max<uint64_t>(options_.slice_bytes, 1), 2, kStageSlots))),
+      late_copies_(LateCopies::Limits{8192, 8, 1024, std::max(absl::Minutes(1), 2 * options_.answer_timeout)}) {
   absl::MutexLock l(&alive_->mu);
   alive_->server = this;
 }
@@ -603,31 +604,8 @@ VerbsServer::TransferKey VerbsServer::KeyOf(const StageJob& job) {
   return {job.nn->node, job.link_instance, job.transfer};
 }
 
-bool VerbsServer::EndedLocked(const TransferKey& key) const {
-  auto it = ended_.find(std::get<0>(key));
-  return it != ended_.end() && it->second.contains({std::get<1>(key), std::get<2>(key)});
-}
-
-void VerbsServer::EndLocked(const TransferKey& key) {
-  // A late copy is one whose QP failed after the owner took its bytes: it
-  // reaches the sink within about the importer's answer_timeout, so twice
-  // that (a minute at least) of memory suffices, bounded per node and in all.
-  constexpr size_t kPerNode = 65536, kNodes = 1024;
-  const absl::Time now = absl::Now();
-  const absl::Time old = now - std::max(absl::Minutes(1), 2 * options_.answer_timeout);
-  if (now - last_prune_ >= absl::Seconds(1)) {  // expiry walks everything: at most once a second
-    last_prune_ = now;
-    for (auto it = ended_.begin(); it != ended_.end();) {
-      auto& m = it->second;
-      for (auto e = m.begin(); e != m.end();) e = e->second < old ? m.erase(e) : std::next(e);
-      it = m.empty() ? ended_.erase(it) : std::next(it);
-    }
-  }
-  const std::string& node = std::get<0>(key);
-  if (!ended_.contains(node) && ended_.size() >= kNodes) ended_.erase(ended_.begin());
-  auto& m = ended_[node];
-  m[{std::get<1>(key), std::get<2>(key)}] = now;
-  if (m.size() > kPerNode) m.erase(m.begin());
+LateCopies::Key VerbsServer::LateKeyOf(const StageJob& job) {
+  return {job.nn->node, job.link_instance, job.transfer};
 }
 
 void VerbsServer::Stage(StageJob job) {
@@ -643,8 +621,8 @@ void VerbsServer::Stage(StageJob job) {
     {
       absl::MutexLock x(&xfer_mu_);
       const TransferKey key = KeyOf(job);
-      EndLocked(key);
-      if (writing_.contains(key)) {
+      late_copies_.Finish(LateKeyOf(job));
+      if (late_copies_.Writing(LateKeyOf(job))) {
         // Held until they finish. Each holds its QP's receive, but QPs can
         // be replaced meanwhile: at most kMaxHeldDone per peer node.
         size_t held = 0;
@@ -659,12 +637,7 @@ void VerbsServer::Stage(StageJob job) {
     return Answer(job, answer);
   }
   if (write && job.guarded) {
-    bool ended = false;
-    {
-      absl::MutexLock x(&xfer_mu_);
-      ended = EndedLocked(KeyOf(job));
-    }
-    if (ended) {
+    if (late_copies_.Finished(LateKeyOf(job))) {
       // A copy from an attempt that failed over, of a transfer that ended:
       // the bytes the pod wrote since must not be overwritten by it.
       staged_late_dropped_.fetch_add(1, std::memory_order_relaxed);
@@ -751,8 +724,7 @@ void VerbsServer::Stage(StageJob job) {
     // In the sink until answered: a DONE of its transfer waits for it (this
     // thread also serves DONE records, so none came since the check above).
     absl::MutexLock x(&xfer_mu_);
-    ++writing_[KeyOf(job)];
-    job.counted = true;
+    job.counted = late_copies_.BeginWrite(LateKeyOf(job));  // true: no DONE since the check above
   }
   stage_sink_(nn.node, job.grant, write, job.offset, buf, job.length, std::move(keep),
               [alive = alive_, job](absl::Status result) {
@@ -773,9 +745,7 @@ void VerbsServer::Answer(const StageJob& job, const absl::Status& st) {
     {
       absl::MutexLock x(&xfer_mu_);
       const TransferKey key = KeyOf(job);
-      auto it = writing_.find(key);
-      if (it != writing_.end() && --it->second == 0) {
-        writing_.erase(it);
+      if (late_copies_.EndWrite(LateKeyOf(job))) {
         if (auto w = done_waiting_.find(key); w != done_waiting_.end()) {
           released = std::move(w->second);
           done_waiting_.erase(w);
