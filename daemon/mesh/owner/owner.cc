@@ -14,7 +14,7 @@ uint64_t MeshEngine::GrantForTesting(const std::string& node, std::shared_ptr<co
   absl::MutexLock l(&mu_);
   uint64_t g = 0;
   while (g == 0 || grants_.contains(g)) g = RandomU64();
-  grants_[g] = Grant{node, rec, node + "/test", nullptr, 0, {}, 0, {}};
+  grants_[g] = Grant{node, rec, node + "/test", nullptr, 0, {}, 0, {}, {}, nullptr};
   SeenLocked(node);  // a grant given is a sign of life, however long the node was quiet
   ++grants_per_node_[node];
   return g;
@@ -380,7 +380,7 @@ void MeshEngine::InstallRelayGrant(const std::string& caller, const pb::OpenRegi
       ++mine;
       ++ours;
       while (g == 0 || grants_.contains(g)) g = RandomU64();
-      grants_[g] = Grant{caller, {}, pod, fwd, req.caller_instance(), {}, 0, tenant};
+      grants_[g] = Grant{caller, {}, pod, fwd, req.caller_instance(), {}, 0, tenant, {}, nullptr};
       SeenLocked(caller);  // a grant given is a sign of life, however long the node was quiet
       ++relayed_opens_;
     }
