@@ -136,6 +136,7 @@ MeshEngine::~MeshEngine() {
 void MeshEngine::Stop() {
   if (stopped_.exchange(true, std::memory_order_acq_rel)) return;
   stopping_.store(true, std::memory_order_release);
+  relay_staging_.Stop();  // serving threads waiting for room go on (and end)
   if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   ::shutdown(listen_fd_.get(), SHUT_RDWR);
   if (accept_thread_.joinable()) accept_thread_.join();

@@ -36,6 +36,7 @@
 #include "daemon/mesh/addresses.h"
 #include "daemon/mesh/mesh_host.h"
 #include "daemon/mesh/nic_rank.h"
+#include "daemon/mesh/node_shares.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/mesh/links/late_copies.h"
 #include "daemon/mesh/seal/window.h"
@@ -291,10 +292,6 @@ class MeshEngine final : public MeshPort {
   class ConnWriter;
   absl::Status ServeForward(const std::shared_ptr<ConnWriter>& writer, int fd, const FrameHeader& h,
                             const std::string& node, uint64_t link_instance, const Forward& fwd);
-  // Staging for forwarded frames, bounded in all and per upstream node;
-  // false when there was no room within `wait`.
-  bool ReserveRelay(const std::string& node, uint64_t n, absl::Duration wait) ABSL_LOCKS_EXCLUDED(mu_);
-  void ReleaseRelay(const std::string& node, uint64_t n) ABSL_LOCKS_EXCLUDED(mu_);
   // What this node knows of others' addresses (routes), from configuration
   // and from their own Hello answers.
   void Learn(const std::string& node, const std::vector<std::string>& addresses, uint32_t port)
@@ -713,8 +710,11 @@ class MeshEngine final : public MeshPort {
   absl::Time last_sweep_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   uint64_t own_pauses_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_keepalive_ ABSL_GUARDED_BY(mu_) = absl::Now();
-  uint64_t relay_staged_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<std::string, uint64_t> relay_staged_by_node_ ABSL_GUARDED_BY(mu_);
+  // Relaying for other nodes: bytes of forwarded requests held here (one
+  // upstream node at most half, or one frame; a frame over the cap alone).
+  NodeShares relay_staging_{NodeShares::Rules{
+      options_.relay_staging_bytes, std::max<uint64_t>(options_.relay_staging_bytes / 2, kMaxFramePayload),
+      /*last_quarter_for_small=*/false, /*one_oversized=*/true}};
   uint64_t relay_forwarded_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t relayed_opens_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t routed_opens_ ABSL_GUARDED_BY(mu_) = 0;
@@ -749,7 +749,8 @@ class MeshEngine final : public MeshPort {
   uint64_t refused_notifies_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t repaired_connections_ ABSL_GUARDED_BY(mu_) = 0;
   // Sealed routes, the owner's side: the windows' memory and what came through them.
-  seal::WindowBudget seal_budget_{options_.sealed_window_bytes};
+  NodeShares seal_budget_{NodeShares::Rules{options_.sealed_window_bytes, options_.sealed_window_bytes / 2,
+                                            /*last_quarter_for_small=*/true, /*one_oversized=*/false}};
   seal::SealCounters seal_counters_;
   std::atomic<uint64_t> sealed_routes_{0};  // routed opens this node sealed as the importer
 };

@@ -210,8 +210,8 @@ std::string MeshEngine::RenderMetrics() const {
     relayed = relayed_opens_;
     routed = routed_opens_;
     forwarded = relay_forwarded_bytes_;
-    staged = relay_staged_;
   }
+  staged = relay_staging_.used();
   uint64_t restarted_dropped = 0, idle_dropped = 0, gone_dropped = 0, own_pauses = 0, adverts_held = 0,
            adverts_refused = 0;
   {

@@ -129,7 +129,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto u16 = [&in] { return uint64_t{in.Byte()} << 8 | in.Byte(); };
   auto u32 = [&u16] { return u16() << 16 | u16(); };
   const SealKeys keys = FixedKeys();
-  WindowBudget budget(64 << 20);
+  NodeShares budget(NodeShares::Rules{64 << 20, 32 << 20, true, false});
   SealCounters counters;
   Export exp;
   SealedRegion owner(keys, kExport, "node-a", &budget, &counters);

@@ -170,7 +170,7 @@ class Sealed : public ::testing::Test {
   Sealed()
       : keys_(TestKeys()),
         export_(kExport),
-        budget_(1ull << 30),
+        budget_(NodeShares::Rules{1ull << 30, 1ull << 29, true, false}),
         owner_(std::make_unique<SealedRegion>(keys_, kExport, "node-a", &budget_, &counters_)),
         relay_(std::make_shared<Relay>(owner_.get(), &export_)),
         importer_(std::make_shared<SealedLinks>(
@@ -197,7 +197,7 @@ class Sealed : public ::testing::Test {
 
   SealKeys keys_;
   FakeExport export_;
-  WindowBudget budget_;
+  NodeShares budget_;
   SealCounters counters_;
   std::unique_ptr<SealedRegion> owner_;
   std::shared_ptr<Relay> relay_;
@@ -390,23 +390,51 @@ TEST_F(Sealed, TheOwnerRefusesRangesOutsideTheWindowOrTheExport) {
   EXPECT_EQ(Write(kExport - 8, big).code(), absl::StatusCode::kOutOfRange);
 }
 
-TEST(SealBudget, TwoNodesTakingAllTheyMayLeaveRoomForAThird) {
-  WindowBudget budget(64);
-  EXPECT_TRUE(budget.Take("node-a", 32));
-  EXPECT_FALSE(budget.Take("node-a", 1)) << "over half for one node";
-  EXPECT_TRUE(budget.Take("node-b", 16));
-  EXPECT_FALSE(budget.Take("node-b", 8)) << "into the last quarter while holding an eighth";
-  EXPECT_TRUE(budget.Take("node-c", 8)) << "the last quarter is for nodes holding little";
-  EXPECT_TRUE(budget.Take("node-d", 8));
-  EXPECT_FALSE(budget.Take("node-e", 1)) << "over the cap";
+TEST(NodeSharesTest, TwoNodesTakingAllTheyMayLeaveRoomForAThird) {
+  NodeShares budget(NodeShares::Rules{64, 32, /*last_quarter_for_small=*/true, /*one_oversized=*/false});
+  EXPECT_TRUE(budget.TryTake("node-a", 32));
+  EXPECT_FALSE(budget.TryTake("node-a", 1)) << "over half for one node";
+  EXPECT_TRUE(budget.TryTake("node-b", 16));
+  EXPECT_FALSE(budget.TryTake("node-b", 8)) << "into the last quarter while holding an eighth";
+  EXPECT_TRUE(budget.TryTake("node-c", 8)) << "the last quarter is for nodes holding little";
+  EXPECT_TRUE(budget.TryTake("node-d", 8));
+  EXPECT_FALSE(budget.TryTake("node-e", 1)) << "over the cap";
   budget.Give("node-a", 32);
   EXPECT_EQ(budget.used(), 32u);
-  EXPECT_TRUE(budget.Take("node-e", 8));
+  EXPECT_TRUE(budget.TryTake("node-e", 8));
+}
+
+// The relay's staging: one node at most its share, a request over the cap
+// only alone, and a wait for room that ends when room comes or the daemon stops.
+TEST(NodeSharesTest, TheRelaysStagingWaitsForRoomAndStopsWaitingWhenStopped) {
+  NodeShares staging(NodeShares::Rules{100, 50, /*last_quarter_for_small=*/false, /*one_oversized=*/true});
+  EXPECT_TRUE(staging.TryTake("node-a", 50));
+  EXPECT_FALSE(staging.TryTake("node-a", 1));
+  EXPECT_TRUE(staging.TryTake("node-b", 50));
+  EXPECT_FALSE(staging.Take("node-c", 10, absl::Milliseconds(10))) << "no room, and none came";
+  std::thread giver([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    staging.Give("node-a", 50);
+  });
+  EXPECT_TRUE(staging.Take("node-c", 10, absl::Seconds(20))) << "room came";
+  giver.join();
+  staging.Give("node-b", 50);
+  staging.Give("node-c", 10);
+  NodeShares big(NodeShares::Rules{100, 200, false, true});
+  EXPECT_TRUE(big.TryTake("node-a", 150)) << "one request over the cap, alone";
+  EXPECT_FALSE(big.TryTake("node-b", 1));
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    big.Stop();
+  });
+  EXPECT_FALSE(big.Take("node-b", 1, absl::Seconds(20))) << "a stopped daemon's wait ends";
+  stopper.join();
+  EXPECT_FALSE(big.TryTake("node-c", 0)) << "nothing is taken once stopped";
 }
 
 TEST(SealBudget, ASlotsMemoryIsBoundedPerNodeAndGivenBack) {
   SealKeys keys = TestKeys();
-  WindowBudget budget(8 * kSlotStride);  // half of it for any one node: four slots
+  NodeShares budget(NodeShares::Rules{8 * kSlotStride, 4 * kSlotStride, true, false});  // four slots for one node
   SealCounters counters;
   char b[16] = {};
   {

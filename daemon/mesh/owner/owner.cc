@@ -404,26 +404,4 @@ void MeshEngine::InstallRelayGrant(const std::string& caller, const pb::OpenRegi
   done(std::move(resp));
 }
 
-bool MeshEngine::ReserveRelay(const std::string& node, uint64_t n, absl::Duration wait) {
-  absl::MutexLock l(&mu_);
-  const uint64_t cap = options_.relay_staging_bytes, per_node = std::max<uint64_t>(cap / 2, kMaxFramePayload);
-  auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stopping_.load(std::memory_order_acquire) ||
-           (relay_staged_ + n <= std::max(cap, n) && relay_staged_by_node_[node] + n <= per_node);
-  };
-  if (!mu_.AwaitWithTimeout(absl::Condition(&room), wait) ||
-      stopping_.load(std::memory_order_acquire)) {
-    return false;
-  }
-  relay_staged_ += n;
-  relay_staged_by_node_[node] += n;
-  return true;
-}
-
-void MeshEngine::ReleaseRelay(const std::string& node, uint64_t n) {
-  absl::MutexLock l(&mu_);
-  relay_staged_ -= n;
-  if ((relay_staged_by_node_[node] -= n) == 0) relay_staged_by_node_.erase(node);
-}
-
 }  // namespace podlink::mesh

@@ -68,41 +68,9 @@ bool RequestHeader::Decode(const char* p, RequestHeader* out) {
   return true;
 }
 
-// --- budget --------------------------------------------------------------------
-
-bool WindowBudget::Take(const std::string& node, uint64_t n) {
-  absl::MutexLock l(&mu_);
-  uint64_t& mine = by_node_[node];
-  // At most half for one node, and the last quarter only for nodes that hold
-  // less than an eighth: a few nodes that take all they may leave room for
-  // the others.
-  const bool last_quarter = used_ + n > cap_ - cap_ / 4;
-  if (used_ + n > cap_ || mine + n > cap_ / 2 || (last_quarter && mine + n > cap_ / 8)) {
-    if (mine == 0) by_node_.erase(node);
-    return false;
-  }
-  used_ += n;
-  mine += n;
-  return true;
-}
-
-void WindowBudget::Give(const std::string& node, uint64_t n) {
-  absl::MutexLock l(&mu_);
-  used_ -= std::min(used_, n);
-  auto it = by_node_.find(node);
-  if (it == by_node_.end()) return;
-  it->second -= std::min(it->second, n);
-  if (it->second == 0) by_node_.erase(it);
-}
-
-uint64_t WindowBudget::used() const {
-  absl::MutexLock l(&mu_);
-  return used_;
-}
-
 // --- owner ---------------------------------------------------------------------
 
-SealedRegion::SealedRegion(SealKeys keys, uint64_t export_size, std::string node, WindowBudget* budget,
+SealedRegion::SealedRegion(SealKeys keys, uint64_t export_size, std::string node, NodeShares* budget,
                            SealCounters* counters)
     : keys_(keys), export_size_(export_size), node_(std::move(node)), budget_(budget), counters_(counters) {}
 
@@ -129,7 +97,7 @@ absl::Status SealedRegion::Write(uint64_t offset, const char* src, uint64_t n) {
   if (at < kReceiptBytes) return absl::PermissionDeniedError("a sealed grant's receipts are the owner's to write");
   absl::MutexLock l(&(*s)->mu);
   if ((*s)->bytes == nullptr) {
-    if (!budget_->Take(node_, kSlotStride)) {
+    if (!budget_->TryTake(node_, kSlotStride)) {
       return absl::ResourceExhaustedError("the owner's memory for sealed routes is taken (mesh.sealed_window_bytes)");
     }
     (*s)->bytes.reset(new char[kSlotStride]());

@@ -41,10 +41,10 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/mesh/links/links.h"
+#include "daemon/mesh/node_shares.h"
 #include "daemon/mesh/seal/seal_crypto.h"
 
 namespace podlink::mesh::seal {
@@ -72,24 +72,6 @@ struct RequestHeader {
   static bool Decode(const char* p, RequestHeader* out);
 };
 
-// Where the owner's sealed windows take their memory from: a cap for the
-// node, half of it for any one peer node, and its last quarter only for peer
-// nodes holding less than an eighth. A slot's memory is taken when it is
-// first written and given back with its grant.
-class WindowBudget {
- public:
-  explicit WindowBudget(uint64_t cap) : cap_(cap) {}
-  bool Take(const std::string& node, uint64_t n) ABSL_LOCKS_EXCLUDED(mu_);
-  void Give(const std::string& node, uint64_t n) ABSL_LOCKS_EXCLUDED(mu_);
-  uint64_t used() const ABSL_LOCKS_EXCLUDED(mu_);
-
- private:
-  const uint64_t cap_;
-  mutable absl::Mutex mu_;
-  uint64_t used_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<std::string, uint64_t> by_node_ ABSL_GUARDED_BY(mu_);
-};
-
 // What the owner does with a request that verified: the export's bytes
 // (ranges not checked yet) and its owner's notification queue.
 class Lander {
@@ -112,8 +94,10 @@ struct SealCounters {
 // slot, held while a request is acted on: the lander's locks come after it).
 class SealedRegion {
  public:
-  // `node`: the peer node the grant was given (its budget share).
-  SealedRegion(SealKeys keys, uint64_t export_size, std::string node, WindowBudget* budget, SealCounters* counters);
+  // `node`: the peer node the grant was given; a slot's memory (kSlotStride)
+  // is taken from `budget` (its share) when first written, and given back
+  // with the region.
+  SealedRegion(SealKeys keys, uint64_t export_size, std::string node, NodeShares* budget, SealCounters* counters);
   ~SealedRegion();
   SealedRegion(const SealedRegion&) = delete;
   SealedRegion& operator=(const SealedRegion&) = delete;
@@ -141,7 +125,7 @@ class SealedRegion {
   const SealKeys keys_;
   const uint64_t export_size_;
   const std::string node_;
-  WindowBudget* const budget_;
+  NodeShares* const budget_;
   SealCounters* const counters_;
   std::array<Slot, kSlots> slots_;
   std::atomic<uint64_t> allocated_{0};  // slots whose memory the budget gave

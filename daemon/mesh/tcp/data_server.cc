@@ -151,7 +151,7 @@ absl::Status MeshEngine::ServeForward(const std::shared_ptr<ConnWriter>& writer,
     // thread has written them (ConnWriter): write them while waiting.
     const absl::Time until = absl::Now() + options_.answer_timeout;
     bool reserved = false;
-    while (!(reserved = ReserveRelay(node, n, absl::Milliseconds(20))) && absl::Now() < until &&
+    while (!(reserved = relay_staging_.Take(node, n, absl::Milliseconds(20))) && absl::Now() < until &&
            !stopping_.load(std::memory_order_acquire)) {
       if (absl::Status io = writer->Flush(); !io.ok()) {
         end();
@@ -168,7 +168,7 @@ absl::Status MeshEngine::ServeForward(const std::shared_ptr<ConnWriter>& writer,
   std::shared_ptr<char[]> buf(n > 0 ? new char[n] : nullptr);
   if (type == FrameType::kWrite) {
     if (absl::Status io = ReadFull(fd, buf.get(), n); !io.ok()) {
-      ReleaseRelay(node, n);
+      relay_staging_.Give(node, n);
       end();
       return io;
     }
@@ -193,7 +193,7 @@ absl::Status MeshEngine::ServeForward(const std::shared_ptr<ConnWriter>& writer,
     end();
     const bool data = type == FrameType::kRead && result.ok();
     writer->Post(tag, data ? buf : nullptr, data ? n : 0, result, [this, node, n] {
-      if (n > 0) ReleaseRelay(node, n);
+      if (n > 0) relay_staging_.Give(node, n);
     });
   };
   std::shared_ptr<DataLinks> links = fwd.peer->links();
