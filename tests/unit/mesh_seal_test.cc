@@ -73,9 +73,14 @@ class FakeExport : public Lander {
   absl::Status CopyOut(uint64_t offset, char* dst, uint64_t n) override {
     std::lock_guard<std::mutex> l(mu);
     if (offset > bytes.size() || n > bytes.size() - offset) return absl::OutOfRangeError("range");
+    if (fail_out) {
+      std::memcpy(dst, bytes.data() + offset, n / 2);  // as a GPU copy failing half-way
+      return absl::InternalError("the copy failed half-way");
+    }
     std::memcpy(dst, bytes.data() + offset, n);
     return absl::OkStatus();
   }
+  bool fail_out = false;
   absl::Status Notify(uint64_t value) override {
     std::lock_guard<std::mutex> l(mu);
     notified.push_back(value);
@@ -246,6 +251,30 @@ TEST_F(Sealed, WritesReadsAndNotificationsArriveWhileTheRelaySeesNoPlaintext) {
   }
   EXPECT_EQ(importer_->pending(), 0u);
   EXPECT_GT(counters_.units.load(), 0u);
+}
+
+// What the relay may read of the window with its grant, after a write, a
+// read, and a read whose copy out of the export failed: no plaintext (the
+// owner decrypted writes in the window itself and left them there before).
+TEST_F(Sealed, TheWindowNeverHoldsPlaintextARelayCouldRead) {
+  const std::string data = Pattern(kSlotDataBytes, 21);
+  ASSERT_TRUE(Write(0, data).ok());
+  std::string back(data.size(), '\0');
+  ASSERT_TRUE(Read(0, &back).ok());
+  ASSERT_EQ(back, data);
+  // A read whose copy out of the export fails half-way.
+  export_.fail_out = true;
+  std::string failed(data.size(), '\0');
+  EXPECT_EQ(Read(0, &failed).code(), absl::StatusCode::kInternal);
+  export_.fail_out = false;
+  for (uint32_t slot = 0; slot < kSlots; ++slot) {
+    std::string window(kSlotStride, '\0');
+    if (!owner_->Read(slot * kSlotStride, window.data(), window.size(), export_).ok()) continue;
+    for (size_t at = 0; at + 64 <= data.size(); at += 4096) {
+      ASSERT_EQ(window.find(data.substr(at, 64)), std::string::npos)
+          << "plaintext at " << at << " of the write readable in slot " << slot;
+    }
+  }
 }
 
 TEST_F(Sealed, ABytesAlteredInAWriteLandsNothingOfIt) {

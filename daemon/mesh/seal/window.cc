@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
+
+#include <openssl/crypto.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -45,6 +48,13 @@ Tag TagAt(const char* p) {
 
 uint32_t Records(uint64_t length) { return static_cast<uint32_t>((length + kRecordBytes - 1) / kRecordBytes); }
 
+// A write's plaintext on its way from the window to the export: this
+// thread's, one unit long, never reachable by peers.
+char* Scratch() {
+  thread_local std::unique_ptr<char[]> buf(new char[kSlotDataBytes]);
+  return buf.get();
+}
+
 }  // namespace
 
 std::string RequestHeader::Encode() const {
@@ -78,6 +88,7 @@ SealedRegion::~SealedRegion() {
   // No slot lock: nothing else holds the region now, and the last reference
   // may go where the engine's own lock is held (a grant erased).
   budget_->Give(node_, allocated_.load(std::memory_order_acquire) * kSlotStride);
+  OPENSSL_cleanse(const_cast<SealKeys*>(&keys_), sizeof(keys_));
 }
 
 absl::StatusOr<SealedRegion::Slot*> SealedRegion::SlotOf(uint64_t offset, uint64_t n, uint64_t* at) const {
@@ -147,19 +158,24 @@ void SealedRegion::Act(Slot& s, uint32_t index, Lander& lander) {
     st = absl::OutOfRangeError(absl::StrCat("range [", h.offset, ", +", h.length, ") exceeds the export of ",
                                             export_size_, " bytes"));
   } else if (h.kind == Kind::kWrite) {
+    // Decrypted out of the window: what peers can read of it (the window is
+    // the grant's address space) never holds plaintext.
+    char* plain = Scratch();
     for (uint32_t i = 0; i < Records(h.length) && st.ok(); ++i) {
       const uint64_t n = std::min(kRecordBytes, h.length - uint64_t{i} * kRecordBytes);
-      char* rec = data + uint64_t{i} * kRecordBytes;
-      if (!GcmOpen(keys_.to_owner, Nonce(h.seq, i), RecordAad(header, i), rec, rec, n,
+      const uint64_t at = uint64_t{i} * kRecordBytes;
+      if (!GcmOpen(keys_.to_owner, Nonce(h.seq, i), RecordAad(header, i), data + at, plain + at, n,
                    TagAt(request + kTagsAt + i * kTagBytes))
                .ok()) {
         st = absl::DataLossError(absl::StrCat("record ", i, " of the write does not verify: altered on the way; "
                                               "nothing of this unit landed"));
       }
     }
-    if (st.ok()) st = lander.CopyIn(h.offset, data, h.length);
+    if (st.ok()) st = lander.CopyIn(h.offset, plain, h.length);
     if (st.ok()) counters_->bytes_landed.fetch_add(h.length, std::memory_order_relaxed);
   } else {
+    // The export's bytes pass through the window only under this slot's lock
+    // and leave it sealed; on any failure they are wiped before it is let go.
     st = lander.CopyOut(h.offset, data, h.length);
     for (uint32_t i = 0; i < Records(h.length) && st.ok(); ++i) {
       const uint64_t n = std::min(kRecordBytes, h.length - uint64_t{i} * kRecordBytes);
@@ -168,7 +184,11 @@ void SealedRegion::Act(Slot& s, uint32_t index, Lander& lander) {
       st = GcmSeal(keys_.to_importer, Nonce(h.seq, i), RecordAad(header, i), rec, rec, n, &t);
       tags.push_back(t);
     }
-    if (st.ok()) counters_->bytes_sealed.fetch_add(h.length, std::memory_order_relaxed);
+    if (st.ok()) {
+      counters_->bytes_sealed.fetch_add(h.length, std::memory_order_relaxed);
+    } else {
+      OPENSSL_cleanse(data, h.length);
+    }
   }
   if (st.code() == absl::StatusCode::kDataLoss) {
     counters_->refused.fetch_add(1, std::memory_order_relaxed);
@@ -222,6 +242,8 @@ struct SealedLinks::Unit {
 
 SealedLinks::SealedLinks(SealKeys keys, uint64_t grant, uint64_t export_size, Carrier carrier, Defer defer)
     : keys_(keys), grant_(grant), export_size_(export_size), carrier_(std::move(carrier)), defer_(std::move(defer)) {}
+
+SealedLinks::~SealedLinks() { OPENSSL_cleanse(const_cast<SealKeys*>(&keys_), sizeof(keys_)); }
 
 uint64_t SealedLinks::instance() const {
   std::shared_ptr<DataLinks> c = carrier_();

@@ -18,8 +18,9 @@
 // The request's header (kind, sequence number, export offset, length) is
 // authenticated, and so is every 64 KiB record of the data, under the
 // importer's key with the nonce (sequence number, record); the owner acts on a
-// request only when all of it verifies — it decrypts a write in its window
-// and copies only verified plaintext into the export — and answers with a
+// request only when all of it verifies — it decrypts a write out of the
+// window into memory of its own and copies only verified plaintext into the
+// export; the window (which the grant addresses) never holds plaintext — and answers with a
 // receipt (the status, authenticated under the owner's key) and, for a read,
 // records sealed under its key. The first read of a slot after a new request
 // makes the owner act; every later read of it gets the same bytes. Sequence
@@ -141,6 +142,7 @@ class SealedLinks : public DataLinks, public std::enable_shared_from_this<Sealed
   using Carrier = std::function<std::shared_ptr<DataLinks>()>;
   using Defer = std::function<bool(std::function<void()>)>;
   SealedLinks(SealKeys keys, uint64_t grant, uint64_t export_size, Carrier carrier, Defer defer);
+  ~SealedLinks() override;  // the keys wiped
 
   const char* transport() const override { return "sealed"; }
   uint64_t instance() const override;
