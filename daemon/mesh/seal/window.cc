@@ -350,8 +350,11 @@ void SealedLinks::Send(std::shared_ptr<Unit> u) {
   const uint64_t payload = u->kind == Kind::kWrite ? u->length : 0;
   // The same buffer takes the answer: receipt, request, data.
   const uint64_t answer = u->kind == Kind::kRead ? kDataAt + u->length : kReceiptBytes;
-  u->buf.reset(new char[std::max(kRequestBytes + payload, answer)]());
+  // Only the request area needs zeroing (its unused tags go on the wire);
+  // the rest is ciphertext or the answer, written whole before it is read.
+  u->buf.reset(new char[std::max(kRequestBytes + payload, answer)]);
   char* request = u->buf.get();
+  std::memset(request, 0, kRequestBytes);
   std::memcpy(request, u->header.data(), kHeaderBytes);
   Tag t;
   absl::Status st =
