@@ -168,7 +168,7 @@ podSource: standalone
 criSocket: ""
 devicePlugin: {enabled: false}
 mesh: {enabled: true, port: 7456, dataPort: 7457, certHostPath: /var/lib/podlink-mesh, interfaces: [ens1f0],
-       connectionsPerPath: 2, transport: verbs, verbsTcpFallback: false, verbsStagedOnly: true, tcpZeroCopy: false, twoHopStripe: true, relayStagingMib: 32, grantIdleSeconds: 300, keepaliveSeconds: 20,
+       connectionsPerPath: 2, transport: verbs, verbsTcpFallback: false, verbsStagedOnly: true, tcpZeroCopy: false, twoHopStripe: true, relayStagingMib: 32, sealedWindowMib: 128, grantIdleSeconds: 300, keepaliveSeconds: 20,
        certRefreshSeconds: 30, advertSeconds: 15,
        peers: [{node: node-c, addresses: [10.0.3.2/30, 10.0.4.1/30], port: 7446}]}
 VALUES
@@ -186,7 +186,7 @@ cm = next(d for d in docs if d["kind"] == "ConfigMap")
 mesh = json.loads(cm["data"]["config.json"])["mesh"]
 assert mesh == {"enabled": True, "listen": "0.0.0.0:7456", "data_port": 7457, "cert_dir": "/etc/podlink-mesh",
                 "interfaces": ["ens1f0"], "fallback": False, "connections_per_path": 2,
-                "transport": "verbs", "verbs_tcp_fallback": False, "verbs_staged_only": True, "tcp_zero_copy": False, "two_hop_stripe": True, "relay_staging_mib": 32, "grant_idle_seconds": 300, "keepalive_seconds": 20,
+                "transport": "verbs", "verbs_tcp_fallback": False, "verbs_staged_only": True, "tcp_zero_copy": False, "two_hop_stripe": True, "relay_staging_mib": 32, "sealed_window_mib": 128, "grant_idle_seconds": 300, "keepalive_seconds": 20,
                 "cert_refresh_seconds": 30, "advert_seconds": 15,
                 "peers": [{"node": "node-c", "addresses": ["10.0.3.2/30", "10.0.4.1/30"], "port": 7446}]}, mesh
 assert "--remote-pods=apiserver" in args, args
@@ -293,6 +293,7 @@ mesh: {enabled: true, tcpZeroCopy: 0}|mesh.tcpZeroCopy must be true or false
 mesh: {enabled: true, twoHopStripe: "on"}|mesh.twoHopStripe must be true or false
 mesh: {enabled: true, fallback: 1}|mesh.fallback must be true or false
 mesh: {enabled: true, relayStagingMib: 8}|mesh.relayStagingMib must be in 16..65536
+mesh: {enabled: true, sealedWindowMib: 8}|mesh.sealedWindowMib must be in 16..65536
 mesh: {enabled: true, keepaliveSeconds: 0}|mesh.grantIdleSeconds must be in 1..604800
 mesh: {enabled: true, grantIdleSeconds: 60, keepaliveSeconds: 60}|at least twice mesh.keepaliveSeconds
 mesh: {enabled: true, advertSeconds: 0}|mesh.advertSeconds must be in 1..3600

@@ -73,6 +73,16 @@ TEST(DaemonConfig, MeshPeersAndRelayStaging) {
   EXPECT_EQ(ParseDaemonConfig("{}")->broker.mesh.relay_staging_bytes, 64ull << 20);
 }
 
+TEST(DaemonConfig, MeshSealedWindows) {
+  EXPECT_EQ(ParseDaemonConfig("{}")->broker.mesh.sealed_window_bytes, 512ull << 20);
+  auto c = ParseDaemonConfig(R"({"mesh": {"sealed_window_mib": 128}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->broker.mesh.sealed_window_bytes, 128ull << 20);
+  for (const char* bad : {R"({"mesh": {"sealed_window_mib": 8}})", R"({"mesh": {"sealed_window_mib": "lots"}})"}) {
+    EXPECT_EQ(ParseDaemonConfig(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
 TEST(DaemonConfig, MeshGrantIdleAndKeepalive) {
   auto c = ParseDaemonConfig(
       R"({"mesh": {"grant_idle_seconds": 900, "keepalive_seconds": 30, "cert_refresh_seconds": 5, "advert_seconds": 7,

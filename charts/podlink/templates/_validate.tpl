@@ -50,6 +50,10 @@
 {{- if or (lt $rs 16) (gt $rs 65536) -}}
 {{- fail "mesh.relayStagingMib must be in 16..65536" -}}
 {{- end -}}
+{{- $sw := int .Values.mesh.sealedWindowMib -}}
+{{- if or (lt $sw 16) (gt $sw 65536) -}}
+{{- fail "mesh.sealedWindowMib must be in 16..65536" -}}
+{{- end -}}
 {{- $gi := int .Values.mesh.grantIdleSeconds -}}
 {{- $ka := int .Values.mesh.keepaliveSeconds -}}
 {{- if or (lt $gi 1) (gt $gi 604800) (lt $ka 1) (gt $ka 3600) (lt (int .Values.mesh.certRefreshSeconds) 1) (gt (int .Values.mesh.certRefreshSeconds) 3600) -}}
