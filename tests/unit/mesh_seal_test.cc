@@ -24,16 +24,17 @@ class Executor {
     {
       std::lock_guard<std::mutex> l(mu_);
       stop_ = true;
+      cv_.notify_all();
     }
-    cv_.notify_all();
     t_.join();
   }
+  // Notifies with the lock held: a poster on another thread is then done
+  // with this object before its owner can destroy it (the task it posted may
+  // end the test at once).
   bool Post(std::function<void()> f) {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      if (stop_) return false;
-      q_.push_back(std::move(f));
-    }
+    std::lock_guard<std::mutex> l(mu_);
+    if (stop_) return false;
+    q_.push_back(std::move(f));
     cv_.notify_all();
     return true;
   }
