@@ -367,34 +367,29 @@ void SealedLinks::Send(std::shared_ptr<Unit> u) {
     std::memcpy(request + kTagsAt + i * kTagBytes, t.data(), kTagBytes);
   }
   if (!st.ok()) return Finish(std::move(u), st);
-  LinkOp w;
-  w.type = FrameType::kWrite;
-  w.grant = grant_;
-  w.offset = u->slot * kSlotStride + kReceiptBytes;
-  w.length = kRequestBytes + payload;
-  w.local = request;
-  w.keep = std::shared_ptr<const void>(u, u->buf.get());
-  w.prefer = u->op->op.prefer;
-  w.done = [self = shared_from_this(), u](const absl::Status& result) {
-    self->Later([self, u, result] { self->Sent(u, result); });
+  Step(std::move(u), FrameType::kWrite, kReceiptBytes, kRequestBytes + payload, &SealedLinks::Sent);
+}
+
+void SealedLinks::Step(std::shared_ptr<Unit> u, FrameType type, uint64_t at, uint64_t length,
+                       void (SealedLinks::*next)(std::shared_ptr<Unit>, const absl::Status&)) {
+  LinkOp op;
+  op.type = type;
+  op.grant = grant_;
+  op.offset = u->slot * kSlotStride + at;
+  op.length = length;
+  op.local = u->buf.get();
+  op.keep = std::shared_ptr<const void>(u, u->buf.get());
+  op.prefer = u->op->op.prefer;
+  op.done = [self = shared_from_this(), u, next](const absl::Status& result) {
+    self->Later([self, u, result, next] { ((*self).*next)(u, result); });
   };
-  if (absl::Status submitted = SubmitToCarrier(std::move(w)); !submitted.ok()) Finish(std::move(u), submitted);
+  if (absl::Status submitted = SubmitToCarrier(std::move(op)); !submitted.ok()) Finish(std::move(u), submitted);
 }
 
 void SealedLinks::Sent(std::shared_ptr<Unit> u, const absl::Status& st) {
   if (!st.ok()) return Finish(std::move(u), st);
-  LinkOp r;
-  r.type = FrameType::kRead;
-  r.grant = grant_;
-  r.offset = u->slot * kSlotStride;
-  r.length = u->kind == Kind::kRead ? kDataAt + u->length : kReceiptBytes;
-  r.local = u->buf.get();
-  r.keep = std::shared_ptr<const void>(u, u->buf.get());
-  r.prefer = u->op->op.prefer;
-  r.done = [self = shared_from_this(), u](const absl::Status& result) {
-    self->Later([self, u, result] { self->Answered(u, result); });
-  };
-  if (absl::Status submitted = SubmitToCarrier(std::move(r)); !submitted.ok()) Finish(std::move(u), submitted);
+  const uint64_t answer = u->kind == Kind::kRead ? kDataAt + u->length : kReceiptBytes;
+  Step(std::move(u), FrameType::kRead, 0, answer, &SealedLinks::Answered);
 }
 
 void SealedLinks::Answered(std::shared_ptr<Unit> u, const absl::Status& st) {

@@ -161,6 +161,10 @@ class SealedLinks : public DataLinks, public std::enable_shared_from_this<Sealed
   struct Unit;
   void Pump() ABSL_LOCKS_EXCLUDED(mu_);
   void Send(std::shared_ptr<Unit> u);
+  // Submits one frame of unit `u` (at `at` in its slot, from or into its
+  // buffer); `next` runs off the carrier's thread with its result.
+  void Step(std::shared_ptr<Unit> u, FrameType type, uint64_t at, uint64_t length,
+            void (SealedLinks::*next)(std::shared_ptr<Unit>, const absl::Status&));
   void Sent(std::shared_ptr<Unit> u, const absl::Status& st);
   void Answered(std::shared_ptr<Unit> u, const absl::Status& st);
   void Finish(std::shared_ptr<Unit> u, const absl::Status& st);
