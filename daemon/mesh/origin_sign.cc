@@ -28,15 +28,6 @@ struct Free {
 template <typename T>
 using Ptr = std::unique_ptr<T, Free>;
 
-// OpenSSL's last error, and the queue cleared.
-std::string SslError() {
-  unsigned long e = ERR_get_error();
-  ERR_clear_error();
-  if (e == 0) return "unknown error";
-  char buf[256];
-  ERR_error_string_n(e, buf, sizeof(buf));
-  return buf;
-}
 
 Ptr<BIO> MemBio(absl::string_view text) {
   return Ptr<BIO>(BIO_new_mem_buf(text.data(), static_cast<int>(text.size())));
@@ -72,20 +63,29 @@ absl::StatusOr<std::string> NodeOf(X509* cert) {
 
 }  // namespace
 
+std::string OpenSslError() {
+  unsigned long e = ERR_get_error();
+  ERR_clear_error();
+  if (e == 0) return "unknown error";
+  char buf[256];
+  ERR_error_string_n(e, buf, sizeof(buf));
+  return buf;
+}
+
 absl::StatusOr<std::string> SignWithKey(const std::string& key_pem, absl::string_view data) {
   Ptr<BIO> bio = MemBio(key_pem);
   Ptr<EVP_PKEY> key(bio == nullptr ? nullptr : PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
-  if (key == nullptr) return absl::FailedPreconditionError(absl::StrCat("the node key does not load: ", SslError()));
+  if (key == nullptr) return absl::FailedPreconditionError(absl::StrCat("the node key does not load: ", OpenSslError()));
   Ptr<EVP_MD_CTX> ctx(EVP_MD_CTX_new());
   size_t len = 0;
   if (ctx == nullptr || EVP_DigestSignInit(ctx.get(), nullptr, EVP_sha256(), nullptr, key.get()) != 1 ||
       EVP_DigestSign(ctx.get(), nullptr, &len, reinterpret_cast<const unsigned char*>(data.data()), data.size()) != 1) {
-    return absl::InternalError(absl::StrCat("signing failed: ", SslError()));
+    return absl::InternalError(absl::StrCat("signing failed: ", OpenSslError()));
   }
   std::string sig(len, '\0');
   if (EVP_DigestSign(ctx.get(), reinterpret_cast<unsigned char*>(sig.data()), &len,
                      reinterpret_cast<const unsigned char*>(data.data()), data.size()) != 1) {
-    return absl::InternalError(absl::StrCat("signing failed: ", SslError()));
+    return absl::InternalError(absl::StrCat("signing failed: ", OpenSslError()));
   }
   sig.resize(len);
   return sig;

@@ -19,6 +19,9 @@ namespace podlink::mesh {
 inline constexpr size_t kMaxCertPem = 16 << 10;
 inline constexpr size_t kMaxSignature = 1024;
 
+// OpenSSL's last error as text, and its error queue cleared.
+std::string OpenSslError();
+
 // A SHA-256 signature of `data` by the PEM private key (EC or RSA).
 absl::StatusOr<std::string> SignWithKey(const std::string& key_pem, absl::string_view data);
 

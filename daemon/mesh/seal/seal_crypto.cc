@@ -7,18 +7,10 @@
 #include <climits>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/mesh/origin_sign.h"
 
 namespace podlink::mesh::seal {
 namespace {
-
-std::string SslError() {
-  unsigned long e = ERR_get_error();
-  ERR_clear_error();
-  if (e == 0) return "unknown error";
-  char buf[256];
-  ERR_error_string_n(e, buf, sizeof(buf));
-  return buf;
-}
 
 struct CtxFree {
   void operator()(EVP_PKEY_CTX* p) const { EVP_PKEY_CTX_free(p); }
@@ -40,7 +32,7 @@ absl::StatusOr<EphemeralKey> EphemeralKey::Generate() {
   Ptr<EVP_PKEY_CTX> ctx(EVP_PKEY_CTX_new_id(EVP_PKEY_X25519, nullptr));
   EVP_PKEY* raw = nullptr;
   if (ctx == nullptr || EVP_PKEY_keygen_init(ctx.get()) != 1 || EVP_PKEY_keygen(ctx.get(), &raw) != 1) {
-    return absl::InternalError(absl::StrCat("X25519 key generation failed: ", SslError()));
+    return absl::InternalError(absl::StrCat("X25519 key generation failed: ", OpenSslError()));
   }
   EphemeralKey k;
   k.key_.reset(raw);
@@ -48,7 +40,7 @@ absl::StatusOr<EphemeralKey> EphemeralKey::Generate() {
   size_t len = kPublicKeyBytes;
   if (EVP_PKEY_get_raw_public_key(raw, reinterpret_cast<unsigned char*>(k.public_key_.data()), &len) != 1 ||
       len != kPublicKeyBytes) {
-    return absl::InternalError(absl::StrCat("X25519 public key: ", SslError()));
+    return absl::InternalError(absl::StrCat("X25519 public key: ", OpenSslError()));
   }
   return k;
 }
@@ -94,7 +86,7 @@ absl::StatusOr<SealKeys> DeriveSealKeys(const Key& shared, uint64_t claim_nonce,
       EVP_PKEY_CTX_set1_hkdf_key(ctx.get(), shared.data(), static_cast<int>(shared.size())) != 1 ||
       EVP_PKEY_CTX_add1_hkdf_info(ctx.get(), U(info.data()), static_cast<int>(info.size())) != 1 ||
       EVP_PKEY_derive(ctx.get(), out, &len) != 1 || len != sizeof(out)) {
-    return absl::InternalError(absl::StrCat("HKDF failed: ", SslError()));
+    return absl::InternalError(absl::StrCat("HKDF failed: ", OpenSslError()));
   }
   SealKeys keys;
   std::copy(out, out + kKeyBytes, keys.to_owner.begin());
@@ -123,18 +115,18 @@ absl::Status Gcm(bool seal, const Key& key, const std::array<uint8_t, kNonceByte
   if (ctx == nullptr || init(ctx.get(), EVP_aes_256_gcm(), nullptr, key.data(), nonce.data()) != 1 ||
       (!aad.empty() && update(ctx.get(), nullptr, &len, U(aad.data()), static_cast<int>(aad.size())) != 1) ||
       (n > 0 && update(ctx.get(), static_cast<unsigned char*>(out), &len, U(in), static_cast<int>(n)) != 1)) {
-    return absl::InternalError(absl::StrCat("AES-GCM failed: ", SslError()));
+    return absl::InternalError(absl::StrCat("AES-GCM failed: ", OpenSslError()));
   }
   unsigned char rest[16];
   if (seal) {
     if (EVP_EncryptFinal_ex(ctx.get(), rest, &len) != 1 ||
         EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_GET_TAG, kTagBytes, tag->data()) != 1) {
-      return absl::InternalError(absl::StrCat("AES-GCM failed: ", SslError()));
+      return absl::InternalError(absl::StrCat("AES-GCM failed: ", OpenSslError()));
     }
     return absl::OkStatus();
   }
   if (EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_SET_TAG, kTagBytes, tag->data()) != 1) {
-    return absl::InternalError(absl::StrCat("AES-GCM failed: ", SslError()));
+    return absl::InternalError(absl::StrCat("AES-GCM failed: ", OpenSslError()));
   }
   if (EVP_DecryptFinal_ex(ctx.get(), rest, &len) != 1) {
     ERR_clear_error();
