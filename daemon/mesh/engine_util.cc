@@ -36,11 +36,6 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return s.ok() ? grpc::Status::OK : grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
-uint64_t RandomU64() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
-}
-
 std::string RandomCookie() {
   std::random_device rd;
   std::string c(kCookieBytes, '\0');

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "daemon/mesh/mesh_engine.h"
+#include "daemon/mesh/links/random.h"
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_certificate_verifier.h>
 #include <grpcpp/security/tls_credentials_options.h>
@@ -95,7 +96,6 @@ class AnswerOnce {
 
 absl::Status FromGrpc(const grpc::Status& s, const std::string& node);
 grpc::Status ToGrpc(const absl::Status& s);
-uint64_t RandomU64();
 std::string RandomCookie();
 void TuneDataSocket(int fd, absl::Duration io_timeout);
 socklen_t ToSockaddr(const IpPrefix& a, uint16_t port, sockaddr_storage* ss);

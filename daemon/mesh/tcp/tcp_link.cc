@@ -5,23 +5,18 @@
 
 #include <algorithm>
 #include <cstring>
-#include <random>
 #include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_util.h"
+#include "daemon/mesh/links/random.h"
 
 namespace podlink::mesh {
 namespace {
 
 constexpr uint32_t kMaxErrorText = 4096;
 const ComponentLog Log("mesh");
-
-uint64_t RandomInstance() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ 1;
-}
 
 }  // namespace
 

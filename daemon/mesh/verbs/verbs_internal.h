@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "common/status_util.h"
 #include "daemon/gpu/memory_object.h"
+#include "daemon/mesh/links/random.h"
 
 namespace podlink::mesh::verbs {
 
@@ -69,11 +70,6 @@ inline std::atomic<int64_t> unexpected_ack_log{0};
 inline uint32_t RandomPsn() {
   static thread_local std::mt19937 rng{std::random_device{}()};
   return rng() & 0xffffff;
-}
-
-inline uint64_t RandomInstance() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^ 1;
 }
 
 inline absl::Status Errno(const char* what, int err) {
