@@ -170,11 +170,9 @@ void MeshEngine::Stop() {
   peers.clear();
   // Relay grants hold their next node; it was one of the peers above. Pods'
   // handles go too (an open finishing meanwhile was refused: stopping).
-  std::map<uint64_t, Grant> grants;
+  std::map<uint64_t, Grant> grants = grants_.Close();
   {
     absl::MutexLock l(&mu_);
-    grants.swap(grants_);
-    routed_grants_.clear();
     handles_.clear();
     handles_per_session_.clear();
   }
@@ -203,22 +201,10 @@ absl::Status MeshEngine::NotQueued(const std::string& node) const {
 }
 
 void MeshEngine::SeenInstance(const std::string& node, uint64_t instance) {
-  if (instance == 0) return;  // an older daemon: it does not say
-  std::vector<uint64_t> stale;
-  {
-    absl::MutexLock l(&mu_);
-    uint64_t& seen = caller_instances_[node];
-    if (seen == instance) return;
-    const bool restarted = seen != 0;
-    seen = instance;
-    if (!restarted) return;
-    for (const auto& [g, grant] : grants_) {
-      if (grant.node == node && grant.caller_instance != 0 && grant.caller_instance != instance) stale.push_back(g);
-    }
-    restarted_peer_grants_dropped_ += stale.size();
-  }
-  Log()->info("event=mesh_peer_restarted node={} dropped_grants={}", node, stale.size());
-  for (uint64_t g : stale) CloseRegion(node, g);
+  std::optional<std::vector<uint64_t>> stale = grants_.NewInstance(node, instance);
+  if (!stale.has_value()) return;
+  Log()->info("event=mesh_peer_restarted node={} dropped_grants={}", node, stale->size());
+  for (uint64_t g : *stale) CloseRegion(node, g);
 }
 
 void MeshEngine::Learn(const std::string& node, const std::vector<std::string>& addresses, uint32_t port) {

@@ -37,6 +37,7 @@
 #include "daemon/mesh/mesh_host.h"
 #include "daemon/mesh/nic_rank.h"
 #include "daemon/mesh/node_shares.h"
+#include "daemon/mesh/owner/grant_table.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/mesh/links/late_copies.h"
 #include "daemon/mesh/seal/window.h"
@@ -224,31 +225,8 @@ class MeshEngine final : public MeshPort {
  private:
   MeshEngine(MeshOptions options, std::string node_name, MeshHost* host);
 
-  // Exporting side (the Service and the data server call these).
-  // A relay's grant: requests on it go on to the next node.
-  struct Forward {
-    std::shared_ptr<Peer> peer;  // the next node
-    uint64_t grant = 0;          // its grant
-    uint64_t size = 0;
-    uint64_t instance = 0;       // its daemon instance that issued the grant
-  };
-  struct Grant {
-    std::string node;
-    std::weak_ptr<const ExportRecord> record;
-    std::string pod;  // "mesh/" + origin node + "/" + the importing pod's identity key
-    std::shared_ptr<const Forward> forward;  // set on a relay
-    uint64_t caller_instance = 0;            // the holder daemon's instance (0: it did not say)
-    // A fenceable routed open's (given to the last relay): the origin node
-    // and its claim's nonce, by which the origin may fence the route
-    // (FenceRoute); 0 for every other grant.
-    std::string origin;
-    uint64_t nonce = 0;
-    std::string tenant;  // "mesh/" + origin node + "/" + the importing pod's namespace
-    std::string pod_uid;  // the importing pod's UID as forwarded (empty: none)
-    // A routed open's (the owner's side): sealed end to end, its frames go to
-    // this window and never touch the export (seal/window.h).
-    std::shared_ptr<seal::SealedRegion> sealed;
-  };
+  // Exporting side (the Service and the data server call these). What a
+  // grant is, and the table of them: owner/grant_table.h.
   // The tenant a forwarded identity's grants count against: its namespace on its node.
   static std::string TenantOf(const std::string& origin, const std::string& ns) {
     return absl::StrCat("mesh/", origin, "/", ns);
@@ -384,12 +362,8 @@ class MeshEngine final : public MeshPort {
   // What a grant this node gave `node` stands for: an export here, or (on a
   // relay) the next node's grant. NOT_FOUND for no such grant, or one whose
   // export is gone (the grant is closed then).
-  struct Granted {
-    std::shared_ptr<const ExportRecord> record;
-    std::shared_ptr<const Forward> forward;
-    bool fenceable = false;  // writes land chunk by chunk, each after BeginLanding
-    std::shared_ptr<seal::SealedRegion> sealed;  // a routed open's window: the frames go there
-  };
+  using Granted = GrantTable::Found;
+
   // A sealed grant's frame on a data connection (its window: seal/window.h).
   absl::Status ServeSealed(ConnWriter& writer, int fd, const FrameHeader& h, uint64_t grant, const Granted& g);
   // What a sealed grant's verified requests do to the export (the checks of a
@@ -397,10 +371,6 @@ class MeshEngine final : public MeshPort {
   class GrantLander;
   std::unique_ptr<seal::Lander> LanderFor(uint64_t grant, const Granted& g);
   absl::StatusOr<Granted> LookupGrant(const std::string& node, uint64_t grant) ABSL_LOCKS_EXCLUDED(mu_);
-  // A fenceable grant's bytes are copied into the export a chunk at a time,
-  // each between these two: false when the grant is closed (fenced) by now.
-  bool BeginLanding(uint64_t grant) ABSL_LOCKS_EXCLUDED(mu_);
-  void EndLanding(uint64_t grant) ABSL_LOCKS_EXCLUDED(mu_);
   // Host memory of a fenceable grant: `n` bytes of the frame from `fd`
   // through this thread's 4 MiB buffer into `dst`, a chunk at a time; the
   // rest of the frame is read and dropped once the grant is closed
@@ -636,10 +606,9 @@ class MeshEngine final : public MeshPort {
     absl::Time expires;
   };
   std::map<std::string, Cookie> cookies_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, Grant> grants_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, uint32_t> grants_per_node_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, uint32_t> grants_per_pod_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, uint32_t> grants_per_tenant_ ABSL_GUARDED_BY(mu_);
+  // What this node gave other nodes (the owner's room; its own lock, a leaf).
+  GrantTable grants_{GrantTable::Limits{options_.max_grants_per_peer, options_.max_grants_per_pod,
+                                        options_.max_grants_per_tenant}};
   std::set<int> serving_fds_ ABSL_GUARDED_BY(mu_);  // data connections being served
   size_t serving_ ABSL_GUARDED_BY(mu_) = 0;         // their threads still running
   std::map<std::string, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
@@ -654,15 +623,6 @@ class MeshEngine final : public MeshPort {
   uint64_t remote_denials_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t late_slices_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t duplicate_notifies_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<uint64_t, uint32_t> grant_writes_ ABSL_GUARDED_BY(mu_);  // fenceable grants' chunks being copied in
-  std::map<std::pair<std::string, uint64_t>, absl::Time> fenced_nonces_ ABSL_GUARDED_BY(mu_);  // origin, nonce
-  // Grants of fenceable routed opens, by their claim's nonce (FenceRoute looks them
-  // up without walking every grant: a peer may call it as often as it likes).
-  std::multimap<uint64_t, uint64_t> routed_grants_ ABSL_GUARDED_BY(mu_);
-  // Origins with a FenceRoute waiting (one each: an honest daemon sends its
-  // fences one at a time, from the owner's peer worker).
-  std::set<std::string> fencing_ ABSL_GUARDED_BY(mu_);
-  uint64_t fenced_grants_ ABSL_GUARDED_BY(mu_) = 0;
   size_t unauthenticated_ ABSL_GUARDED_BY(mu_) = 0;
   size_t unauthenticated_strangers_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, size_t> unauthenticated_of_ ABSL_GUARDED_BY(mu_);  // by source address
@@ -681,8 +641,6 @@ class MeshEngine final : public MeshPort {
   };
   std::map<std::string, Known> known_ ABSL_GUARDED_BY(mu_);
   LatencyHistogram gpu_copies_;  // TimedGpuCopy
-  std::map<std::string, uint64_t> caller_instances_ ABSL_GUARDED_BY(mu_);
-  uint64_t restarted_peer_grants_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   // Importing nodes' signs of life: data connections being served, and the
   // last control call or connection end.
   std::map<std::string, uint32_t> data_conns_of_ ABSL_GUARDED_BY(mu_);
@@ -753,6 +711,14 @@ class MeshEngine final : public MeshPort {
                                             /*last_quarter_for_small=*/true, /*one_oversized=*/false}};
   seal::SealCounters seal_counters_;
   std::atomic<uint64_t> sealed_routes_{0};  // routed opens this node sealed as the importer
+};
+
+// A relay's grant: requests on it go on to the next node.
+struct Forward {
+  std::shared_ptr<MeshEngine::Peer> peer;  // the next node
+  uint64_t grant = 0;                      // its grant
+  uint64_t size = 0;
+  uint64_t instance = 0;  // its daemon instance that issued the grant
 };
 
 }  // namespace podlink::mesh

@@ -13,15 +13,15 @@ podlink::v1::MeshStatus MeshEngine::Status() const {
   std::map<std::string, std::shared_ptr<Peer>> peers;
   std::map<std::string, uint32_t> handles;
   std::map<std::pair<std::string, std::vector<std::string>>, uint32_t> routes;
+  const GrantTable::Counts held = grants_.counts();
+  st.set_grants(held.grants);
+  st.set_relayed_grants(held.relayed);
   {
     absl::MutexLock l(&mu_);
     peers = peers_;
     for (const auto& [id, h] : handles_) {
       ++handles[h.peer->tcp() ? h.peer->node() + "/tcp" : h.peer->node()];
       ++routes[{h.destination, h.via}];
-    }
-    for (const auto& [id, g] : grants_) {
-      if (g.forward != nullptr) st.set_relayed_grants(st.relayed_grants() + 1);
     }
     st.set_relay_forwarded_bytes(relay_forwarded_bytes_);
     const int64_t now_s = absl::ToUnixSeconds(absl::Now());
@@ -33,7 +33,6 @@ podlink::v1::MeshStatus MeshEngine::Status() const {
       auto adv = adverts_.find(node);
       kn->set_advert_age_seconds(adv == adverts_.end() ? -1 : std::max<int64_t>(0, now_s - adv->second.issued));
     }
-    st.set_grants(grants_.size());
     st.set_served_write_bytes(bytes_written_in_);
     st.set_served_read_bytes(bytes_read_out_);
     st.set_refused_connections(refused_connections_);
@@ -86,13 +85,14 @@ std::string MeshEngine::RenderMetrics() const {
   std::map<std::string, double> up, sent, received, failures, resent, zero_copy, local_regs, tcp_zc_bytes,
       tcp_zc_completed, tcp_zc_copied, tcp_zc_fell_back;
   std::vector<std::shared_ptr<Peer>> peers;
-  double grants = 0, handles = 0, repaired = 0;
+  const GrantTable::Counts held = grants_.counts();
+  const double grants = static_cast<double>(held.grants);
+  double handles = 0, repaired = 0;
   uint64_t in = 0, out_bytes = 0, refused_frames = 0, refused_conns = 0, denials = 0, late = 0, dup_notifies = 0,
            idle_closed = 0;
   {
     absl::MutexLock l(&mu_);
     for (const auto& [n, p] : peers_) peers.push_back(p);
-    grants = static_cast<double>(grants_.size());
     handles = static_cast<double>(handles_.size());
     in = bytes_written_in_;
     out_bytes = bytes_read_out_;
@@ -194,11 +194,8 @@ std::string MeshEngine::RenderMetrics() const {
       "chunks a two-hop route failed, sent again on the direct links", counted(two_hop_failovers_));
   one("podlink_mesh_two_hop_fences_total", "counter",
       "two-hop routes the owner fenced before their chunks went again on the direct links", counted(two_hop_fences_));
-  {
-    absl::MutexLock l(&mu_);
-    one("podlink_mesh_fenced_grants_total", "counter",
-        "grants given relays that their origin node fenced (FenceRoute)", static_cast<double>(fenced_grants_));
-  }
+  one("podlink_mesh_fenced_grants_total", "counter", "grants given relays that their origin node fenced (FenceRoute)",
+      static_cast<double>(held.fenced));
   uint64_t refused_notifies = 0;
   {
     absl::MutexLock l(&mu_);
@@ -212,11 +209,11 @@ std::string MeshEngine::RenderMetrics() const {
     forwarded = relay_forwarded_bytes_;
   }
   staged = relay_staging_.used();
-  uint64_t restarted_dropped = 0, idle_dropped = 0, gone_dropped = 0, own_pauses = 0, adverts_held = 0,
+  const uint64_t restarted_dropped = held.restarted_dropped;
+  uint64_t idle_dropped = 0, gone_dropped = 0, own_pauses = 0, adverts_held = 0,
            adverts_refused = 0;
   {
     absl::MutexLock l(&mu_);
-    restarted_dropped = restarted_peer_grants_dropped_;
     idle_dropped = idle_peer_grants_dropped_;
     gone_dropped = gone_pod_grants_dropped_;
     own_pauses = own_pauses_;

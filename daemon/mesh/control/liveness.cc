@@ -41,17 +41,14 @@ void MeshEngine::SweepIdleImporters() {
     }
     last_sweep_ = now;
     // By node (a handful), then the grants of idle ones only.
-    for (const auto& [node, n] : grants_per_node_) {
-      if (n == 0 || data_conns_of_.contains(node) || calls_of_.contains(node)) continue;
+    // (The grant table's lock is a leaf: asked under mu_, so a node's Touch
+    // before its next grant cannot fall between the check and the drop.)
+    for (const std::string& node : grants_.Holders()) {
+      if (data_conns_of_.contains(node) || calls_of_.contains(node)) continue;
       auto seen = last_seen_.find(node);
       // A grant is given in a control call, which counts as seen.
       if (seen != last_seen_.end() && now - seen->second < options_.grant_idle_timeout) continue;
-      idle[node];
-    }
-    if (!idle.empty()) {
-      for (const auto& [g, grant] : grants_) {
-        if (auto it = idle.find(grant.node); it != idle.end()) it->second.push_back(g);
-      }
+      idle[node] = grants_.GrantsOf(node);
     }
     for (const auto& [node, gs] : idle) {
       idle_peer_grants_dropped_ += gs.size();
@@ -70,26 +67,16 @@ void MeshEngine::SweepIdleImporters() {
 
 void MeshEngine::DropGrantsOfGonePods() {
   if (!host_->TracksRemotePods()) return;
-  struct Held {
-    std::string node, uid;
-    uint64_t grant;
-  };
-  std::vector<Held> held;
-  {
-    absl::MutexLock l(&mu_);
-    for (const auto& [g, grant] : grants_) {
-      if (!grant.pod_uid.empty()) held.push_back({grant.node, grant.pod_uid, g});
-    }
-  }
-  // Asked outside mu_: the host takes its own locks.
+  // The host is asked with no lock of the engine's held: it takes its own.
+  const std::vector<GrantTable::Held> held = grants_.WithPodUid();
   std::map<std::string, bool> gone;
   std::map<std::pair<std::string, std::string>, size_t> dropped;  // (node, uid) -> grants
-  for (const Held& h : held) {
-    auto [it, fresh] = gone.try_emplace(h.uid, false);
-    if (fresh) it->second = host_->RemotePodGone(h.uid);
+  for (const GrantTable::Held& h : held) {
+    auto [it, fresh] = gone.try_emplace(h.pod_uid, false);
+    if (fresh) it->second = host_->RemotePodGone(h.pod_uid);
     if (!it->second) continue;
     CloseRegion(h.node, h.grant);
-    ++dropped[{h.node, h.uid}];
+    ++dropped[{h.node, h.pod_uid}];
   }
   for (const auto& [who, n] : dropped) {
     Log()->warn("event=mesh_importer_pod_gone node={} pod_uid={} dropped_grants={}", who.first, LogQuoted(who.second),
@@ -109,9 +96,7 @@ void MeshEngine::KeepAlive() {
       peers.insert(h.peer);
       if (h.two_hop != nullptr) peers.insert(h.two_hop->peer);
     }
-    for (const auto& [id, g] : grants_) {
-      if (g.forward != nullptr) peers.insert(g.forward->peer);  // a relay holds grants onward too
-    }
+    for (const auto& f : grants_.Forwards()) peers.insert(f->peer);  // a relay holds grants onward too
   }
   // Asynchronous calls on the peers' channels: never queued behind a peer
   // worker's long task, never blocking this thread.

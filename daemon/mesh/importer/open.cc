@@ -23,9 +23,7 @@ std::shared_ptr<MeshEngine::Peer> MeshEngine::PeerFor(const RemoteTarget& target
       in_use.insert(h.peer.get());
       if (h.two_hop != nullptr) in_use.insert(h.two_hop->peer.get());
     }
-    for (const auto& [id, g] : grants_) {
-      if (g.forward != nullptr) in_use.insert(g.forward->peer.get());
-    }
+    for (const auto& f : grants_.Forwards()) in_use.insert(f->peer.get());
     for (auto it = peers_.begin(); it != peers_.end();) {
       std::shared_ptr<DataLinks> links = it->second->links();
       if (it->second->idle() && !in_use.count(it->second.get()) && (links == nullptr || links->live() == 0)) {

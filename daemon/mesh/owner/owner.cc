@@ -11,13 +11,12 @@ std::unique_ptr<MeshEngine> MeshEngine::ForTesting(MeshOptions options, std::str
 }
 
 uint64_t MeshEngine::GrantForTesting(const std::string& node, std::shared_ptr<const ExportRecord> rec) {
-  absl::MutexLock l(&mu_);
-  uint64_t g = 0;
-  while (g == 0 || grants_.contains(g)) g = RandomU64();
-  grants_[g] = Grant{node, rec, node + "/test", nullptr, 0, {}, 0, {}, {}, nullptr};
-  SeenLocked(node);  // a grant given is a sign of life, however long the node was quiet
-  ++grants_per_node_[node];
-  return g;
+  Touch(node);  // a grant given is a sign of life, however long the node was quiet
+  Grant g;
+  g.node = node;
+  g.record = std::move(rec);
+  g.pod = node + "/test";
+  return grants_.Add(std::move(g)).grant;
 }
 
 absl::StatusOr<std::vector<std::string>> MeshEngine::IssueCookies(const std::string& node, uint32_t n,
@@ -183,8 +182,8 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
     if (origin == node_name_) {
       return absl::PermissionDeniedError("a relay presented a claim of this node's own pods");
     }
-    absl::MutexLock l(&mu_);
-    if (fenced_nonces_.contains({origin, claim->nonce()})) {
+    if (grants_.Fenced(origin, claim->nonce())) {
+      absl::MutexLock l(&mu_);
       ++remote_denials_;
       return absl::PermissionDeniedError(absl::StrCat("node ", origin, " fenced this route"));
     }
@@ -244,34 +243,31 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
     resp.set_window_bytes(seal::kWindowBytes);
   }
   {
-    absl::MutexLock l(&mu_);
-    uint32_t& count = grants_per_node_[node];
-    if (count >= options_.max_grants_per_peer) {
-      return absl::ResourceExhaustedError(absl::StrCat("node ", node, " holds ", count, " grants (the limit)"));
-    }
-    uint32_t& mine = grants_per_pod_[pod.key];
-    if (mine >= options_.max_grants_per_pod) {
-      return absl::ResourceExhaustedError(absl::StrCat("pod ", pod.Ref(), " holds ", mine, " regions of this node (the limit)"));
-    }
     const std::string tenant = TenantOf(origin, pod.namespace_);
-    uint32_t& ours = grants_per_tenant_[tenant];
-    if (ours >= options_.max_grants_per_tenant) {
-      return absl::ResourceExhaustedError(absl::StrCat("namespace ", pod.namespace_, " of node ", origin, " holds ", ours,
-                                                       " regions of this node (the limit per tenant)"));
-    }
-    ++count;
-    ++mine;
-    ++ours;
-    uint64_t g = 0;
-    while (g == 0 || grants_.contains(g)) g = RandomU64();  // unguessable, never reused across restarts
     // A fenceable route's grant: known by its nonce, its writes landing
     // chunk by chunk (LandFenceable), never registered for RDMA below.
     const bool fenceable = claim != nullptr && claim->fenceable() && claim->nonce() != 0;
-    grants_[g] = Grant{node, *rec, pod.key, nullptr, req.caller_instance(), fenceable ? origin : std::string(),
-                       fenceable ? claim->nonce() : 0, tenant, pod.uid, sealed};
-    if (fenceable) routed_grants_.emplace(claim->nonce(), g);
-    SeenLocked(node);  // a grant given is a sign of life, however long the node was quiet
-    resp.set_grant(g);
+    // A grant given is a sign of life, however long the node was quiet; said
+    // before it is given, so the idle sweep cannot take it on its way in.
+    Touch(node);
+    const GrantTable::Added added =
+        grants_.Add(Grant{node, *rec, pod.key, nullptr, req.caller_instance(), fenceable ? origin : std::string(),
+                          fenceable ? claim->nonce() : 0, tenant, pod.uid, sealed});
+    switch (added.over) {
+      case GrantTable::Over::kNone:
+        break;
+      case GrantTable::Over::kNode:
+        return absl::ResourceExhaustedError(absl::StrCat("node ", node, " holds ", added.held, " grants (the limit)"));
+      case GrantTable::Over::kPod:
+        return absl::ResourceExhaustedError(
+            absl::StrCat("pod ", pod.Ref(), " holds ", added.held, " regions of this node (the limit)"));
+      case GrantTable::Over::kTenant:
+        return absl::ResourceExhaustedError(absl::StrCat("namespace ", pod.namespace_, " of node ", origin, " holds ",
+                                                         added.held, " regions of this node (the limit per tenant)"));
+      case GrantTable::Over::kClosed:
+        return StoppingStatus();
+    }
+    resp.set_grant(added.grant);
   }
   if (req.verbs()) {
     absl::Status st = RegisterForVerbs(node, resp.grant(), *rec, req.accepts_over_tcp(), req.accepts_staged(),
@@ -338,12 +334,9 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
   }
   const std::string pod = absl::StrCat("mesh/", claim.origin(), "/", claim.importer().key());
   const std::string tenant = TenantOf(claim.origin(), claim.importer().namespace_());
-  {
-    absl::MutexLock l(&mu_);
-    if (grants_per_node_[caller] >= options_.max_grants_per_peer || grants_per_pod_[pod] >= options_.max_grants_per_pod ||
-        grants_per_tenant_[tenant] >= options_.max_grants_per_tenant) {
-      return done(absl::ResourceExhaustedError(absl::StrCat("node ", caller, " or its pod holds its limit of grants")));
-    }
+  if (!grants_.WithinLimits(caller, pod, tenant)) {
+    if (stopping_.load(std::memory_order_acquire)) return done(StoppingStatus());
+    return done(absl::ResourceExhaustedError(absl::StrCat("node ", caller, " or its pod holds its limit of grants")));
   }
   // Onward as this node opens for its own pods (OpenThrough: over its own
   // transport, a next relay staging the region for this one as this one does
@@ -365,30 +358,20 @@ void MeshEngine::InstallRelayGrant(const std::string& caller, const pb::OpenRegi
   // A sealed route's grant addresses the owner's window, not the export.
   const uint64_t addressable = resp.window_bytes() != 0 ? resp.window_bytes() : resp.size();
   auto fwd = std::make_shared<Forward>(Forward{carrier, resp.grant(), addressable, resp.instance()});
-  bool over = false;
-  uint64_t g = 0;
+  Touch(caller);  // a grant given is a sign of life (before it: see OpenRegion)
+  const GrantTable::Added added =
+      stopping_.load(std::memory_order_acquire)
+          ? GrantTable::Added{.over = GrantTable::Over::kClosed}
+          : grants_.Add(Grant{caller, {}, pod, fwd, req.caller_instance(), {}, 0, tenant, {}, nullptr});
+  if (added.over != GrantTable::Over::kNone) {
+    ReleaseRemoteGrant(carrier.get(), resp.grant());
+    if (added.over == GrantTable::Over::kClosed) return done(StoppingStatus());
+    return done(absl::ResourceExhaustedError(absl::StrCat("node ", caller, " or its pod holds its limit of grants")));
+  }
+  const uint64_t g = added.grant;
   {
     absl::MutexLock l(&mu_);
-    uint32_t& count = grants_per_node_[caller];
-    uint32_t& mine = grants_per_pod_[pod];
-    uint32_t& ours = grants_per_tenant_[tenant];
-    if (stopping_.load(std::memory_order_acquire) || count >= options_.max_grants_per_peer ||
-        mine >= options_.max_grants_per_pod || ours >= options_.max_grants_per_tenant) {
-      over = true;
-    } else {
-      ++count;
-      ++mine;
-      ++ours;
-      while (g == 0 || grants_.contains(g)) g = RandomU64();
-      grants_[g] = Grant{caller, {}, pod, fwd, req.caller_instance(), {}, 0, tenant, {}, nullptr};
-      SeenLocked(caller);  // a grant given is a sign of life, however long the node was quiet
-      ++relayed_opens_;
-    }
-  }
-  if (over) {
-    ReleaseRemoteGrant(carrier.get(), resp.grant());
-    if (stopping_.load(std::memory_order_acquire)) return done(StoppingStatus());
-    return done(absl::ResourceExhaustedError(absl::StrCat("node ", caller, " or its pod holds its limit of grants")));
+    ++relayed_opens_;
   }
   Log()->info("event=mesh_relay_grant peer={} origin={} next={} grant={}", caller, origin, next, g);
   resp.set_grant(g);

@@ -451,11 +451,11 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
             uint64_t n = std::min<uint64_t>(kGpuChunk, h.length - done);
             char* buf = ChunkBuffer();
             io = ReadFull(fd, buf, n);
-            if (io.ok() && copy.ok() && fenceable && !BeginLanding(h.grant)) {
+            if (io.ok() && copy.ok() && fenceable && !grants_.BeginLanding(h.grant)) {
               copy = absl::FailedPreconditionError("the route was fenced");
             } else if (io.ok() && copy.ok()) {
               copy = TimedGpuCopy([&] { return (*rec)->memory->CopyIn(h.offset + done, buf, n); });
-              if (fenceable) EndLanding(h.grant);
+              if (fenceable) grants_.EndLanding(h.grant);
             }
             done += n;
           }

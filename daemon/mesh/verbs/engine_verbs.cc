@@ -152,9 +152,9 @@ void MeshEngine::StagedSlice(const std::string& node, uint64_t grant, bool write
   }
   if (granted->forward == nullptr) {
     const bool landing = write && granted->fenceable;
-    if (landing && !BeginLanding(grant)) return done(absl::FailedPreconditionError("the route was fenced"));
+    if (landing && !grants_.BeginLanding(grant)) return done(absl::FailedPreconditionError("the route was fenced"));
     absl::Status copied = StagedCopy(*granted->record, write, offset, buf, length);
-    if (landing) EndLanding(grant);
+    if (landing) grants_.EndLanding(grant);
     return done(copied);
   }
   // A relay's grant: the slice goes on to the next node from (or into) the
@@ -273,12 +273,7 @@ void MeshEngine::SweepVerbs() {
     regs = verbs_server_->RegisteredGrants();
   }
   for (const auto& [grant, node] : regs) {
-    bool open = false;
-    {
-      absl::MutexLock l(&mu_);
-      open = grants_.contains(grant);
-    }
-    if (!open) {
+    if (!grants_.Contains(grant)) {
       absl::MutexLock l(&verbs_mu_);
       verbs_server_->Unregister(grant, node);
       continue;
