@@ -146,6 +146,8 @@ struct MeshOptions {
   absl::Duration advert_interval = absl::Seconds(60);
 };
 
+class Peer;  // control/peer.h
+
 struct RemoteTarget {
   std::string node_name;
   std::vector<std::string> addresses;  // the owner daemon's "addr/prefix" list
@@ -220,7 +222,7 @@ class MeshEngine final : public MeshPort {
   static std::vector<podlink::mesh::v1::LinkInfo> PeerLinkInfo(const podlink::mesh::v1::HelloResponse& hello);
 
   class Service;
-  class Peer;
+  using Peer = ::podlink::mesh::Peer;  // control/peer.h
 
  private:
   MeshEngine(MeshOptions options, std::string node_name, MeshHost* host);

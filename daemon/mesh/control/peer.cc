@@ -1,9 +1,13 @@
 // Grants held from a peer, given back.
-#include "daemon/mesh/engine_internal.h"
+#include "daemon/mesh/control/peer.h"
+
+#include <chrono>
+
+#include <grpcpp/grpcpp.h>
 
 namespace podlink::mesh {
 
-void ReleaseRemoteGrant(MeshEngine::Peer* peer, uint64_t grant) {
+void ReleaseRemoteGrant(Peer* peer, uint64_t grant) {
   if (std::shared_ptr<DataLinks> links = peer->links()) links->DropRegion(grant);
   (void)peer->Post([peer, grant] {
     std::shared_ptr<pb::Mesh::Stub> stub = peer->stub();

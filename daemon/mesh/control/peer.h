@@ -1,15 +1,33 @@
-// A peer daemon as the importing side sees it (internal to the engine).
+// A peer daemon as the importing side sees it: its worker, links, control
+// stub and paths (the control room's; CMake target podlink_mesh_peer).
 #pragma once
 
-#include "daemon/mesh/engine_util.h"
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/mesh/addresses.h"
+#include "daemon/mesh/links/links.h"
+#include "daemon/mesh/nic_rank.h"
+#include "podlink/mesh/v1/mesh.grpc.pb.h"
 
 namespace podlink::mesh {
+
+namespace pb = podlink::mesh::v1;
 
 // A peer daemon as the importing side sees it. Its worker thread does every
 // blocking exchange with the peer (dial, TLS, OpenLink, OpenRegion), one at a
 // time, so no caller's thread ever waits on a handshake.
 
-class MeshEngine::Peer : public std::enable_shared_from_this<MeshEngine::Peer> {
+class Peer : public std::enable_shared_from_this<Peer> {
  public:
   static constexpr size_t kMaxQueued = 256;
 
@@ -147,6 +165,6 @@ class MeshEngine::Peer : public std::enable_shared_from_this<MeshEngine::Peer> {
 // Gives back a grant this node holds from `peer`: its verbs keys at once, the
 // grant itself on the peer's worker, best effort (grants also die with their
 // export).
-void ReleaseRemoteGrant(MeshEngine::Peer* peer, uint64_t grant);
+void ReleaseRemoteGrant(Peer* peer, uint64_t grant);
 
 }  // namespace podlink::mesh
