@@ -171,11 +171,8 @@ void MeshEngine::Stop() {
   // Relay grants hold their next node; it was one of the peers above. Pods'
   // handles go too (an open finishing meanwhile was refused: stopping).
   std::map<uint64_t, Grant> grants = grants_.Close();
-  {
-    absl::MutexLock l(&mu_);
-    handles_.clear();
-    handles_per_session_.clear();
-  }
+  std::map<uint64_t, Handle> handles = handles_.Close();
+  handles.clear();
   grants.clear();
   // Other nodes' access to this node's memory ends now, not when the daemon
   // object goes: the exports are withdrawn next (sessions closing).

@@ -36,6 +36,7 @@
 #include "daemon/mesh/addresses.h"
 #include "daemon/mesh/mesh_host.h"
 #include "daemon/mesh/nic_rank.h"
+#include "daemon/mesh/importer/handle_table.h"
 #include "daemon/mesh/node_shares.h"
 #include "daemon/mesh/owner/grant_table.h"
 #include "daemon/metrics/metrics.h"
@@ -459,17 +460,8 @@ class MeshEngine final : public MeshPort {
   // grant the owner gave over TCP though RDMA was asked for
   // (OpenRegionResponse.over_tcp_reason); `next` gets it or why not.
   void OverTcp(const RemoteTarget& target, std::function<void(absl::StatusOr<std::shared_ptr<Peer>>)> next);
-  // A second route to a node this one is cabled to, through a relay cabled
-  // to both (mesh.two_hop_stripe); it joins large transfers' stripes.
-  struct TwoHop {
-    std::shared_ptr<Peer> peer;  // the relay's, whose links carry the route
-    uint64_t grant = 0;          // the relay's grant
-    uint64_t instance = 0;       // the relay daemon's instance that issued it
-    uint64_t nonce = 0;          // the route's claim: the owner fences it by this
-    std::atomic<bool> failed{false};  // a chunk failed on it: not used again
-    std::shared_ptr<seal::SealedLinks> sealed;  // the route is sealed end to end; its chunks go through this
-  };
-  // A transfer striped over the direct links and a TwoHop (StartTwoHop).
+  // A second route (TwoHop) and the handles: importer/handle_table.h. A
+  // transfer striped over the direct links and a TwoHop (StartTwoHop).
   class TwoRoutes;
   // Opens `req` (its route, if any, already signed) on `hop`'s daemon, on
   // that peer's worker; `got` gets the peer whose links carry the grant and
@@ -511,17 +503,6 @@ class MeshEngine final : public MeshPort {
   std::thread pump_thread_;
   std::atomic<uint64_t> two_hop_routes_{0}, two_hop_bytes_{0}, two_hop_transfers_{0}, two_hop_failovers_{0},
       two_hop_fences_{0};
-  struct Handle {
-    uint64_t session = 0;
-    std::shared_ptr<Peer> peer;
-    uint64_t grant = 0;
-    uint64_t size = 0;
-    uint64_t instance = 0;  // the peer daemon's instance that issued the grant
-    std::string destination;        // the owner's node (peer is the first relay when via is set)
-    std::vector<std::string> via;   // relays, first hop first
-    std::shared_ptr<TwoHop> two_hop;  // mesh.two_hop_stripe: a second route, once open
-    std::shared_ptr<seal::SealedLinks> sealed;  // through relays: every operation goes sealed through this
-  };
   // The link set an operation of `h` goes to: its sealed route's, or the peer's.
   std::shared_ptr<DataLinks> LinksOf(const Handle& h) const;
   // The importer's end of a sealed route whose owner answered `resp` (its
@@ -608,15 +589,14 @@ class MeshEngine final : public MeshPort {
     absl::Time expires;
   };
   std::map<std::string, Cookie> cookies_ ABSL_GUARDED_BY(mu_);
+  // What this node's pods opened of other nodes (the importer's room; its own lock, a leaf).
+  HandleTable handles_{options_.max_handles_per_session};
   // What this node gave other nodes (the owner's room; its own lock, a leaf).
   GrantTable grants_{GrantTable::Limits{options_.max_grants_per_peer, options_.max_grants_per_pod,
                                         options_.max_grants_per_tenant}};
   std::set<int> serving_fds_ ABSL_GUARDED_BY(mu_);  // data connections being served
   size_t serving_ ABSL_GUARDED_BY(mu_) = 0;         // their threads still running
   std::map<std::string, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, Handle> handles_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, uint32_t> handles_per_session_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t frames_served_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_written_in_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_read_out_ ABSL_GUARDED_BY(mu_) = 0;

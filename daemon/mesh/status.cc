@@ -13,16 +13,16 @@ podlink::v1::MeshStatus MeshEngine::Status() const {
   std::map<std::string, std::shared_ptr<Peer>> peers;
   std::map<std::string, uint32_t> handles;
   std::map<std::pair<std::string, std::vector<std::string>>, uint32_t> routes;
+  for (const Handle& h : handles_.All()) {
+    ++handles[h.peer->tcp() ? h.peer->node() + "/tcp" : h.peer->node()];
+    ++routes[{h.destination, h.via}];
+  }
   const GrantTable::Counts held = grants_.counts();
   st.set_grants(held.grants);
   st.set_relayed_grants(held.relayed);
   {
     absl::MutexLock l(&mu_);
     peers = peers_;
-    for (const auto& [id, h] : handles_) {
-      ++handles[h.peer->tcp() ? h.peer->node() + "/tcp" : h.peer->node()];
-      ++routes[{h.destination, h.via}];
-    }
     st.set_relay_forwarded_bytes(relay_forwarded_bytes_);
     const int64_t now_s = absl::ToUnixSeconds(absl::Now());
     for (const auto& [node, k] : known_) {
@@ -87,13 +87,13 @@ std::string MeshEngine::RenderMetrics() const {
   std::vector<std::shared_ptr<Peer>> peers;
   const GrantTable::Counts held = grants_.counts();
   const double grants = static_cast<double>(held.grants);
-  double handles = 0, repaired = 0;
+  const double handles = static_cast<double>(handles_.size());
+  double repaired = 0;
   uint64_t in = 0, out_bytes = 0, refused_frames = 0, refused_conns = 0, denials = 0, late = 0, dup_notifies = 0,
            idle_closed = 0;
   {
     absl::MutexLock l(&mu_);
     for (const auto& [n, p] : peers_) peers.push_back(p);
-    handles = static_cast<double>(handles_.size());
     in = bytes_written_in_;
     out_bytes = bytes_read_out_;
     refused_frames = refused_frames_;

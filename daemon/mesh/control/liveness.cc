@@ -92,10 +92,7 @@ void MeshEngine::KeepAlive() {
     absl::MutexLock l(&mu_);
     if (absl::Now() - last_keepalive_ < options_.keepalive) return;
     last_keepalive_ = absl::Now();
-    for (const auto& [id, h] : handles_) {
-      peers.insert(h.peer);
-      if (h.two_hop != nullptr) peers.insert(h.two_hop->peer);
-    }
+    for (auto& p : handles_.Peers()) peers.insert(std::move(p));
     for (const auto& f : grants_.Forwards()) peers.insert(f->peer);  // a relay holds grants onward too
   }
   // Asynchronous calls on the peers' channels: never queued behind a peer

@@ -19,10 +19,7 @@ std::shared_ptr<MeshEngine::Peer> MeshEngine::PeerFor(const RemoteTarget& target
     // Forget peers that are idle, hold no connection and back no handle
     // (names pods asked for that never answered, for example).
     std::set<const Peer*> in_use;
-    for (const auto& [id, h] : handles_) {
-      in_use.insert(h.peer.get());
-      if (h.two_hop != nullptr) in_use.insert(h.two_hop->peer.get());
-    }
+    for (const auto& p : handles_.Peers()) in_use.insert(p.get());
     for (const auto& f : grants_.Forwards()) in_use.insert(f->peer.get());
     for (auto it = peers_.begin(); it != peers_.end();) {
       std::shared_ptr<DataLinks> links = it->second->links();
@@ -252,27 +249,17 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
                   }
                   sealed = *std::move(route);
                 }
-                RemoteRegionInfo info;
-                bool over = false;
-                {
-                  absl::MutexLock l(&mu_);
-                  uint32_t& mine = handles_per_session_[session];
-                  if (stopping_.load(std::memory_order_acquire) || mine >= options_.max_handles_per_session) {
-                    over = true;
-                  } else {
-                    ++mine;
-                    info.handle = kRemoteHandleBit | next_handle_++;
-                    handles_[info.handle] =
-                        Handle{session, opened->carrier, resp.grant(), resp.size(), resp.instance(),
-                               destination, via, nullptr, sealed};
-                  }
-                }
-                if (over) {
+                absl::StatusOr<uint64_t> added =
+                    stopping_.load(std::memory_order_acquire)
+                        ? StoppingStatus()
+                        : handles_.Add(Handle{session, opened->carrier, resp.grant(), resp.size(), resp.instance(),
+                                              destination, via, nullptr, sealed});
+                if (!added.ok()) {
                   ReleaseRemoteGrant(opened->carrier.get(), resp.grant());  // its verbs keys too
-                  if (stopping_.load(std::memory_order_acquire)) return done(StoppingStatus());
-                  return done(absl::ResourceExhaustedError(absl::StrCat(
-                      "this session holds ", options_.max_handles_per_session, " remote regions (the limit)")));
+                  return done(added.status());
                 }
+                RemoteRegionInfo info;
+                info.handle = *added;
                 info.export_id = resp.export_id();
                 info.size = resp.size();
                 info.handle_type = resp.handle_type();
@@ -463,16 +450,8 @@ void MeshEngine::AddTwoHop(uint64_t session, uint64_t handle, RemoteTarget targe
                 route->instance = opened->resp.instance();
                 route->nonce = nonce;
                 route->sealed = *std::move(sealed);
-                bool attached = false;
-                {
-                  absl::MutexLock l(&mu_);
-                  auto it = handles_.find(handle);
-                  if (!stopping_.load(std::memory_order_acquire) && it != handles_.end() &&
-                      it->second.session == session && it->second.two_hop == nullptr) {
-                    it->second.two_hop = route;
-                    attached = true;
-                  }
-                }
+                const bool attached =
+                    !stopping_.load(std::memory_order_acquire) && handles_.AttachTwoHop(session, handle, route);
                 if (!attached) return ReleaseRemoteGrant(route->peer.get(), route->grant);  // the handle went first
                 two_hop_routes_.fetch_add(1, std::memory_order_relaxed);
                 Log()->info("event=mesh_two_hop destination={} relay={} handle={}", destination, relay, handle);
@@ -480,32 +459,18 @@ void MeshEngine::AddTwoHop(uint64_t session, uint64_t handle, RemoteTarget targe
 }
 
 absl::Status MeshEngine::DropHandle(uint64_t session, uint64_t handle) {
-  Handle h;
-  {
-    absl::MutexLock l(&mu_);
-    auto it = handles_.find(handle);
-    if (it == handles_.end() || it->second.session != session) {
-      if (stopping_.load(std::memory_order_acquire)) return StoppingStatus();
-      return absl::NotFoundError(absl::StrCat("no remote region ", handle, " in this session"));
-    }
-    h = std::move(it->second);
-    handles_.erase(it);
-    if (--handles_per_session_[session] == 0) handles_per_session_.erase(session);
+  std::optional<Handle> h = handles_.Remove(session, handle);
+  if (!h.has_value()) {
+    if (stopping_.load(std::memory_order_acquire)) return StoppingStatus();
+    return absl::NotFoundError(absl::StrCat("no remote region ", handle, " in this session"));
   }
-  ReleaseRemoteGrant(h.peer.get(), h.grant);
-  if (h.two_hop != nullptr) ReleaseRemoteGrant(h.two_hop->peer.get(), h.two_hop->grant);
+  ReleaseRemoteGrant(h->peer.get(), h->grant);
+  if (h->two_hop != nullptr) ReleaseRemoteGrant(h->two_hop->peer.get(), h->two_hop->grant);
   return absl::OkStatus();
 }
 
 void MeshEngine::DropSession(uint64_t session) {
-  std::vector<uint64_t> mine;
-  {
-    absl::MutexLock l(&mu_);
-    for (const auto& [id, h] : handles_) {
-      if (h.session == session) mine.push_back(id);
-    }
-  }
-  for (uint64_t id : mine) (void)DropHandle(session, id);
+  for (uint64_t id : handles_.OfSession(session)) (void)DropHandle(session, id);
 }
 
 
@@ -531,14 +496,13 @@ absl::Status MeshEngine::CheckInstance(const Handle& h) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<MeshEngine::Handle> MeshEngine::FindHandle(uint64_t session, uint64_t handle) const {
-  absl::MutexLock l(&mu_);
-  auto it = handles_.find(handle);
-  if (it == handles_.end() || it->second.session != session) {
+absl::StatusOr<Handle> MeshEngine::FindHandle(uint64_t session, uint64_t handle) const {
+  std::optional<Handle> h = handles_.Find(session, handle);
+  if (!h.has_value()) {
     if (stopping_.load(std::memory_order_acquire)) return StoppingStatus();
     return absl::NotFoundError(absl::StrCat("remote region ", handle, " was not opened by this session"));
   }
-  return it->second;
+  return *std::move(h);
 }
 
 }  // namespace podlink::mesh
