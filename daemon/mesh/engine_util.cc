@@ -165,14 +165,6 @@ absl::Status ReadFullBefore(int fd, void* buf, size_t len, absl::Time deadline) 
   return absl::OkStatus();
 }
 
-bool ValidNodeName(const std::string& n) {
-  if (n.empty() || n.size() > 253) return false;
-  for (char ch : n) {
-    if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-' || ch == '.')) return false;
-  }
-  return true;
-}
-
 std::string PathName(const Path& path) {
   return absl::StrCat(path.fallback ? "routed" : path.local.AddressText(), "->", path.remote.AddressText());
 }

@@ -7,6 +7,14 @@
 
 namespace podlink::mesh {
 
+bool ValidNodeName(const std::string& n) {
+  if (n.empty() || n.size() > 253) return false;
+  for (char ch : n) {
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-' || ch == '.')) return false;
+  }
+  return true;
+}
+
 std::set<std::string> SharedSubnets(const std::vector<IpPrefix>& x, const std::vector<IpPrefix>& y) {
   std::set<std::string> out;
   for (const IpPrefix& a : x) {

@@ -33,6 +33,10 @@ namespace podlink::mesh {
 
 inline constexpr size_t kMaxRelays = 3;
 
+// A node's name as certificates and adverts carry it (a DNS name: lower-case
+// letters, digits, '-' and '.', at most 253).
+bool ValidNodeName(const std::string& n);
+
 // What makes a cable between two nodes other than this one (above).
 struct CableTrust {
   // The operator's word: mesh.peers addresses, by node.
