@@ -39,6 +39,7 @@
 #include "daemon/mesh/importer/handle_table.h"
 #include "daemon/mesh/node_shares.h"
 #include "daemon/mesh/owner/grant_table.h"
+#include "daemon/mesh/routing/advert_book.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/mesh/links/late_copies.h"
 #include "daemon/mesh/seal/window.h"
@@ -628,21 +629,11 @@ class MeshEngine final : public MeshPort {
   std::map<std::string, uint32_t> data_conns_of_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, absl::Time> last_seen_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, uint32_t> calls_of_ ABSL_GUARDED_BY(mu_);  // control calls in flight
-  struct StoredAdvert {
-    podlink::mesh::v1::NodeAdvert advert;
-    int64_t issued = 0;  // unix seconds
-    std::set<std::string> neighbours;  // its entry's, parsed once
-  };
-  // Nodes this one talked to over a direct path (SawNeighbour), when last.
-  std::map<std::string, absl::Time> neighbours_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, StoredAdvert> adverts_ ABSL_GUARDED_BY(mu_);  // by node, this one's included
-  std::map<std::string, absl::Time> adverts_from_ ABSL_GUARDED_BY(mu_);  // last batch taken, by sender
+  // Node adverts (the routing room's; its own lock, a leaf).
+  AdvertBook adverts_{node_name_, options_.advert_interval};
   std::map<std::string, std::shared_ptr<podlink::mesh::v1::Mesh::Stub>> advert_stubs_ ABSL_GUARDED_BY(mu_);
-  absl::Time adverts_traded_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Mutex advert_calls_mu_;
   std::set<grpc::ClientContext*> advert_calls_ ABSL_GUARDED_BY(advert_calls_mu_);  // TradeAdverts' Hellos in flight
-  absl::Time own_advert_signed_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  uint64_t adverts_refused_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t idle_peer_grants_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t gone_pod_grants_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   // SweepIdleImporters: when it last ran, and the times this daemon itself did not run for a while (its own

@@ -30,8 +30,8 @@ podlink::v1::MeshStatus MeshEngine::Status() const {
       kn->set_node(node);
       for (const std::string& a : k.addresses) kn->add_addresses(a);
       kn->set_port(k.port);
-      auto adv = adverts_.find(node);
-      kn->set_advert_age_seconds(adv == adverts_.end() ? -1 : std::max<int64_t>(0, now_s - adv->second.issued));
+      const int64_t issued = adverts_.IssuedOf(node);
+      kn->set_advert_age_seconds(issued < 0 ? -1 : std::max<int64_t>(0, now_s - issued));
     }
     st.set_served_write_bytes(bytes_written_in_);
     st.set_served_read_bytes(bytes_read_out_);
@@ -210,15 +210,13 @@ std::string MeshEngine::RenderMetrics() const {
   }
   staged = relay_staging_.used();
   const uint64_t restarted_dropped = held.restarted_dropped;
-  uint64_t idle_dropped = 0, gone_dropped = 0, own_pauses = 0, adverts_held = 0,
-           adverts_refused = 0;
+  const uint64_t adverts_held = adverts_.size(), adverts_refused = adverts_.refused();
+  uint64_t idle_dropped = 0, gone_dropped = 0, own_pauses = 0;
   {
     absl::MutexLock l(&mu_);
     idle_dropped = idle_peer_grants_dropped_;
     gone_dropped = gone_pod_grants_dropped_;
     own_pauses = own_pauses_;
-    adverts_held = adverts_.size();
-    adverts_refused = adverts_refused_;
   }
   one("podlink_mesh_restarted_peer_grants_dropped_total", "counter",
       "grants dropped because the daemon holding them restarted (a new instance said so)",
