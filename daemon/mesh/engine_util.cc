@@ -36,16 +36,6 @@ grpc::Status ToGrpc(const absl::Status& s) {
   return s.ok() ? grpc::Status::OK : grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
-std::string RandomCookie() {
-  std::random_device rd;
-  std::string c(kCookieBytes, '\0');
-  for (size_t i = 0; i < kCookieBytes; i += 4) {
-    uint32_t v = rd();
-    std::memcpy(c.data() + i, &v, 4);
-  }
-  return c;
-}
-
 void TuneDataSocket(int fd, absl::Duration io_timeout) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));

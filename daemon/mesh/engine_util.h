@@ -96,7 +96,6 @@ class AnswerOnce {
 
 absl::Status FromGrpc(const grpc::Status& s, const std::string& node);
 grpc::Status ToGrpc(const absl::Status& s);
-std::string RandomCookie();
 void TuneDataSocket(int fd, absl::Duration io_timeout);
 socklen_t ToSockaddr(const IpPrefix& a, uint16_t port, sockaddr_storage* ss);
 // The address a connection came from, as text ("10.0.0.2", "fd00::2"; an

@@ -154,10 +154,8 @@ void MeshEngine::Stop() {
   }
   std::map<std::string, std::shared_ptr<Peer>> peers;
   {
+    admission_.ShutdownAndWait();
     absl::MutexLock l(&mu_);
-    for (int fd : serving_fds_) ::shutdown(fd, SHUT_RDWR);
-    auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return serving_ == 0; };
-    mu_.Await(absl::Condition(&done));
     peers.swap(peers_);
   }
   // Workers first (a queued open finds the engine stopping and answers so; one

@@ -43,6 +43,7 @@
 #include "daemon/metrics/metrics.h"
 #include "daemon/mesh/links/late_copies.h"
 #include "daemon/mesh/seal/window.h"
+#include "daemon/mesh/tcp/admission.h"
 #include "daemon/mesh/tcp/tcp_link.h"
 #include "daemon/mesh/verbs/verbs_link.h"
 #include "daemon/relay/mesh_port.h"
@@ -284,15 +285,6 @@ class MeshEngine final : public MeshPort {
   void SawNeighbour(const std::string& node, const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
   // What makes a cable between two other nodes in a route (routes.h).
   CableTrust Trust() const ABSL_LOCKS_EXCLUDED(mu_);
-  // `source`: the caller's address, whose data connections then count as a
-  // peer's before their AUTH (AcceptLoop). `sources`: the addresses the
-  // caller says its data connections come from (its paths' own ends, at most
-  // kMaxClaimedSources); they count so too while it says so, replacing what
-  // its last OpenLink said.
-  absl::StatusOr<std::vector<std::string>> IssueCookies(const std::string& node, uint32_t n,
-                                                        const std::string& source = "",
-                                                        const std::vector<std::string>& sources = {})
-      ABSL_LOCKS_EXCLUDED(mu_);
   // `claim`: the checked claim of a relayed request (importer and target are
   // taken from it), or nullptr.
   absl::StatusOr<podlink::mesh::v1::OpenRegionResponse> OpenRegion(const std::string& node,
@@ -392,26 +384,16 @@ class MeshEngine final : public MeshPort {
   // A copy between a GPU export and a connection's buffer, timed.
   absl::Status TimedGpuCopy(const std::function<absl::Status()>& copy);
   void AcceptLoop();
-  void ServeConnection(int fd, const std::string& source, bool stranger);
+  void ServeConnection(int fd, const DataAdmission::Pending& pending);
   // The frames of an authenticated data connection (wire.h).
   void ServeFrames(int fd, const std::string& node, uint64_t link_instance);
   // Transfers a sender's link instance finished (DONE) or notified: late
   // copies of their slices are dropped, a NOTIFY is delivered once
   // (links/late_copies.h; its own lock, taken alone).
   LateCopies late_copies_;
-  // Connections before AUTH: at most kMaxUnauthenticated in all, at most
-  // kMaxUnauthenticatedPerSource from one address, and addresses that have
-  // not been a peer's (kStrangerShare) together at most half: a flood from
-  // strangers leaves room for the peers that called OpenLink or
-  // authenticated before.
-  static constexpr size_t kMaxUnauthenticated = 64;
-  static constexpr size_t kMaxUnauthenticatedPerSource = 8;
-  static constexpr size_t kStrangerShare = kMaxUnauthenticated / 2;
-  static constexpr size_t kMaxKnownSources = 4096;
-  static constexpr size_t kMaxClaimedSources = 16;
-  static constexpr uint32_t kGuaranteedConnections = 16;
-  // The peer address of a connection or of a control call, as one key.
-  void RememberSource(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Who may hold a data connection (cookies, slots before AUTH, each peer's share: tcp/admission.h).
+  DataAdmission admission_{DataAdmission::Limits{options_.max_data_connections,
+                                                  options_.max_data_connections_per_peer}};
 
   // Importing side.
   // `tcp`: TCP links whatever mesh.transport says (a relay's grant has no
@@ -584,38 +566,19 @@ class MeshEngine final : public MeshPort {
   absl::Status NotQueued(const std::string& node) const;
 
   mutable absl::Mutex mu_;  // protects everything below
-  absl::CondVar conns_cv_;
-  struct Cookie {
-    std::string node;
-    absl::Time expires;
-  };
-  std::map<std::string, Cookie> cookies_ ABSL_GUARDED_BY(mu_);
   // What this node's pods opened of other nodes (the importer's room; its own lock, a leaf).
   HandleTable handles_{options_.max_handles_per_session};
   // What this node gave other nodes (the owner's room; its own lock, a leaf).
   GrantTable grants_{GrantTable::Limits{options_.max_grants_per_peer, options_.max_grants_per_pod,
                                         options_.max_grants_per_tenant}};
-  std::set<int> serving_fds_ ABSL_GUARDED_BY(mu_);  // data connections being served
-  size_t serving_ ABSL_GUARDED_BY(mu_) = 0;         // their threads still running
   std::map<std::string, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
   uint64_t frames_served_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_written_in_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_read_out_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t refused_frames_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t refused_connections_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t remote_denials_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t late_slices_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t duplicate_notifies_ ABSL_GUARDED_BY(mu_) = 0;
-  size_t unauthenticated_ ABSL_GUARDED_BY(mu_) = 0;
-  size_t unauthenticated_strangers_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<std::string, size_t> unauthenticated_of_ ABSL_GUARDED_BY(mu_);  // by source address
-  std::map<std::string, absl::Time> known_sources_ ABSL_GUARDED_BY(mu_);   // peers' addresses, last seen
-  // What each peer's last OpenLink named as its data connections' sources,
-  // and how many peers name each address (kept apart from known_sources_: a
-  // peer's claims cannot push other peers' addresses out of that table).
-  std::map<std::string, std::vector<std::string>> sources_of_node_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, uint32_t> claimed_sources_ ABSL_GUARDED_BY(mu_);
-  size_t authenticated_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t idle_closed_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Repair> repairs_ ABSL_GUARDED_BY(mu_);
   struct Known {
@@ -624,9 +587,8 @@ class MeshEngine final : public MeshPort {
   };
   std::map<std::string, Known> known_ ABSL_GUARDED_BY(mu_);
   LatencyHistogram gpu_copies_;  // TimedGpuCopy
-  // Importing nodes' signs of life: data connections being served, and the
-  // last control call or connection end.
-  std::map<std::string, uint32_t> data_conns_of_ ABSL_GUARDED_BY(mu_);
+  // Importing nodes' signs of life: the last control call or connection end,
+  // and control calls in flight (their data connections: admission_).
   std::map<std::string, absl::Time> last_seen_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, uint32_t> calls_of_ ABSL_GUARDED_BY(mu_);  // control calls in flight
   // Node adverts (the routing room's; its own lock, a leaf).

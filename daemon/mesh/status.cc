@@ -35,7 +35,7 @@ podlink::v1::MeshStatus MeshEngine::Status() const {
     }
     st.set_served_write_bytes(bytes_written_in_);
     st.set_served_read_bytes(bytes_read_out_);
-    st.set_refused_connections(refused_connections_);
+    st.set_refused_connections(admission_.counts().refused);
     st.set_refused_frames(refused_frames_);
     st.set_denials(remote_denials_);
   }
@@ -97,7 +97,7 @@ std::string MeshEngine::RenderMetrics() const {
     in = bytes_written_in_;
     out_bytes = bytes_read_out_;
     refused_frames = refused_frames_;
-    refused_conns = refused_connections_;
+    refused_conns = admission_.counts().refused;
     denials = remote_denials_;
     repaired = repaired_connections_;
     late = late_slices_dropped_;

@@ -44,7 +44,7 @@ void MeshEngine::SweepIdleImporters() {
     // (The grant table's lock is a leaf: asked under mu_, so a node's Touch
     // before its next grant cannot fall between the check and the drop.)
     for (const std::string& node : grants_.Holders()) {
-      if (data_conns_of_.contains(node) || calls_of_.contains(node)) continue;
+      if (admission_.Connected(node) || calls_of_.contains(node)) continue;
       auto seen = last_seen_.find(node);
       // A grant is given in a control call, which counts as seen.
       if (seen != last_seen_.end() && now - seen->second < options_.grant_idle_timeout) continue;

@@ -31,7 +31,7 @@ class MeshEngine::Service final : public pb::Mesh::CallbackService {
                                      pb::OpenLinkResponse* resp) override {
     return Run(ctx, [&](const std::string& node) -> absl::Status {
       PODLINK_ASSIGN_OR_RETURN(std::vector<std::string> cookies,
-                               e_->IssueCookies(node, req->connections(), SourceOfGrpcPeer(ctx->peer()),
+                               e_->admission_.IssueCookies(node, req->connections(), SourceOfGrpcPeer(ctx->peer()),
                                                 {req->sources().begin(), req->sources().end()}));
       for (auto& c : cookies) resp->add_cookies(std::move(c));
       resp->set_data_port(e_->data_port_);

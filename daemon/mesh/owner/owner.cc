@@ -19,57 +19,6 @@ uint64_t MeshEngine::GrantForTesting(const std::string& node, std::shared_ptr<co
   return grants_.Add(std::move(g)).grant;
 }
 
-absl::StatusOr<std::vector<std::string>> MeshEngine::IssueCookies(const std::string& node, uint32_t n,
-                                                                 const std::string& source,
-                                                                 const std::vector<std::string>& sources) {
-  if (n == 0 || n > 64) return absl::InvalidArgumentError("OpenLink: 1 to 64 connections");
-  if (sources.size() > kMaxClaimedSources) {
-    return absl::InvalidArgumentError(absl::StrCat("OpenLink: at most ", kMaxClaimedSources, " source addresses"));
-  }
-  std::vector<std::string> claimed;
-  for (const std::string& s : sources) {
-    // A whole address ("10.0.1.2", "fd00::1"), written as the data port's
-    // accept writes a connection's source.
-    absl::StatusOr<IpPrefix> a = IpPrefix::Parse(s);
-    if (!a.ok() || s.find('/') != std::string::npos) {
-      return absl::InvalidArgumentError("OpenLink: a source is not an IP address");
-    }
-    std::string text = a->AddressText();
-    if (std::find(claimed.begin(), claimed.end(), text) == claimed.end()) claimed.push_back(std::move(text));
-  }
-  absl::Time now = absl::Now();
-  absl::MutexLock l(&mu_);
-  RememberSource(source);
-  size_t mine = 0;
-  for (auto it = cookies_.begin(); it != cookies_.end();) {
-    if (it->second.expires < now) {
-      it = cookies_.erase(it);
-      continue;
-    }
-    mine += it->second.node == node;
-    ++it;
-  }
-  if (mine + n > 256) {
-    return absl::ResourceExhaustedError(absl::StrCat("node ", node, " holds ", mine, " unused link cookies"));
-  }
-  // The addresses its paths connect from, once the call is taken: they replace the node's earlier ones.
-  std::vector<std::string>& mine_before = sources_of_node_[node];
-  for (const std::string& s : mine_before) {
-    if (auto it = claimed_sources_.find(s); it != claimed_sources_.end() && --it->second == 0) {
-      claimed_sources_.erase(it);
-    }
-  }
-  for (const std::string& s : claimed) ++claimed_sources_[s];
-  mine_before = std::move(claimed);
-  std::vector<std::string> out;
-  for (uint32_t i = 0; i < n; ++i) {
-    std::string c = RandomCookie();
-    cookies_[c] = Cookie{node, now + absl::Seconds(10)};
-    out.push_back(std::move(c));
-  }
-  return out;
-}
-
 void MeshEngine::OpenRegionFor(const std::string& node, const pb::OpenRegionRequest& req, RegionDone done) {
   if (node != node_name_) SeenInstance(node, req.caller_instance());
   if (!req.has_route()) return done(OpenRegion(node, req));

@@ -19,7 +19,7 @@ absl::Status MeshEngine::ConnectTcpLinks(const std::shared_ptr<Peer>& peer, cons
     req.set_connections(static_cast<uint32_t>(std::min<size_t>(64, paths.size() * per_path)));
     // Where its connections come from: each path binds its own local address.
     for (const Path& path : paths) {
-      if (path.fallback || req.sources_size() >= static_cast<int>(kMaxClaimedSources)) continue;
+      if (path.fallback || req.sources_size() >= static_cast<int>(DataAdmission::kMaxClaimedSources)) continue;
       std::string local = path.local.AddressText();
       if (std::find(req.sources().begin(), req.sources().end(), local) == req.sources().end()) {
         req.add_sources(std::move(local));

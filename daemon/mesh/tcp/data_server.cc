@@ -205,17 +205,6 @@ absl::Status MeshEngine::ServeForward(const std::shared_ptr<ConnWriter>& writer,
 }
 
 
-void MeshEngine::RememberSource(const std::string& address) {
-  if (address.empty()) return;
-  known_sources_[address] = absl::Now();
-  if (known_sources_.size() <= kMaxKnownSources) return;
-  auto oldest = known_sources_.begin();
-  for (auto it = known_sources_.begin(); it != known_sources_.end(); ++it) {
-    if (it->second < oldest->second) oldest = it;
-  }
-  known_sources_.erase(oldest);
-}
-
 void MeshEngine::AcceptLoop() {
   for (;;) {
     sockaddr_storage from{};
@@ -231,49 +220,17 @@ void MeshEngine::AcceptLoop() {
       return;
     }
     auto conn = std::make_shared<UniqueFd>(fd);
-    const std::string source = SourceAddress(from);
-    absl::MutexLock l(&mu_);
-    // Before AUTH, a connection takes one of a few slots: per source address,
-    // and strangers' (addresses no peer has used) only half of them, so a
-    // flood cannot take the slots of peers. Authenticated connections are
-    // counted per peer (ServeConnection). The thread bound: both together.
-    const bool stranger = !known_sources_.contains(source) && !claimed_sources_.contains(source);
-    auto of = unauthenticated_of_.find(source);
-    const size_t from_source = of == unauthenticated_of_.end() ? 0 : of->second;
-    const char* why = nullptr;
-    if (stopping_.load(std::memory_order_acquire)) {
-      why = "stopping";
-    } else if (serving_ >= options_.max_data_connections + kMaxUnauthenticated) {
-      why = "connections";
-    } else if (unauthenticated_ >= kMaxUnauthenticated) {
-      why = "unauthenticated";
-    } else if (from_source >= kMaxUnauthenticatedPerSource) {
-      why = "unauthenticated_from_source";
-    } else if (stranger && unauthenticated_strangers_ >= kStrangerShare) {
-      why = "unauthenticated_strangers";
-    }
-    if (why != nullptr) {
-      ++refused_connections_;
-      continue;  // closed: over the bound
-    }
-    ++serving_;
-    ++unauthenticated_;
-    ++unauthenticated_of_[source];
-    if (stranger) ++unauthenticated_strangers_;
-    serving_fds_.insert(fd);
-    std::thread([this, conn, source, stranger] {
-      ServeConnection(conn->get(), source, stranger);
-      // Forgotten and closed under one lock: the number cannot be reused by a
-      // new connection while it is still listed.
-      absl::MutexLock l(&mu_);
-      serving_fds_.erase(conn->get());
-      conn->Reset();
-      --serving_;
+    std::optional<DataAdmission::Pending> pending =
+        stopping_.load(std::memory_order_acquire) ? std::nullopt : admission_.Admit(fd, SourceAddress(from));
+    if (!pending.has_value()) continue;  // closed: over the bound
+    std::thread([this, conn, p = *std::move(pending)] {
+      ServeConnection(conn->get(), p);
+      admission_.Closed(conn->get(), [&] { conn->Reset(); });
     }).detach();
   }
 }
 
-void MeshEngine::ServeConnection(int fd, const std::string& source, bool stranger) {
+void MeshEngine::ServeConnection(int fd, const DataAdmission::Pending& pending) {
   // Nothing but AUTH, whole, within 2 s; a stranger gets no answer at all.
   const absl::Time deadline = absl::Now() + absl::Seconds(2);
   FrameHeader h;
@@ -281,39 +238,10 @@ void MeshEngine::ServeConnection(int fd, const std::string& source, bool strange
   bool ok = ReadFullBefore(fd, &h, sizeof(h), deadline).ok() && h.magic == kFrameMagic &&
             h.type == static_cast<uint16_t>(FrameType::kAuth) && h.length == kCookieBytes &&
             ReadFullBefore(fd, cookie.data(), cookie.size(), deadline).ok();
-  std::string node;
   const uint64_t link_instance = h.grant;
-  {
-    absl::MutexLock l(&mu_);
-    --unauthenticated_;
-    if (stranger) --unauthenticated_strangers_;
-    if (auto of = unauthenticated_of_.find(source); of != unauthenticated_of_.end() && --of->second == 0) {
-      unauthenticated_of_.erase(of);
-    }
-    auto it = ok ? cookies_.find(cookie) : cookies_.end();
-    if (it == cookies_.end() || it->second.expires < absl::Now()) {
-      ++refused_connections_;
-      if (ok) Log()->warn("event=mesh_data_refused reason=\"unknown or expired cookie\" source={}", source);
-      return;
-    }
-    node = it->second.node;
-    cookies_.erase(it);
-    // Every peer may hold its share, whatever the others hold: the total
-    // bound turns away only peers past kGuaranteedConnections.
-    const uint32_t mine = data_conns_of_.contains(node) ? data_conns_of_[node] : 0;
-    const char* over = mine >= options_.max_data_connections_per_peer ? "the peer's own share"
-                       : authenticated_ >= options_.max_data_connections && mine >= kGuaranteedConnections
-                           ? "all peers' connections"
-                           : nullptr;
-    if (over != nullptr) {
-      ++refused_connections_;
-      Log()->warn("event=mesh_data_refused peer={} reason=\"over {}\" held={}", node, over, mine);
-      return;
-    }
-    RememberSource(source);
-    ++data_conns_of_[node];
-    ++authenticated_;
-  }
+  absl::StatusOr<std::string> authenticated = admission_.Authenticate(pending, ok ? &cookie : nullptr);
+  if (!authenticated.ok()) return;
+  const std::string node = *std::move(authenticated);
   TuneDataSocket(fd, options_.io_timeout);
   // A write that makes no progress for the io_timeout cuts the peer: one
   // that stopped reading holds this thread no longer than that.
@@ -321,10 +249,13 @@ void MeshEngine::ServeConnection(int fd, const std::string& source, bool strange
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
   Log()->info("event=mesh_data_connection peer={}", node);
   ServeFrames(fd, node, link_instance);
-  absl::MutexLock l(&mu_);
-  --authenticated_;
-  if (--data_conns_of_[node] == 0) data_conns_of_.erase(node);
-  last_seen_[node] = absl::Now();
+  // Seen before its connection stops counting, so the idle sweep (which
+  // looks at both under mu_) never finds it neither connected nor seen.
+  {
+    absl::MutexLock l(&mu_);
+    last_seen_[node] = absl::Now();
+  }
+  admission_.Disconnected(node);
 }
 
 
