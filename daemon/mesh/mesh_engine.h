@@ -391,10 +391,6 @@ class MeshEngine final : public MeshPort {
   // copies of their slices are dropped, a NOTIFY is delivered once
   // (links/late_copies.h; its own lock, taken alone).
   LateCopies late_copies_;
-  // Who may hold a data connection (cookies, slots before AUTH, each peer's share: tcp/admission.h).
-  DataAdmission admission_{DataAdmission::Limits{options_.max_data_connections,
-                                                  options_.max_data_connections_per_peer}};
-
   // Importing side.
   // `tcp`: TCP links whatever mesh.transport says (a relay's grant has no
   // memory for RDMA to land in, so the hop to a relay is TCP); such a peer is
@@ -566,6 +562,9 @@ class MeshEngine final : public MeshPort {
   absl::Status NotQueued(const std::string& node) const;
 
   mutable absl::Mutex mu_;  // protects everything below
+  // Who may hold a data connection (the TCP data server's gate, tcp/admission.h; its own lock, a leaf).
+  DataAdmission admission_{DataAdmission::Limits{options_.max_data_connections,
+                                                  options_.max_data_connections_per_peer}};
   // What this node's pods opened of other nodes (the importer's room; its own lock, a leaf).
   HandleTable handles_{options_.max_handles_per_session};
   // What this node gave other nodes (the owner's room; its own lock, a leaf).
