@@ -1,5 +1,6 @@
 // Transfers: two-hop striping, the pump, notifications.
 #include "daemon/mesh/engine_internal.h"
+#include "daemon/mesh/links/range.h"
 
 namespace podlink::mesh {
 
@@ -248,10 +249,7 @@ absl::Status MeshEngine::Start(MeshTransfer t, Done done) {
   PODLINK_ASSIGN_OR_RETURN(Handle h, FindHandle(t.session, t.handle));
   PODLINK_RETURN_IF_ERROR(CheckInstance(h));
   if (t.length == 0) return absl::InvalidArgumentError("length must be > 0");
-  if (t.remote_offset > h.size || t.length > h.size - t.remote_offset) {
-    return absl::OutOfRangeError(absl::StrCat("remote range [", t.remote_offset, ", +", t.length,
-                                              ") exceeds the remote region of ", h.size, " bytes"));
-  }
+  PODLINK_RETURN_IF_ERROR((ByteRange{t.remote_offset, t.length}.CheckIn(h.size, "the remote region")));
   std::shared_ptr<DataLinks> links = LinksOf(h);
   if (links == nullptr || links->live() == 0) {
     return absl::UnavailableError(absl::StrCat("no link to node ", h.peer->node(),

@@ -7,6 +7,8 @@
 #include <openssl/crypto.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_util.h"
+#include "daemon/mesh/links/range.h"
 
 namespace podlink::mesh::seal {
 namespace {
@@ -154,9 +156,8 @@ void SealedRegion::Act(Slot& s, uint32_t index, Lander& lander) {
     st = h.length == 0 ? lander.Notify(h.offset) : absl::InvalidArgumentError("a notification carries no data");
   } else if (h.length == 0 || h.length > kSlotDataBytes) {
     st = absl::InvalidArgumentError(absl::StrCat("a sealed unit carries 1 to ", kSlotDataBytes, " bytes"));
-  } else if (h.offset > export_size_ || h.length > export_size_ - h.offset) {
-    st = absl::OutOfRangeError(absl::StrCat("range [", h.offset, ", +", h.length, ") exceeds the export of ",
-                                            export_size_, " bytes"));
+  } else if (!ByteRange{h.offset, h.length}.Within(export_size_)) {
+    st = ByteRange{h.offset, h.length}.CheckIn(export_size_, "the export");
   } else if (h.kind == Kind::kWrite) {
     // Decrypted out of the window: what peers can read of it (the window is
     // the grant's address space) never holds plaintext.
@@ -281,10 +282,7 @@ absl::Status SealedLinks::Submit(LinkOp op) {
     u->offset = op.offset;
     units.push_back(std::move(u));
   } else if (op.type == FrameType::kWrite || op.type == FrameType::kRead) {
-    if (op.length == 0 || op.offset > export_size_ || op.length > export_size_ - op.offset) {
-      return absl::OutOfRangeError(absl::StrCat("range [", op.offset, ", +", op.length, ") exceeds the region of ",
-                                                export_size_, " bytes"));
-    }
+    PODLINK_RETURN_IF_ERROR((ByteRange{op.offset, op.length}.CheckNonEmptyIn(export_size_)));
     for (uint64_t at = 0; at < op.length; at += kSlotDataBytes) {
       auto u = std::make_shared<Unit>();
       u->kind = op.type == FrameType::kWrite ? Kind::kWrite : Kind::kRead;

@@ -1,6 +1,7 @@
 // The TCP data server: connections, frames, forwarded requests, and the
 // finished-transfer table.
 #include "daemon/mesh/engine_internal.h"
+#include "daemon/mesh/links/range.h"
 
 namespace podlink::mesh {
 
@@ -137,11 +138,10 @@ absl::Status MeshEngine::ServeForward(const std::shared_ptr<ConnWriter>& writer,
   auto end = [this, key, type] {
     if (type == FrameType::kWrite) late_copies_.EndWrite(key);
   };
-  absl::Status st;
-  if (type != FrameType::kNotify &&
-      (h.length == 0 || h.offset > fwd.size || h.length > fwd.size - h.offset)) {
-    st = absl::OutOfRangeError(absl::StrCat("range [", h.offset, ", +", h.length, ") exceeds the region of ",
-                                            fwd.size, " bytes"));
+  absl::Status st =
+      type == FrameType::kNotify ? absl::OkStatus() : ByteRange{h.offset, h.length}.CheckNonEmptyIn(fwd.size);
+  if (!st.ok()) {
+    // answered below
   } else if (fwd.peer->instance.load(std::memory_order_acquire) != fwd.instance) {
     st = absl::UnavailableError(absl::StrCat("node ", fwd.peer->node(), "'s podlinkd restarted: open the region again"));
   } else if (auto links = fwd.peer->links(); links == nullptr || links->live() == 0) {
@@ -354,9 +354,8 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
     if (st.ok() && type != FrameType::kNotify) {
       if (h.length == 0) {
         st = absl::InvalidArgumentError("length must be > 0");
-      } else if (h.offset > (*rec)->size || h.length > (*rec)->size - h.offset) {
-        st = absl::OutOfRangeError(absl::StrCat("range [", h.offset, ", +", h.length, ") exceeds export ",
-                                                (*rec)->id, " of ", (*rec)->size, " bytes"));
+      } else if (!ByteRange{h.offset, h.length}.Within((*rec)->size)) {
+        st = ByteRange{h.offset, h.length}.CheckIn((*rec)->size, absl::StrCat("export ", (*rec)->id));
       } else if (view->on_gpu && h.length > kMaxGpuFrame) {
         st = absl::InvalidArgumentError(absl::StrCat("a frame for GPU memory carries at most ", kMaxGpuFrame, " bytes"));
       } else if (!view->on_gpu) {

@@ -1,6 +1,7 @@
 // The verbs backend of the engine: serving, registering, staging,
 // notifications and connects.
 #include "daemon/mesh/engine_internal.h"
+#include "daemon/mesh/links/range.h"
 
 namespace podlink::mesh {
 
@@ -162,9 +163,8 @@ void MeshEngine::StagedSlice(const std::string& node, uint64_t grant, bool write
   // slots here are the relay's staging for it, bounded per peer and device.
   const Forward& fwd = *granted->forward;
   absl::Status st;
-  if (length == 0 || offset > fwd.size || length > fwd.size - offset) {
-    st = absl::OutOfRangeError(absl::StrCat("range [", offset, ", +", length, ") exceeds the region of ", fwd.size,
-                                            " bytes"));
+  if (absl::Status range = ByteRange{offset, length}.CheckNonEmptyIn(fwd.size); !range.ok()) {
+    st = std::move(range);
   } else if (fwd.peer->instance.load(std::memory_order_acquire) != fwd.instance) {
     st = absl::UnavailableError(absl::StrCat("node ", fwd.peer->node(), "'s podlinkd restarted: open the region again"));
   }
@@ -197,10 +197,7 @@ absl::Status MeshEngine::StagedCopy(const ExportRecord& export_record, bool writ
   // host memory every page still there (the grant was checked by the caller).
   const ExportRecord* rec = &export_record;
   PODLINK_ASSIGN_OR_RETURN(RelayView view, rec->memory->MapForRelay());
-  if (length == 0 || offset > rec->size || length > rec->size - offset) {
-    return absl::OutOfRangeError(absl::StrCat("range [", offset, ", +", length, ") exceeds export ", rec->id, " of ",
-                                              rec->size, " bytes"));
-  }
+  PODLINK_RETURN_IF_ERROR((ByteRange{offset, length}.CheckNonEmptyIn(rec->size, absl::StrCat("export ", rec->id))));
   if (view.on_gpu) {
     PODLINK_RETURN_IF_ERROR(TimedGpuCopy(
         [&] { return write ? rec->memory->CopyIn(offset, buf, length) : rec->memory->CopyOut(offset, buf, length); }));
