@@ -42,6 +42,7 @@
 #include "daemon/mesh/routing/advert_book.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/mesh/links/late_copies.h"
+#include "daemon/mesh/links/log_limit.h"
 #include "daemon/mesh/seal/window.h"
 #include "daemon/mesh/tcp/admission.h"
 #include "daemon/mesh/tcp/tcp_link.h"
@@ -613,26 +614,13 @@ class MeshEngine final : public MeshPort {
   // Grants given over TCP though RDMA was asked for (RegisterForVerbs).
   std::atomic<uint64_t> grants_over_tcp_{0};
   // Logs said at most every 10 s (the counters count every case).
-  class LogEvery10s {
-   public:
-    bool Due() ABSL_LOCKS_EXCLUDED(mu_) {
-      absl::MutexLock l(&mu_);
-      if (absl::Now() - last_ < absl::Seconds(10)) return false;
-      last_ = absl::Now();
-      return true;
-    }
-
-   private:
-    absl::Mutex mu_;
-    absl::Time last_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  };
-  LogEvery10s over_tcp_log_;
+  LogLimit over_tcp_log_;
   // Grants staged through a bounce pool though RDMA access was asked for.
   std::atomic<uint64_t> grants_staged_{0};
-  LogEvery10s staged_log_;
+  LogLimit staged_log_;
   // Opens that went over TCP because no RDMA path to the node came up.
   std::atomic<uint64_t> verbs_fallbacks_{0};
-  LogEvery10s fallback_log_;
+  LogLimit fallback_log_;
   // Verbs state, apart from mu_ (device calls can be slow).
   mutable absl::Mutex verbs_mu_;
   std::unique_ptr<verbs::Nics> nics_ ABSL_GUARDED_BY(verbs_mu_);

@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "common/status_util.h"
 #include "daemon/gpu/memory_object.h"
+#include "daemon/mesh/links/log_limit.h"
 #include "daemon/mesh/links/random.h"
 
 namespace podlink::mesh::verbs {
@@ -59,13 +60,8 @@ constexpr uint32_t kAckBytes = 8;
 inline uint32_t AckImm(uint32_t tag, absl::StatusCode code) { return (tag << 8) | (static_cast<uint32_t>(code) & 0xff); }
 
 // Said at most every 10 s (a peer must not be able to flood the log).
-inline bool Due(std::atomic<int64_t>& last) {
-  const int64_t now = absl::ToUnixSeconds(absl::Now());
-  int64_t prev = last.load(std::memory_order_relaxed);
-  return now - prev >= 10 && last.compare_exchange_strong(prev, now, std::memory_order_relaxed);
-}
-inline std::atomic<int64_t> refused_log{0};
-inline std::atomic<int64_t> unexpected_ack_log{0};
+inline LogLimit refused_log;
+inline LogLimit unexpected_ack_log;
 
 inline uint32_t RandomPsn() {
   static thread_local std::mt19937 rng{std::random_device{}()};

@@ -722,7 +722,7 @@ void VerbsLinks::Acknowledged(Lane* lane, uint32_t imm) {
   if (!found) {
     // Not one this lane has outstanding (a late answer after a resend, or a
     // confused owner): nothing to finish.
-    if (Due(unexpected_ack_log)) {
+    if (unexpected_ack_log.Due()) {
       Log()->warn("event=verbs_unexpected_ack node={} path={} slot={}", node_, lane->path->name, tag);
     }
     return;

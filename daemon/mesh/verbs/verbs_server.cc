@@ -762,7 +762,7 @@ void VerbsServer::Answer(const StageJob& job, const absl::Status& st) {
     staged_slices_.fetch_add(1, std::memory_order_relaxed);
   } else {
     staged_refused_.fetch_add(1, std::memory_order_relaxed);
-    if (Due(refused_log)) {
+    if (refused_log.Due()) {
       Log()->warn("event=verbs_staged_refused peer={} grant={} write={} offset={} length={} why=\"{}\" (refused so far: {})",
                   nn.node, job.grant, write, job.offset, job.length, st.message(),
                   staged_refused_.load(std::memory_order_relaxed));
