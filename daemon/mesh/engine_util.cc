@@ -28,12 +28,9 @@ absl::StatusOr<std::string> ReadPem(const std::string& dir, const char* name) {
 }
 
 absl::Status FromGrpc(const grpc::Status& s, const std::string& node) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), absl::StrCat("node ", node, ": ", s.error_message()));
-}
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  return s.ok() ? grpc::Status::OK : grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+  absl::Status st = FromGrpcStatus(s);
+  if (st.ok()) return st;
+  return absl::Status(st.code(), absl::StrCat("node ", node, ": ", st.message()));
 }
 
 void TuneDataSocket(int fd, absl::Duration io_timeout) {

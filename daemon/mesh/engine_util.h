@@ -94,8 +94,8 @@ class AnswerOnce {
   const std::string dropped_;
 };
 
+// A peer daemon's answer, said as coming from `node` (common/status_util.h translates).
 absl::Status FromGrpc(const grpc::Status& s, const std::string& node);
-grpc::Status ToGrpc(const absl::Status& s);
 void TuneDataSocket(int fd, absl::Duration io_timeout);
 socklen_t ToSockaddr(const IpPrefix& a, uint16_t port, sockaddr_storage* ss);
 // The address a connection came from, as text ("10.0.0.2", "fd00::2"; an

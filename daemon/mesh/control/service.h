@@ -44,7 +44,7 @@ class MeshEngine::Service final : public pb::Mesh::CallbackService {
     grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
     absl::StatusOr<std::string> node = PeerNode(ctx);
     if (!node.ok()) {
-      r->Finish(ToGrpc(node.status()));
+      r->Finish(ToGrpcStatus(node.status()));
       return r;
     }
     // A relayed open is answered later, from a mesh thread; if its task is
@@ -69,7 +69,7 @@ class MeshEngine::Service final : public pb::Mesh::CallbackService {
       answer->done = true;
       if (peer) e->EndCall(n);
       if (out.ok()) *answer->resp = *std::move(out);
-      answer->r->Finish(ToGrpc(out.status()));
+      answer->r->Finish(ToGrpcStatus(out.status()));
     });
     return r;
   }
@@ -116,7 +116,7 @@ class MeshEngine::Service final : public pb::Mesh::CallbackService {
     if (peer) e_->BeginCall(*node);
     absl::Status st = node.ok() ? f(*node) : node.status();
     if (peer) e_->EndCall(*node);
-    r->Finish(ToGrpc(st));
+    r->Finish(ToGrpcStatus(st));
     return r;
   }
   MeshEngine* const e_;
