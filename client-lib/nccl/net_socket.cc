@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/status_util.h"
+#include "common/tcp_connect.h"
 
 namespace podlink::ncclnet {
 namespace {
@@ -158,22 +159,8 @@ absl::StatusOr<UniqueFd> StartConnect(const SockAddr& to) {
       ::freeifaddrs(list);
     }
   }
-  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&to.ss), to.len) != 0 && errno != EINPROGRESS) {
-    return ErrnoStatus(errno, absl::StrCat("connect to ", to.ToString()));
-  }
+  PODLINK_RETURN_IF_ERROR(BeginConnect(fd.get(), reinterpret_cast<const sockaddr*>(&to.ss), to.len, to.ToString()));
   return fd;
-}
-
-absl::StatusOr<bool> ConnectDone(int fd) {
-  pollfd p{fd, POLLOUT, 0};
-  int r = ::poll(&p, 1, 0);
-  if (r < 0) return ErrnoStatus(errno, "poll");
-  if (r == 0) return false;
-  int err = 0;
-  socklen_t len = sizeof(err);
-  if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) return ErrnoStatus(errno, "getsockopt");
-  if (err != 0) return ErrnoStatus(err, "connect");
-  return true;
 }
 
 absl::StatusOr<size_t> SendSome(int fd, const void* p, size_t n) {

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/tcp_connect.h"
 #include "common/unique_fd.h"
 
 namespace podlink::ncclnet {
@@ -37,10 +38,9 @@ absl::StatusOr<UniqueFd> ListenOn(SockAddr& addr);
 // Starts a non-blocking connect. When a local interface shares the target's
 // subnet the socket is bound to that interface's address first, so several
 // NICs are used the way the routes intend.
+// Polled with ConnectDone (common/tcp_connect.h): true once connected, false
+// while in progress, an error when it failed.
 absl::StatusOr<UniqueFd> StartConnect(const SockAddr& to);
-
-// true once connected, false while in progress, an error when it failed.
-absl::StatusOr<bool> ConnectDone(int fd);
 
 // Move what the socket takes now: the byte count (0 when it would block), or
 // an error (UNAVAILABLE when the peer closed the connection).

@@ -108,20 +108,12 @@ absl::StatusOr<UniqueFd> Dial(const Path& path, uint16_t port, absl::Duration ti
   }
   sockaddr_storage remote;
   socklen_t len = ToSockaddr(path.remote, port, &remote);
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&remote), len) != 0 && errno != EINPROGRESS) {
-    return ErrnoStatus(errno, absl::StrCat("connect ", HostPort(path.remote, port)));
-  }
-  pollfd p{fd.get(), POLLOUT, 0};
-  int n = ::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout)));
-  if (n <= 0) {
-    return absl::UnavailableError(absl::StrCat("connect ", HostPort(path.remote, port), ": no answer within ",
-                                               absl::FormatDuration(timeout)));
-  }
-  int err = 0;
-  socklen_t elen = sizeof(err);
-  ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &elen);
-  if (err != 0) {
-    return absl::UnavailableError(absl::StrCat("connect ", HostPort(path.remote, port), ": ", std::strerror(err)));
+  const std::string to = HostPort(path.remote, port);
+  PODLINK_RETURN_IF_ERROR(BeginConnect(fd.get(), reinterpret_cast<sockaddr*>(&remote), len, to));
+  absl::StatusOr<bool> done = ConnectDone(fd.get(), timeout);
+  if (!done.ok()) return absl::UnavailableError(absl::StrCat("connect to ", to, ": ", done.status().message()));
+  if (!*done) {
+    return absl::UnavailableError(absl::StrCat("connect to ", to, ": no answer within ", absl::FormatDuration(timeout)));
   }
   ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
   return fd;

@@ -35,6 +35,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/log.h"
+#include "common/tcp_connect.h"
 #include "common/status_util.h"
 #include "daemon/mesh/origin_sign.h"
 #include "daemon/mesh/owner_answer.h"
