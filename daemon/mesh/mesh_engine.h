@@ -641,6 +641,10 @@ struct Forward {
   uint64_t grant = 0;                      // its grant
   uint64_t size = 0;
   uint64_t instance = 0;  // its daemon instance that issued the grant
+
+  // The links a request on this grant goes on over, or UNAVAILABLE: the next
+  // node's daemon restarted since it gave the grant, or no link to it is up.
+  absl::StatusOr<std::shared_ptr<DataLinks>> OnwardLinks() const;
 };
 
 }  // namespace podlink::mesh

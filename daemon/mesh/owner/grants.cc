@@ -14,6 +14,17 @@ void MeshEngine::CloseRegion(const std::string& node, uint64_t grant) {
   if (g->forward != nullptr) ReleaseRemoteGrant(g->forward->peer.get(), g->forward->grant);
 }
 
+absl::StatusOr<std::shared_ptr<DataLinks>> Forward::OnwardLinks() const {
+  if (peer->instance.load(std::memory_order_acquire) != instance) {
+    return absl::UnavailableError(absl::StrCat("node ", peer->node(), "'s podlinkd restarted: open the region again"));
+  }
+  std::shared_ptr<DataLinks> links = peer->links();
+  if (links == nullptr || links->live() == 0) {
+    return absl::UnavailableError(absl::StrCat("this relay has no link up to node ", peer->node()));
+  }
+  return links;
+}
+
 absl::StatusOr<MeshEngine::Granted> MeshEngine::LookupGrant(const std::string& node, uint64_t grant) {
   std::optional<Granted> g = grants_.Find(node, grant);
   if (!g.has_value()) return absl::NotFoundError(absl::StrCat("no grant ", grant, " for node ", node));

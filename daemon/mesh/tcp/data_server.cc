@@ -142,10 +142,8 @@ absl::Status MeshEngine::ServeForward(const std::shared_ptr<ConnWriter>& writer,
       type == FrameType::kNotify ? absl::OkStatus() : ByteRange{h.offset, h.length}.CheckNonEmptyIn(fwd.size);
   if (!st.ok()) {
     // answered below
-  } else if (fwd.peer->instance.load(std::memory_order_acquire) != fwd.instance) {
-    st = absl::UnavailableError(absl::StrCat("node ", fwd.peer->node(), "'s podlinkd restarted: open the region again"));
-  } else if (auto links = fwd.peer->links(); links == nullptr || links->live() == 0) {
-    st = absl::UnavailableError(absl::StrCat("this relay has no link up to node ", fwd.peer->node()));
+  } else if (absl::StatusOr<std::shared_ptr<DataLinks>> onward = fwd.OnwardLinks(); !onward.ok()) {
+    st = onward.status();
   } else if (n > 0) {
     // The staging this node's earlier answers hold is released once this
     // thread has written them (ConnWriter): write them while waiting.

@@ -162,17 +162,10 @@ void MeshEngine::StagedSlice(const std::string& node, uint64_t grant, bool write
   // bounce slot, which stays taken until then — the upstream node's bounce
   // slots here are the relay's staging for it, bounded per peer and device.
   const Forward& fwd = *granted->forward;
-  absl::Status st;
-  if (absl::Status range = ByteRange{offset, length}.CheckNonEmptyIn(fwd.size); !range.ok()) {
-    st = std::move(range);
-  } else if (fwd.peer->instance.load(std::memory_order_acquire) != fwd.instance) {
-    st = absl::UnavailableError(absl::StrCat("node ", fwd.peer->node(), "'s podlinkd restarted: open the region again"));
-  }
-  std::shared_ptr<DataLinks> links = fwd.peer->links();
-  if (st.ok() && (links == nullptr || links->live() == 0)) {
-    st = absl::UnavailableError(absl::StrCat("this relay has no link up to node ", fwd.peer->node()));
-  }
-  if (!st.ok()) return done(st);
+  if (absl::Status range = ByteRange{offset, length}.CheckNonEmptyIn(fwd.size); !range.ok()) return done(range);
+  absl::StatusOr<std::shared_ptr<DataLinks>> onward = fwd.OnwardLinks();
+  if (!onward.ok()) return done(onward.status());
+  std::shared_ptr<DataLinks> links = *std::move(onward);
   LinkOp op;
   op.type = write ? FrameType::kWrite : FrameType::kRead;
   op.grant = fwd.grant;
@@ -214,17 +207,17 @@ absl::Status MeshEngine::StagedCopy(const ExportRecord& export_record, bool writ
 
 void MeshEngine::DeliverVerbsNotify(const std::string& node, uint64_t grant, uint64_t value) {
   absl::StatusOr<Granted> granted = LookupGrant(node, grant);
-  if (granted.ok() && granted->forward != nullptr &&
-      granted->forward->peer->instance.load(std::memory_order_acquire) != granted->forward->instance) {
-    granted = absl::UnavailableError(absl::StrCat("node ", granted->forward->peer->node(),
-                                                  "'s podlinkd restarted: open the region again"));
+  absl::StatusOr<std::shared_ptr<DataLinks>> onward = absl::NotFoundError("");
+  if (granted.ok() && granted->forward != nullptr) {
+    onward = granted->forward->OnwardLinks();
+    if (!onward.ok()) granted = onward.status();
   }
   if (granted.ok() && granted->forward != nullptr) {
     // A relay's grant: on to the next node (the writes before it were
     // answered only once they had landed there). As a notification over
     // verbs to an owner, it is not answered: a failure onward is logged and
     // counted here.
-    std::shared_ptr<DataLinks> links = granted->forward->peer->links();
+    std::shared_ptr<DataLinks> links = *std::move(onward);
     LinkOp op;
     op.type = FrameType::kNotify;
     op.grant = granted->forward->grant;
@@ -236,7 +229,7 @@ void MeshEngine::DeliverVerbsNotify(const std::string& node, uint64_t grant, uin
       ++refused_notifies_;
     };
     auto failed = op.done;
-    absl::Status submitted = links == nullptr ? absl::UnavailableError("the relay's link went down") : links->Submit(std::move(op));
+    absl::Status submitted = links->Submit(std::move(op));
     if (!submitted.ok()) failed(submitted);
     return;
   }
