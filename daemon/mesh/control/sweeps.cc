@@ -1,4 +1,4 @@
-// Liveness: peers seen, calls in flight, idle importers, keepalives.
+// Sweeps and keepalives: idle importers, pods gone, hellos to the peers this node holds regions of.
 #include "daemon/mesh/engine_internal.h"
 
 namespace podlink::mesh {
