@@ -55,10 +55,6 @@ inline const ComponentLog Log("mesh");
 constexpr char kRelayCannotStage[] = " cannot stage over verbs: ";
 // Two-hop striping (mesh.two_hop_stripe): transfers from this size, in
 // chunks of this size, at most this many in flight per route.
-// HousekeepingLoop runs this often; a gap between two of its sweeps longer than that by kPauseSlack is this
-// daemon's own pause (SweepIdleImporters).
-constexpr absl::Duration kHousekeepingPeriod = absl::Milliseconds(200);
-constexpr absl::Duration kPauseSlack = absl::Milliseconds(500);
 constexpr uint64_t kTwoHopMinBytes = 8 << 20;
 constexpr uint64_t kTwoHopChunk = 4 << 20;
 constexpr uint32_t kTwoHopWindow = 4;

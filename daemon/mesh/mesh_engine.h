@@ -36,6 +36,7 @@
 #include "daemon/mesh/addresses.h"
 #include "daemon/mesh/mesh_host.h"
 #include "daemon/mesh/nic_rank.h"
+#include "daemon/mesh/control/liveness.h"
 #include "daemon/mesh/importer/handle_table.h"
 #include "daemon/mesh/node_shares.h"
 #include "daemon/mesh/owner/grant_table.h"
@@ -315,12 +316,6 @@ class MeshEngine final : public MeshPort {
   void DeliverVerbsNotify(const std::string& node, uint64_t grant, uint64_t value);
   // Registrations whose grant closed or whose export went away are dropped.
   void SweepVerbs();
-  // A call or connection from `node` (it is alive).
-  void Touch(const std::string& node) ABSL_LOCKS_EXCLUDED(mu_);
-  void SeenLocked(const std::string& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A control call of `node` in flight: the node is not idle until it ends.
-  void BeginCall(const std::string& node) ABSL_LOCKS_EXCLUDED(mu_);
-  void EndCall(const std::string& node) ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the grants of nodes idle longer than grant_idle_timeout.
   void SweepIdleImporters() ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the grants of importing pods the host knows to be gone
@@ -563,6 +558,8 @@ class MeshEngine final : public MeshPort {
   absl::Status NotQueued(const std::string& node) const;
 
   mutable absl::Mutex mu_;  // protects everything below
+  // Which importing nodes are alive (the control room's; its own lock, above the gate's and the grant table's).
+  Liveness liveness_{options_.grant_idle_timeout, kHousekeepingPeriod, kPauseSlack};
   // Who may hold a data connection (the TCP data server's gate, tcp/admission.h; its own lock, a leaf).
   DataAdmission admission_{DataAdmission::Limits{options_.max_data_connections,
                                                   options_.max_data_connections_per_peer}};
@@ -587,10 +584,6 @@ class MeshEngine final : public MeshPort {
   };
   std::map<std::string, Known> known_ ABSL_GUARDED_BY(mu_);
   LatencyHistogram gpu_copies_;  // TimedGpuCopy
-  // Importing nodes' signs of life: the last control call or connection end,
-  // and control calls in flight (their data connections: admission_).
-  std::map<std::string, absl::Time> last_seen_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, uint32_t> calls_of_ ABSL_GUARDED_BY(mu_);  // control calls in flight
   // Node adverts (the routing room's; its own lock, a leaf).
   AdvertBook adverts_{node_name_, options_.advert_interval};
   std::map<std::string, std::shared_ptr<podlink::mesh::v1::Mesh::Stub>> advert_stubs_ ABSL_GUARDED_BY(mu_);
@@ -598,10 +591,6 @@ class MeshEngine final : public MeshPort {
   std::set<grpc::ClientContext*> advert_calls_ ABSL_GUARDED_BY(advert_calls_mu_);  // TradeAdverts' Hellos in flight
   uint64_t idle_peer_grants_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t gone_pod_grants_dropped_ ABSL_GUARDED_BY(mu_) = 0;
-  // SweepIdleImporters: when it last ran, and the times this daemon itself did not run for a while (its own
-  // pauses, which are no peer's silence).
-  absl::Time last_sweep_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  uint64_t own_pauses_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_keepalive_ ABSL_GUARDED_BY(mu_) = absl::Now();
   // Relaying for other nodes: bytes of forwarded requests held here (one
   // upstream node at most half, or one frame; a frame over the cap alone).

@@ -211,12 +211,12 @@ std::string MeshEngine::RenderMetrics() const {
   staged = relay_staging_.used();
   const uint64_t restarted_dropped = held.restarted_dropped;
   const uint64_t adverts_held = adverts_.size(), adverts_refused = adverts_.refused();
-  uint64_t idle_dropped = 0, gone_dropped = 0, own_pauses = 0;
+  const uint64_t own_pauses = liveness_.own_pauses();
+  uint64_t idle_dropped = 0, gone_dropped = 0;
   {
     absl::MutexLock l(&mu_);
     idle_dropped = idle_peer_grants_dropped_;
     gone_dropped = gone_pod_grants_dropped_;
-    own_pauses = own_pauses_;
   }
   one("podlink_mesh_restarted_peer_grants_dropped_total", "counter",
       "grants dropped because the daemon holding them restarted (a new instance said so)",

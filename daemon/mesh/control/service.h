@@ -63,11 +63,11 @@ class MeshEngine::Service final : public pb::Mesh::CallbackService {
     auto answer = std::make_shared<Answer>(r, resp);
     // In flight until answered (a relayed open waits on the next hop).
     const bool peer = *node != e_->node_name_;
-    if (peer) e_->BeginCall(*node);
+    if (peer) e_->liveness_.BeginCall(*node);
     e_->OpenRegionFor(*node, *req, [answer, e = e_, peer, n = *node](absl::StatusOr<pb::OpenRegionResponse> out) {
       if (answer->done) return;
       answer->done = true;
-      if (peer) e->EndCall(n);
+      if (peer) e->liveness_.EndCall(n);
       if (out.ok()) *answer->resp = *std::move(out);
       answer->r->Finish(ToGrpcStatus(out.status()));
     });
@@ -113,9 +113,9 @@ class MeshEngine::Service final : public pb::Mesh::CallbackService {
     // Alive for as long as a call that may take long (an owner registering
     // memory for RDMA) runs, while its keepalives may wait behind it.
     const bool peer = node.ok() && *node != e_->node_name_;
-    if (peer) e_->BeginCall(*node);
+    if (peer) e_->liveness_.BeginCall(*node);
     absl::Status st = node.ok() ? f(*node) : node.status();
-    if (peer) e_->EndCall(*node);
+    if (peer) e_->liveness_.EndCall(*node);
     r->Finish(ToGrpcStatus(st));
     return r;
   }

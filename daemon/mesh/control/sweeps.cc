@@ -3,62 +3,21 @@
 
 namespace podlink::mesh {
 
-void MeshEngine::SeenLocked(const std::string& node) {
-  if (last_seen_.contains(node) || last_seen_.size() < 4096) last_seen_[node] = absl::Now();
-}
-
-void MeshEngine::Touch(const std::string& node) {
-  absl::MutexLock l(&mu_);
-  SeenLocked(node);
-}
-
-void MeshEngine::BeginCall(const std::string& node) {
-  absl::MutexLock l(&mu_);
-  SeenLocked(node);
-  ++calls_of_[node];  // authenticated nodes only, each a handful of calls
-}
-
-void MeshEngine::EndCall(const std::string& node) {
-  absl::MutexLock l(&mu_);
-  SeenLocked(node);
-  auto it = calls_of_.find(node);
-  if (it != calls_of_.end() && --it->second == 0) calls_of_.erase(it);
-}
-
 void MeshEngine::SweepIdleImporters() {
-  const absl::Time now = absl::Now();
+  // By node (a handful), then the grants of idle ones only, collected under
+  // the liveness lock (leaf locks below it: the gate, the grant table).
   std::map<std::string, std::vector<uint64_t>> idle;
-  absl::Duration paused;
-  {
-    absl::MutexLock l(&mu_);
-    // A pause of this daemon itself (a starved host or guest, SIGSTOP, a stopped VM) is no importer's silence:
-    // their keepalives wait unread in its sockets meanwhile, and the first sweep after it may run before they are
-    // read. The time between two sweeps beyond their period and kPauseSlack is credited to every importer.
-    if (last_sweep_ != absl::InfinitePast() && now - last_sweep_ > kHousekeepingPeriod + kPauseSlack) {
-      paused = now - last_sweep_ - kHousekeepingPeriod;
-      for (auto& [node, seen] : last_seen_) seen += paused;
-      ++own_pauses_;
-    }
-    last_sweep_ = now;
-    // By node (a handful), then the grants of idle ones only.
-    // (The grant table's lock is a leaf: asked under mu_, so a node's Touch
-    // before its next grant cannot fall between the check and the drop.)
-    for (const std::string& node : grants_.Holders()) {
-      if (admission_.Connected(node) || calls_of_.contains(node)) continue;
-      auto seen = last_seen_.find(node);
-      // A grant is given in a control call, which counts as seen.
-      if (seen != last_seen_.end() && now - seen->second < options_.grant_idle_timeout) continue;
-      idle[node] = grants_.GrantsOf(node);
-    }
-    for (const auto& [node, gs] : idle) {
-      idle_peer_grants_dropped_ += gs.size();
-      last_seen_.erase(node);
-    }
-  }
-  if (paused > absl::ZeroDuration()) {
-    Log()->warn("event=mesh_own_pause paused_for={} credited_to=importers", absl::FormatDuration(paused));
+  const Liveness::Swept swept = liveness_.Sweep(
+      grants_.Holders(), [this](const std::string& node) { return admission_.Connected(node); },
+      [&](const std::string& node) { idle[node] = grants_.GrantsOf(node); });
+  if (swept.paused > absl::ZeroDuration()) {
+    Log()->warn("event=mesh_own_pause paused_for={} credited_to=importers", absl::FormatDuration(swept.paused));
   }
   for (const auto& [node, gs] : idle) {
+    {
+      absl::MutexLock l(&mu_);
+      idle_peer_grants_dropped_ += gs.size();
+    }
     Log()->warn("event=mesh_importer_gone node={} dropped_grants={} idle_for=\"more than {}\"", node, gs.size(),
                 absl::FormatDuration(options_.grant_idle_timeout));
     for (uint64_t g : gs) CloseRegion(node, g);

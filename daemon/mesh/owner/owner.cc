@@ -11,7 +11,7 @@ std::unique_ptr<MeshEngine> MeshEngine::ForTesting(MeshOptions options, std::str
 }
 
 uint64_t MeshEngine::GrantForTesting(const std::string& node, std::shared_ptr<const ExportRecord> rec) {
-  Touch(node);  // a grant given is a sign of life, however long the node was quiet
+  liveness_.Seen(node);  // a grant given is a sign of life, however long the node was quiet
   Grant g;
   g.node = node;
   g.record = std::move(rec);
@@ -198,7 +198,7 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
     const bool fenceable = claim != nullptr && claim->fenceable() && claim->nonce() != 0;
     // A grant given is a sign of life, however long the node was quiet; said
     // before it is given, so the idle sweep cannot take it on its way in.
-    Touch(node);
+    liveness_.Seen(node);
     const GrantTable::Added added =
         grants_.Add(Grant{node, *rec, pod.key, nullptr, req.caller_instance(), fenceable ? origin : std::string(),
                           fenceable ? claim->nonce() : 0, tenant, pod.uid, sealed});
@@ -307,7 +307,7 @@ void MeshEngine::InstallRelayGrant(const std::string& caller, const pb::OpenRegi
   // A sealed route's grant addresses the owner's window, not the export.
   const uint64_t addressable = resp.window_bytes() != 0 ? resp.window_bytes() : resp.size();
   auto fwd = std::make_shared<Forward>(Forward{carrier, resp.grant(), addressable, resp.instance()});
-  Touch(caller);  // a grant given is a sign of life (before it: see OpenRegion)
+  liveness_.Seen(caller);  // a grant given is a sign of life (before it: see OpenRegion)
   const GrantTable::Added added =
       stopping_.load(std::memory_order_acquire)
           ? GrantTable::Added{.over = GrantTable::Over::kClosed}

@@ -249,10 +249,7 @@ void MeshEngine::ServeConnection(int fd, const DataAdmission::Pending& pending) 
   ServeFrames(fd, node, link_instance);
   // Seen before its connection stops counting, so the idle sweep (which
   // looks at both under mu_) never finds it neither connected nor seen.
-  {
-    absl::MutexLock l(&mu_);
-    last_seen_[node] = absl::Now();
-  }
+  liveness_.Seen(node);
   admission_.Disconnected(node);
 }
 
