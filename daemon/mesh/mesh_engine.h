@@ -557,7 +557,8 @@ class MeshEngine final : public MeshPort {
   // Why a task for `node` could not be queued on its peer's worker (Post false).
   absl::Status NotQueued(const std::string& node) const;
 
-  mutable absl::Mutex mu_;  // protects everything below
+  // Counters (std::atomic, below) are the metrics' sink: taken without mu_.
+  mutable absl::Mutex mu_;  // protects everything below but the counters and the rooms with locks of their own
   // Which importing nodes are alive (the control room's; its own lock, above the gate's and the grant table's).
   Liveness liveness_{options_.grant_idle_timeout, kHousekeepingPeriod, kPauseSlack};
   // Who may hold a data connection (the TCP data server's gate, tcp/admission.h; its own lock, a leaf).
@@ -569,14 +570,14 @@ class MeshEngine final : public MeshPort {
   GrantTable grants_{GrantTable::Limits{options_.max_grants_per_peer, options_.max_grants_per_pod,
                                         options_.max_grants_per_tenant}};
   std::map<std::string, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
-  uint64_t frames_served_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t bytes_written_in_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t bytes_read_out_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t refused_frames_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t remote_denials_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t late_slices_dropped_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t duplicate_notifies_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t idle_closed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> frames_served_{0};
+  std::atomic<uint64_t> bytes_written_in_{0};
+  std::atomic<uint64_t> bytes_read_out_{0};
+  std::atomic<uint64_t> refused_frames_{0};
+  std::atomic<uint64_t> remote_denials_{0};
+  std::atomic<uint64_t> late_slices_dropped_{0};
+  std::atomic<uint64_t> duplicate_notifies_{0};
+  std::atomic<uint64_t> idle_closed_{0};
   std::vector<Repair> repairs_ ABSL_GUARDED_BY(mu_);
   struct Known {
     std::vector<std::string> addresses;
@@ -589,17 +590,17 @@ class MeshEngine final : public MeshPort {
   std::map<std::string, std::shared_ptr<podlink::mesh::v1::Mesh::Stub>> advert_stubs_ ABSL_GUARDED_BY(mu_);
   absl::Mutex advert_calls_mu_;
   std::set<grpc::ClientContext*> advert_calls_ ABSL_GUARDED_BY(advert_calls_mu_);  // TradeAdverts' Hellos in flight
-  uint64_t idle_peer_grants_dropped_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t gone_pod_grants_dropped_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> idle_peer_grants_dropped_{0};
+  std::atomic<uint64_t> gone_pod_grants_dropped_{0};
   absl::Time last_keepalive_ ABSL_GUARDED_BY(mu_) = absl::Now();
   // Relaying for other nodes: bytes of forwarded requests held here (one
   // upstream node at most half, or one frame; a frame over the cap alone).
   NodeShares relay_staging_{NodeShares::Rules{
       options_.relay_staging_bytes, std::max<uint64_t>(options_.relay_staging_bytes / 2, kMaxFramePayload),
       /*last_quarter_for_small=*/false, /*one_oversized=*/true}};
-  uint64_t relay_forwarded_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t relayed_opens_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t routed_opens_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> relay_forwarded_bytes_{0};
+  std::atomic<uint64_t> relayed_opens_{0};
+  std::atomic<uint64_t> routed_opens_{0};
   // Grants given over TCP though RDMA was asked for (RegisterForVerbs).
   std::atomic<uint64_t> grants_over_tcp_{0};
   // Logs said at most every 10 s (the counters count every case).
@@ -615,8 +616,8 @@ class MeshEngine final : public MeshPort {
   std::unique_ptr<verbs::Nics> nics_ ABSL_GUARDED_BY(verbs_mu_);
   std::unique_ptr<verbs::VerbsServer> verbs_server_ ABSL_GUARDED_BY(verbs_mu_);
   absl::Status verbs_error_ ABSL_GUARDED_BY(verbs_mu_);
-  uint64_t refused_notifies_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t repaired_connections_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<uint64_t> refused_notifies_{0};
+  std::atomic<uint64_t> repaired_connections_{0};
   // Sealed routes, the owner's side: the windows' memory and what came through them.
   NodeShares seal_budget_{NodeShares::Rules{options_.sealed_window_bytes, options_.sealed_window_bytes / 2,
                                             /*last_quarter_for_small=*/true, /*one_oversized=*/false}};

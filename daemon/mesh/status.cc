@@ -196,28 +196,13 @@ std::string MeshEngine::RenderMetrics() const {
       "two-hop routes the owner fenced before their chunks went again on the direct links", counted(two_hop_fences_));
   one("podlink_mesh_fenced_grants_total", "counter", "grants given relays that their origin node fenced (FenceRoute)",
       static_cast<double>(held.fenced));
-  uint64_t refused_notifies = 0;
-  {
-    absl::MutexLock l(&mu_);
-    refused_notifies = refused_notifies_;
-  }
-  uint64_t relayed = 0, routed = 0, forwarded = 0, staged = 0;
-  {
-    absl::MutexLock l(&mu_);
-    relayed = relayed_opens_;
-    routed = routed_opens_;
-    forwarded = relay_forwarded_bytes_;
-  }
-  staged = relay_staging_.used();
+  const uint64_t refused_notifies = refused_notifies_;
+  const uint64_t relayed = relayed_opens_, routed = routed_opens_, forwarded = relay_forwarded_bytes_;
+  const uint64_t staged = relay_staging_.used();
   const uint64_t restarted_dropped = held.restarted_dropped;
   const uint64_t adverts_held = adverts_.size(), adverts_refused = adverts_.refused();
   const uint64_t own_pauses = liveness_.own_pauses();
-  uint64_t idle_dropped = 0, gone_dropped = 0;
-  {
-    absl::MutexLock l(&mu_);
-    idle_dropped = idle_peer_grants_dropped_;
-    gone_dropped = gone_pod_grants_dropped_;
-  }
+  const uint64_t idle_dropped = idle_peer_grants_dropped_, gone_dropped = gone_pod_grants_dropped_;
   one("podlink_mesh_restarted_peer_grants_dropped_total", "counter",
       "grants dropped because the daemon holding them restarted (a new instance said so)",
       static_cast<double>(restarted_dropped));

@@ -75,7 +75,6 @@ void MeshEngine::RepairLoop() {
       absl::Status st = RepairOnce(r);
       if (st.ok()) {
         Log()->info("event=mesh_connection_repaired path={} connections={}", r.name, links->live());
-        absl::MutexLock l(&mu_);
         ++repaired_connections_;
         continue;
       }

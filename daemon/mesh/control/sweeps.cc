@@ -14,10 +14,7 @@ void MeshEngine::SweepIdleImporters() {
     Log()->warn("event=mesh_own_pause paused_for={} credited_to=importers", absl::FormatDuration(swept.paused));
   }
   for (const auto& [node, gs] : idle) {
-    {
-      absl::MutexLock l(&mu_);
-      idle_peer_grants_dropped_ += gs.size();
-    }
+    idle_peer_grants_dropped_ += gs.size();
     Log()->warn("event=mesh_importer_gone node={} dropped_grants={} idle_for=\"more than {}\"", node, gs.size(),
                 absl::FormatDuration(options_.grant_idle_timeout));
     for (uint64_t g : gs) CloseRegion(node, g);
@@ -40,7 +37,6 @@ void MeshEngine::DropGrantsOfGonePods() {
   for (const auto& [who, n] : dropped) {
     Log()->warn("event=mesh_importer_pod_gone node={} pod_uid={} dropped_grants={}", who.first, LogQuoted(who.second),
                 n);
-    absl::MutexLock l(&mu_);
     gone_pod_grants_dropped_ += n;
   }
 }

@@ -219,7 +219,6 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
       hop.addresses = known[hop.node_name].addresses;
       hop.port = known[hop.node_name].port;
       Log()->info("event=mesh_route destination={} via={}", target.node_name, absl::StrJoin(*via, ","));
-      absl::MutexLock l(&mu_);
       ++routed_opens_;
     } else if (!options_.fallback) {
       std::vector<std::string> mine;

@@ -25,10 +25,7 @@ void MeshEngine::OpenRegionFor(const std::string& node, const pb::OpenRegionRequ
   absl::StatusOr<CheckedClaim> claim = CheckClaim(node, req.route());
   if (!claim.ok()) {
     Log()->warn("event=mesh_deny peer={} reason={}", node, LogQuoted(claim.status().message()));
-    {
-      absl::MutexLock l(&mu_);
-      ++remote_denials_;
-    }
+    ++remote_denials_;
     return done(claim.status());
   }
   if (claim->next.empty()) {
@@ -132,7 +129,6 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
       return absl::PermissionDeniedError("a relay presented a claim of this node's own pods");
     }
     if (grants_.Fenced(origin, claim->nonce())) {
-      absl::MutexLock l(&mu_);
       ++remote_denials_;
       return absl::PermissionDeniedError(absl::StrCat("node ", origin, " fenced this route"));
     }
@@ -141,7 +137,6 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
   if (who.node() != origin) {
     Log()->warn("event=mesh_deny peer={} claimed_node={} reason=\"a daemon speaks only for its own node's pods\"",
                 node, LogQuoted(who.node()));
-    absl::MutexLock l(&mu_);
     ++remote_denials_;
     return absl::PermissionDeniedError(absl::StrCat("the daemon of node ", node,
                                                     " cannot open regions for pods of node '", who.node(), "'"));
@@ -162,7 +157,6 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
   pod.source = origin == node ? "mesh:" + node : absl::StrCat("mesh:", origin, " via ", node);
   absl::StatusOr<std::shared_ptr<const ExportRecord>> rec = host_->AuthorizeRemote(pod, req);
   if (!rec.ok()) {
-    absl::MutexLock l(&mu_);
     ++remote_denials_;
     return rec.status();
   }
@@ -180,7 +174,6 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
                                                        "podlinkd)"))
             : mine->Agree(claim->seal_key());
     if (!shared.ok()) {
-      absl::MutexLock l(&mu_);
       ++remote_denials_;
       return shared.status();
     }
@@ -318,10 +311,7 @@ void MeshEngine::InstallRelayGrant(const std::string& caller, const pb::OpenRegi
     return done(absl::ResourceExhaustedError(absl::StrCat("node ", caller, " or its pod holds its limit of grants")));
   }
   const uint64_t g = added.grant;
-  {
-    absl::MutexLock l(&mu_);
-    ++relayed_opens_;
-  }
+  ++relayed_opens_;
   Log()->info("event=mesh_relay_grant peer={} origin={} next={} grant={}", caller, origin, next, g);
   resp.set_grant(g);
   resp.set_instance(instance_);

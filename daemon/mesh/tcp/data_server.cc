@@ -184,10 +184,7 @@ absl::Status MeshEngine::ServeForward(const std::shared_ptr<ConnWriter>& writer,
   // once that thread has written it or dropped it.
   op.done = [this, writer, buf, tag, type, n, node, key, end](const absl::Status& result) {
     if (type == FrameType::kNotify && result.ok()) late_copies_.Finish(key);
-    if (result.ok()) {
-      absl::MutexLock l(&mu_);
-      relay_forwarded_bytes_ += n;
-    }
+    if (result.ok()) relay_forwarded_bytes_ += n;
     end();
     const bool data = type == FrameType::kRead && result.ok();
     writer->Post(tag, data ? buf : nullptr, data ? n : 0, result, [this, node, n] {
@@ -263,7 +260,6 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
   } close_on_exit{writer.get()};
   FrameHeader h;
   auto refuse = [&](const char* why) {
-    absl::MutexLock l(&mu_);
     ++refused_frames_;
     Log()->warn("event=mesh_protocol_error peer={} reason=\"{}\" type={}", node, why, h.type);
   };
@@ -279,7 +275,6 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
     if (ready > 0 && (pfd[1].revents & POLLIN) != 0) writer->Drain();
     if (ready > 0 && (pfd[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;  // answers to write
     if (ready == 0) {
-      absl::MutexLock l(&mu_);
       ++idle_closed_;
       Log()->info("event=mesh_data_idle peer={} idle_seconds={}", node,
                   absl::ToInt64Seconds(options_.data_idle_timeout));
@@ -314,10 +309,7 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
     if (late) {
       // A late copy (its connection failed after the slice went out again)
       // of a finished transfer, or a notification already delivered.
-      {
-        absl::MutexLock l(&mu_);
-        ++(type == FrameType::kWrite ? late_slices_dropped_ : duplicate_notifies_);
-      }
+      ++(type == FrameType::kWrite ? late_slices_dropped_ : duplicate_notifies_);
       absl::Status io = type == FrameType::kWrite ? Discard(fd, h.length) : absl::OkStatus();
       if (io.ok()) io = writer->Ack(h.tag, absl::OkStatus());
       if (!io.ok()) return;
@@ -396,7 +388,6 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
           if (io.ok()) io = writer->Ack(h.tag, absl::OkStatus());
         }
         if (io.ok()) {
-          absl::MutexLock l(&mu_);
           bytes_written_in_ += h.length;
           ++frames_served_;
         }
@@ -439,7 +430,6 @@ void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_inst
           io = writer->Frame(d, reinterpret_cast<const char*>(view->address) + h.offset, h.length);
         }
         if (io.ok()) {
-          absl::MutexLock l(&mu_);
           bytes_read_out_ += h.length;
           ++frames_served_;
         }

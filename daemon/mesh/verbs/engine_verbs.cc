@@ -174,10 +174,7 @@ void MeshEngine::StagedSlice(const std::string& node, uint64_t grant, bool write
   op.local = buf;
   op.keep = std::move(keep);
   op.done = [this, length, done](const absl::Status& result) {
-    if (result.ok()) {
-      absl::MutexLock l(&mu_);
-      relay_forwarded_bytes_ += length;
-    }
+    if (result.ok()) relay_forwarded_bytes_ += length;
     done(result);
   };
   auto failed = op.done;
@@ -199,7 +196,6 @@ absl::Status MeshEngine::StagedCopy(const ExportRecord& export_record, bool writ
     char* at = reinterpret_cast<char*>(view.address) + offset;
     write ? std::memcpy(at, buf, length) : std::memcpy(buf, at, length);
   }
-  absl::MutexLock l(&mu_);
   (write ? bytes_written_in_ : bytes_read_out_) += length;
   ++frames_served_;
   return absl::OkStatus();
@@ -225,7 +221,6 @@ void MeshEngine::DeliverVerbsNotify(const std::string& node, uint64_t grant, uin
     op.done = [this, node](const absl::Status& st) {
       if (st.ok()) return;
       Log()->warn("event=mesh_notify_refused peer={} transport=verbs relayed=true why=\"{}\"", node, st.message());
-      absl::MutexLock l(&mu_);
       ++refused_notifies_;
     };
     auto failed = op.done;
@@ -239,7 +234,6 @@ void MeshEngine::DeliverVerbsNotify(const std::string& node, uint64_t grant, uin
   absl::Status st = granted.ok() ? host_->NotifyOwner(*granted->record, value) : granted.status();
   if (!st.ok()) {
     Log()->warn("event=mesh_notify_refused peer={} transport=verbs why=\"{}\"", node, st.message());
-    absl::MutexLock l(&mu_);
     ++refused_notifies_;
   }
 }
