@@ -10,6 +10,10 @@ std::shared_ptr<MeshEngine::Peer> MeshEngine::PeerFor(const RemoteTarget& target
   tcp = tcp && !transport_.carries_relayed_grants;  // with TCP links anyway, one peer serves both
   const std::string key = tcp ? target.node_name + "/tcp" : target.node_name;
   std::vector<std::shared_ptr<Peer>> evicted;  // destroyed outside the lock (their workers are joined)
+  // Copies out of the rooms, destroyed outside the lock too: a handle or grant
+  // dropped meanwhile may leave one of them the last reference to its peer.
+  std::vector<std::shared_ptr<Peer>> handle_peers;
+  std::vector<std::shared_ptr<const Forward>> forwards;
   absl::MutexLock l(&mu_);
   // Stopping: the peers were taken away already (a worker's open that
   // needs another peer, OverTcp, gets none).
@@ -19,8 +23,10 @@ std::shared_ptr<MeshEngine::Peer> MeshEngine::PeerFor(const RemoteTarget& target
     // Forget peers that are idle, hold no connection and back no handle
     // (names pods asked for that never answered, for example).
     std::set<const Peer*> in_use;
-    for (const auto& p : handles_.Peers()) in_use.insert(p.get());
-    for (const auto& f : grants_.Forwards()) in_use.insert(f->peer.get());
+    handle_peers = handles_.Peers();
+    forwards = grants_.Forwards();
+    for (const auto& p : handle_peers) in_use.insert(p.get());
+    for (const auto& f : forwards) in_use.insert(f->peer.get());
     for (auto it = peers_.begin(); it != peers_.end();) {
       std::shared_ptr<DataLinks> links = it->second->links();
       if (it->second->idle() && !in_use.count(it->second.get()) && (links == nullptr || links->live() == 0)) {
