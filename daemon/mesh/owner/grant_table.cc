@@ -41,10 +41,12 @@ bool GrantTable::WithinLimits(const std::string& node, const std::string& pod, c
 
 Grant GrantTable::Forget(std::map<uint64_t, Grant>::iterator it) {
   const Grant& g = it->second;
-  for (auto* m : {&per_node_, &per_pod_, &per_tenant_}) {
-    const std::string& key = m == &per_node_ ? g.node : m == &per_pod_ ? g.pod : g.tenant;
-    if (auto c = m->find(key); c != m->end() && --c->second == 0) m->erase(c);
-  }
+  auto uncount = [](std::map<std::string, uint32_t>& held, const std::string& key) {
+    if (auto c = held.find(key); c != held.end() && --c->second == 0) held.erase(c);
+  };
+  uncount(per_node_, g.node);
+  uncount(per_pod_, g.pod);
+  uncount(per_tenant_, g.tenant);
   if (g.nonce != 0) {
     auto [from, to] = routed_.equal_range(g.nonce);
     for (auto r = from; r != to; ++r) {
