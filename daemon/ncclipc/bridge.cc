@@ -504,13 +504,16 @@ void Bridge::Impl::Run() {
     int timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(opt_.rescan_interval));
     int n = ::epoll_wait(epoll_.get(), events, 32, std::max(timeout_ms, 1));
     for (int i = 0; i < n; ++i) {
-      if (events[i].data.u64 == 0) {
+      // A copy: struct epoll_event is packed on x86-64, so its u64 is misaligned and find() must not bind a
+      // reference to it (UBSan under clang).
+      const uint64_t tag = events[i].data.u64;
+      if (tag == 0) {
         uint64_t v;
         (void)!::read(wake_.get(), &v, sizeof(v));
         continue;
       }
       // Looked up by tag: an earlier event of this round may have removed it.
-      auto m = by_id_.find(events[i].data.u64);
+      auto m = by_id_.find(tag);
       if (m != by_id_.end()) Forward(m->second);
     }
     std::deque<std::function<void()>> jobs;
