@@ -288,10 +288,10 @@ TEST_P(NcclNet, TunerPicksChannelsBySize) {
   // One node (ranks of one pod talk over NCCL's own transports) and send/recv (5): untouched.
   send_->Send(json{{"cmd", "tune"}, {"ranks", 2}, {"nodes", 1}, {"sizes", {1 << 20}}}.dump());
   json one = send_->Expect("tuned");
-  EXPECT_EQ(one["channels"], json({0}));
+  EXPECT_EQ(one["channels"], json::array({0}));
   EXPECT_TRUE(one["table_unchanged"]) << "within one pod NCCL keeps LL and LL128: " << one.dump();
   send_->Send(json{{"cmd", "tune"}, {"ranks", 2}, {"nodes", 2}, {"coll", 5}, {"sizes", {1 << 20}}}.dump());
-  EXPECT_EQ(send_->Expect("tuned")["channels"], json({0}));
+  EXPECT_EQ(send_->Expect("tuned")["channels"], json::array({0}));
 }
 
 TEST_P(NcclNet, FinalizeReleasesEverything) {

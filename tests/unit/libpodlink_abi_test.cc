@@ -5,6 +5,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "podlink/podlink.h"
 
 namespace {
 
@@ -21,9 +22,9 @@ TEST(LibpodlinkAbi, CEntryPointsResolveThroughDlopen) {
   auto version = reinterpret_cast<int (*)()>(dlsym(lib, "podlink_abi_version"));
   ASSERT_NE(version, nullptr);
   EXPECT_EQ(version(), 1);
-  auto connect = reinterpret_cast<int (*)(const char*, void**)>(dlsym(lib, "podlink_connect"));
+  auto connect = reinterpret_cast<int (*)(const char*, podlink_client_t**)>(dlsym(lib, "podlink_connect"));
   auto last_error = reinterpret_cast<const char* (*)()>(dlsym(lib, "podlink_last_error"));
-  void* client = nullptr;
+  podlink_client_t* client = nullptr;
   EXPECT_EQ(connect("/nonexistent-podlink", &client), 14);
   EXPECT_NE(std::string(last_error()).find("cannot reach podlinkd"), std::string::npos);
   // Internals stay hidden.
@@ -31,15 +32,37 @@ TEST(LibpodlinkAbi, CEntryPointsResolveThroughDlopen) {
   dlclose(lib);
 }
 
-TEST(LibpodlinkAbi, ExportedSymbolTableIsSmall) {
-  std::string cmd = std::string("nm -D --defined-only ") + LIBPODLINK_PATH + " | wc -l";
+// How many of libpodlink's dynamic symbols match an extended regular expression (all of them for "").
+int CountExported(const std::string& pattern) {
+  std::string cmd = std::string("nm -D --defined-only ") + LIBPODLINK_PATH + " | awk '{print $3}'";
+  if (!pattern.empty()) cmd += " | grep -E '" + pattern + "'";
+  cmd += " | wc -l";
   FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  int n = 0;
-  ASSERT_EQ(fscanf(p, "%d", &n), 1);
+  if (p == nullptr) return -1;
+  int n = -1;
+  if (fscanf(p, "%d", &n) != 1) n = -1;
   pclose(p);
+  return n;
+}
+
+TEST(LibpodlinkAbi, ExportedSymbolTableIsSmall) {
+  int n = CountExported("");
   EXPECT_GT(n, 16);
+  // The static libraries linked in stay inside (--exclude-libs): the generated protobuf classes, protobuf's and
+  // gRPC's templates instantiated for them, common/'s helpers.
+  EXPECT_EQ(CountExported("^_ZN7podlink2v1|^_ZN6google8protobuf|^_ZN4grpc|SendFdMessage|RecvFdMessage"), 0);
+#if defined(__clang__) && defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(undefined_behavior_sanitizer)
+#define PODLINK_TEST_CLANG_SANITIZED 1
+#endif
+#endif
+#ifndef PODLINK_TEST_CLANG_SANITIZED
   EXPECT_LT(n, 200) << "static helpers (proto, common, gRPC templates) leak into the dynamic symbol table";
+#else
+  // Under clang's sanitizers the library's own code exports more that is no helper: the type descriptors of its
+  // function types (-fsanitize=function) and the standard templates -O1 leaves out of line (270 on 2026-12-02).
+  EXPECT_LT(n, 400);
+#endif
 }
 
 }  // namespace
