@@ -29,12 +29,14 @@ PODLINK_VM_TIMEOUT=${PODLINK_VM_TIMEOUT:-300} bash tests/vm/mesh_verbs_qp_error.
 # scatter-gather (tests/vm/mesh_tcp_zero_copy.sh; about 25 s).
 PODLINK_VM_TIMEOUT=${PODLINK_VM_TIMEOUT:-300} bash tests/vm/mesh_tcp_zero_copy.sh "${PODLINK_BUILD_DIR:-build}" \
   "$(mktemp -d /tmp/podlink-vm-XXXXXX)"
-# The same tests under AddressSanitizer + UndefinedBehaviorSanitizer, the
-# broker and relay integration tests under ThreadSanitizer, then every
-# libFuzzer target for 10 s (tests/fuzz/README.md). PODLINK_QUICK=1 skips
+# The same tests under AddressSanitizer + UndefinedBehaviorSanitizer (clang, a tree that holds the libFuzzer
+# targets too), the broker and relay integration tests under ThreadSanitizer (GCC), then every libFuzzer target
+# for 10 s (tests/fuzz/README.md). PODLINK_QUICK=1 skips
 # these for a fast local loop.
 if [ "${PODLINK_QUICK:-0}" != 1 ]; then
   bash scripts/sanitize.sh asan
   bash scripts/sanitize.sh tsan
-  bash tests/fuzz/run.sh "${PODLINK_FUZZ_SECONDS:-10}"
+  # The fuzz targets were built with the ASan tree (scripts/sanitize.sh): fuzzed there.
+  PODLINK_FUZZ_BUILD_DIR=${PODLINK_FUZZ_BUILD_DIR:-$PWD/${PODLINK_ASAN_BUILD_DIR:-build-asan}} \
+    bash tests/fuzz/run.sh "${PODLINK_FUZZ_SECONDS:-10}"
 fi

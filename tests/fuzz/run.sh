@@ -31,14 +31,21 @@ if ! [[ $SECONDS_PER_TARGET =~ ^[0-9]+$ ]] || [ "$SECONDS_PER_TARGET" -eq 0 ]; t
   exit 2
 fi
 
-echo "== configure and build ($BUILD, -j $JOBS)"
 start=$(date +%s)
-# -O1 with line tables, as OSS-Fuzz builds its fuzzers: stack traces keep
-# file:line, and it compiles faster than RelWithDebInfo's -O2 -g.
-if ! CC=clang CXX=clang++ cmake -S "$ROOT" -B "$BUILD" -DPODLINK_FUZZ=ON -DPODLINK_BUILD_TESTS=OFF \
-       -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" \
-       -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only" >/dev/null ||
-   ! cmake --build "$BUILD" --target "${TARGETS[@]}" -j "$JOBS"; then
+configure=(true)
+if grep -qs '^PODLINK_FUZZ:BOOL=ON' "$BUILD/CMakeCache.txt"; then
+  # A tree configured for fuzzing already (scripts/sanitize.sh asan builds the tests and these targets in one):
+  # built as it was configured.
+  echo "== build ($BUILD as configured, -j $JOBS)"
+else
+  echo "== configure and build ($BUILD, -j $JOBS)"
+  # -O1 with line tables, as OSS-Fuzz builds its fuzzers: stack traces keep
+  # file:line, and it compiles faster than RelWithDebInfo's -O2 -g.
+  configure=(env CC=clang CXX=clang++ cmake -S "$ROOT" -B "$BUILD" -DPODLINK_FUZZ=ON -DPODLINK_BUILD_TESTS=OFF
+             -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only"
+             -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -gline-tables-only")
+fi
+if ! "${configure[@]}" >/dev/null || ! cmake --build "$BUILD" --target "${TARGETS[@]}" -j "$JOBS"; then
   echo "build failed"
   echo "0 passed, ${#TARGETS[@]} failed"
   exit 1
