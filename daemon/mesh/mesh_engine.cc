@@ -109,11 +109,7 @@ absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions option
   e->RefreshOwnAdvert();  // before the first Hello it could be asked for
   e->repair_thread_ = std::thread([p = e.get()] { p->RepairLoop(); });
   e->housekeeping_thread_ = std::thread([p = e.get()] { p->HousekeepingLoop(); });
-  if (e->options_.two_hop_stripe) {
-    absl::MutexLock l(&e->pump_mu_);
-    e->pump_running_ = true;
-    e->pump_thread_ = std::thread([p = e.get()] { p->PumpLoop(); });
-  }
+  if (e->options_.two_hop_stripe) e->two_hop_thread_.Start();
   for (const PeerEntry& peer : o.peers) e->Learn(peer.node, peer.addresses, peer.port);
   std::vector<std::string> adv;
   for (const IpPrefix& a : e->advertised_) adv.push_back(a.ToString());
@@ -126,11 +122,7 @@ MeshEngine::~MeshEngine() {
   Stop();
   // The two-hop thread outlives Stop: a striped transfer started meanwhile
   // still ends on it, never inside its Start. Nothing is queued after this.
-  {
-    absl::MutexLock l(&pump_mu_);
-    pump_stop_ = true;
-  }
-  if (pump_thread_.joinable()) pump_thread_.join();
+  two_hop_thread_.Stop();
 }
 
 void MeshEngine::Stop() {

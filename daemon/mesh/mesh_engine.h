@@ -38,6 +38,7 @@
 #include "daemon/mesh/nic_rank.h"
 #include "daemon/mesh/control/liveness.h"
 #include "daemon/mesh/importer/handle_table.h"
+#include "daemon/mesh/importer/task_thread.h"
 #include "daemon/mesh/node_shares.h"
 #include "daemon/mesh/owner/grant_table.h"
 #include "daemon/mesh/routing/advert_book.h"
@@ -466,16 +467,10 @@ class MeshEngine final : public MeshPort {
   // route); its grant joins the session's `handle` when it names that export.
   void AddTwoHop(uint64_t session, uint64_t handle, RemoteTarget target, podlink::mesh::v1::OpenRegionRequest req,
                  uint64_t export_id, uint64_t size) ABSL_LOCKS_EXCLUDED(mu_);
-  // Runs `task` (a TwoRoutes' next submissions, or its end) on the two-hop
-  // thread, never on a link's own thread; false when that thread is not
-  // running (mesh.two_hop_stripe off, or the engine stopping).
-  bool QueueTask(std::function<void()> task) ABSL_LOCKS_EXCLUDED(pump_mu_);
-  void PumpLoop();
-  absl::Mutex pump_mu_;
-  std::deque<std::function<void()>> pump_queue_ ABSL_GUARDED_BY(pump_mu_);
-  bool pump_running_ ABSL_GUARDED_BY(pump_mu_) = false;
-  bool pump_stop_ ABSL_GUARDED_BY(pump_mu_) = false;
-  std::thread pump_thread_;
+  // Where a TwoRoutes' next submissions, or its end, run: never on a link's
+  // own thread (importer/task_thread.h). Started only with
+  // mesh.two_hop_stripe; Post is false without it, or once stopping.
+  TaskThread two_hop_thread_;
   std::atomic<uint64_t> two_hop_routes_{0}, two_hop_bytes_{0}, two_hop_transfers_{0}, two_hop_failovers_{0},
       two_hop_fences_{0};
   // The link set an operation of `h` goes to: its sealed route's, or the peer's.

@@ -300,7 +300,7 @@ absl::StatusOr<std::shared_ptr<seal::SealedLinks>> MeshEngine::SealRoute(const s
       },
       // Completions leave the carrier's link threads for the pump, which
       // seals, opens and submits the next step.
-      [this](std::function<void()> task) { return QueueTask(std::move(task)); });
+      [this](std::function<void()> task) { return two_hop_thread_.Post(std::move(task)); });
   sealed_routes_.fetch_add(1, std::memory_order_relaxed);
   return links;
 }

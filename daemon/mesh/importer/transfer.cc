@@ -35,7 +35,7 @@ class MeshEngine::TwoRoutes : public std::enable_shared_from_this<MeshEngine::Tw
       begun_ = true;
       finish = Over();
     }
-    if (finish && !e_->QueueTask([self = shared_from_this()] { self->Finish(); })) Finish();
+    if (finish && !e_->two_hop_thread_.Post([self = shared_from_this()] { self->Finish(); })) Finish();
   }
 
   // Submits what each route may take now, a chunk to each in turn. Never on
@@ -142,7 +142,7 @@ class MeshEngine::TwoRoutes : public std::enable_shared_from_this<MeshEngine::Tw
       if (finish) return self->Finish();
       if (pump) self->Pump();
     };
-    if (on_link_thread && e_->QueueTask(next)) return;
+    if (on_link_thread && e_->two_hop_thread_.Post(next)) return;
     next();  // from Pump, or once the engine is being destroyed
   }
 
@@ -300,31 +300,6 @@ absl::Status MeshEngine::Start(MeshTransfer t, Done done) {
 std::shared_ptr<DataLinks> MeshEngine::LinksOf(const Handle& h) const {
   if (h.sealed != nullptr) return h.sealed;
   return h.peer->links();
-}
-
-bool MeshEngine::QueueTask(std::function<void()> task) {
-  absl::MutexLock l(&pump_mu_);
-  if (!pump_running_ || pump_stop_) return false;
-  pump_queue_.push_back(std::move(task));
-  return true;
-}
-
-void MeshEngine::PumpLoop() {
-  for (;;) {
-    std::function<void()> task;
-    {
-      absl::MutexLock l(&pump_mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pump_mu_) { return pump_stop_ || !pump_queue_.empty(); };
-      pump_mu_.Await(absl::Condition(&ready));
-      if (pump_queue_.empty()) {
-        pump_running_ = false;
-        return;
-      }
-      task = std::move(pump_queue_.front());
-      pump_queue_.pop_front();
-    }
-    task();
-  }
 }
 
 absl::Status MeshEngine::Notify(uint64_t session, uint64_t handle, uint64_t value, Done done) {
