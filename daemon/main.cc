@@ -38,6 +38,7 @@
 #include "daemon/metrics/metrics_page.h"
 #include "daemon/metrics/process_metrics.h"
 #include "daemon/mesh/mesh_engine.h"
+#include "daemon/mesh/openssl_exit.h"
 #include "daemon/relay/relay_engine.h"
 #include "absl/cleanup/cleanup.h"
 #include "grpcpp/grpcpp.h"
@@ -212,6 +213,12 @@ bool SocketLive(const std::string& path, int type) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before anything touches OpenSSL: gRPC's TLS threads may still be in it
+  // while main() returns (openssl_exit.h).
+  if (!podlink::mesh::KeepOpenSslUntilExit()) {
+    std::cerr << "podlinkd: OpenSSL could not be initialised\n";
+    return 1;
+  }
   const podlink::cli::Program program{"podlinkd", PODLINK_VERSION, kUsage, __FILE__};
   std::vector<std::string> positional = podlink::cli::Parse(argc, argv, program);
   if (!positional.empty()) {
