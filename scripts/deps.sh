@@ -11,7 +11,7 @@ SUDO=""
 # python3-yaml reads YAML back in tests (rendered manifests, kubectl-podlink -o yaml);
 # containerd, runc, umoci, busybox-static and python3-protobuf: the OCI image (scripts/build-image.sh) and the
 # real-runtime test (tests/runtime/containerd_test.py);
-# clang and its runtime build the libFuzzer targets (tests/fuzz);
+# clang and its runtime build the libFuzzer targets (tests/fuzz); lld links every build (CMakeLists.txt);
 # pybind11-dev and python3-dev build `import podlink` (client-lib/python); python3-numpy and python3-pytest test it, python3-pip and python3-setuptools install it;
 # qemu-system-x86, kmod, cpio, rdma-core, ibverbs-providers and ibverbs-utils: the soft-RoCE guests of the verbs
 # mesh test (tests/vm/; Debian's kernel package is fetched there with apt-get download, not installed).
@@ -20,7 +20,7 @@ pkgs=(build-essential cmake pkg-config protobuf-compiler protobuf-compiler-grpc 
       libibverbs-dev librdmacm-dev libssl-dev libcpp-httplib-dev util-linux iproute2 openssl yamllint python3-yaml
       golang-go golang-github-masterminds-sprig-dev golang-gopkg-yaml.v3-dev python3-grpcio
       containerd runc umoci busybox-static python3-protobuf
-      clang libclang-rt-14-dev
+      clang libclang-rt-14-dev lld
       qemu-system-x86 kmod cpio rdma-core ibverbs-providers ibverbs-utils
       pybind11-dev python3-dev python3-numpy python3-pytest python3-pip python3-setuptools)
 missing=()
