@@ -14,7 +14,7 @@
 namespace podlink::mesh {
 namespace {
 
-const ComponentLog Log("mesh");
+const ComponentLog AdmissionLog("mesh");
 
 std::string RandomCookie() {
   std::string c(kCookieBytes, '\0');
@@ -121,7 +121,7 @@ absl::StatusOr<std::string> DataAdmission::Authenticate(const Pending& p, const 
   auto it = cookie != nullptr ? cookies_.find(*cookie) : cookies_.end();
   if (it == cookies_.end() || it->second.expires < absl::Now()) {
     ++refused_;
-    if (cookie != nullptr) Log()->warn("event=mesh_data_refused reason=\"unknown or expired cookie\" source={}", p.source);
+    if (cookie != nullptr) AdmissionLog()->warn("event=mesh_data_refused reason=\"unknown or expired cookie\" source={}", p.source);
     return absl::PermissionDeniedError("unknown or expired cookie");
   }
   std::string node = it->second.node;
@@ -136,7 +136,7 @@ absl::StatusOr<std::string> DataAdmission::Authenticate(const Pending& p, const 
                          : nullptr;
   if (over != nullptr) {
     ++refused_;
-    Log()->warn("event=mesh_data_refused peer={} reason=\"over {}\" held={}", node, over, mine);
+    AdmissionLog()->warn("event=mesh_data_refused peer={} reason=\"over {}\" held={}", node, over, mine);
     return absl::ResourceExhaustedError(absl::StrCat("over ", over));
   }
   RememberSource(p.source);

@@ -3,7 +3,7 @@
 
 namespace podlink::mesh::verbs {
 namespace {
-const ComponentLog Log("mesh");
+const ComponentLog NicLog("mesh");
 }  // namespace
 
 // --- devices -----------------------------------------------------------------
@@ -53,7 +53,7 @@ absl::StatusOr<std::shared_ptr<Nic>> Nic::Open(const VerbsApi* api, const std::s
       api->dealloc_pd(pd);
     }
   }
-  Log()->info("event=verbs_device device={} port={} mtu={} link_layer={} dmabuf={}", device, int{port},
+  NicLog()->info("event=verbs_device device={} port={} mtu={} link_layer={} dmabuf={}", device, int{port},
               128 << pa.active_mtu, pa.link_layer == IBV_LINK_LAYER_ETHERNET ? "ethernet" : "infiniband",
               api->reg_dmabuf_mr == nullptr ? "no (libibverbs lacks ibv_reg_dmabuf_mr)" : dmabuf ? "yes" : "no");
   return std::shared_ptr<Nic>(new Nic(api, ctx, device, port, pa.active_mtu, dmabuf));
@@ -68,7 +68,7 @@ void Nic::AsyncLoop() {
       async_events_.fetch_add(1, std::memory_order_relaxed);
       // QP errors also surface as failed completions, where they are
       // handled; a port going down fails every QP on it the same way.
-      Log()->warn("event=verbs_async device={} type={}", name_, api_->event_type_str(ev.event_type));
+      NicLog()->warn("event=verbs_async device={} type={}", name_, api_->event_type_str(ev.event_type));
       api_->ack_async_event(&ev);
     }
   }

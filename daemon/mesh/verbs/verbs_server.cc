@@ -4,7 +4,7 @@
 
 namespace podlink::mesh::verbs {
 namespace {
-const ComponentLog Log("mesh");
+const ComponentLog ServerLog("mesh");
 }  // namespace
 
 // --- exporting side ------------------------------------------------------------
@@ -176,7 +176,7 @@ absl::StatusOr<SideWire> VerbsServer::Accept(const std::string& node, uint64_t l
     nn = slot;
   }
   if (!gone.empty()) {
-    Log()->info("event=verbs_qps_dropped peer={} count={} why=\"{}\"", node, gone.size(),
+    ServerLog()->info("event=verbs_qps_dropped peer={} count={} why=\"{}\"", node, gone.size(),
                 replaces.empty() ? "a newer link set of the peer" : "replaced by the peer after failing");
   }
   for (auto& s : gone) {
@@ -271,7 +271,7 @@ absl::StatusOr<SideWire> VerbsServer::Accept(const std::string& node, uint64_t l
       nn->qps[qpn] = std::move(s);
     }
   }
-  Log()->info("event=verbs_accept peer={} device={} gid={} peer_gid={} qps={}", node, nic->name(), Gid(gid.gid),
+  ServerLog()->info("event=verbs_accept peer={} device={} gid={} peer_gid={} qps={}", node, nic->name(), Gid(gid.gid),
               Gid(importer.gid), out.qps.size());
   return out;
 }
@@ -414,7 +414,7 @@ void VerbsServer::PollLoop(std::shared_ptr<NodeNic> nn) {
           Served& q = *it->second;
           if (wc.status != IBV_WC_SUCCESS) {
             if (!q.dead) {
-              Log()->warn("event=verbs_peer_qp_failed peer={} qp={} status={}", nn->node, wc.qp_num,
+              ServerLog()->warn("event=verbs_peer_qp_failed peer={} qp={} status={}", nn->node, wc.qp_num,
                           api->wc_status_str(wc.status));
             }
             q.dead = true;
@@ -492,7 +492,7 @@ absl::Status VerbsServer::EnsurePoolLocked(NodeNic& nn) {
   nn.bounce_memory = std::shared_ptr<char>(pool, [](char* p) { std::free(p); });
   nn.bounce_mr = mr;
   for (uint32_t i = 0; i < stage_slots_; ++i) nn.free_bounce.push_back(static_cast<int32_t>(i));
-  Log()->info("event=verbs_bounce_pool peer={} device={} slots={} slot_kib={}", nn.node, nn.nic->name(), stage_slots_,
+  ServerLog()->info("event=verbs_bounce_pool peer={} device={} slots={} slot_kib={}", nn.node, nn.nic->name(), stage_slots_,
               options_.slice_bytes >> 10);
   return absl::OkStatus();
 }
@@ -561,7 +561,7 @@ void VerbsServer::RepostLocked(NodeNic& nn, uint32_t qpn, uint64_t recv_id) {
   wr.wr_id = recv_id;
   ibv_recv_wr* bad = nullptr;
   if (int rc = nics_->api()->post_recv(q.qp, &wr, &bad)) {
-    Log()->warn("event=verbs_peer_qp_failed peer={} qp={} why=\"post_recv: {}\"", nn.node, qpn, std::strerror(rc));
+    ServerLog()->warn("event=verbs_peer_qp_failed peer={} qp={} why=\"post_recv: {}\"", nn.node, qpn, std::strerror(rc));
     q.dead = true;
     ToError(nics_->api(), q.qp);
   }
@@ -763,7 +763,7 @@ void VerbsServer::Answer(const StageJob& job, const absl::Status& st) {
   } else {
     staged_refused_.fetch_add(1, std::memory_order_relaxed);
     if (refused_log.Due()) {
-      Log()->warn("event=verbs_staged_refused peer={} grant={} write={} offset={} length={} why=\"{}\" (refused so far: {})",
+      ServerLog()->warn("event=verbs_staged_refused peer={} grant={} write={} offset={} length={} why=\"{}\" (refused so far: {})",
                   nn.node, job.grant, write, job.offset, job.length, st.message(),
                   staged_refused_.load(std::memory_order_relaxed));
     }
