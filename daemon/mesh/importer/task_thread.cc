@@ -8,7 +8,7 @@ TaskThread::~TaskThread() { Stop(); }
 
 void TaskThread::Start() {
   absl::MutexLock l(&mu_);
-  if (running_ || stop_ || thread_.joinable()) return;
+  if (stop_ || thread_.joinable()) return;
   running_ = true;
   thread_ = std::thread([this] { Loop(); });
 }
