@@ -3,62 +3,17 @@
 // replay or make up anything it forwards. No engine, sockets or daemon.
 #include <gtest/gtest.h>
 
-#include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <future>
 #include <mutex>
 #include <thread>
 
+#include "daemon/mesh/importer/task_thread.h"
 #include "daemon/mesh/seal/seal_crypto.h"
 #include "daemon/mesh/seal/window.h"
 
 namespace podlink::mesh::seal {
 namespace {
-
-// One thread running tasks in order (a link's thread, the engine's pump).
-class Executor {
- public:
-  Executor() : t_([this] { Run(); }) {}
-  ~Executor() {
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      stop_ = true;
-      cv_.notify_all();
-    }
-    t_.join();
-  }
-  // Notifies with the lock held: a poster on another thread is then done
-  // with this object before its owner can destroy it (the task it posted may
-  // end the test at once).
-  bool Post(std::function<void()> f) {
-    std::lock_guard<std::mutex> l(mu_);
-    if (stop_) return false;
-    q_.push_back(std::move(f));
-    cv_.notify_all();
-    return true;
-  }
-
- private:
-  void Run() {
-    for (;;) {
-      std::function<void()> f;
-      {
-        std::unique_lock<std::mutex> l(mu_);
-        cv_.wait(l, [this] { return stop_ || !q_.empty(); });
-        if (q_.empty()) return;
-        f = std::move(q_.front());
-        q_.pop_front();
-      }
-      f();
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> q_;
-  bool stop_ = false;
-  std::thread t_;
-};
 
 // The owner's export, in memory.
 class FakeExport : public Lander {
@@ -104,7 +59,7 @@ struct Frame {
 // window on its own thread, and may do what it likes on the way.
 class Relay : public DataLinks {
  public:
-  Relay(SealedRegion* owner, Lander* lander) : owner_(owner), lander_(lander) {}
+  Relay(SealedRegion* owner, Lander* lander) : owner_(owner), lander_(lander) { thread_.Start(); }
   const char* transport() const override { return "relay"; }
   uint64_t instance() const override { return 1; }
   size_t live() const override { return 1; }
@@ -142,7 +97,7 @@ class Relay : public DataLinks {
   }
   SealedRegion* owner_;
   Lander* lander_;
-  Executor thread_;
+  TaskThread thread_;  // a link's own thread
 };
 
 SealKeys TestKeys() {
@@ -181,7 +136,9 @@ class Sealed : public ::testing::Test {
         relay_(std::make_shared<Relay>(owner_.get(), &export_)),
         importer_(std::make_shared<SealedLinks>(
             keys_, 7, kExport, [r = relay_.get()] { return Unowned(r); },
-            [this](std::function<void()> f) { return pump_.Post(std::move(f)); })) {}
+            [this](std::function<void()> f) { return pump_.Post(std::move(f)); })) {
+    pump_.Start();
+  }
 
   absl::Status Op(FrameType type, uint64_t offset, char* local, uint64_t length) {
     auto done = std::make_shared<std::promise<absl::Status>>();
@@ -207,7 +164,7 @@ class Sealed : public ::testing::Test {
   SealCounters counters_;
   std::unique_ptr<SealedRegion> owner_;
   std::shared_ptr<Relay> relay_;
-  Executor pump_;
+  TaskThread pump_;  // the engine's pump (MeshEngine::two_hop_thread_)
   std::shared_ptr<SealedLinks> importer_;
 };
 
