@@ -18,6 +18,7 @@ Exits non-zero on the first failed check; every wait is bounded.
 
     containerd_test.py BUILD_DIR
 """
+import glob
 import json
 import os
 import shutil
@@ -147,11 +148,17 @@ class Cri:
         rpc = self.channel.unary_unary(f"/runtime.v1.RuntimeService/{method}",
                                        request_serializer=lambda m: m.SerializeToString(),
                                        response_deserializer=resp.FromString)
-        for attempt in range(3):  # a connection broken by a runtime restart fails once; the kubelet retries too
+        # The kubelet retries too: a connection broken by a runtime restart fails once (UNAVAILABLE), and a
+        # containerd that has just started accepts calls before its CRI plugin is up, answering UNKNOWN "server is
+        # not initialized yet" (seen 2026-12-03 right after the restart below). Either is retried until the
+        # deadline; any other error is the test's.
+        deadline = time.time() + timeout
+        while True:
             try:
-                return rpc(request, timeout=timeout, wait_for_ready=True)
+                return rpc(request, timeout=max(1.0, deadline - time.time()), wait_for_ready=True)
             except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.UNAVAILABLE or attempt == 2:
+                starting = e.code() == grpc.StatusCode.UNKNOWN and "not initialized" in (e.details() or "")
+                if not (e.code() == grpc.StatusCode.UNAVAILABLE or starting) or time.time() + 0.5 >= deadline:
                     raise
                 time.sleep(0.5)
 
@@ -539,6 +546,23 @@ def main():
         subprocess.run(["pkill", "-f", f"containerd-shim-runc-v2 .*-address {work}"], check=False)
         subprocess.run(["sh", "-c", f"grep -o ' {work}[^ ]*' /proc/mounts | sort -r | xargs -r -n1 umount -l"],
                        check=False)
+        # A container whose sandbox could not be removed (the runtime failed mid-test) outlives its shim: its
+        # processes (podlinkd from the image, on the host's port 9477) would fail the next run. Everything still
+        # in the test's cgroups is killed before they are removed.
+        for mount in set(cgroup_mounts().values()):
+            for procs in glob.glob(f"{mount}{cgroup_root}/**/cgroup.procs", recursive=True):
+                try:
+                    with open(procs) as f:
+                        pids = [int(p) for p in f.read().split()]
+                except OSError:
+                    continue
+                for pid in pids:
+                    if pid != os.getpid():
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                        except ProcessLookupError:
+                            pass
+        time.sleep(0.2)  # the killed leave their cgroups before the rmdir below
         for mount in set(cgroup_mounts().values()):  # what runc and the test made under the test's root
             subprocess.run(["sh", "-c", f"find {mount}{cgroup_root} -depth -type d -exec rmdir {{}} + 2>/dev/null"],
                            check=False)
