@@ -42,6 +42,9 @@ class WatchReactor : public QueuedWriteReactor<v1::Event>, public EventSink {
 
 }  // namespace
 
+BrokerService::BrokerService(Broker* broker) : broker_(broker) {}
+BrokerService::~BrokerService() = default;
+
 grpc::ServerUnaryReactor* BrokerService::GetNodeInfo(grpc::CallbackServerContext* ctx,
                                                      const v1::GetNodeInfoRequest*, v1::NodeInfo* resp) {
   return Unary(broker_, ctx, [&](Session&) {
