@@ -49,7 +49,7 @@ case "$mode" in
     build=${PODLINK_TSAN_BUILD_DIR:-build-tsan}
     flags="thread"
     compiler=()
-    targets=(podlinkd podlink-demo broker_namespaces_test hostile_clients_test relay_test client_lifetime_test c_api_test
+    targets=(podlinkd podlink-demo kubectl-podlink nccl-net-podlink nccl_net_peer nccl_ipc_peer broker_namespaces_test hostile_clients_test relay_test client_lifetime_test c_api_test
              mesh_test verbs_fake_test nccl_net_conformance_test mesh_stager_test mesh_idle_test mesh_over_tcp_test
              mesh_zero_copy_test nccl_ipc_bridge_test mesh_slices_test kube_pods_test mesh_seal_test late_copies_test grant_table_test handle_table_test task_thread_test data_admission_test)
     # The two cut-cable mesh tests wait out TCP timeouts (26 s each under

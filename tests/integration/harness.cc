@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <regex>
@@ -35,9 +36,16 @@ std::string ReadFile(const std::string& p) {
 
 // Binaries as built, unless the environment points elsewhere (the GPU
 // machine runs a carried bundle).
+// The programs the tests run are built beside them (the default target), not before them: a test program is not
+// held back until podlinkd is linked. One that is missing ends the run with what to build.
 const char* BinPath(const char* env, const char* built) {
   const char* v = getenv(env);
-  return v != nullptr && *v != '\0' ? v : built;
+  const char* path = v != nullptr && *v != '\0' ? v : built;
+  if (access(path, X_OK) != 0) {
+    std::fprintf(stderr, "%s: %s is not built (cmake --build <build dir> builds it) or not executable\n", env, path);
+    std::exit(2);
+  }
+  return path;
 }
 
 }  // namespace
