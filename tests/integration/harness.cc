@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -48,6 +49,15 @@ const char* BinPath(const char* env, const char* built) {
   return path;
 }
 
+// In a forked child, before exec: the child (podlinkd, or a pod's unshare, which takes its pod with it) dies with
+// the test process. A test process killed by a signal (ctest's timeout, or its output pipe closed) left its podlinkd
+// running otherwise, holding a port and its cgroups (three seen 2026-12-03). The signal follows the thread that
+// forked, so the Daemon and Pod a test makes are made on its own thread, as every test here does.
+void DieWithTheTest(pid_t test) {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != test) _exit(125);  // the test was already gone
+}
+
 }  // namespace
 
 Daemon::Daemon(const std::string& config_json, std::vector<std::string> extra_args, bool gpu,
@@ -77,8 +87,10 @@ Daemon::Daemon(const std::string& config_json, std::vector<std::string> extra_ar
   argv.push_back(nullptr);
   const std::string log_path = dir_ + "/podlinkd.log";
   const std::string ns_path = netns.empty() ? std::string() : "/run/netns/" + netns;
+  const pid_t test = ::getpid();
   pid_ = fork();
   if (pid_ == 0) {
+    DieWithTheTest(test);
     int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dup2(log, 2);
     if (!ns_path.empty()) {
@@ -222,8 +234,10 @@ Pod::Pod(const Daemon& d, const std::string& cgroup_path, std::vector<std::strin
   std::vector<char*> envp;
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
+  const pid_t test = ::getpid();
   pid_ = fork();
   if (pid_ == 0) {
+    DieWithTheTest(test);
     if (!procs.empty()) {
       int fd = ::open(procs.c_str(), O_WRONLY);
       if (fd < 0 || ::write(fd, "0", 1) != 1) _exit(126);

@@ -1,8 +1,11 @@
 // Thousands of export/import/exit cycles leave podlinkd's descriptor count
 // and memory flat.
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <string>
 #include <thread>
 
@@ -75,6 +78,39 @@ TEST(Leaks, ThousandsOfCyclesLeaveTheDaemonFlat) {
   // ASan's quarantine holds freed memory back: RSS says nothing there, and
   // LeakSanitizer checks the daemon's heap at its exit instead.
 #endif
+}
+
+// A test process killed by a signal (ctest's timeout) takes its podlinkd with it: none is left running, holding
+// its port and cgroups, for the tests after it.
+TEST(Leaks, ADaemonDiesWithTheTestProcessThatStartedIt) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  pid_t test = ::fork();
+  ASSERT_GE(test, 0);
+  if (test == 0) {  // the "test process": starts a daemon, says its pid, waits to be killed
+    ::close(fds[0]);
+    Daemon d("{}");
+    pid_t daemon = d.pid();
+    (void)!::write(fds[1], &daemon, sizeof(daemon));
+    for (;;) ::pause();
+  }
+  ::close(fds[1]);
+  pid_t daemon = -1;
+  ASSERT_EQ(::read(fds[0], &daemon, sizeof(daemon)), static_cast<ssize_t>(sizeof(daemon)));
+  ::close(fds[0]);
+  ASSERT_GT(daemon, 0);
+  ::kill(test, SIGKILL);
+  ASSERT_EQ(::waitpid(test, nullptr, 0), test);
+  // Gone, or a zombie no one reaps (its parent is gone; the reaper here may not be a real init).
+  auto gone = [daemon] {
+    std::ifstream stat("/proc/" + std::to_string(daemon) + "/stat");
+    std::string pid, comm, state;
+    return !(stat >> pid >> comm >> state) || state == "Z" || state == "X";
+  };
+  bool dead = false;
+  for (int i = 0; i < 500 && !(dead = gone()); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (!dead) ::kill(daemon, SIGKILL);  // not left behind by this test either
+  EXPECT_TRUE(dead) << "podlinkd " << daemon << " outlived the test process that started it";
 }
 
 }  // namespace
