@@ -35,10 +35,9 @@ std::string ReadFile(const std::string& p) {
   return ss.str();
 }
 
-// Binaries as built, unless the environment points elsewhere (the GPU
-// machine runs a carried bundle).
-// The programs the tests run are built beside them (the default target), not before them: a test program is not
-// held back until podlinkd is linked. One that is missing ends the run with what to build.
+// Binaries as built, unless the environment points elsewhere (the GPU machine runs a carried bundle). They are
+// built beside the tests (the default target), not before them, so that no test's compile waits for podlinkd's
+// link: one that is missing ends the run with what to build.
 const char* BinPath(const char* env, const char* built) {
   const char* v = getenv(env);
   const char* path = v != nullptr && *v != '\0' ? v : built;
