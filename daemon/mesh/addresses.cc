@@ -107,6 +107,10 @@ std::vector<IpPrefix> LocalAddresses(const std::vector<std::string>& interfaces)
   return out;
 }
 
+std::string PathName(const Path& path) {
+  return absl::StrCat(path.fallback ? "routed" : path.local.AddressText(), "->", path.remote.AddressText());
+}
+
 std::vector<Path> ChoosePaths(const std::vector<IpPrefix>& local, const std::vector<IpPrefix>& remote,
                               bool allow_fallback) {
   std::vector<Path> out;

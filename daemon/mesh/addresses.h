@@ -50,6 +50,10 @@ struct Path {
   bool fallback = false;
 };
 
+// "local->remote" ("routed->remote" for the fallback path): how link sets,
+// repairs and logs name a path.
+std::string PathName(const Path& path);
+
 // Direct paths: every (local, remote) pair on one subnet with equal prefix
 // lengths, in the order of `remote`. With none and `allow_fallback`, one
 // path to the peer's first address from no particular local address.

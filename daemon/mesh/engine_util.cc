@@ -144,10 +144,6 @@ absl::Status ReadFullBefore(int fd, void* buf, size_t len, absl::Time deadline) 
   return absl::OkStatus();
 }
 
-std::string PathName(const Path& path) {
-  return absl::StrCat(path.fallback ? "routed" : path.local.AddressText(), "->", path.remote.AddressText());
-}
-
 absl::Status SendAck(int fd, uint64_t tag, const absl::Status& st) {
   std::string text(st.message().substr(0, 4096));
   FrameHeader h{};
