@@ -107,7 +107,7 @@ absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions option
   e->control_port_ = static_cast<uint32_t>(port);
   e->accept_thread_ = std::thread([p = e.get()] { p->AcceptLoop(); });
   e->RefreshOwnAdvert();  // before the first Hello it could be asked for
-  e->repair_thread_ = std::thread([p = e.get()] { p->RepairLoop(); });
+  e->repairs_.Start();
   e->housekeeping_thread_ = std::thread([p = e.get()] { p->HousekeepingLoop(); });
   if (e->options_.two_hop_stripe) e->two_hop_thread_.Start();
   for (const PeerEntry& peer : o.peers) e->Learn(peer.node, peer.addresses, peer.port);
@@ -128,14 +128,15 @@ MeshEngine::~MeshEngine() {
 void MeshEngine::Stop() {
   if (stopped_.exchange(true, std::memory_order_acq_rel)) return;
   stopping_.store(true, std::memory_order_release);
+  repairs_.Stop();  // no repair starts from now on (one running ends before Join below returns)
   relay_staging_.Stop();  // serving threads waiting for room go on (and end)
   if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   ::shutdown(listen_fd_.get(), SHUT_RDWR);
   if (accept_thread_.joinable()) accept_thread_.join();
   {
-    absl::MutexLock l(&mu_);  // wakes RepairLoop and HousekeepingLoop, which see stopping_
+    absl::MutexLock l(&mu_);  // wakes HousekeepingLoop, which sees stopping_
   }
-  if (repair_thread_.joinable()) repair_thread_.join();
+  repairs_.Join();
   if (housekeeping_thread_.joinable()) housekeeping_thread_.join();
   {
     // Advert trades still in flight (started by the housekeeping thread, now gone).

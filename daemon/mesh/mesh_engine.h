@@ -37,6 +37,7 @@
 #include "daemon/mesh/mesh_host.h"
 #include "daemon/mesh/nic_rank.h"
 #include "daemon/mesh/control/liveness.h"
+#include "daemon/mesh/control/repairs.h"
 #include "daemon/mesh/importer/handle_table.h"
 #include "daemon/mesh/importer/task_thread.h"
 #include "daemon/mesh/node_shares.h"
@@ -486,25 +487,14 @@ class MeshEngine final : public MeshPort {
   absl::StatusOr<UniqueFd> DialData(const Path& path, uint32_t port, const std::string& cookie,
                                     uint64_t link_instance, absl::Duration timeout) const;
   absl::StatusOr<Handle> FindHandle(uint64_t session, uint64_t handle) const ABSL_LOCKS_EXCLUDED(mu_);
-  // A failed connection's path is dialed again in the background, with
-  // backoff, while the peer's other connections carry on.
-  struct Repair;
-  // A transport's own repair of a path, on the repair thread with the peer's
-  // control stub (set where that transport's links were made, which knows them).
-  using RedoPath = std::function<absl::Status(const Repair& r, Peer& peer, v1::Mesh::Stub& stub)>;
-  struct Repair {
-    std::weak_ptr<Peer> peer;
-    std::weak_ptr<DataLinks> links;  // PeerLinks: one connection; VerbsLinks: a path's QPs
-    RedoPath redo;
-    Path path;
-    std::string name;  // the path as PeerLinks names it
-    uint32_t data_port = 0;
-    absl::Time next;
-    absl::Duration backoff;
-  };
-  void ScheduleRepair(Repair r) ABSL_LOCKS_EXCLUDED(mu_);
+  // A failed path is dialed again in the background, with backoff, while the
+  // peer's other paths carry on (control/repairs.h). A transport's own repair
+  // of a path, on the repair thread with the peer's control stub (set where
+  // that transport's links were made, which knows them).
+  using RedoPath = std::function<absl::Status(const Path& path, const std::string& name, Peer& peer,
+                                              v1::Mesh::Stub& stub)>;
   // What a link set calls when a path (TCP: a connection; verbs: all of a
-  // path's QPs) fails: a repair of that path is scheduled. One per transport:
+  // path's QPs) fails: a repair of that path is queued. One per transport:
   // each knows how its own links come back.
   std::function<void(const std::string&)> RepairOnDown(const std::shared_ptr<Peer>& peer,
                                                        const std::shared_ptr<PeerLinks>& links,
@@ -512,12 +502,11 @@ class MeshEngine final : public MeshPort {
   std::function<void(const std::string&)> RepairOnDown(const std::shared_ptr<Peer>& peer,
                                                        const std::shared_ptr<verbs::VerbsLinks>& links,
                                                        const std::vector<Path>& paths);
+  // `redo` with the peer's stub, while the peer is there.
   std::function<void(const std::string&)> RepairOnDownWith(const std::shared_ptr<Peer>& peer,
                                                            const std::shared_ptr<DataLinks>& links, RedoPath redo,
-                                                           const std::vector<Path>& paths, uint32_t data_port);
-  void RepairLoop();
+                                                           const std::vector<Path>& paths);
   void HousekeepingLoop();
-  absl::Status RepairOnce(Repair& r);
 
   const MeshOptions options_;
   const std::string node_name_;
@@ -541,7 +530,6 @@ class MeshEngine final : public MeshPort {
   std::unique_ptr<grpc::Server> server_;
   UniqueFd listen_fd_;
   std::thread accept_thread_;
-  std::thread repair_thread_;
   std::thread housekeeping_thread_;  // sweeps, keepalives, adverts, certificate reloads (HousekeepingLoop)
   std::atomic<bool> stopping_{false};
   std::atomic<bool> stopped_{false};  // Stop() ran
@@ -573,7 +561,7 @@ class MeshEngine final : public MeshPort {
   std::atomic<uint64_t> late_slices_dropped_{0};
   std::atomic<uint64_t> duplicate_notifies_{0};
   std::atomic<uint64_t> idle_closed_{0};
-  std::vector<Repair> repairs_ ABSL_GUARDED_BY(mu_);
+  Repairs repairs_;  // the control room's (its own thread and lock, a leaf)
   struct Known {
     std::vector<std::string> addresses;
     uint32_t port = 0;
@@ -612,7 +600,6 @@ class MeshEngine final : public MeshPort {
   std::unique_ptr<verbs::VerbsServer> verbs_server_ ABSL_GUARDED_BY(verbs_mu_);
   absl::Status verbs_error_ ABSL_GUARDED_BY(verbs_mu_);
   std::atomic<uint64_t> refused_notifies_{0};
-  std::atomic<uint64_t> repaired_connections_{0};
   // Sealed routes, the owner's side: the windows' memory and what came through them.
   NodeShares seal_budget_{NodeShares::Rules{options_.sealed_window_bytes, options_.sealed_window_bytes / 2,
                                             /*last_quarter_for_small=*/true, /*one_oversized=*/false}};

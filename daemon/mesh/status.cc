@@ -99,7 +99,7 @@ std::string MeshEngine::RenderMetrics() const {
     refused_frames = refused_frames_;
     refused_conns = admission_.counts().refused;
     denials = remote_denials_;
-    repaired = repaired_connections_;
+    repaired = repairs_.repaired();
     late = late_slices_dropped_;
     dup_notifies = duplicate_notifies_;
     idle_closed = idle_closed_;

@@ -8,7 +8,8 @@ std::function<void(const std::string&)> MeshEngine::RepairOnDown(const std::shar
                                                                  const std::shared_ptr<PeerLinks>& links,
                                                                  const std::vector<Path>& paths, uint32_t data_port) {
   std::weak_ptr<PeerLinks> weak = links;
-  RedoPath redo = [this, weak](const Repair& r, Peer& peer, pb::Mesh::Stub& stub) -> absl::Status {
+  RedoPath redo = [this, weak, data_port](const Path& path, const std::string& name, Peer& peer,
+                                         pb::Mesh::Stub& stub) -> absl::Status {
     std::shared_ptr<PeerLinks> links = weak.lock();
     if (links == nullptr) return absl::OkStatus();
     pb::OpenLinkResponse link;
@@ -19,11 +20,11 @@ std::function<void(const std::string&)> MeshEngine::RepairOnDown(const std::shar
     PODLINK_RETURN_IF_ERROR(FromGrpc(stub.OpenLink(&ctx, req, &link), peer.node()));
     if (link.cookies_size() != 1) return absl::UnavailableError("OpenLink returned no cookie");
     PODLINK_ASSIGN_OR_RETURN(UniqueFd fd,
-                             DialData(r.path, r.data_port, link.cookies(0), links->instance(), absl::Seconds(2)));
-    links->AddConnection(std::move(fd), r.name);
+                             DialData(path, data_port, link.cookies(0), links->instance(), absl::Seconds(2)));
+    links->AddConnection(std::move(fd), name);
     return absl::OkStatus();
   };
-  return RepairOnDownWith(peer, links, std::move(redo), paths, data_port);
+  return RepairOnDownWith(peer, links, std::move(redo), paths);
 }
 
 }  // namespace podlink::mesh

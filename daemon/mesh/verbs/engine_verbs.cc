@@ -373,7 +373,8 @@ std::function<void(const std::string&)> MeshEngine::RepairOnDown(const std::shar
                                                                  const std::shared_ptr<verbs::VerbsLinks>& links,
                                                                  const std::vector<Path>& paths) {
   std::weak_ptr<verbs::VerbsLinks> weak = links;
-  RedoPath redo = [this, weak](const Repair& r, Peer& peer, pb::Mesh::Stub& stub) -> absl::Status {
+  RedoPath redo = [this, weak](const Path& path, const std::string& name, Peer& peer,
+                               pb::Mesh::Stub& stub) -> absl::Status {
     std::shared_ptr<verbs::VerbsLinks> vl = weak.lock();
     if (vl == nullptr) return absl::OkStatus();
     auto open = [&](const pb::OpenVerbsRequest& req) -> absl::StatusOr<pb::OpenVerbsResponse> {
@@ -385,13 +386,13 @@ std::function<void(const std::string&)> MeshEngine::RepairOnDown(const std::shar
     };
     // A path that cannot come back (cable still down) fails here and is
     // tried again with backoff; its old QPs are named once.
-    std::vector<uint32_t> failed = vl->FailedRemoteQps(r.name);
+    std::vector<uint32_t> failed = vl->FailedRemoteQps(name);
     if (failed.empty()) return absl::OkStatus();  // an earlier repair replaced them
-    PODLINK_RETURN_IF_ERROR(ConnectVerbsPath(*vl, r.path, open, failed));
+    PODLINK_RETURN_IF_ERROR(ConnectVerbsPath(*vl, path, open, failed));
     vl->MarkReported(failed);
     return absl::OkStatus();
   };
-  return RepairOnDownWith(peer, links, std::move(redo), paths, 0);
+  return RepairOnDownWith(peer, links, std::move(redo), paths);
 }
 
 }  // namespace podlink::mesh
