@@ -12,21 +12,6 @@ bool RelayCannotStage(const absl::Status& st) {
           absl::StrContains(st.message(), "relayed regions ride TCP links"));
 }
 
-absl::StatusOr<std::string> ReadPem(const std::string& dir, const char* name) {
-  std::string path = dir + "/" + name;
-  std::ifstream in(path);
-  if (!in) {
-    return absl::FailedPreconditionError(absl::StrCat("mesh certificate file ", path, " cannot be read: ",
-                                                      std::strerror(errno), " (mesh.cert_dir needs ca.crt, tls.crt, tls.key)"));
-  }
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (ss.str().find("-----BEGIN") == std::string::npos) {
-    return absl::FailedPreconditionError(absl::StrCat(path, " is not PEM"));
-  }
-  return ss.str();
-}
-
 absl::Status FromGrpc(const grpc::Status& s, const std::string& node) {
   absl::Status st = FromGrpcStatus(s);
   if (st.ok()) return st;

@@ -64,8 +64,6 @@ constexpr uint32_t kTwoHopWindow = 4;
 // regions ride TCP links"): the hop to it can still go over TCP.
 bool RelayCannotStage(const absl::Status& st);
 
-absl::StatusOr<std::string> ReadPem(const std::string& dir, const char* name);
-
 // A callback answered exactly once: by a call, or — when the last holder
 // lets go unanswered (a task dropped because the engine stopped, a peer
 // evicted before its task ran) — with UNAVAILABLE and `dropped`. Shared by

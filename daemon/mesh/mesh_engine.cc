@@ -31,15 +31,7 @@ absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions option
   } else if (o.transport != "tcp") {
     return absl::InvalidArgumentError(absl::StrCat("mesh.transport '", o.transport, "': tcp or verbs"));
   }
-  {
-    Pems p;
-    PODLINK_ASSIGN_OR_RETURN(p.ca, ReadPem(o.cert_dir, "ca.crt"));
-    PODLINK_ASSIGN_OR_RETURN(p.cert, ReadPem(o.cert_dir, "tls.crt"));
-    PODLINK_ASSIGN_OR_RETURN(p.key, ReadPem(o.cert_dir, "tls.key"));
-    absl::MutexLock l(&e->pem_mu_);
-    e->pems_ = std::move(p);
-    e->pems_read_ = absl::Now();
-  }
+  PODLINK_RETURN_IF_ERROR(e->credentials_.Load());
   if (!o.addresses.empty()) {
     for (const std::string& a : o.addresses) {
       PODLINK_ASSIGN_OR_RETURN(IpPrefix p, IpPrefix::Parse(a));

@@ -36,6 +36,7 @@
 #include "daemon/mesh/addresses.h"
 #include "daemon/mesh/mesh_host.h"
 #include "daemon/mesh/nic_rank.h"
+#include "daemon/mesh/control/credentials.h"
 #include "daemon/mesh/control/liveness.h"
 #include "daemon/mesh/control/repairs.h"
 #include "daemon/mesh/importer/handle_table.h"
@@ -328,7 +329,7 @@ class MeshEngine final : public MeshPort {
   void KeepAlive() ABSL_LOCKS_EXCLUDED(mu_);
   // Node adverts (mesh.proto NodeAdvert). This node's own, signed again every
   // advert_interval (its key and addresses as they are then).
-  void RefreshOwnAdvert() ABSL_LOCKS_EXCLUDED(mu_, pem_mu_);
+  void RefreshOwnAdvert() ABSL_LOCKS_EXCLUDED(mu_);
   // Keeps the adverts `from` sent that are new, fresh and verified against the
   // mesh CA, and learns their nodes; at most one batch per peer a second.
   void AcceptAdverts(const std::string& from,
@@ -453,16 +454,15 @@ class MeshEngine final : public MeshPort {
   // the claim; the origin checks it came from the destination it named,
   // unchanged (CheckOwnerAnswer), whatever the relays did.
   absl::Status SignOwnerAnswer(const podlink::mesh::v1::OriginClaim& claim,
-                               podlink::mesh::v1::OpenRegionResponse* resp) const ABSL_LOCKS_EXCLUDED(pem_mu_);
+                               podlink::mesh::v1::OpenRegionResponse* resp) const;
   absl::Status CheckOwnerAnswer(const std::string& destination, uint64_t nonce,
-                                const podlink::mesh::v1::OpenRegionResponse& resp) const ABSL_LOCKS_EXCLUDED(pem_mu_);
+                                const podlink::mesh::v1::OpenRegionResponse& resp) const;
   // Signs `req`'s route to `target` through `via` (the claim's nonce in
   // *nonce; `fenceable`: the owner lands it so that FenceRoute can stop it).
   // The claim carries a new ephemeral seal key (its private half in *key).
   absl::Status SignRoute(const RemoteTarget& target, const std::vector<std::string>& via,
                          podlink::mesh::v1::OpenRegionRequest* req, uint64_t* nonce,
-                         std::shared_ptr<seal::EphemeralKey>* key, bool fenceable = false) const
-      ABSL_LOCKS_EXCLUDED(pem_mu_);
+                         std::shared_ptr<seal::EphemeralKey>* key, bool fenceable = false) const;
   // After a direct open of export `export_id` (`size` bytes): a relay cabled
   // to this node and to `target` is asked for the same export (a fenceable
   // route); its grant joins the session's `handle` when it names that export.
@@ -515,15 +515,8 @@ class MeshEngine final : public MeshPort {
   std::vector<IpPrefix> advertised_;
   // The certificate files: gRPC watches them for its TLS (cert_files_);
   // the node key and CA for signing and checking claims are read again
-  // every cert_refresh (ReloadPems).
-  struct Pems {
-    std::string ca, cert, key;
-  };
-  Pems CurrentPems() const ABSL_LOCKS_EXCLUDED(pem_mu_);
-  void ReloadPems() ABSL_LOCKS_EXCLUDED(pem_mu_);
-  mutable absl::Mutex pem_mu_;
-  Pems pems_ ABSL_GUARDED_BY(pem_mu_);
-  absl::Time pems_read_ ABSL_GUARDED_BY(pem_mu_);
+  // every cert_refresh (control/credentials.h).
+  NodeCredentials credentials_{options_.cert_dir, options_.cert_refresh};
   std::shared_ptr<grpc::experimental::CertificateProviderInterface> cert_files_;
   uint32_t control_port_ = 0, data_port_ = 0;
   std::unique_ptr<Service> service_;

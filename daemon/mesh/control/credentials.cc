@@ -1,39 +1,80 @@
-// Certificates: the current PEMs and their reload.
-#include "daemon/mesh/engine_internal.h"
+// This node's certificate files: the current PEMs and their reload.
+#include "daemon/mesh/control/credentials.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status_util.h"
+#include "daemon/mesh/origin_sign.h"
 
 namespace podlink::mesh {
+namespace {
 
-MeshEngine::Pems MeshEngine::CurrentPems() const {
-  absl::MutexLock l(&pem_mu_);
+const ComponentLog CredentialsLog("mesh");
+
+absl::StatusOr<std::string> ReadPem(const std::string& dir, const char* name) {
+  std::string path = dir + "/" + name;
+  std::ifstream in(path);
+  if (!in) {
+    return absl::FailedPreconditionError(absl::StrCat("mesh certificate file ", path, " cannot be read: ",
+                                                      std::strerror(errno),
+                                                      " (mesh.cert_dir needs ca.crt, tls.crt, tls.key)"));
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  if (ss.str().find("-----BEGIN") == std::string::npos) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not PEM"));
+  }
+  return ss.str();
+}
+
+}  // namespace
+
+absl::Status NodeCredentials::ReadAll(Pems* out) const {
+  PODLINK_ASSIGN_OR_RETURN(out->ca, ReadPem(dir_, "ca.crt"));
+  PODLINK_ASSIGN_OR_RETURN(out->cert, ReadPem(dir_, "tls.crt"));
+  PODLINK_ASSIGN_OR_RETURN(out->key, ReadPem(dir_, "tls.key"));
+  return absl::OkStatus();
+}
+
+absl::Status NodeCredentials::Load() {
+  Pems p;
+  PODLINK_RETURN_IF_ERROR(ReadAll(&p));
+  absl::MutexLock l(&mu_);
+  pems_ = std::move(p);
+  read_ = absl::Now();
+  return absl::OkStatus();
+}
+
+NodeCredentials::Pems NodeCredentials::Current() const {
+  absl::MutexLock l(&mu_);
   return pems_;
 }
 
-void MeshEngine::ReloadPems() {
+bool NodeCredentials::Refresh() {
   {
-    absl::MutexLock l(&pem_mu_);
-    if (absl::Now() - pems_read_ < options_.cert_refresh) return;
-    pems_read_ = absl::Now();
+    absl::MutexLock l(&mu_);
+    if (absl::Now() - read_ < refresh_) return false;
+    read_ = absl::Now();
   }
   Pems p;
-  absl::StatusOr<std::string> ca = ReadPem(options_.cert_dir, "ca.crt"), cert = ReadPem(options_.cert_dir, "tls.crt"),
-                              key = ReadPem(options_.cert_dir, "tls.key");
-  if (!ca.ok() || !cert.ok() || !key.ok()) {
-    // Half-written or missing (a rotation in progress): keep what works.
-    return;
-  }
-  p.ca = *std::move(ca);
-  p.cert = *std::move(cert);
-  p.key = *std::move(key);
+  // Half-written or missing (a rotation in progress): keep what works.
+  if (!ReadAll(&p).ok()) return false;
   // The key must sign what the certificate vouches for, or claims made with
   // it would be refused everywhere: keep the old pair until both match.
-  if (!SignWithKey(p.key, "podlink").ok() || !KeyMatchesCertificate(p.key, p.cert)) return;
+  if (!SignWithKey(p.key, "podlink").ok() || !KeyMatchesCertificate(p.key, p.cert)) return false;
   bool changed = false;
   {
-    absl::MutexLock l(&pem_mu_);
+    absl::MutexLock l(&mu_);
     changed = p.ca != pems_.ca || p.cert != pems_.cert || p.key != pems_.key;
     if (changed) pems_ = std::move(p);
   }
-  if (changed) Log()->info("event=mesh_certificates_reloaded dir={}", options_.cert_dir);
+  if (changed) CredentialsLog()->info("event=mesh_certificates_reloaded dir={}", dir_);
+  return changed;
 }
 
 }  // namespace podlink::mesh

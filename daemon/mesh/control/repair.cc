@@ -34,7 +34,7 @@ void MeshEngine::HousekeepingLoop() {
     SweepVerbs();
     SweepLinks();
     RefreshLocalLinks();
-    ReloadPems();
+    credentials_.Refresh();
     SweepIdleImporters();
     DropGrantsOfGonePods();
     KeepAlive();

@@ -331,7 +331,7 @@ absl::Status MeshEngine::SignRoute(const RemoteTarget& target, const std::vector
   *key = std::make_shared<seal::EphemeralKey>(std::move(mine));
   pb::Route* route = req->mutable_route();
   claim.SerializeToString(route->mutable_claim());
-  const Pems pems = CurrentPems();
+  const NodeCredentials::Pems pems = credentials_.Current();
   PODLINK_ASSIGN_OR_RETURN(std::string sig, SignWithKey(pems.key, route->claim()));
   route->set_signature(std::move(sig));
   route->set_origin_cert(pems.cert);

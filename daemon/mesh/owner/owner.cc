@@ -42,13 +42,13 @@ void MeshEngine::OpenRegionFor(const std::string& node, const pb::OpenRegionRequ
 }
 
 absl::Status MeshEngine::SignOwnerAnswer(const pb::OriginClaim& claim, pb::OpenRegionResponse* resp) const {
-  const Pems pems = CurrentPems();
+  const NodeCredentials::Pems pems = credentials_.Current();
   return mesh::SignOwnerAnswer(node_name_, claim, pems.key, pems.cert, resp);
 }
 
 absl::Status MeshEngine::CheckOwnerAnswer(const std::string& destination, uint64_t nonce,
                                           const pb::OpenRegionResponse& resp) const {
-  return mesh::CheckOwnerAnswer(CurrentPems().ca, destination, node_name_, nonce, resp);
+  return mesh::CheckOwnerAnswer(credentials_.Current().ca, destination, node_name_, nonce, resp);
 }
 
 absl::StatusOr<MeshEngine::CheckedClaim> MeshEngine::CheckClaim(const std::string& caller,
@@ -62,7 +62,7 @@ absl::StatusOr<MeshEngine::CheckedClaim> MeshEngine::CheckClaim(const std::strin
   if (!ValidNodeName(claim.origin()) || !ValidNodeName(claim.destination().node())) {
     return absl::PermissionDeniedError("the claim names no valid origin or destination");
   }
-  PODLINK_RETURN_IF_ERROR(VerifyNodeSignature(CurrentPems().ca, route.origin_cert(), claim.origin(), route.claim(),
+  PODLINK_RETURN_IF_ERROR(VerifyNodeSignature(credentials_.Current().ca, route.origin_cert(), claim.origin(), route.claim(),
                                               route.signature()));
   // Fresh: a claim is used within seconds of being made (a minute for
   // clocks that differ).

@@ -42,7 +42,7 @@ void MeshEngine::RefreshOwnAdvert() {
   entry.mutable_node()->set_port(control_port_);
   pb::NodeAdvert own;
   entry.SerializeToString(own.mutable_entry());
-  const Pems pems = CurrentPems();
+  const NodeCredentials::Pems pems = credentials_.Current();
   absl::StatusOr<std::string> sig = SignWithKey(pems.key, own.entry());
   if (!sig.ok()) {
     Log()->warn("event=mesh_advert_unsigned why={}", LogQuoted(sig.status().message()));
@@ -56,7 +56,7 @@ void MeshEngine::RefreshOwnAdvert() {
 void MeshEngine::AcceptAdverts(const std::string& from,
                                const google::protobuf::RepeatedPtrField<pb::NodeAdvert>& adverts) {
   if (adverts.empty()) return;
-  const std::string ca = CurrentPems().ca;
+  const std::string ca = credentials_.Current().ca;
   auto verify = [&ca](const pb::NodeAdvert& a, const std::string& node) {
     return VerifyNodeSignature(ca, a.cert(), node, a.entry(), a.signature());
   };
