@@ -49,12 +49,7 @@ absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions option
     return absl::FailedPreconditionError("the mesh has no address to advertise (no interface is up, or "
                                          "mesh.interfaces names none that has an address)");
   }
-  {
-    std::vector<pb::LinkInfo> links = e->ReadLocalLinks();  // before the first Hello is answered
-    absl::MutexLock l(&e->links_mu_);
-    e->local_links_ = std::move(links);
-    e->local_links_read_ = absl::Now();
-  }
+  e->local_nics_.Read(e->advertised_);  // before the first Hello is answered
 
   // Data port: plain TCP, every connection authenticated by its first frame.
   e->listen_fd_ = UniqueFd(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -208,45 +203,6 @@ std::vector<IpPrefix> MeshEngine::LocalForPaths() const {
 std::vector<std::string> MeshEngine::AdvertisedAddresses() const {
   std::vector<std::string> out;
   for (const IpPrefix& a : advertised_) out.push_back(a.ToString());
-  return out;
-}
-
-std::vector<pb::LinkInfo> MeshEngine::LocalLinks() const {
-  absl::MutexLock l(&links_mu_);
-  return local_links_;
-}
-
-void MeshEngine::RefreshLocalLinks() {
-  {
-    absl::MutexLock l(&links_mu_);
-    if (absl::Now() - local_links_read_ < absl::Seconds(60)) return;
-    local_links_read_ = absl::Now();
-  }
-  std::vector<pb::LinkInfo> links = ReadLocalLinks();
-  absl::MutexLock l(&links_mu_);
-  local_links_ = std::move(links);
-}
-
-// Reads sysfs: a GID table can hold a thousand entries per port, so this is
-// never done on a call's thread (RefreshLocalLinks, on the housekeeping thread).
-std::vector<pb::LinkInfo> MeshEngine::ReadLocalLinks() const {
-  std::vector<pb::LinkInfo> out;
-  for (const IpPrefix& a : advertised_) {
-    NicInfo nic = ReadNic(options_.sysfs, a.netdev);
-    pb::LinkInfo l;
-    l.set_address(a.ToString());
-    l.set_netdev(nic.netdev);
-    l.set_speed_mbps(nic.speed_mbps);
-    l.set_pci_path(nic.pci_path);
-    l.set_numa_node(nic.numa_node);
-    l.set_gid_index(-1);
-    if (absl::StatusOr<verbs::GidChoice> gid = verbs::ChooseGid(options_.verbs.sysfs, a); gid.ok()) {
-      l.set_rdma_device(gid->device);
-      l.set_gid_index(gid->index);
-      l.set_gid_type(gid->roce_v2 ? "RoCE v2" : "RoCE v1");
-    }
-    out.push_back(std::move(l));
-  }
   return out;
 }
 

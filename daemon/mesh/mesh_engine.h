@@ -44,6 +44,7 @@
 #include "daemon/mesh/node_shares.h"
 #include "daemon/mesh/owner/grant_table.h"
 #include "daemon/mesh/routing/advert_book.h"
+#include "daemon/mesh/routing/local_nics.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/mesh/links/late_copies.h"
 #include "daemon/mesh/links/log_limit.h"
@@ -224,7 +225,7 @@ class MeshEngine final : public MeshPort {
   std::string RenderMetrics() const ABSL_LOCKS_EXCLUDED(mu_);
   podlink::v1::MeshStatus Status() const ABSL_LOCKS_EXCLUDED(mu_);
   // This node's links as last read from sysfs (at start, then every minute).
-  std::vector<podlink::mesh::v1::LinkInfo> LocalLinks() const ABSL_LOCKS_EXCLUDED(links_mu_);
+  std::vector<podlink::mesh::v1::LinkInfo> LocalLinks() const { return local_nics_.Current(); }
   // What a peer daemon says of its NICs, kept for operators: at most 64
   // entries, strings cut to 256 bytes, control characters replaced.
   static std::vector<podlink::mesh::v1::LinkInfo> PeerLinkInfo(const podlink::mesh::v1::HelloResponse& hello);
@@ -266,13 +267,6 @@ class MeshEngine final : public MeshPort {
                          podlink::mesh::v1::OpenRegionResponse resp, const RegionDone& done) ABSL_LOCKS_EXCLUDED(mu_);
   // This node's addresses for choosing paths.
   std::vector<IpPrefix> LocalForPaths() const;
-  // This node's advertised addresses and the NICs under them (sysfs), as
-  // last read (every minute, by the housekeeping thread).
-  void RefreshLocalLinks() ABSL_LOCKS_EXCLUDED(links_mu_);
-  std::vector<podlink::mesh::v1::LinkInfo> ReadLocalLinks() const;
-  mutable absl::Mutex links_mu_;
-  std::vector<podlink::mesh::v1::LinkInfo> local_links_ ABSL_GUARDED_BY(links_mu_);
-  absl::Time local_links_read_ ABSL_GUARDED_BY(links_mu_) = absl::InfinitePast();
   // Which of `paths` a transfer of memory on GPU `gpu_bus_id` (empty: host
   // memory) uses (nic_rank.h).
   PathPreference RankFor(const std::vector<Path>& paths, const std::string& gpu_bus_id) const;
@@ -513,6 +507,9 @@ class MeshEngine final : public MeshPort {
   MeshHost* const host_;
   const uint64_t instance_;
   std::vector<IpPrefix> advertised_;
+  // The NICs under them (sysfs), as last read (every minute, by the
+  // housekeeping thread: routing/local_nics.h).
+  LocalNics local_nics_{options_.sysfs, options_.verbs.sysfs};
   // The certificate files: gRPC watches them for its TLS (cert_files_);
   // the node key and CA for signing and checking claims are read again
   // every cert_refresh (control/credentials.h).

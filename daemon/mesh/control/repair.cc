@@ -33,7 +33,7 @@ void MeshEngine::HousekeepingLoop() {
     }
     SweepVerbs();
     SweepLinks();
-    RefreshLocalLinks();
+    local_nics_.RefreshIfDue(advertised_);
     credentials_.Refresh();
     SweepIdleImporters();
     DropGrantsOfGonePods();
