@@ -129,15 +129,5 @@ absl::Status ReadFullBefore(int fd, void* buf, size_t len, absl::Time deadline) 
   return absl::OkStatus();
 }
 
-absl::Status SendAck(int fd, uint64_t tag, const absl::Status& st) {
-  std::string text(st.message().substr(0, 4096));
-  FrameHeader h{};
-  h.magic = kFrameMagic;
-  h.type = static_cast<uint16_t>(FrameType::kAck);
-  h.length = static_cast<uint32_t>(text.size());
-  h.status = static_cast<int32_t>(st.code());
-  h.tag = tag;
-  return WriteFrame(fd, h, text.data(), text.size());
-}
 
 }  // namespace podlink::mesh

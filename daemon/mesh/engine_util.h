@@ -110,6 +110,5 @@ constexpr uint64_t kMaxGpuFrame = uint64_t{64} << 20;
 char* ChunkBuffer();
 // ReadFull with an absolute deadline over the whole read.
 absl::Status ReadFullBefore(int fd, void* buf, size_t len, absl::Time deadline);
-absl::Status SendAck(int fd, uint64_t tag, const absl::Status& st);
 
 }  // namespace podlink::mesh

@@ -155,7 +155,8 @@ struct MeshOptions {
   absl::Duration advert_interval = absl::Seconds(60);
 };
 
-class Peer;  // control/peer.h
+class Peer;        // control/peer.h
+class ConnWriter;  // tcp/conn_writer.h
 
 struct RemoteTarget {
   std::string node_name;
@@ -271,7 +272,6 @@ class MeshEngine final : public MeshPort {
   // memory) uses (nic_rank.h).
   PathPreference RankFor(const std::vector<Path>& paths, const std::string& gpu_bus_id) const;
   // Serves one frame on a relay grant; an error ends the connection.
-  class ConnWriter;
   absl::Status ServeForward(const std::shared_ptr<ConnWriter>& writer, int fd, const FrameHeader& h,
                             const std::string& node, uint64_t link_instance, const Forward& fwd);
   // What this node knows of others' addresses (routes), from configuration
