@@ -36,6 +36,7 @@
 #include "absl/strings/strip.h"
 #include "common/log.h"
 #include "common/tcp_connect.h"
+#include "daemon/mesh/tcp/sockets.h"
 #include "common/status_util.h"
 #include "daemon/mesh/origin_sign.h"
 #include "daemon/mesh/owner_answer.h"
@@ -91,16 +92,6 @@ class AnswerOnce {
 
 // A peer daemon's answer, said as coming from `node` (common/status_util.h translates).
 absl::Status FromGrpc(const grpc::Status& s, const std::string& node);
-void TuneDataSocket(int fd, absl::Duration io_timeout);
-socklen_t ToSockaddr(const IpPrefix& a, uint16_t port, sockaddr_storage* ss);
-// The address a connection came from, as text ("10.0.0.2", "fd00::2"; an
-// IPv4 address mapped into IPv6 as the IPv4 one); "" for other families.
-std::string SourceAddress(const sockaddr_storage& ss);
-// The same for gRPC's peer string ("ipv4:10.0.0.2:5000", "ipv6:[fd00::2]:5000").
-std::string SourceOfGrpcPeer(const std::string& peer);
-std::string HostPort(const IpPrefix& a, uint32_t port);
-// Connects `path` to `port` within `timeout`; the socket is blocking after.
-absl::StatusOr<UniqueFd> Dial(const Path& path, uint16_t port, absl::Duration timeout);
 
 // GPU exports served to other nodes, and writes on a fenceable route's grant:
 // the bytes pass through a host buffer of the connection's thread, a chunk at
@@ -108,7 +99,5 @@ absl::StatusOr<UniqueFd> Dial(const Path& path, uint16_t port, absl::Duration ti
 constexpr uint64_t kGpuChunk = uint64_t{4} << 20;
 constexpr uint64_t kMaxGpuFrame = uint64_t{64} << 20;
 char* ChunkBuffer();
-// ReadFull with an absolute deadline over the whole read.
-absl::Status ReadFullBefore(int fd, void* buf, size_t len, absl::Time deadline);
 
 }  // namespace podlink::mesh
