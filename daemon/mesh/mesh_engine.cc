@@ -8,7 +8,16 @@ namespace podlink::mesh {
 // ---------------------------------------------------------------------------
 
 MeshEngine::MeshEngine(MeshOptions options, std::string node_name, MeshHost* host)
-    : options_(std::move(options)), node_name_(std::move(node_name)), host_(host), instance_(RandomU64()) {}
+    : options_(std::move(options)), node_name_(std::move(node_name)), host_(host), instance_(RandomU64()) {
+  TcpDataServer::Owner owner{
+      .serve = [this](const std::shared_ptr<ConnWriter>& writer, int fd, const FrameHeader& h,
+                      const std::string& node,
+                      uint64_t link_instance) { return ServeGrantFrame(writer, fd, h, node, link_instance); },
+      .ended = [this](const std::string& node) { liveness_.Seen(node); }};
+  data_server_ = std::make_unique<TcpDataServer>(
+      TcpDataServer::Options{.io_timeout = options_.io_timeout, .idle_timeout = options_.data_idle_timeout},
+      admission_, late_copies_, std::move(owner));
+}
 
 absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions options, std::string node_name,
                                                               MeshHost* host) {
@@ -52,22 +61,8 @@ absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions option
   e->local_nics_.Read(e->advertised_);  // before the first Hello is answered
 
   // Data port: plain TCP, every connection authenticated by its first frame.
-  e->listen_fd_ = UniqueFd(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!e->listen_fd_.valid()) return ErrnoStatus(errno, "mesh data socket");
-  int one = 1, zero = 0;
-  ::setsockopt(e->listen_fd_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  ::setsockopt(e->listen_fd_.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
-  sockaddr_in6 sa{};
-  sa.sin6_family = AF_INET6;
-  sa.sin6_port = htons(static_cast<uint16_t>(o.data_port));
-  sa.sin6_addr = in6addr_any;
-  if (::bind(e->listen_fd_.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
-    return ErrnoStatus(errno, absl::StrCat("bind mesh data port ", o.data_port));
-  }
-  if (::listen(e->listen_fd_.get(), 128) != 0) return ErrnoStatus(errno, "listen on the mesh data port");
-  socklen_t slen = sizeof(sa);
-  ::getsockname(e->listen_fd_.get(), reinterpret_cast<sockaddr*>(&sa), &slen);
-  e->data_port_ = ntohs(sa.sin6_port);
+  PODLINK_RETURN_IF_ERROR(e->data_server_->Listen(o.data_port));
+  e->data_port_ = e->data_server_->port();
 
   // Control plane: gRPC over mutual TLS. The files are watched (a
   // cert-manager secret rotated in place, or a new CA bundle, takes effect
@@ -92,7 +87,7 @@ absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions option
                                                       " (address in use, or the certificates do not load)"));
   }
   e->control_port_ = static_cast<uint32_t>(port);
-  e->accept_thread_ = std::thread([p = e.get()] { p->AcceptLoop(); });
+  e->data_server_->Start();
   e->RefreshOwnAdvert();  // before the first Hello it could be asked for
   e->repairs_.Start();
   e->housekeeping_thread_ = std::thread([p = e.get()] { p->HousekeepingLoop(); });
@@ -118,8 +113,7 @@ void MeshEngine::Stop() {
   repairs_.Stop();  // no repair starts from now on (one running ends before Join below returns)
   relay_staging_.Stop();  // serving threads waiting for room go on (and end)
   if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  ::shutdown(listen_fd_.get(), SHUT_RDWR);
-  if (accept_thread_.joinable()) accept_thread_.join();
+  data_server_->Stop();  // no data connection is accepted from now on
   {
     absl::MutexLock l(&mu_);  // wakes HousekeepingLoop, which sees stopping_
   }

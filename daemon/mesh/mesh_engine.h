@@ -50,6 +50,7 @@
 #include "daemon/mesh/links/log_limit.h"
 #include "daemon/mesh/seal/window.h"
 #include "daemon/mesh/tcp/admission.h"
+#include "daemon/mesh/tcp/data_server.h"
 #include "daemon/mesh/tcp/tcp_link.h"
 #include "daemon/mesh/verbs/verbs_link.h"
 #include "daemon/relay/mesh_port.h"
@@ -197,7 +198,7 @@ class MeshEngine final : public MeshPort {
   static std::unique_ptr<MeshEngine> ForTesting(MeshOptions options, std::string node_name, MeshHost* host);
   uint64_t GrantForTesting(const std::string& node, std::shared_ptr<const ExportRecord> rec) ABSL_LOCKS_EXCLUDED(mu_);
   void ServeFramesForTesting(int fd, const std::string& node, uint64_t link_instance) {
-    ServeFrames(fd, node, link_instance);
+    data_server_->ServeFrames(fd, node, link_instance);
   }
   // One pass of the idle-importer sweep the housekeeping thread makes.
   void SweepIdleImportersForTesting() { SweepIdleImporters(); }
@@ -376,10 +377,10 @@ class MeshEngine final : public MeshPort {
       ABSL_LOCKS_EXCLUDED(mu_);
   // A copy between a GPU export and a connection's buffer, timed.
   absl::Status TimedGpuCopy(const std::function<absl::Status()>& copy);
-  void AcceptLoop();
-  void ServeConnection(int fd, const DataAdmission::Pending& pending);
-  // The frames of an authenticated data connection (wire.h).
-  void ServeFrames(int fd, const std::string& node, uint64_t link_instance);
+  // A WRITE, READ or NOTIFY on a grant this node gave, from `node`'s data
+  // connection (TcpDataServer::Owner::serve; owner/frames.cc).
+  absl::Status ServeGrantFrame(const std::shared_ptr<ConnWriter>& writer, int fd, const FrameHeader& h,
+                               const std::string& node, uint64_t link_instance);
   // Transfers a sender's link instance finished (DONE) or notified: late
   // copies of their slices are dropped, a NOTIFY is delivered once
   // (links/late_copies.h; its own lock, taken alone).
@@ -518,8 +519,6 @@ class MeshEngine final : public MeshPort {
   uint32_t control_port_ = 0, data_port_ = 0;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
-  UniqueFd listen_fd_;
-  std::thread accept_thread_;
   std::thread housekeeping_thread_;  // sweeps, keepalives, adverts, certificate reloads (HousekeepingLoop)
   std::atomic<bool> stopping_{false};
   std::atomic<bool> stopped_{false};  // Stop() ran
@@ -542,15 +541,14 @@ class MeshEngine final : public MeshPort {
   // What this node gave other nodes (the owner's room; its own lock, a leaf).
   GrantTable grants_{GrantTable::Limits{options_.max_grants_per_peer, options_.max_grants_per_pod,
                                         options_.max_grants_per_tenant}};
+  // The TCP data port (tcp/data_server.h): its gate is admission_, its late-copy guard late_copies_, and
+  // what its frames do to grants ServeGrantFrame. Made in the constructor, its thread started in Start.
+  std::unique_ptr<TcpDataServer> data_server_;
   std::map<std::string, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> frames_served_{0};
   std::atomic<uint64_t> bytes_written_in_{0};
   std::atomic<uint64_t> bytes_read_out_{0};
-  std::atomic<uint64_t> refused_frames_{0};
   std::atomic<uint64_t> remote_denials_{0};
-  std::atomic<uint64_t> late_slices_dropped_{0};
-  std::atomic<uint64_t> duplicate_notifies_{0};
-  std::atomic<uint64_t> idle_closed_{0};
   Repairs repairs_;  // the control room's (its own thread and lock, a leaf)
   struct Known {
     std::vector<std::string> addresses;

@@ -36,7 +36,7 @@ podlink::v1::MeshStatus MeshEngine::Status() const {
     st.set_served_write_bytes(bytes_written_in_);
     st.set_served_read_bytes(bytes_read_out_);
     st.set_refused_connections(admission_.counts().refused);
-    st.set_refused_frames(refused_frames_);
+    st.set_refused_frames(data_server_->counts().refused_frames);
     st.set_denials(remote_denials_);
   }
   for (const auto& [route, n] : routes) {
@@ -96,13 +96,14 @@ std::string MeshEngine::RenderMetrics() const {
     for (const auto& [n, p] : peers_) peers.push_back(p);
     in = bytes_written_in_;
     out_bytes = bytes_read_out_;
-    refused_frames = refused_frames_;
     refused_conns = admission_.counts().refused;
     denials = remote_denials_;
     repaired = repairs_.repaired();
-    late = late_slices_dropped_;
-    dup_notifies = duplicate_notifies_;
-    idle_closed = idle_closed_;
+    const TcpDataServer::Counts served = data_server_->counts();
+    refused_frames = served.refused_frames;
+    late = served.late_slices_dropped;
+    dup_notifies = served.duplicate_notifies;
+    idle_closed = served.idle_closed;
   }
   std::map<std::pair<std::string, std::string>, double> path_up, path_sent;
   for (const auto& p : peers) {

@@ -1,5 +1,6 @@
-// The TCP data server: connections, frames and forwarded requests (their
-// answers written by tcp/conn_writer.h).
+// The owner's side of the TCP data server's frames (tcp/data_server.h): what
+// a frame does to a grant this node gave — an export's memory, a relay's
+// onward grant (ServeForward), a sealed route's window (ServeSealed).
 #include "daemon/mesh/engine_internal.h"
 #include "daemon/mesh/links/range.h"
 #include "daemon/mesh/tcp/conn_writer.h"
@@ -78,250 +79,138 @@ absl::Status MeshEngine::ServeForward(const std::shared_ptr<ConnWriter>& writer,
 }
 
 
-void MeshEngine::AcceptLoop() {
-  for (;;) {
-    sockaddr_storage from{};
-    socklen_t from_len = sizeof(from);
-    int fd = ::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&from), &from_len, SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (stopping_.load(std::memory_order_acquire)) return;
-      if (errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE) {
-        if (errno == EMFILE || errno == ENFILE) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        continue;
-      }
-      Log()->error("event=mesh_accept_failed error={}", LogQuoted(std::strerror(errno)));
-      return;
-    }
-    auto conn = std::make_shared<UniqueFd>(fd);
-    std::optional<DataAdmission::Pending> pending =
-        stopping_.load(std::memory_order_acquire) ? std::nullopt : admission_.Admit(fd, SourceAddress(from));
-    if (!pending.has_value()) continue;  // closed: over the bound
-    std::thread([this, conn, p = *std::move(pending)] {
-      ServeConnection(conn->get(), p);
-      admission_.Closed(conn->get(), [&] { conn->Reset(); });
-    }).detach();
+// A WRITE, READ or NOTIFY of `node`'s data connection on a grant this node
+// gave (TcpDataServer::Owner::serve): one look at the grant decides — a
+// relay's goes on to the next node, a sealed route's through its window, an
+// export's lands in (or is read from) the export's memory here.
+absl::Status MeshEngine::ServeGrantFrame(const std::shared_ptr<ConnWriter>& writer, int fd, const FrameHeader& h,
+                                         const std::string& node, uint64_t link_instance) {
+  const auto type = static_cast<FrameType>(h.type);
+  const LateCopies::Key key{node, link_instance, TransferOfTag(h.tag)};
+  absl::StatusOr<Granted> granted = LookupGrant(node, h.grant);
+  if (granted.ok() && granted->forward != nullptr) {
+    return ServeForward(writer, fd, h, node, link_instance, *granted->forward);
   }
-}
-
-void MeshEngine::ServeConnection(int fd, const DataAdmission::Pending& pending) {
-  // Nothing but AUTH, whole, within 2 s; a stranger gets no answer at all.
-  const absl::Time deadline = absl::Now() + absl::Seconds(2);
-  FrameHeader h;
-  std::string cookie(kCookieBytes, '\0');
-  bool ok = ReadFullBefore(fd, &h, sizeof(h), deadline).ok() && h.magic == kFrameMagic &&
-            h.type == static_cast<uint16_t>(FrameType::kAuth) && h.length == kCookieBytes &&
-            ReadFullBefore(fd, cookie.data(), cookie.size(), deadline).ok();
-  const uint64_t link_instance = h.grant;
-  absl::StatusOr<std::string> authenticated = admission_.Authenticate(pending, ok ? &cookie : nullptr);
-  if (!authenticated.ok()) return;
-  const std::string node = *std::move(authenticated);
-  TuneDataSocket(fd, options_.io_timeout);
-  // A write that makes no progress for the io_timeout cuts the peer: one
-  // that stopped reading holds this thread no longer than that.
-  const timeval send_timeout = absl::ToTimeval(options_.io_timeout);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
-  Log()->info("event=mesh_data_connection peer={}", node);
-  ServeFrames(fd, node, link_instance);
-  // Seen before its connection stops counting, so the idle sweep (which
-  // looks at both under mu_) never finds it neither connected nor seen.
-  liveness_.Seen(node);
-  admission_.Disconnected(node);
-}
-
-
-void MeshEngine::ServeFrames(int fd, const std::string& node, uint64_t link_instance) {
-  auto writer = std::make_shared<ConnWriter>(fd);
-  // Completions of forwarded requests write nothing after this returns.
-  struct CloseOnExit {
-    ConnWriter* w;
-    ~CloseOnExit() { w->Close(); }
-  } close_on_exit{writer.get()};
-  FrameHeader h;
-  auto refuse = [&](const char* why) {
-    ++refused_frames_;
-    Log()->warn("event=mesh_protocol_error peer={} reason=\"{}\" type={}", node, why, h.type);
-  };
-  for (;;) {
-    if (!writer->Flush().ok()) return;
-    // Idle connections go: a peer cannot keep slots it does not use.
-    // Answers of forwarded requests wake this thread to write them.
-    pollfd pfd[2] = {{fd, POLLIN, 0}, {writer->wake_fd(), POLLIN, 0}};
-    int ready;
-    do {
-      ready = ::poll(pfd, 2, static_cast<int>(absl::ToInt64Milliseconds(options_.data_idle_timeout)));
-    } while (ready < 0 && errno == EINTR);
-    if (ready > 0 && (pfd[1].revents & POLLIN) != 0) writer->Drain();
-    if (ready > 0 && (pfd[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;  // answers to write
-    if (ready == 0) {
-      ++idle_closed_;
-      Log()->info("event=mesh_data_idle peer={} idle_seconds={}", node,
-                  absl::ToInt64Seconds(options_.data_idle_timeout));
-      return;
+  struct EndWriteOnExit {
+    LateCopies& late;
+    const LateCopies::Key& key;
+    bool active;
+    ~EndWriteOnExit() {
+      if (active) late.EndWrite(key);
     }
-    if (!ReadFull(fd, &h, sizeof(h)).ok()) return;
-    if (h.magic != kFrameMagic || h.flags != 0) return refuse("bad magic or flags");
-    auto type = static_cast<FrameType>(h.type);
-    if ((type == FrameType::kWrite || type == FrameType::kRead) && h.length > kMaxFramePayload) {
-      return refuse("length over the frame cap");
+  } end_write{late_copies_, key, type == FrameType::kWrite};
+  if (granted.ok() && granted->sealed != nullptr) return ServeSealed(*writer, fd, h, h.grant, *granted);
+  const bool fenceable = granted.ok() && granted->fenceable;
+  absl::StatusOr<std::shared_ptr<const ExportRecord>> rec =
+      granted.ok() ? absl::StatusOr<std::shared_ptr<const ExportRecord>>(granted->record) : granted.status();
+  absl::StatusOr<RelayView> view = rec.ok() ? (*rec)->memory->MapForRelay() : rec.status();
+  absl::Status st = view.status();
+  if (st.ok() && type != FrameType::kNotify) {
+    if (h.length == 0) {
+      st = absl::InvalidArgumentError("length must be > 0");
+    } else if (!ByteRange{h.offset, h.length}.Within((*rec)->size)) {
+      st = ByteRange{h.offset, h.length}.CheckIn((*rec)->size, absl::StrCat("export ", (*rec)->id));
+    } else if (view->on_gpu && h.length > kMaxGpuFrame) {
+      st = absl::InvalidArgumentError(absl::StrCat("a frame for GPU memory carries at most ", kMaxGpuFrame, " bytes"));
+    } else if (!view->on_gpu) {
+      // As the local relay does per copy: a range whose pages the owner
+      // punched out is refused, never faulted in at podlinkd's expense.
+      st = (*rec)->memory->CheckPopulated(h.offset, h.length);
     }
-    if ((type == FrameType::kNotify || type == FrameType::kDone) && h.length != 0) {
-      return refuse("notify or done with payload");
-    }
-    if (type != FrameType::kWrite && type != FrameType::kRead && type != FrameType::kNotify &&
-        type != FrameType::kDone) {
-      return refuse("unexpected frame type");
-    }
-    const LateCopies::Key key{node, link_instance, TransferOfTag(h.tag)};
-    if (type == FrameType::kDone) {
-      late_copies_.Finish(key);
-      // Writes of this transfer already past the check finish first.
-      if (!late_copies_.AwaitWrites(key, 2 * options_.io_timeout)) return refuse("DONE while writes still hang");
-      if (!writer->Ack(h.tag, absl::OkStatus()).ok()) return;
-      continue;
-    }
-    // A write of an unfinished transfer is registered before its bytes land,
-    // so a DONE for the transfer waits for it (BeginWrite and Finished are
-    // one decision under the lock).
-    const bool late = type == FrameType::kWrite ? !late_copies_.BeginWrite(key)
-                                                : type == FrameType::kNotify && late_copies_.Finished(key);
-    if (late) {
-      // A late copy (its connection failed after the slice went out again)
-      // of a finished transfer, or a notification already delivered.
-      ++(type == FrameType::kWrite ? late_slices_dropped_ : duplicate_notifies_);
-      absl::Status io = type == FrameType::kWrite ? Discard(fd, h.length) : absl::OkStatus();
-      if (io.ok()) io = writer->Ack(h.tag, absl::OkStatus());
-      if (!io.ok()) return;
-      continue;
-    }
-    // One look at the grant: a relay's goes on to the next node.
-    absl::StatusOr<Granted> granted = LookupGrant(node, h.grant);
-    if (granted.ok() && granted->forward != nullptr) {
-      if (!ServeForward(writer, fd, h, node, link_instance, *granted->forward).ok()) return;
-      continue;
-    }
-    struct EndWriteOnExit {
-      LateCopies& late;
-      const LateCopies::Key& key;
-      bool active;
-      ~EndWriteOnExit() {
-        if (active) late.EndWrite(key);
-      }
-    } end_write{late_copies_, key, type == FrameType::kWrite};
-    if (granted.ok() && granted->sealed != nullptr) {
-      if (!ServeSealed(*writer, fd, h, h.grant, *granted).ok()) return;
-      continue;
-    }
-    const bool fenceable = granted.ok() && granted->fenceable;
-    absl::StatusOr<std::shared_ptr<const ExportRecord>> rec =
-        granted.ok() ? absl::StatusOr<std::shared_ptr<const ExportRecord>>(granted->record) : granted.status();
-    absl::StatusOr<RelayView> view = rec.ok() ? (*rec)->memory->MapForRelay() : rec.status();
-    absl::Status st = view.status();
-    if (st.ok() && type != FrameType::kNotify) {
-      if (h.length == 0) {
-        st = absl::InvalidArgumentError("length must be > 0");
-      } else if (!ByteRange{h.offset, h.length}.Within((*rec)->size)) {
-        st = ByteRange{h.offset, h.length}.CheckIn((*rec)->size, absl::StrCat("export ", (*rec)->id));
-      } else if (view->on_gpu && h.length > kMaxGpuFrame) {
-        st = absl::InvalidArgumentError(absl::StrCat("a frame for GPU memory carries at most ", kMaxGpuFrame, " bytes"));
-      } else if (!view->on_gpu) {
-        // As the local relay does per copy: a range whose pages the owner
-        // punched out is refused, never faulted in at podlinkd's expense.
-        st = (*rec)->memory->CheckPopulated(h.offset, h.length);
-      }
-    }
-    absl::Status io;
-    switch (type) {
-      case FrameType::kWrite:
-        if (!st.ok()) {
-          io = Discard(fd, h.length);
-          if (io.ok()) io = writer->Ack(h.tag, st);
-          break;
-        }
-        if (view->on_gpu) {
-          // Through this thread's staging buffer, a chunk at a time, copied
-          // to the GPU by its copy engine; a failed copy still reads the frame.
-          // A fenceable grant's chunk is copied only while the grant is open.
-          absl::Status copy;
-          for (uint64_t done = 0; done < h.length && io.ok();) {
-            uint64_t n = std::min<uint64_t>(kGpuChunk, h.length - done);
-            char* buf = ChunkBuffer();
-            io = ReadFull(fd, buf, n);
-            if (io.ok() && copy.ok() && fenceable && !grants_.BeginLanding(h.grant)) {
-              copy = absl::FailedPreconditionError("the route was fenced");
-            } else if (io.ok() && copy.ok()) {
-              copy = TimedGpuCopy([&] { return (*rec)->memory->CopyIn(h.offset + done, buf, n); });
-              if (fenceable) grants_.EndLanding(h.grant);
-            }
-            done += n;
-          }
-          if (io.ok()) io = writer->Ack(h.tag, copy);
-          if (!copy.ok()) break;
-        } else if (fenceable) {
-          absl::Status landed;
-          io = LandFenceable(fd, h.grant, reinterpret_cast<char*>(view->address) + h.offset, h.length, &landed);
-          if (io.ok()) io = writer->Ack(h.tag, landed);
-          if (!landed.ok()) break;
-        } else {
-          io = ReadFull(fd, reinterpret_cast<char*>(view->address) + h.offset, h.length);
-          if (io.ok()) io = writer->Ack(h.tag, absl::OkStatus());
-        }
-        if (io.ok()) {
-          bytes_written_in_ += h.length;
-          ++frames_served_;
-        }
+  }
+  absl::Status io;
+  switch (type) {
+    case FrameType::kWrite:
+      if (!st.ok()) {
+        io = Discard(fd, h.length);
+        if (io.ok()) io = writer->Ack(h.tag, st);
         break;
-      case FrameType::kRead: {
-        if (!st.ok()) {
-          io = writer->Ack(h.tag, st);
-          break;
-        }
-        FrameHeader d{};
-        d.magic = kFrameMagic;
-        d.type = static_cast<uint16_t>(FrameType::kData);
-        d.length = h.length;
-        d.tag = h.tag;
-        if (view->on_gpu) {
-          // The first chunk is copied before the header goes, so an export
-          // that cannot be copied is refused instead of cut off.
-          uint64_t n = std::min<uint64_t>(kGpuChunk, h.length);
+      }
+      if (view->on_gpu) {
+        // Through this thread's staging buffer, a chunk at a time, copied
+        // to the GPU by its copy engine; a failed copy still reads the frame.
+        // A fenceable grant's chunk is copied only while the grant is open.
+        absl::Status copy;
+        for (uint64_t done = 0; done < h.length && io.ok();) {
+          uint64_t n = std::min<uint64_t>(kGpuChunk, h.length - done);
           char* buf = ChunkBuffer();
-          if (absl::Status c = TimedGpuCopy([&] { return (*rec)->memory->CopyOut(h.offset, buf, n); }); !c.ok()) {
-            io = writer->Ack(h.tag, c);
-            break;
+          io = ReadFull(fd, buf, n);
+          if (io.ok() && copy.ok() && fenceable && !grants_.BeginLanding(h.grant)) {
+            copy = absl::FailedPreconditionError("the route was fenced");
+          } else if (io.ok() && copy.ok()) {
+            copy = TimedGpuCopy([&] { return (*rec)->memory->CopyIn(h.offset + done, buf, n); });
+            if (fenceable) grants_.EndLanding(h.grant);
           }
-          absl::MutexLock whole_frame(&writer->mu());
-          io = WriteFull(fd, &d, sizeof(d));
-          for (uint64_t done = 0; io.ok();) {
-            io = WriteFull(fd, buf, n);
-            done += n;
-            if (!io.ok() || done == h.length) break;
-            n = std::min<uint64_t>(kGpuChunk, h.length - done);
-            if (absl::Status c = TimedGpuCopy([&] { return (*rec)->memory->CopyOut(h.offset + done, buf, n); });
-                !c.ok()) {
-              io = c;  // the peer sees the connection end and sends the slice again elsewhere
-            }
-          }
-        } else {
-          // Copied into the kernel, never sent from the pages themselves: a
-          // zero-copy answer still queued when the grant ends would carry
-          // whatever the owning pod writes there afterwards.
-          io = writer->Frame(d, reinterpret_cast<const char*>(view->address) + h.offset, h.length);
+          done += n;
         }
-        if (io.ok()) {
-          bytes_read_out_ += h.length;
-          ++frames_served_;
-        }
-        break;
+        if (io.ok()) io = writer->Ack(h.tag, copy);
+        if (!copy.ok()) break;
+      } else if (fenceable) {
+        absl::Status landed;
+        io = LandFenceable(fd, h.grant, reinterpret_cast<char*>(view->address) + h.offset, h.length, &landed);
+        if (io.ok()) io = writer->Ack(h.tag, landed);
+        if (!landed.ok()) break;
+      } else {
+        io = ReadFull(fd, reinterpret_cast<char*>(view->address) + h.offset, h.length);
+        if (io.ok()) io = writer->Ack(h.tag, absl::OkStatus());
       }
-      default:  // kNotify
-        if (st.ok()) st = host_->NotifyOwner(**rec, h.offset);
-        if (st.ok()) late_copies_.Finish(key);
+      if (io.ok()) {
+        bytes_written_in_ += h.length;
+        ++frames_served_;
+      }
+      break;
+    case FrameType::kRead: {
+      if (!st.ok()) {
         io = writer->Ack(h.tag, st);
         break;
+      }
+      FrameHeader d{};
+      d.magic = kFrameMagic;
+      d.type = static_cast<uint16_t>(FrameType::kData);
+      d.length = h.length;
+      d.tag = h.tag;
+      if (view->on_gpu) {
+        // The first chunk is copied before the header goes, so an export
+        // that cannot be copied is refused instead of cut off.
+        uint64_t n = std::min<uint64_t>(kGpuChunk, h.length);
+        char* buf = ChunkBuffer();
+        if (absl::Status c = TimedGpuCopy([&] { return (*rec)->memory->CopyOut(h.offset, buf, n); }); !c.ok()) {
+          io = writer->Ack(h.tag, c);
+          break;
+        }
+        absl::MutexLock whole_frame(&writer->mu());
+        io = WriteFull(fd, &d, sizeof(d));
+        for (uint64_t done = 0; io.ok();) {
+          io = WriteFull(fd, buf, n);
+          done += n;
+          if (!io.ok() || done == h.length) break;
+          n = std::min<uint64_t>(kGpuChunk, h.length - done);
+          if (absl::Status c = TimedGpuCopy([&] { return (*rec)->memory->CopyOut(h.offset + done, buf, n); });
+              !c.ok()) {
+            io = c;  // the peer sees the connection end and sends the slice again elsewhere
+          }
+        }
+      } else {
+        // Copied into the kernel, never sent from the pages themselves: a
+        // zero-copy answer still queued when the grant ends would carry
+        // whatever the owning pod writes there afterwards.
+        io = writer->Frame(d, reinterpret_cast<const char*>(view->address) + h.offset, h.length);
+      }
+      if (io.ok()) {
+        bytes_read_out_ += h.length;
+        ++frames_served_;
+      }
+      break;
     }
-    if (!io.ok()) return;
+    default:  // kNotify
+      if (st.ok()) st = host_->NotifyOwner(**rec, h.offset);
+      if (st.ok()) late_copies_.Finish(key);
+      io = writer->Ack(h.tag, st);
+      break;
   }
+  return io;
 }
+
 
 absl::Status MeshEngine::ServeSealed(ConnWriter& writer, int fd, const FrameHeader& h, uint64_t grant,
                                      const Granted& g) {
