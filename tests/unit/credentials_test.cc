@@ -4,54 +4,31 @@
 #include "daemon/mesh/control/credentials.h"
 
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "tests/common/test_ca.h"
 
 namespace podlink::mesh {
 namespace {
 
-int Sh(const std::string& cmd) {
-  int rc = std::system((cmd + " >/dev/null 2>&1").c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using podlink::testing::ReadFile;
+using podlink::testing::Sh;
+using podlink::testing::TestCa;
 
 class Credentials : public ::testing::Test {
  protected:
   void SetUp() override {
     if (Sh("openssl version") != 0) GTEST_SKIP() << "needs the openssl CLI";
     dir_ = absl::StrCat("/tmp/podlink-credentials-", ::getpid());
-    ASSERT_EQ(Sh("rm -rf " + dir_ + " && mkdir -p " + dir_ + "/node " + dir_ + "/next"), 0);
-    ASSERT_EQ(Sh(absl::StrCat("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 "
-                              "-subj /CN=ca -keyout ",
-                              dir_, "/ca.key -out ", dir_, "/ca.crt")),
-              0);
-    Issue(dir_ + "/node");
-    Issue(dir_ + "/next");  // what a rotation brings
+    ASSERT_EQ(Sh("rm -rf " + dir_), 0);
+    TestCa ca(dir_ + "/ca");
+    ca.Issue("node-a", node());
+    ca.Issue("node-a", next());  // what a rotation brings
   }
   void TearDown() override { Sh("rm -rf " + dir_); }
-  void Issue(const std::string& out) {
-    std::ofstream(out + "/ext.cnf") << "subjectAltName=DNS:node-a\nextendedKeyUsage=serverAuth,clientAuth\n";
-    ASSERT_EQ(Sh(absl::StrCat("openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=node-a",
-                              " -keyout ", out, "/tls.key -out ", out, "/tls.csr")),
-              0);
-    ASSERT_EQ(Sh(absl::StrCat("openssl x509 -req -in ", out, "/tls.csr -CA ", dir_, "/ca.crt -CAkey ", dir_,
-                              "/ca.key -CAcreateserial -days 2 -extfile ", out, "/ext.cnf -out ", out, "/tls.crt")),
-              0);
-    ASSERT_EQ(Sh(absl::StrCat("cp ", dir_, "/ca.crt ", out, "/ca.crt")), 0);
-  }
   std::string node() const { return dir_ + "/node"; }
   std::string next() const { return dir_ + "/next"; }
   std::string dir_;
@@ -74,18 +51,18 @@ TEST_F(Credentials, ARotationIsTakenOnceTheRefreshIsDue) {
   NodeCredentials eager(node(), absl::ZeroDuration()), patient(node(), absl::Hours(1));
   ASSERT_TRUE(eager.Load().ok());
   ASSERT_TRUE(patient.Load().ok());
-  EXPECT_EQ(eager.Current().cert, Read(node() + "/tls.crt"));
-  EXPECT_EQ(eager.Current().key, Read(node() + "/tls.key"));
-  EXPECT_EQ(eager.Current().ca, Read(dir_ + "/ca.crt"));
+  EXPECT_EQ(eager.Current().cert, ReadFile(node() + "/tls.crt"));
+  EXPECT_EQ(eager.Current().key, ReadFile(node() + "/tls.key"));
+  EXPECT_EQ(eager.Current().ca, ReadFile(node() + "/ca.crt"));
   EXPECT_FALSE(eager.Refresh()) << "nothing changed";
 
-  const std::string old_cert = Read(node() + "/tls.crt");
+  const std::string old_cert = ReadFile(node() + "/tls.crt");
   ASSERT_EQ(Sh(absl::StrCat("cp ", next(), "/tls.crt ", next(), "/tls.key ", node(), "/")), 0);
   EXPECT_FALSE(patient.Refresh()) << "not due for an hour";
   EXPECT_EQ(patient.Current().cert, old_cert);
   EXPECT_TRUE(eager.Refresh());
-  EXPECT_EQ(eager.Current().cert, Read(next() + "/tls.crt"));
-  EXPECT_EQ(eager.Current().key, Read(next() + "/tls.key"));
+  EXPECT_EQ(eager.Current().cert, ReadFile(next() + "/tls.crt"));
+  EXPECT_EQ(eager.Current().key, ReadFile(next() + "/tls.key"));
 }
 
 TEST_F(Credentials, AHalfWrittenSetOrAKeyOfAnotherCertificateKeepsThePairThatWorks) {
@@ -112,7 +89,7 @@ TEST_F(Credentials, AHalfWrittenSetOrAKeyOfAnotherCertificateKeepsThePairThatWor
   // Both written: taken.
   ASSERT_EQ(Sh(absl::StrCat("cp ", next(), "/tls.key ", node(), "/tls.key")), 0);
   EXPECT_TRUE(c.Refresh());
-  EXPECT_EQ(c.Current().cert, Read(next() + "/tls.crt"));
+  EXPECT_EQ(c.Current().cert, ReadFile(next() + "/tls.crt"));
 }
 
 }  // namespace

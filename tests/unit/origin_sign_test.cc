@@ -7,27 +7,17 @@
 
 #include <unistd.h>
 
-#include <cstdlib>
 #include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/common/test_ca.h"
 
 namespace podlink::mesh {
 namespace {
 
-int Sh(const std::string& cmd) {
-  int rc = std::system((cmd + " >/dev/null 2>&1").c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using podlink::testing::ReadFile;
+using podlink::testing::Sh;
 
 class OriginSign : public ::testing::Test {
  protected:
@@ -59,7 +49,7 @@ class OriginSign : public ::testing::Test {
                               ".cnf -out ", dir_, "/", name, ".crt")),
               0);
   }
-  std::string Pem(const std::string& name) { return Read(dir_ + "/" + name); }
+  std::string Pem(const std::string& name) { return ReadFile(dir_ + "/" + name); }
   std::string dir_;
 };
 

@@ -42,24 +42,13 @@
 #include "gtest/gtest.h"
 #include "daemon/mesh/origin_sign.h"
 #include "podlink/mesh/v1/mesh.grpc.pb.h"
+#include "tests/common/test_ca.h"
 #include "tests/integration/harness.h"
 
 namespace podlink::testing {
 
 namespace pb = podlink::mesh::v1;
 using nlohmann::json;
-
-inline int Sh(const std::string& cmd) {
-  int rc = std::system((cmd + " >/dev/null 2>&1").c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-inline std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 // Runs `cmd`; its standard output (and its exit status in `status`).
 inline std::string RunCommand(const std::string& cmd, int* status = nullptr) {
@@ -146,39 +135,6 @@ inline void Shape(const std::string& ns, const std::string& dev, const std::stri
   Sh(absl::StrCat("ip netns exec ", ns, " tc qdisc add dev ", dev, " root tbf rate ", rate,
                   " burst 256kb latency 50ms"));
 }
-
-// A CA and node certificates (SAN DNS:<node>), made with the openssl CLI.
-class TestCa {
- public:
-  explicit TestCa(const std::string& dir) : dir_(dir) {
-    Sh("mkdir -p " + dir_);
-    EXPECT_EQ(Sh(absl::StrCat("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 ",
-                              "-subj /CN=podlink-test-mesh-ca -keyout ", dir_, "/ca.key -out ", dir_, "/ca.crt")),
-              0)
-        << "openssl is needed for the mesh tests";
-  }
-  // Writes ca.crt, tls.crt and tls.key for `node` into `out` (what a
-  // daemon's mesh.cert_dir holds); `trust` is the CA bundle the node trusts;
-  // `san` replaces the subject alternative name (e.g. "IP:10.1.2.3").
-  void Issue(const std::string& node, const std::string& out, const std::string& trust = "",
-             const std::string& san = "") const {
-    Sh("mkdir -p " + out);
-    std::string ext = out + "/ext.cnf";
-    std::ofstream(ext) << "subjectAltName=" << (san.empty() ? "DNS:" + node : san)
-                       << "\nextendedKeyUsage=serverAuth,clientAuth\n";
-    EXPECT_EQ(Sh(absl::StrCat("openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=", node,
-                              " -keyout ", out, "/tls.key -out ", out, "/tls.csr")),
-              0);
-    EXPECT_EQ(Sh(absl::StrCat("openssl x509 -req -in ", out, "/tls.csr -CA ", dir_, "/ca.crt -CAkey ", dir_,
-                              "/ca.key -CAcreateserial -days 2 -extfile ", ext, " -out ", out, "/tls.crt")),
-              0);
-    Sh(absl::StrCat("cp ", trust.empty() ? dir_ + "/ca.crt" : trust, " ", out, "/ca.crt"));
-  }
-  std::string ca() const { return dir_ + "/ca.crt"; }
-
- private:
-  std::string dir_;
-};
 
 // Network namespaces joined by veth cables; removed at the end.
 class Topology {
