@@ -9,11 +9,14 @@ namespace podlink::mesh {
 
 MeshEngine::MeshEngine(MeshOptions options, std::string node_name, MeshHost* host)
     : options_(std::move(options)), node_name_(std::move(node_name)), host_(host), instance_(RandomU64()) {
-  TcpDataServer::Owner owner{
-      .serve = [this](const std::shared_ptr<ConnWriter>& writer, int fd, const FrameHeader& h,
-                      const std::string& node,
-                      uint64_t link_instance) { return ServeGrantFrame(writer, fd, h, node, link_instance); },
-      .ended = [this](const std::string& node) { liveness_.Seen(node); }};
+  // What the data server's frames do to grants is the owner's (owner/frames.cc); a connection's end is a sign
+  // of life for the idle-importer sweep.
+  TcpDataServer::Owner owner;
+  owner.serve = [this](const std::shared_ptr<ConnWriter>& writer, int fd, const FrameHeader& h,
+                       const std::string& node, uint64_t link_instance) {
+    return ServeGrantFrame(writer, fd, h, node, link_instance);
+  };
+  owner.ended = [this](const std::string& node) { liveness_.Seen(node); };
   data_server_ = std::make_unique<TcpDataServer>(
       TcpDataServer::Options{.io_timeout = options_.io_timeout, .idle_timeout = options_.data_idle_timeout},
       admission_, late_copies_, std::move(owner));
