@@ -18,12 +18,4 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& node) {
   return absl::Status(st.code(), absl::StrCat("node ", node, ": ", st.message()));
 }
 
-char* ChunkBuffer() {
-  thread_local std::unique_ptr<char[]> buf;
-  if (buf == nullptr) buf.reset(new char[kGpuChunk]);
-  return buf.get();
-}
-
-
-
 }  // namespace podlink::mesh

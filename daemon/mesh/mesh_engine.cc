@@ -1,5 +1,5 @@
 // The mesh engine: construction, start and stop, what the rooms share
-// (peers seen, local links), and timed GPU copies. The rooms: control/,
+// (peers seen, local links). The rooms: control/,
 // owner/, routing/, importer/, tcp/, verbs/engine_verbs.cc, status.cc.
 #include "daemon/mesh/engine_internal.h"
 
@@ -208,14 +208,6 @@ PathPreference MeshEngine::RankFor(const std::vector<Path>& paths, const std::st
   for (const Path& p : paths) ranked.push_back({PathName(p), ReadNic(options_.sysfs, p.local.netdev)});
   MemoryPlace place = gpu_bus_id.empty() ? MemoryPlace{} : GpuPlace(options_.sysfs, gpu_bus_id);
   return RankPaths(ranked, place);
-}
-
-
-absl::Status MeshEngine::TimedGpuCopy(const std::function<absl::Status()>& copy) {
-  const absl::Time t0 = absl::Now();
-  absl::Status st = copy();
-  if (st.ok()) gpu_copies_.Observe(absl::ToDoubleSeconds(absl::Now() - t0));
-  return st;
 }
 
 }  // namespace podlink::mesh

@@ -1,4 +1,4 @@
-// The exporting side's grants: close, lookup, landing, fences.
+// The exporting side's grants: close, lookup, landing, fences, and timed GPU copies.
 #include "daemon/mesh/engine_internal.h"
 
 namespace podlink::mesh {
@@ -100,6 +100,19 @@ absl::StatusOr<std::shared_ptr<const ExportRecord>> MeshEngine::GrantedExport(co
     return absl::NotFoundError(absl::StrCat("grant ", grant, " is a relay's: no export of this node behind it"));
   }
   return g.record;
+}
+
+absl::Status MeshEngine::TimedGpuCopy(const std::function<absl::Status()>& copy) {
+  const absl::Time t0 = absl::Now();
+  absl::Status st = copy();
+  if (st.ok()) gpu_copies_.Observe(absl::ToDoubleSeconds(absl::Now() - t0));
+  return st;
+}
+
+char* ChunkBuffer() {
+  thread_local std::unique_ptr<char[]> buf;
+  if (buf == nullptr) buf.reset(new char[kGpuChunk]);
+  return buf.get();
 }
 
 }  // namespace podlink::mesh

@@ -1,5 +1,5 @@
-// The verbs backend of the engine: serving, registering, staging,
-// notifications and connects.
+// The verbs backend of the engine: serving, registering and connects (what
+// staged slices and notifications do to grants: owner/frames.cc).
 #include "daemon/mesh/engine_internal.h"
 #include "daemon/mesh/links/range.h"
 
@@ -139,103 +139,6 @@ absl::Status MeshEngine::RegisterForVerbs(const std::string& node, uint64_t gran
     out->set_base(k.base);
   }
   return absl::OkStatus();
-}
-
-void MeshEngine::StagedSlice(const std::string& node, uint64_t grant, bool write, uint64_t offset, char* buf,
-                             uint64_t length, std::shared_ptr<const void> keep, std::function<void(absl::Status)> done) {
-  absl::StatusOr<Granted> granted = LookupGrant(node, grant);
-  if (!granted.ok()) return done(granted.status());
-  if (granted->sealed != nullptr) {
-    // A sealed route's slice goes to its window (seal/window.h).
-    if (write) return done(granted->sealed->Write(offset, buf, length));
-    std::unique_ptr<seal::Lander> lander = LanderFor(grant, *granted);
-    return done(granted->sealed->Read(offset, buf, length, *lander));
-  }
-  if (granted->forward == nullptr) {
-    const bool landing = write && granted->fenceable;
-    if (landing && !grants_.BeginLanding(grant)) return done(absl::FailedPreconditionError("the route was fenced"));
-    absl::Status copied = StagedCopy(*granted->record, write, offset, buf, length);
-    if (landing) grants_.EndLanding(grant);
-    return done(copied);
-  }
-  // A relay's grant: the slice goes on to the next node from (or into) the
-  // bounce slot, which stays taken until then — the upstream node's bounce
-  // slots here are the relay's staging for it, bounded per peer and device.
-  const Forward& fwd = *granted->forward;
-  if (absl::Status range = ByteRange{offset, length}.CheckNonEmptyIn(fwd.size); !range.ok()) return done(range);
-  absl::StatusOr<std::shared_ptr<DataLinks>> onward = fwd.OnwardLinks();
-  if (!onward.ok()) return done(onward.status());
-  std::shared_ptr<DataLinks> links = *std::move(onward);
-  LinkOp op;
-  op.type = write ? FrameType::kWrite : FrameType::kRead;
-  op.grant = fwd.grant;
-  op.offset = offset;
-  op.length = length;
-  op.local = buf;
-  op.keep = std::move(keep);
-  op.done = [this, length, done](const absl::Status& result) {
-    if (result.ok()) relay_forwarded_bytes_ += length;
-    done(result);
-  };
-  auto failed = op.done;
-  if (absl::Status submitted = links->Submit(std::move(op)); !submitted.ok()) failed(submitted);
-}
-
-absl::Status MeshEngine::StagedCopy(const ExportRecord& export_record, bool write, uint64_t offset, char* buf,
-                                    uint64_t length) {
-  // The same checks as a TCP frame's: the range inside the export, and for
-  // host memory every page still there (the grant was checked by the caller).
-  const ExportRecord* rec = &export_record;
-  PODLINK_ASSIGN_OR_RETURN(RelayView view, rec->memory->MapForRelay());
-  PODLINK_RETURN_IF_ERROR((ByteRange{offset, length}.CheckNonEmptyIn(rec->size, absl::StrCat("export ", rec->id))));
-  if (view.on_gpu) {
-    PODLINK_RETURN_IF_ERROR(TimedGpuCopy(
-        [&] { return write ? rec->memory->CopyIn(offset, buf, length) : rec->memory->CopyOut(offset, buf, length); }));
-  } else {
-    PODLINK_RETURN_IF_ERROR(rec->memory->CheckPopulated(offset, length));
-    char* at = reinterpret_cast<char*>(view.address) + offset;
-    write ? std::memcpy(at, buf, length) : std::memcpy(buf, at, length);
-  }
-  (write ? bytes_written_in_ : bytes_read_out_) += length;
-  ++frames_served_;
-  return absl::OkStatus();
-}
-
-void MeshEngine::DeliverVerbsNotify(const std::string& node, uint64_t grant, uint64_t value) {
-  absl::StatusOr<Granted> granted = LookupGrant(node, grant);
-  absl::StatusOr<std::shared_ptr<DataLinks>> onward = absl::NotFoundError("");
-  if (granted.ok() && granted->forward != nullptr) {
-    onward = granted->forward->OnwardLinks();
-    if (!onward.ok()) granted = onward.status();
-  }
-  if (granted.ok() && granted->forward != nullptr) {
-    // A relay's grant: on to the next node (the writes before it were
-    // answered only once they had landed there). As a notification over
-    // verbs to an owner, it is not answered: a failure onward is logged and
-    // counted here.
-    std::shared_ptr<DataLinks> links = *std::move(onward);
-    LinkOp op;
-    op.type = FrameType::kNotify;
-    op.grant = granted->forward->grant;
-    op.offset = value;
-    op.done = [this, node](const absl::Status& st) {
-      if (st.ok()) return;
-      Log()->warn("event=mesh_notify_refused peer={} transport=verbs relayed=true why=\"{}\"", node, st.message());
-      ++refused_notifies_;
-    };
-    auto failed = op.done;
-    absl::Status submitted = links->Submit(std::move(op));
-    if (!submitted.ok()) failed(submitted);
-    return;
-  }
-  if (granted.ok() && granted->sealed != nullptr) {
-    granted = absl::FailedPreconditionError("a sealed route's notifications go sealed through its window");
-  }
-  absl::Status st = granted.ok() ? host_->NotifyOwner(*granted->record, value) : granted.status();
-  if (!st.ok()) {
-    Log()->warn("event=mesh_notify_refused peer={} transport=verbs why=\"{}\"", node, st.message());
-    ++refused_notifies_;
-  }
 }
 
 void MeshEngine::SweepLinks() {
