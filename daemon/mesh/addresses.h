@@ -60,4 +60,14 @@ std::string PathName(const Path& path);
 std::vector<Path> ChoosePaths(const std::vector<IpPrefix>& local, const std::vector<IpPrefix>& remote,
                               bool allow_fallback);
 
+// Another node as this one reaches it: its control endpoint and what to
+// open there.
+struct RemoteTarget {
+  std::string node_name;
+  std::vector<std::string> addresses;  // the owner daemon's "addr/prefix" list
+  uint32_t port = 0;                   // its control port
+  uint64_t export_id = 0;
+  std::string name;                    // instead of export_id
+};
+
 }  // namespace podlink::mesh

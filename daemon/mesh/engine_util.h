@@ -51,9 +51,6 @@ namespace pb = podlink::mesh::v1;
 // The engine's logger (one for every room).
 inline const ComponentLog Log("mesh");
 
-// How a relay says it cannot take a region over verbs (the importer then
-// reaches it over TCP).
-constexpr char kRelayCannotStage[] = " cannot stage over verbs: ";
 // Two-hop striping (mesh.two_hop_stripe): transfers from this size, in
 // chunks of this size, at most this many in flight per route.
 constexpr uint64_t kTwoHopMinBytes = 8 << 20;
@@ -92,12 +89,5 @@ class AnswerOnce {
 
 // A peer daemon's answer, said as coming from `node` (common/status_util.h translates).
 absl::Status FromGrpc(const grpc::Status& s, const std::string& node);
-
-// GPU exports served to other nodes, and writes on a fenceable route's grant:
-// the bytes pass through a host buffer of the connection's thread, a chunk at
-// a time (MemoryObject::CopyIn/Out; LandFenceable).
-constexpr uint64_t kGpuChunk = uint64_t{4} << 20;
-constexpr uint64_t kMaxGpuFrame = uint64_t{64} << 20;
-char* ChunkBuffer();
 
 }  // namespace podlink::mesh

@@ -9,17 +9,62 @@ namespace podlink::mesh {
 
 MeshEngine::MeshEngine(MeshOptions options, std::string node_name, MeshHost* host)
     : options_(std::move(options)), node_name_(std::move(node_name)), host_(host), instance_(RandomU64()) {
+  // The owner's room reaches the others through these: the importer opens a relay's next hop, the routing
+  // room knows relays' addresses, the verbs server registers and stages grants (verbs/engine_verbs.cc).
+  RegionOwner::Rooms rooms;
+  rooms.open_through = [this](const RemoteTarget& hop, pb::OpenRegionRequest req, const std::string& destination,
+                              size_t relays, std::function<void(absl::StatusOr<Carried>)> got) {
+    OpenThrough(hop, std::move(req), destination, relays, std::move(got));
+  };
+  rooms.known = [this](const std::string& node) -> std::optional<RemoteTarget> {
+    absl::MutexLock l(&mu_);
+    auto it = known_.find(node);
+    if (it == known_.end()) return std::nullopt;
+    RemoteTarget t;
+    t.node_name = node;
+    t.addresses = it->second.addresses;
+    t.port = it->second.port;
+    return t;
+  };
+  rooms.register_for_verbs = [this](const std::string& node, uint64_t grant,
+                                    const std::shared_ptr<const ExportRecord>& rec, bool over_tcp_ok, bool staged_ok,
+                                    bool may_register, pb::OpenRegionResponse* resp) {
+    return RegisterForVerbs(node, grant, rec, over_tcp_ok, staged_ok, may_register, resp);
+  };
+  rooms.prepare_staging = [this](const std::string& caller) -> absl::StatusOr<uint64_t> {
+    PODLINK_ASSIGN_OR_RETURN(verbs::VerbsServer * server, VerbsServing());
+    PODLINK_RETURN_IF_ERROR(server->PrepareStaging(caller));
+    return server->stage_slot_bytes();
+  };
+  rooms.unregister_verbs = [this](const std::string& node, uint64_t grant) {
+    absl::MutexLock l(&verbs_mu_);
+    if (verbs_server_ != nullptr) verbs_server_->Unregister(grant, node);
+  };
+  owner_ = std::make_unique<RegionOwner>(
+      RegionOwner::Options{.node_name = node_name_,
+                           .instance = instance_,
+                           .io_timeout = options_.io_timeout,
+                           .answer_timeout = options_.answer_timeout,
+                           .limits = {options_.max_grants_per_peer, options_.max_grants_per_pod,
+                                      options_.max_grants_per_tenant},
+                           .relay_staging_bytes = options_.relay_staging_bytes,
+                           .sealed_window_bytes = options_.sealed_window_bytes},
+      host_, &credentials_, &liveness_, &late_copies_, std::move(rooms));
   // What the data server's frames do to grants is the owner's (owner/frames.cc); a connection's end is a sign
   // of life for the idle-importer sweep.
   TcpDataServer::Owner owner;
   owner.serve = [this](const std::shared_ptr<ConnWriter>& writer, int fd, const FrameHeader& h,
                        const std::string& node, uint64_t link_instance) {
-    return ServeGrantFrame(writer, fd, h, node, link_instance);
+    return owner_->ServeGrantFrame(writer, fd, h, node, link_instance);
   };
   owner.ended = [this](const std::string& node) { liveness_.Seen(node); };
   data_server_ = std::make_unique<TcpDataServer>(
       TcpDataServer::Options{.io_timeout = options_.io_timeout, .idle_timeout = options_.data_idle_timeout},
       admission_, late_copies_, std::move(owner));
+}
+
+std::unique_ptr<MeshEngine> MeshEngine::ForTesting(MeshOptions options, std::string node_name, MeshHost* host) {
+  return std::unique_ptr<MeshEngine>(new MeshEngine(std::move(options), std::move(node_name), host));
 }
 
 absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions options, std::string node_name,
@@ -114,7 +159,7 @@ void MeshEngine::Stop() {
   if (stopped_.exchange(true, std::memory_order_acq_rel)) return;
   stopping_.store(true, std::memory_order_release);
   repairs_.Stop();  // no repair starts from now on (one running ends before Join below returns)
-  relay_staging_.Stop();  // serving threads waiting for room go on (and end)
+  owner_->BeginStop();  // serving threads waiting for relay staging go on (and end)
   if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   data_server_->Stop();  // no data connection is accepted from now on
   {
@@ -145,7 +190,7 @@ void MeshEngine::Stop() {
   peers.clear();
   // Relay grants hold their next node; it was one of the peers above. Pods'
   // handles go too (an open finishing meanwhile was refused: stopping).
-  std::map<uint64_t, Grant> grants = grants_.Close();
+  std::map<uint64_t, Grant> grants = owner_->CloseAll();
   std::map<uint64_t, Handle> handles = handles_.Close();
   handles.clear();
   grants.clear();
@@ -159,8 +204,6 @@ void MeshEngine::Stop() {
   verbs.reset();
 }
 
-absl::Status MeshEngine::StoppingStatus() { return absl::UnavailableError("podlinkd is stopping"); }
-
 absl::Status MeshEngine::NoPeer() const {
   if (stopping_.load(std::memory_order_acquire)) return StoppingStatus();
   return absl::ResourceExhaustedError(
@@ -170,13 +213,6 @@ absl::Status MeshEngine::NoPeer() const {
 absl::Status MeshEngine::NotQueued(const std::string& node) const {
   if (stopping_.load(std::memory_order_acquire)) return StoppingStatus();
   return absl::ResourceExhaustedError(absl::StrCat("too many opens of node ", node, " wait already"));
-}
-
-void MeshEngine::SeenInstance(const std::string& node, uint64_t instance) {
-  std::optional<std::vector<uint64_t>> stale = grants_.NewInstance(node, instance);
-  if (!stale.has_value()) return;
-  Log()->info("event=mesh_peer_restarted node={} dropped_grants={}", node, stale->size());
-  for (uint64_t g : *stale) CloseRegion(node, g);
 }
 
 void MeshEngine::Learn(const std::string& node, const std::vector<std::string>& addresses, uint32_t port) {

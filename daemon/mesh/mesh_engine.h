@@ -43,6 +43,7 @@
 #include "daemon/mesh/importer/task_thread.h"
 #include "daemon/mesh/node_shares.h"
 #include "daemon/mesh/owner/grant_table.h"
+#include "daemon/mesh/owner/region_owner.h"
 #include "daemon/mesh/routing/advert_book.h"
 #include "daemon/mesh/routing/local_nics.h"
 #include "daemon/metrics/metrics.h"
@@ -157,15 +158,6 @@ struct MeshOptions {
 };
 
 class Peer;        // control/peer.h
-class ConnWriter;  // tcp/conn_writer.h
-
-struct RemoteTarget {
-  std::string node_name;
-  std::vector<std::string> addresses;  // the owner daemon's "addr/prefix" list
-  uint32_t port = 0;                   // its control port
-  uint64_t export_id = 0;
-  std::string name;                    // instead of export_id
-};
 
 struct RemoteRegionInfo {
   uint64_t handle = 0;  // has kRemoteHandleBit
@@ -196,7 +188,9 @@ class MeshEngine final : public MeshPort {
   // connection as if it had authenticated for `node`, until EOF or a
   // protocol error, on the caller's thread.
   static std::unique_ptr<MeshEngine> ForTesting(MeshOptions options, std::string node_name, MeshHost* host);
-  uint64_t GrantForTesting(const std::string& node, std::shared_ptr<const ExportRecord> rec) ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t GrantForTesting(const std::string& node, std::shared_ptr<const ExportRecord> rec) {
+    return owner_->GrantForTesting(node, std::move(rec));
+  }
   void ServeFramesForTesting(int fd, const std::string& node, uint64_t link_instance) {
     data_server_->ServeFrames(fd, node, link_instance);
   }
@@ -205,9 +199,10 @@ class MeshEngine final : public MeshPort {
   void DropGrantsOfGonePodsForTesting() { DropGrantsOfGonePods(); }
   // Opens a region on behalf of `node` (a relayed request goes on toward its
   // destination on a mesh thread); `done` runs once, on some thread.
-  using RegionDone = std::function<void(absl::StatusOr<podlink::mesh::v1::OpenRegionResponse>)>;
-  void OpenRegionFor(const std::string& node, const podlink::mesh::v1::OpenRegionRequest& req, RegionDone done)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  using RegionDone = RegionOwner::RegionDone;
+  void OpenRegionFor(const std::string& node, const podlink::mesh::v1::OpenRegionRequest& req, RegionDone done) {
+    owner_->OpenRegionFor(node, req, std::move(done));
+  }
 
   // --- importing side --------------------------------------------------
   // Opens `target` for `pod` (session `session`) in the background; `done`
@@ -238,43 +233,11 @@ class MeshEngine final : public MeshPort {
  private:
   MeshEngine(MeshOptions options, std::string node_name, MeshHost* host);
 
-  // Exporting side (the Service and the data server call these). What a
-  // grant is, and the table of them: owner/grant_table.h.
-  // The tenant a forwarded identity's grants count against: its namespace on its node.
-  static std::string TenantOf(const std::string& origin, const std::string& ns) {
-    return absl::StrCat("mesh/", origin, "/", ns);
-  }
-  // A node's daemon said its instance: when it changed (a restart), the
-  // grants the old instance held are dropped.
-  void SeenInstance(const std::string& node, uint64_t instance) ABSL_LOCKS_EXCLUDED(mu_);
-  // A relayed request's signed claim, checked, with this node's place on its
-  // route: `next` is the relay after this one, or (this node being the last
-  // relay) the destination; empty when this node is the destination. The
-  // caller must be the node before this one (PERMISSION_DENIED otherwise).
-  struct CheckedClaim {
-    podlink::mesh::v1::OriginClaim claim;
-    std::string next;
-    bool next_is_relay = false;
-    int relays_after = 0;  // relays on the route after this node
-  };
-  absl::StatusOr<CheckedClaim> CheckClaim(const std::string& caller, const podlink::mesh::v1::Route& route) const;
-  // This node relays `req` (its claim checked) to the next node of its route.
-  void Relay(const std::string& caller, const CheckedClaim& checked, const podlink::mesh::v1::OpenRegionRequest& req,
-             RegionDone done) ABSL_LOCKS_EXCLUDED(mu_);
-  // The relay's own grant for `caller`, forwarding to the next node's grant
-  // `resp` on `carrier` (given back where the caller is over its limits).
-  void InstallRelayGrant(const std::string& caller, const podlink::mesh::v1::OpenRegionRequest& req,
-                         const std::string& pod, const std::string& tenant, const std::string& origin,
-                         const std::string& next, uint64_t staged_slice, std::shared_ptr<Peer> carrier,
-                         podlink::mesh::v1::OpenRegionResponse resp, const RegionDone& done) ABSL_LOCKS_EXCLUDED(mu_);
   // This node's addresses for choosing paths.
   std::vector<IpPrefix> LocalForPaths() const;
   // Which of `paths` a transfer of memory on GPU `gpu_bus_id` (empty: host
   // memory) uses (nic_rank.h).
   PathPreference RankFor(const std::vector<Path>& paths, const std::string& gpu_bus_id) const;
-  // Serves one frame on a relay grant; an error ends the connection.
-  absl::Status ServeForward(const std::shared_ptr<ConnWriter>& writer, int fd, const FrameHeader& h,
-                            const std::string& node, uint64_t link_instance, const Forward& fwd);
   // What this node knows of others' addresses (routes), from configuration
   // and from their own Hello answers.
   void Learn(const std::string& node, const std::vector<std::string>& addresses, uint32_t port)
@@ -285,13 +248,6 @@ class MeshEngine final : public MeshPort {
   void SawNeighbour(const std::string& node, const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
   // What makes a cable between two other nodes in a route (routes.h).
   CableTrust Trust() const ABSL_LOCKS_EXCLUDED(mu_);
-  // `claim`: the checked claim of a relayed request (importer and target are
-  // taken from it), or nullptr.
-  absl::StatusOr<podlink::mesh::v1::OpenRegionResponse> OpenRegion(const std::string& node,
-                                                                   const podlink::mesh::v1::OpenRegionRequest& req,
-                                                                   const podlink::mesh::v1::OriginClaim* claim = nullptr)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  void CloseRegion(const std::string& node, uint64_t grant) ABSL_LOCKS_EXCLUDED(mu_);
   // The verbs backend's exporting side, made on first use (FAILED_PRECONDITION
   // without libibverbs).
   absl::StatusOr<verbs::VerbsServer*> VerbsServing() ABSL_LOCKS_EXCLUDED(verbs_mu_);
@@ -306,12 +262,6 @@ class MeshEngine final : public MeshPort {
   absl::Status RegisterForVerbs(const std::string& node, uint64_t grant, const std::shared_ptr<const ExportRecord>& rec,
                                 bool over_tcp_ok, bool staged_ok, bool may_register,
                                 podlink::mesh::v1::OpenRegionResponse* resp);
-  // A staged slice (verbs::VerbsServer::StageSink): between `buf` and the
-  // export of `node`'s grant, or on to the next node for a relay's grant.
-  void StagedSlice(const std::string& node, uint64_t grant, bool write, uint64_t offset, char* buf, uint64_t length,
-                   std::shared_ptr<const void> keep, std::function<void(absl::Status)> done);
-  absl::Status StagedCopy(const ExportRecord& rec, bool write, uint64_t offset, char* buf, uint64_t length);
-  void DeliverVerbsNotify(const std::string& node, uint64_t grant, uint64_t value);
   // Registrations whose grant closed or whose export went away are dropped.
   void SweepVerbs();
   // Drops the grants of nodes idle longer than grant_idle_timeout.
@@ -349,38 +299,6 @@ class MeshEngine final : public MeshPort {
   // `replaces`).
   absl::Status ConnectVerbsPath(verbs::VerbsLinks& links, const Path& path, const OpenVerbsCall& open,
                                 const std::vector<uint32_t>& replaces);
-  // What a grant this node gave `node` stands for: an export here, or (on a
-  // relay) the next node's grant. NOT_FOUND for no such grant, or one whose
-  // export is gone (the grant is closed then).
-  using Granted = GrantTable::Found;
-
-  // A sealed grant's frame on a data connection (its window: seal/window.h).
-  absl::Status ServeSealed(ConnWriter& writer, int fd, const FrameHeader& h, uint64_t grant, const Granted& g);
-  // What a sealed grant's verified requests do to the export (the checks of a
-  // staged copy; a fenceable grant's landing stops once fenced). `g` outlives it.
-  class GrantLander;
-  std::unique_ptr<seal::Lander> LanderFor(uint64_t grant, const Granted& g);
-  absl::StatusOr<Granted> LookupGrant(const std::string& node, uint64_t grant) ABSL_LOCKS_EXCLUDED(mu_);
-  // Host memory of a fenceable grant: `n` bytes of the frame from `fd`
-  // through this thread's 4 MiB buffer into `dst`, a chunk at a time; the
-  // rest of the frame is read and dropped once the grant is closed
-  // (FAILED_PRECONDITION in *landed, the connection going on).
-  absl::Status LandFenceable(int fd, uint64_t grant, char* dst, uint64_t n, absl::Status* landed);
-  // Closes the grants given relays for `origin`'s fenceable routed opens
-  // under claim nonce `nonce`, then waits (2 x io_timeout at most) for the
-  // chunks being copied into them; DEADLINE_EXCEEDED when one still is.
-  // Returns how many closed. A claim with that nonce is refused for two
-  // minutes afterwards (a relay replaying it).
-  absl::StatusOr<uint32_t> FenceRoute(const std::string& origin, uint64_t nonce) ABSL_LOCKS_EXCLUDED(mu_);
-  // The export only (a relay's grant is NOT_FOUND here).
-  absl::StatusOr<std::shared_ptr<const ExportRecord>> GrantedExport(const std::string& node, uint64_t grant)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // A copy between a GPU export and a connection's buffer, timed.
-  absl::Status TimedGpuCopy(const std::function<absl::Status()>& copy);
-  // A WRITE, READ or NOTIFY on a grant this node gave, from `node`'s data
-  // connection (TcpDataServer::Owner::serve; owner/frames.cc).
-  absl::Status ServeGrantFrame(const std::shared_ptr<ConnWriter>& writer, int fd, const FrameHeader& h,
-                               const std::string& node, uint64_t link_instance);
   // Transfers a sender's link instance finished (DONE) or notified: late
   // copies of their slices are dropped, a NOTIFY is delivered once
   // (links/late_copies.h; its own lock, taken alone).
@@ -439,17 +357,12 @@ class MeshEngine final : public MeshPort {
   // Opens `req` (its route, if any, already signed) on `hop`'s daemon, on
   // that peer's worker; `got` gets the peer whose links carry the grant and
   // the answer — the grant is then the caller's to keep or give back.
-  struct Carried {
-    std::shared_ptr<Peer> carrier;
-    podlink::mesh::v1::OpenRegionResponse resp;
-  };
+  using Carried = RegionOwner::Carried;
   void OpenThrough(const RemoteTarget& hop, podlink::mesh::v1::OpenRegionRequest req, const std::string& destination,
                    size_t relays, std::function<void(absl::StatusOr<Carried>)> got);
-  // The owner of a routed open signs what it answers (OwnerAnswer), bound to
+  // The owner of a routed open signs what it answers (RegionOwner), bound to
   // the claim; the origin checks it came from the destination it named,
-  // unchanged (CheckOwnerAnswer), whatever the relays did.
-  absl::Status SignOwnerAnswer(const podlink::mesh::v1::OriginClaim& claim,
-                               podlink::mesh::v1::OpenRegionResponse* resp) const;
+  // unchanged, whatever the relays did.
   absl::Status CheckOwnerAnswer(const std::string& destination, uint64_t nonce,
                                 const podlink::mesh::v1::OpenRegionResponse& resp) const;
   // Signs `req`'s route to `target` through `via` (the claim's nonce in
@@ -522,7 +435,6 @@ class MeshEngine final : public MeshPort {
   std::thread housekeeping_thread_;  // sweeps, keepalives, adverts, certificate reloads (HousekeepingLoop)
   std::atomic<bool> stopping_{false};
   std::atomic<bool> stopped_{false};  // Stop() ran
-  static absl::Status StoppingStatus();  // UNAVAILABLE "podlinkd is stopping"
   static constexpr size_t kMaxPeers = 256;  // other nodes talked to at once
   // Why PeerFor made no peer (stopping, or the peer limit).
   absl::Status NoPeer() const;
@@ -538,24 +450,19 @@ class MeshEngine final : public MeshPort {
                                                   options_.max_data_connections_per_peer}};
   // What this node's pods opened of other nodes (the importer's room; its own lock, a leaf).
   HandleTable handles_{options_.max_handles_per_session};
-  // What this node gave other nodes (the owner's room; its own lock, a leaf).
-  GrantTable grants_{GrantTable::Limits{options_.max_grants_per_peer, options_.max_grants_per_pod,
-                                        options_.max_grants_per_tenant}};
+  // What this node gives other nodes: opens, relays, grants and what requests do to them (the owner's room,
+  // owner/region_owner.h; its locks are leaves). Made in the constructor.
+  std::unique_ptr<RegionOwner> owner_;
   // The TCP data port (tcp/data_server.h): its gate is admission_, its late-copy guard late_copies_, and
-  // what its frames do to grants ServeGrantFrame. Made in the constructor, its thread started in Start.
+  // what its frames do to grants the owner's. Made in the constructor, its thread started in Start.
   std::unique_ptr<TcpDataServer> data_server_;
   std::map<std::string, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
-  std::atomic<uint64_t> frames_served_{0};
-  std::atomic<uint64_t> bytes_written_in_{0};
-  std::atomic<uint64_t> bytes_read_out_{0};
-  std::atomic<uint64_t> remote_denials_{0};
   Repairs repairs_;  // the control room's (its own thread and lock, a leaf)
   struct Known {
     std::vector<std::string> addresses;
     uint32_t port = 0;
   };
   std::map<std::string, Known> known_ ABSL_GUARDED_BY(mu_);
-  LatencyHistogram gpu_copies_;  // TimedGpuCopy
   // Node adverts (the routing room's; its own lock, a leaf).
   AdvertBook adverts_{node_name_, options_.advert_interval};
   std::map<std::string, std::shared_ptr<podlink::mesh::v1::Mesh::Stub>> advert_stubs_ ABSL_GUARDED_BY(mu_);
@@ -564,13 +471,6 @@ class MeshEngine final : public MeshPort {
   std::atomic<uint64_t> idle_peer_grants_dropped_{0};
   std::atomic<uint64_t> gone_pod_grants_dropped_{0};
   absl::Time last_keepalive_ ABSL_GUARDED_BY(mu_) = absl::Now();
-  // Relaying for other nodes: bytes of forwarded requests held here (one
-  // upstream node at most half, or one frame; a frame over the cap alone).
-  NodeShares relay_staging_{NodeShares::Rules{
-      options_.relay_staging_bytes, std::max<uint64_t>(options_.relay_staging_bytes / 2, kMaxFramePayload),
-      /*last_quarter_for_small=*/false, /*one_oversized=*/true}};
-  std::atomic<uint64_t> relay_forwarded_bytes_{0};
-  std::atomic<uint64_t> relayed_opens_{0};
   std::atomic<uint64_t> routed_opens_{0};
   // Grants given over TCP though RDMA was asked for (RegisterForVerbs).
   std::atomic<uint64_t> grants_over_tcp_{0};
@@ -587,24 +487,7 @@ class MeshEngine final : public MeshPort {
   std::unique_ptr<verbs::Nics> nics_ ABSL_GUARDED_BY(verbs_mu_);
   std::unique_ptr<verbs::VerbsServer> verbs_server_ ABSL_GUARDED_BY(verbs_mu_);
   absl::Status verbs_error_ ABSL_GUARDED_BY(verbs_mu_);
-  std::atomic<uint64_t> refused_notifies_{0};
-  // Sealed routes, the owner's side: the windows' memory and what came through them.
-  NodeShares seal_budget_{NodeShares::Rules{options_.sealed_window_bytes, options_.sealed_window_bytes / 2,
-                                            /*last_quarter_for_small=*/true, /*one_oversized=*/false}};
-  seal::SealCounters seal_counters_;
   std::atomic<uint64_t> sealed_routes_{0};  // routed opens this node sealed as the importer
-};
-
-// A relay's grant: requests on it go on to the next node.
-struct Forward {
-  std::shared_ptr<MeshEngine::Peer> peer;  // the next node
-  uint64_t grant = 0;                      // its grant
-  uint64_t size = 0;
-  uint64_t instance = 0;  // its daemon instance that issued the grant
-
-  // The links a request on this grant goes on over, or UNAVAILABLE: the next
-  // node's daemon restarted since it gave the grant, or no link to it is up.
-  absl::StatusOr<std::shared_ptr<DataLinks>> OnwardLinks() const;
 };
 
 }  // namespace podlink::mesh

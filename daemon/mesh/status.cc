@@ -17,13 +17,13 @@ podlink::v1::MeshStatus MeshEngine::Status() const {
     ++handles[h.peer->tcp() ? h.peer->node() + "/tcp" : h.peer->node()];
     ++routes[{h.destination, h.via}];
   }
-  const GrantTable::Counts held = grants_.counts();
+  const GrantTable::Counts held = owner_->grants().counts();
   st.set_grants(held.grants);
   st.set_relayed_grants(held.relayed);
   {
     absl::MutexLock l(&mu_);
     peers = peers_;
-    st.set_relay_forwarded_bytes(relay_forwarded_bytes_);
+    st.set_relay_forwarded_bytes(owner_->counters().relay_forwarded_bytes);
     const int64_t now_s = absl::ToUnixSeconds(absl::Now());
     for (const auto& [node, k] : known_) {
       podlink::v1::MeshStatus::KnownNode* kn = st.add_known_nodes();
@@ -33,11 +33,11 @@ podlink::v1::MeshStatus MeshEngine::Status() const {
       const int64_t issued = adverts_.IssuedOf(node);
       kn->set_advert_age_seconds(issued < 0 ? -1 : std::max<int64_t>(0, now_s - issued));
     }
-    st.set_served_write_bytes(bytes_written_in_);
-    st.set_served_read_bytes(bytes_read_out_);
+    st.set_served_write_bytes(owner_->counters().bytes_written_in);
+    st.set_served_read_bytes(owner_->counters().bytes_read_out);
     st.set_refused_connections(admission_.counts().refused);
     st.set_refused_frames(data_server_->counts().refused_frames);
-    st.set_denials(remote_denials_);
+    st.set_denials(owner_->counters().denials);
   }
   for (const auto& [route, n] : routes) {
     podlink::v1::MeshStatus::Route* r = st.add_routes();
@@ -85,7 +85,7 @@ std::string MeshEngine::RenderMetrics() const {
   std::map<std::string, double> up, sent, received, failures, resent, zero_copy, local_regs, tcp_zc_bytes,
       tcp_zc_completed, tcp_zc_copied, tcp_zc_fell_back;
   std::vector<std::shared_ptr<Peer>> peers;
-  const GrantTable::Counts held = grants_.counts();
+  const GrantTable::Counts held = owner_->grants().counts();
   const double grants = static_cast<double>(held.grants);
   const double handles = static_cast<double>(handles_.size());
   double repaired = 0;
@@ -94,10 +94,10 @@ std::string MeshEngine::RenderMetrics() const {
   {
     absl::MutexLock l(&mu_);
     for (const auto& [n, p] : peers_) peers.push_back(p);
-    in = bytes_written_in_;
-    out_bytes = bytes_read_out_;
+    in = owner_->counters().bytes_written_in;
+    out_bytes = owner_->counters().bytes_read_out;
     refused_conns = admission_.counts().refused;
-    denials = remote_denials_;
+    denials = owner_->counters().denials;
     repaired = repairs_.repaired();
     const TcpDataServer::Counts served = data_server_->counts();
     refused_frames = served.refused_frames;
@@ -197,9 +197,10 @@ std::string MeshEngine::RenderMetrics() const {
       "two-hop routes the owner fenced before their chunks went again on the direct links", counted(two_hop_fences_));
   one("podlink_mesh_fenced_grants_total", "counter", "grants given relays that their origin node fenced (FenceRoute)",
       static_cast<double>(held.fenced));
-  const uint64_t refused_notifies = refused_notifies_;
-  const uint64_t relayed = relayed_opens_, routed = routed_opens_, forwarded = relay_forwarded_bytes_;
-  const uint64_t staged = relay_staging_.used();
+  const uint64_t refused_notifies = owner_->counters().refused_notifies;
+  const RegionOwner::Counters& owned = owner_->counters();
+  const uint64_t relayed = owned.relayed_opens, routed = routed_opens_, forwarded = owned.relay_forwarded_bytes;
+  const uint64_t staged = owner_->relay_staging_used();
   const uint64_t restarted_dropped = held.restarted_dropped;
   const uint64_t adverts_held = adverts_.size(), adverts_refused = adverts_.refused();
   const uint64_t own_pauses = liveness_.own_pauses();
@@ -243,13 +244,13 @@ std::string MeshEngine::RenderMetrics() const {
       static_cast<double>(sealed_routes_.load(std::memory_order_relaxed)));
   one("podlink_mesh_sealed_units_total", "counter",
       "operations of importers through relays that verified here (owner) and were carried out",
-      static_cast<double>(seal_counters_.units.load(std::memory_order_relaxed)));
+      static_cast<double>(owner_->seal_counters().units.load(std::memory_order_relaxed)));
   one("podlink_mesh_sealed_refused_total", "counter",
       "requests or records of sealed routes that did not verify here, or were replays (a relay altered them)",
-      static_cast<double>(seal_counters_.refused.load(std::memory_order_relaxed)));
+      static_cast<double>(owner_->seal_counters().refused.load(std::memory_order_relaxed)));
   one("podlink_mesh_sealed_window_bytes", "gauge",
       "memory of this node's sealed windows (regions opened through relays; mesh.sealed_window_mib)",
-      static_cast<double>(seal_budget_.used()));
+      static_cast<double>(owner_->seal_budget_used()));
   one("podlink_mesh_refused_notifies_total", "counter",
       "notifications from peers not delivered (grant not theirs, export gone)", static_cast<double>(refused_notifies));
   absl::MutexLock l(&verbs_mu_);
@@ -273,11 +274,11 @@ std::string MeshEngine::RenderMetrics() const {
         "staged writes sent partly twice whose end the importer had confirmed (DONE records answered)",
         static_cast<double>(verbs_server_->staged_done()));
   }
-  if (gpu_copies_.count() > 0) {
+  if (owner_->gpu_copies().count() > 0) {
     absl::StrAppend(&out, "# HELP podlink_mesh_gpu_served_copy_seconds copies between a GPU export and a data ",
                     "connection's host buffer (exporting side)\n",
                     "# TYPE podlink_mesh_gpu_served_copy_seconds histogram\n");
-    gpu_copies_.Render("podlink_mesh_gpu_served_copy_seconds", &out);
+    owner_->gpu_copies().Render("podlink_mesh_gpu_served_copy_seconds", &out);
   }
   return out;
 }

@@ -14,7 +14,7 @@ class MeshEngine::Service final : public pb::Mesh::CallbackService {
                                   pb::HelloResponse* resp) override {
     return Run(ctx, [&](const std::string& node) {
       if (node != e_->node_name_) e_->SawNeighbour(node, SourceOfGrpcPeer(ctx->peer()));
-      if (node != e_->node_name_) e_->SeenInstance(node, req->instance());
+      if (node != e_->node_name_) e_->owner_->SeenInstance(node, req->instance());
       if (node != e_->node_name_) e_->AcceptAdverts(node, req->adverts());
       e_->AddAdverts(resp->mutable_adverts());
       resp->set_node_name(e_->node_name_);
@@ -64,7 +64,7 @@ class MeshEngine::Service final : public pb::Mesh::CallbackService {
     // In flight until answered (a relayed open waits on the next hop).
     const bool peer = *node != e_->node_name_;
     if (peer) e_->liveness_.BeginCall(*node);
-    e_->OpenRegionFor(*node, *req, [answer, e = e_, peer, n = *node](absl::StatusOr<pb::OpenRegionResponse> out) {
+    e_->owner_->OpenRegionFor(*node, *req, [answer, e = e_, peer, n = *node](absl::StatusOr<pb::OpenRegionResponse> out) {
       if (answer->done) return;
       answer->done = true;
       if (peer) e->liveness_.EndCall(n);
@@ -83,7 +83,7 @@ class MeshEngine::Service final : public pb::Mesh::CallbackService {
   grpc::ServerUnaryReactor* FenceRoute(grpc::CallbackServerContext* ctx, const pb::FenceRouteRequest* req,
                                        pb::FenceRouteResponse* resp) override {
     return Run(ctx, [&](const std::string& node) -> absl::Status {
-      PODLINK_ASSIGN_OR_RETURN(uint32_t closed, e_->FenceRoute(node, req->nonce()));
+      PODLINK_ASSIGN_OR_RETURN(uint32_t closed, e_->owner_->FenceRoute(node, req->nonce()));
       resp->set_grants_closed(closed);
       return absl::OkStatus();
     });
@@ -91,7 +91,7 @@ class MeshEngine::Service final : public pb::Mesh::CallbackService {
   grpc::ServerUnaryReactor* CloseRegion(grpc::CallbackServerContext* ctx, const pb::CloseRegionRequest* req,
                                         pb::CloseRegionResponse*) override {
     return Run(ctx, [&](const std::string& node) {
-      e_->CloseRegion(node, req->grant());
+      e_->owner_->CloseRegion(node, req->grant());
       return absl::OkStatus();
     });
   }

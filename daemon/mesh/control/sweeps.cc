@@ -8,8 +8,8 @@ void MeshEngine::SweepIdleImporters() {
   // the liveness lock (leaf locks below it: the gate, the grant table).
   std::map<std::string, std::vector<uint64_t>> idle;
   const Liveness::Swept swept = liveness_.Sweep(
-      grants_.Holders(), [this](const std::string& node) { return admission_.Connected(node); },
-      [&](const std::string& node) { idle[node] = grants_.GrantsOf(node); });
+      owner_->grants().Holders(), [this](const std::string& node) { return admission_.Connected(node); },
+      [&](const std::string& node) { idle[node] = owner_->grants().GrantsOf(node); });
   if (swept.paused > absl::ZeroDuration()) {
     Log()->warn("event=mesh_own_pause paused_for={} credited_to=importers", absl::FormatDuration(swept.paused));
   }
@@ -17,21 +17,21 @@ void MeshEngine::SweepIdleImporters() {
     idle_peer_grants_dropped_ += gs.size();
     Log()->warn("event=mesh_importer_gone node={} dropped_grants={} idle_for=\"more than {}\"", node, gs.size(),
                 absl::FormatDuration(options_.grant_idle_timeout));
-    for (uint64_t g : gs) CloseRegion(node, g);
+    for (uint64_t g : gs) owner_->CloseRegion(node, g);
   }
 }
 
 void MeshEngine::DropGrantsOfGonePods() {
   if (!host_->TracksRemotePods()) return;
   // The host is asked with no lock of the engine's held: it takes its own.
-  const std::vector<GrantTable::Held> held = grants_.WithPodUid();
+  const std::vector<GrantTable::Held> held = owner_->grants().WithPodUid();
   std::map<std::string, bool> gone;
   std::map<std::pair<std::string, std::string>, size_t> dropped;  // (node, uid) -> grants
   for (const GrantTable::Held& h : held) {
     auto [it, fresh] = gone.try_emplace(h.pod_uid, false);
     if (fresh) it->second = host_->RemotePodGone(h.pod_uid);
     if (!it->second) continue;
-    CloseRegion(h.node, h.grant);
+    owner_->CloseRegion(h.node, h.grant);
     ++dropped[{h.node, h.pod_uid}];
   }
   for (const auto& [who, n] : dropped) {
@@ -48,7 +48,7 @@ void MeshEngine::KeepAlive() {
     if (absl::Now() - last_keepalive_ < options_.keepalive) return;
     last_keepalive_ = absl::Now();
     for (auto& p : handles_.Peers()) peers.insert(std::move(p));
-    for (const auto& f : grants_.Forwards()) peers.insert(f->peer);  // a relay holds grants onward too
+    for (const auto& f : owner_->grants().Forwards()) peers.insert(f->peer);  // a relay holds grants onward too
   }
   // Asynchronous calls on the peers' channels: never queued behind a peer
   // worker's long task, never blocking this thread.

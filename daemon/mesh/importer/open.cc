@@ -24,7 +24,7 @@ std::shared_ptr<MeshEngine::Peer> MeshEngine::PeerFor(const RemoteTarget& target
     // (names pods asked for that never answered, for example).
     std::set<const Peer*> in_use;
     handle_peers = handles_.Peers();
-    forwards = grants_.Forwards();
+    forwards = owner_->grants().Forwards();
     for (const auto& p : handle_peers) in_use.insert(p.get());
     for (const auto& f : forwards) in_use.insert(f->peer.get());
     for (auto it = peers_.begin(); it != peers_.end();) {
@@ -508,6 +508,11 @@ absl::StatusOr<Handle> MeshEngine::FindHandle(uint64_t session, uint64_t handle)
     return absl::NotFoundError(absl::StrCat("remote region ", handle, " was not opened by this session"));
   }
   return *std::move(h);
+}
+
+absl::Status MeshEngine::CheckOwnerAnswer(const std::string& destination, uint64_t nonce,
+                                          const pb::OpenRegionResponse& resp) const {
+  return mesh::CheckOwnerAnswer(credentials_.Current().ca, destination, node_name_, nonce, resp);
 }
 
 }  // namespace podlink::mesh

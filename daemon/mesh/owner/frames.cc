@@ -3,14 +3,28 @@
 // slices and notifications (verbs/verbs_link.h VerbsServer's sinks). What
 // each does to the grant: an export's memory, a relay's onward grant
 // (ServeForward), a sealed route's window (ServeSealed).
-#include "daemon/mesh/engine_internal.h"
+#include "daemon/mesh/owner/region_owner.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status_util.h"
 #include "daemon/mesh/links/range.h"
 #include "daemon/mesh/tcp/conn_writer.h"
 
 namespace podlink::mesh {
 
-absl::Status MeshEngine::ServeForward(const std::shared_ptr<ConnWriter>& writer, int fd, const FrameHeader& h,
-                                      const std::string& node, uint64_t link_instance, const Forward& fwd) {
+namespace pb = podlink::mesh::v1;
+
+namespace {
+const ComponentLog FrameLog("mesh");
+}  // namespace
+
+absl::Status RegionOwner::ServeForward(const std::shared_ptr<ConnWriter>& writer, int fd, const FrameHeader& h,
+                                       const std::string& node, uint64_t link_instance, const Forward& fwd) {
   const auto type = static_cast<FrameType>(h.type);
   const LateCopies::Key key{node, link_instance, TransferOfTag(h.tag)};
   const uint64_t n = type == FrameType::kNotify ? 0 : h.length;
@@ -65,7 +79,7 @@ absl::Status MeshEngine::ServeForward(const std::shared_ptr<ConnWriter>& writer,
   // once that thread has written it or dropped it.
   op.done = [this, writer, buf, tag, type, n, node, key, end](const absl::Status& result) {
     if (type == FrameType::kNotify && result.ok()) late_copies_.Finish(key);
-    if (result.ok()) relay_forwarded_bytes_ += n;
+    if (result.ok()) counters_.relay_forwarded_bytes += n;
     end();
     const bool data = type == FrameType::kRead && result.ok();
     writer->Post(tag, data ? buf : nullptr, data ? n : 0, result, [this, node, n] {
@@ -85,8 +99,8 @@ absl::Status MeshEngine::ServeForward(const std::shared_ptr<ConnWriter>& writer,
 // gave (TcpDataServer::Owner::serve): one look at the grant decides — a
 // relay's goes on to the next node, a sealed route's through its window, an
 // export's lands in (or is read from) the export's memory here.
-absl::Status MeshEngine::ServeGrantFrame(const std::shared_ptr<ConnWriter>& writer, int fd, const FrameHeader& h,
-                                         const std::string& node, uint64_t link_instance) {
+absl::Status RegionOwner::ServeGrantFrame(const std::shared_ptr<ConnWriter>& writer, int fd, const FrameHeader& h,
+                                          const std::string& node, uint64_t link_instance) {
   const auto type = static_cast<FrameType>(h.type);
   const LateCopies::Key key{node, link_instance, TransferOfTag(h.tag)};
   absl::StatusOr<Granted> granted = LookupGrant(node, h.grant);
@@ -157,8 +171,8 @@ absl::Status MeshEngine::ServeGrantFrame(const std::shared_ptr<ConnWriter>& writ
         if (io.ok()) io = writer->Ack(h.tag, absl::OkStatus());
       }
       if (io.ok()) {
-        bytes_written_in_ += h.length;
-        ++frames_served_;
+        counters_.bytes_written_in += h.length;
+        ++counters_.frames_served;
       }
       break;
     case FrameType::kRead: {
@@ -199,8 +213,8 @@ absl::Status MeshEngine::ServeGrantFrame(const std::shared_ptr<ConnWriter>& writ
         io = writer->Frame(d, reinterpret_cast<const char*>(view->address) + h.offset, h.length);
       }
       if (io.ok()) {
-        bytes_read_out_ += h.length;
-        ++frames_served_;
+        counters_.bytes_read_out += h.length;
+        ++counters_.frames_served;
       }
       break;
     }
@@ -214,8 +228,8 @@ absl::Status MeshEngine::ServeGrantFrame(const std::shared_ptr<ConnWriter>& writ
 }
 
 
-absl::Status MeshEngine::ServeSealed(ConnWriter& writer, int fd, const FrameHeader& h, uint64_t grant,
-                                     const Granted& g) {
+absl::Status RegionOwner::ServeSealed(ConnWriter& writer, int fd, const FrameHeader& h, uint64_t grant,
+                                      const Granted& g) {
   const auto type = static_cast<FrameType>(h.type);
   if (type == FrameType::kNotify) {
     return writer.Ack(h.tag, absl::FailedPreconditionError("a sealed route's notifications go sealed through its window"));
@@ -243,8 +257,9 @@ absl::Status MeshEngine::ServeSealed(ConnWriter& writer, int fd, const FrameHead
 
 // --- staged slices and notifications over verbs (verbs::VerbsServer's sinks) ---
 
-void MeshEngine::StagedSlice(const std::string& node, uint64_t grant, bool write, uint64_t offset, char* buf,
-                             uint64_t length, std::shared_ptr<const void> keep, std::function<void(absl::Status)> done) {
+void RegionOwner::StagedSlice(const std::string& node, uint64_t grant, bool write, uint64_t offset, char* buf,
+                              uint64_t length, std::shared_ptr<const void> keep,
+                              std::function<void(absl::Status)> done) {
   absl::StatusOr<Granted> granted = LookupGrant(node, grant);
   if (!granted.ok()) return done(granted.status());
   if (granted->sealed != nullptr) {
@@ -276,15 +291,15 @@ void MeshEngine::StagedSlice(const std::string& node, uint64_t grant, bool write
   op.local = buf;
   op.keep = std::move(keep);
   op.done = [this, length, done](const absl::Status& result) {
-    if (result.ok()) relay_forwarded_bytes_ += length;
+    if (result.ok()) counters_.relay_forwarded_bytes += length;
     done(result);
   };
   auto failed = op.done;
   if (absl::Status submitted = links->Submit(std::move(op)); !submitted.ok()) failed(submitted);
 }
 
-absl::Status MeshEngine::StagedCopy(const ExportRecord& export_record, bool write, uint64_t offset, char* buf,
-                                    uint64_t length) {
+absl::Status RegionOwner::StagedCopy(const ExportRecord& export_record, bool write, uint64_t offset, char* buf,
+                                     uint64_t length) {
   // The same checks as a TCP frame's: the range inside the export, and for
   // host memory every page still there (the grant was checked by the caller).
   const ExportRecord* rec = &export_record;
@@ -298,12 +313,12 @@ absl::Status MeshEngine::StagedCopy(const ExportRecord& export_record, bool writ
     char* at = reinterpret_cast<char*>(view.address) + offset;
     write ? std::memcpy(at, buf, length) : std::memcpy(buf, at, length);
   }
-  (write ? bytes_written_in_ : bytes_read_out_) += length;
-  ++frames_served_;
+  (write ? counters_.bytes_written_in : counters_.bytes_read_out) += length;
+  ++counters_.frames_served;
   return absl::OkStatus();
 }
 
-void MeshEngine::DeliverVerbsNotify(const std::string& node, uint64_t grant, uint64_t value) {
+void RegionOwner::DeliverVerbsNotify(const std::string& node, uint64_t grant, uint64_t value) {
   absl::StatusOr<Granted> granted = LookupGrant(node, grant);
   absl::StatusOr<std::shared_ptr<DataLinks>> onward = absl::NotFoundError("");
   if (granted.ok() && granted->forward != nullptr) {
@@ -322,8 +337,8 @@ void MeshEngine::DeliverVerbsNotify(const std::string& node, uint64_t grant, uin
     op.offset = value;
     op.done = [this, node](const absl::Status& st) {
       if (st.ok()) return;
-      Log()->warn("event=mesh_notify_refused peer={} transport=verbs relayed=true why=\"{}\"", node, st.message());
-      ++refused_notifies_;
+      FrameLog()->warn("event=mesh_notify_refused peer={} transport=verbs relayed=true why=\"{}\"", node, st.message());
+      ++counters_.refused_notifies;
     };
     auto failed = op.done;
     absl::Status submitted = links->Submit(std::move(op));
@@ -335,8 +350,8 @@ void MeshEngine::DeliverVerbsNotify(const std::string& node, uint64_t grant, uin
   }
   absl::Status st = granted.ok() ? host_->NotifyOwner(*granted->record, value) : granted.status();
   if (!st.ok()) {
-    Log()->warn("event=mesh_notify_refused peer={} transport=verbs why=\"{}\"", node, st.message());
-    ++refused_notifies_;
+    FrameLog()->warn("event=mesh_notify_refused peer={} transport=verbs why=\"{}\"", node, st.message());
+    ++counters_.refused_notifies;
   }
 }
 

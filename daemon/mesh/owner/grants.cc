@@ -1,13 +1,24 @@
 // The exporting side's grants: close, lookup, landing, fences, and timed GPU copies.
-#include "daemon/mesh/engine_internal.h"
+#include "daemon/mesh/owner/region_owner.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status_util.h"
 
 namespace podlink::mesh {
 
-void MeshEngine::CloseRegion(const std::string& node, uint64_t grant) {
-  {
-    absl::MutexLock l(&verbs_mu_);
-    if (verbs_server_ != nullptr) verbs_server_->Unregister(grant, node);
-  }
+namespace pb = podlink::mesh::v1;
+
+namespace {
+const ComponentLog GrantLog("mesh");
+}  // namespace
+
+void RegionOwner::CloseRegion(const std::string& node, uint64_t grant) {
+  if (rooms_.unregister_verbs) rooms_.unregister_verbs(node, grant);
   std::optional<Grant> g = grants_.Remove(node, grant);
   if (!g.has_value()) return;
   // A relay closes its own grant onward.
@@ -25,7 +36,7 @@ absl::StatusOr<std::shared_ptr<DataLinks>> Forward::OnwardLinks() const {
   return links;
 }
 
-absl::StatusOr<MeshEngine::Granted> MeshEngine::LookupGrant(const std::string& node, uint64_t grant) {
+absl::StatusOr<RegionOwner::Granted> RegionOwner::LookupGrant(const std::string& node, uint64_t grant) {
   std::optional<Granted> g = grants_.Find(node, grant);
   if (!g.has_value()) return absl::NotFoundError(absl::StrCat("no grant ", grant, " for node ", node));
   if (g->forward != nullptr) return *std::move(g);
@@ -36,9 +47,9 @@ absl::StatusOr<MeshEngine::Granted> MeshEngine::LookupGrant(const std::string& n
   return *std::move(g);
 }
 
-class MeshEngine::GrantLander : public seal::Lander {
+class RegionOwner::GrantLander : public seal::Lander {
  public:
-  GrantLander(MeshEngine* e, uint64_t grant, const Granted& g) : e_(e), grant_(grant), g_(g) {}
+  GrantLander(RegionOwner* e, uint64_t grant, const Granted& g) : e_(e), grant_(grant), g_(g) {}
   absl::Status CopyIn(uint64_t offset, const char* src, uint64_t n) override {
     if (g_.fenceable && !e_->grants_.BeginLanding(grant_)) {
       return absl::FailedPreconditionError("the route was fenced");
@@ -53,16 +64,16 @@ class MeshEngine::GrantLander : public seal::Lander {
   absl::Status Notify(uint64_t value) override { return e_->host_->NotifyOwner(*g_.record, value); }
 
  private:
-  MeshEngine* const e_;
+  RegionOwner* const e_;
   const uint64_t grant_;
   const Granted& g_;
 };
 
-std::unique_ptr<seal::Lander> MeshEngine::LanderFor(uint64_t grant, const Granted& g) {
+std::unique_ptr<seal::Lander> RegionOwner::LanderFor(uint64_t grant, const Granted& g) {
   return std::make_unique<GrantLander>(this, grant, g);
 }
 
-absl::Status MeshEngine::LandFenceable(int fd, uint64_t grant, char* dst, uint64_t n, absl::Status* landed) {
+absl::Status RegionOwner::LandFenceable(int fd, uint64_t grant, char* dst, uint64_t n, absl::Status* landed) {
   for (uint64_t done = 0; done < n;) {
     const uint64_t chunk = std::min<uint64_t>(kGpuChunk, n - done);
     char* buf = ChunkBuffer();
@@ -77,7 +88,7 @@ absl::Status MeshEngine::LandFenceable(int fd, uint64_t grant, char* dst, uint64
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint32_t> MeshEngine::FenceRoute(const std::string& origin, uint64_t nonce) {
+absl::StatusOr<uint32_t> RegionOwner::FenceRoute(const std::string& origin, uint64_t nonce) {
   PODLINK_ASSIGN_OR_RETURN(auto fenced, grants_.Fence(origin, nonce));  // holder (the last relay), grant
   // Closed first: frames on them are refused from now on, and a frame
   // already being read lands no further chunk (GrantTable::BeginLanding). Then the
@@ -85,16 +96,16 @@ absl::StatusOr<uint32_t> MeshEngine::FenceRoute(const std::string& origin, uint6
   for (const auto& [holder, g] : fenced) CloseRegion(holder, g);
   const bool landed = grants_.AwaitLanded(origin, fenced, 2 * options_.io_timeout);
   if (!landed) {
-    Log()->warn("event=mesh_fence_timeout origin={} grants={}", origin, fenced.size());
+    GrantLog()->warn("event=mesh_fence_timeout origin={} grants={}", origin, fenced.size());
     return absl::DeadlineExceededError(absl::StrCat("node ", node_name_, ": a chunk on node ", origin,
                                                     "'s fenced route is still being copied in"));
   }
-  Log()->info("event=mesh_fence origin={} grants={}", origin, fenced.size());
+  GrantLog()->info("event=mesh_fence origin={} grants={}", origin, fenced.size());
   return static_cast<uint32_t>(fenced.size());
 }
 
-absl::StatusOr<std::shared_ptr<const ExportRecord>> MeshEngine::GrantedExport(const std::string& node,
-                                                                              uint64_t grant) {
+absl::StatusOr<std::shared_ptr<const ExportRecord>> RegionOwner::GrantedExport(const std::string& node,
+                                                                               uint64_t grant) {
   PODLINK_ASSIGN_OR_RETURN(Granted g, LookupGrant(node, grant));
   if (g.forward != nullptr) {
     return absl::NotFoundError(absl::StrCat("grant ", grant, " is a relay's: no export of this node behind it"));
@@ -102,7 +113,7 @@ absl::StatusOr<std::shared_ptr<const ExportRecord>> MeshEngine::GrantedExport(co
   return g.record;
 }
 
-absl::Status MeshEngine::TimedGpuCopy(const std::function<absl::Status()>& copy) {
+absl::Status RegionOwner::TimedGpuCopy(const std::function<absl::Status()>& copy) {
   const absl::Time t0 = absl::Now();
   absl::Status st = copy();
   if (st.ok()) gpu_copies_.Observe(absl::ToDoubleSeconds(absl::Now() - t0));

@@ -1,16 +1,55 @@
-// The exporting side: cookies, claims, opens of this node's regions, and
-// relay opens for other nodes.
-#include "daemon/mesh/engine_internal.h"
+// The owner's room (region_owner.h): its making and stopping, claims, opens
+// of this node's regions, and relay opens for other nodes.
+#include "daemon/mesh/owner/region_owner.h"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status_util.h"
+#include "daemon/mesh/origin_sign.h"
+#include "daemon/mesh/owner_answer.h"
+#include "daemon/mesh/routes.h"
+#include "daemon/mesh/seal/seal_crypto.h"
 
 namespace podlink::mesh {
 
+namespace pb = podlink::mesh::v1;
+
+namespace {
+const ComponentLog OpenLog("mesh");
+}  // namespace
+
 // --- exporting side ----------------------------------------------------------
 
-std::unique_ptr<MeshEngine> MeshEngine::ForTesting(MeshOptions options, std::string node_name, MeshHost* host) {
-  return std::unique_ptr<MeshEngine>(new MeshEngine(std::move(options), std::move(node_name), host));
+RegionOwner::RegionOwner(Options options, MeshHost* host, const NodeCredentials* credentials, Liveness* liveness,
+                         LateCopies* late_copies, Rooms rooms)
+    : options_(std::move(options)),
+      host_(host),
+      credentials_(*credentials),
+      liveness_(*liveness),
+      late_copies_(*late_copies),
+      rooms_(std::move(rooms)) {}
+
+absl::Status StoppingStatus() { return absl::UnavailableError("podlinkd is stopping"); }
+
+void RegionOwner::BeginStop() {
+  stopping_.store(true, std::memory_order_release);
+  relay_staging_.Stop();  // serving threads waiting for room go on (and end)
 }
 
-uint64_t MeshEngine::GrantForTesting(const std::string& node, std::shared_ptr<const ExportRecord> rec) {
+std::map<uint64_t, Grant> RegionOwner::CloseAll() { return grants_.Close(); }
+
+void RegionOwner::SeenInstance(const std::string& node, uint64_t instance) {
+  std::optional<std::vector<uint64_t>> stale = grants_.NewInstance(node, instance);
+  if (!stale.has_value()) return;
+  OpenLog()->info("event=mesh_peer_restarted node={} dropped_grants={}", node, stale->size());
+  for (uint64_t g : *stale) CloseRegion(node, g);
+}
+
+uint64_t RegionOwner::GrantForTesting(const std::string& node, std::shared_ptr<const ExportRecord> rec) {
   liveness_.Seen(node);  // a grant given is a sign of life, however long the node was quiet
   Grant g;
   g.node = node;
@@ -19,13 +58,13 @@ uint64_t MeshEngine::GrantForTesting(const std::string& node, std::shared_ptr<co
   return grants_.Add(std::move(g)).grant;
 }
 
-void MeshEngine::OpenRegionFor(const std::string& node, const pb::OpenRegionRequest& req, RegionDone done) {
+void RegionOwner::OpenRegionFor(const std::string& node, const pb::OpenRegionRequest& req, RegionDone done) {
   if (node != node_name_) SeenInstance(node, req.caller_instance());
   if (!req.has_route()) return done(OpenRegion(node, req));
   absl::StatusOr<CheckedClaim> claim = CheckClaim(node, req.route());
   if (!claim.ok()) {
-    Log()->warn("event=mesh_deny peer={} reason={}", node, LogQuoted(claim.status().message()));
-    ++remote_denials_;
+    OpenLog()->warn("event=mesh_deny peer={} reason={}", node, LogQuoted(claim.status().message()));
+    ++counters_.denials;
     return done(claim.status());
   }
   if (claim->next.empty()) {
@@ -41,17 +80,12 @@ void MeshEngine::OpenRegionFor(const std::string& node, const pb::OpenRegionRequ
   Relay(node, *claim, req, std::move(done));
 }
 
-absl::Status MeshEngine::SignOwnerAnswer(const pb::OriginClaim& claim, pb::OpenRegionResponse* resp) const {
+absl::Status RegionOwner::SignOwnerAnswer(const pb::OriginClaim& claim, pb::OpenRegionResponse* resp) const {
   const NodeCredentials::Pems pems = credentials_.Current();
   return mesh::SignOwnerAnswer(node_name_, claim, pems.key, pems.cert, resp);
 }
 
-absl::Status MeshEngine::CheckOwnerAnswer(const std::string& destination, uint64_t nonce,
-                                          const pb::OpenRegionResponse& resp) const {
-  return mesh::CheckOwnerAnswer(credentials_.Current().ca, destination, node_name_, nonce, resp);
-}
-
-absl::StatusOr<MeshEngine::CheckedClaim> MeshEngine::CheckClaim(const std::string& caller,
+absl::StatusOr<RegionOwner::CheckedClaim> RegionOwner::CheckClaim(const std::string& caller,
                                                                 const pb::Route& route) const {
   constexpr size_t kMaxClaim = 64 << 10;
   CheckedClaim out;
@@ -106,9 +140,9 @@ absl::StatusOr<MeshEngine::CheckedClaim> MeshEngine::CheckClaim(const std::strin
   return out;
 }
 
-absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string& node,
-                                                              const pb::OpenRegionRequest& plain,
-                                                              const pb::OriginClaim* claim) {
+absl::StatusOr<pb::OpenRegionResponse> RegionOwner::OpenRegion(const std::string& node,
+                                                               const pb::OpenRegionRequest& plain,
+                                                               const pb::OriginClaim* claim) {
   if (node == node_name_) {
     return absl::PermissionDeniedError(absl::StrCat("a peer presented this node's own name '", node, "'"));
   }
@@ -129,15 +163,15 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
       return absl::PermissionDeniedError("a relay presented a claim of this node's own pods");
     }
     if (grants_.Fenced(origin, claim->nonce())) {
-      ++remote_denials_;
+      ++counters_.denials;
       return absl::PermissionDeniedError(absl::StrCat("node ", origin, " fenced this route"));
     }
   }
   const pb::ForwardedIdentity& who = req.importer();
   if (who.node() != origin) {
-    Log()->warn("event=mesh_deny peer={} claimed_node={} reason=\"a daemon speaks only for its own node's pods\"",
-                node, LogQuoted(who.node()));
-    ++remote_denials_;
+    OpenLog()->warn("event=mesh_deny peer={} claimed_node={} reason=\"a daemon speaks only for its own node's pods\"",
+                    node, LogQuoted(who.node()));
+    ++counters_.denials;
     return absl::PermissionDeniedError(absl::StrCat("the daemon of node ", node,
                                                     " cannot open regions for pods of node '", who.node(), "'"));
   }
@@ -157,7 +191,7 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
   pod.source = origin == node ? "mesh:" + node : absl::StrCat("mesh:", origin, " via ", node);
   absl::StatusOr<std::shared_ptr<const ExportRecord>> rec = host_->AuthorizeRemote(pod, req);
   if (!rec.ok()) {
-    ++remote_denials_;
+    ++counters_.denials;
     return rec.status();
   }
   pb::OpenRegionResponse resp;
@@ -174,7 +208,7 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
                                                        "podlinkd)"))
             : mine->Agree(claim->seal_key());
     if (!shared.ok()) {
-      ++remote_denials_;
+      ++counters_.denials;
       return shared.status();
     }
     PODLINK_ASSIGN_OR_RETURN(seal::SealKeys keys,
@@ -212,8 +246,10 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
     resp.set_grant(added.grant);
   }
   if (req.verbs()) {
-    absl::Status st = RegisterForVerbs(node, resp.grant(), *rec, req.accepts_over_tcp(), req.accepts_staged(),
-                                       /*may_register=*/sealed == nullptr, &resp);
+    absl::Status st = rooms_.register_for_verbs
+                          ? rooms_.register_for_verbs(node, resp.grant(), *rec, req.accepts_over_tcp(),
+                                                      req.accepts_staged(), /*may_register=*/sealed == nullptr, &resp)
+                          : absl::FailedPreconditionError("this node serves no verbs");
     if (!st.ok()) {
       CloseRegion(node, resp.grant());
       return st;
@@ -225,13 +261,13 @@ absl::StatusOr<pb::OpenRegionResponse> MeshEngine::OpenRegion(const std::string&
   resp.set_owner_namespace((*rec)->owner.namespace_);
   resp.set_owner_name((*rec)->owner.name);
   resp.set_instance(instance_);
-  Log()->info("event=mesh_grant peer={} pod={}/{} export={} grant={} origin={}", node, pod.namespace_, pod.name,
-              (*rec)->id, resp.grant(), origin);
+  OpenLog()->info("event=mesh_grant peer={} pod={}/{} export={} grant={} origin={}", node, pod.namespace_, pod.name,
+                  (*rec)->id, resp.grant(), origin);
   return resp;
 }
 
-void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, const pb::OpenRegionRequest& req,
-                       RegionDone done) {
+void RegionOwner::Relay(const std::string& caller, const CheckedClaim& checked, const pb::OpenRegionRequest& req,
+                        RegionDone done) {
   // Over the caller's queue pairs a relay's grant is staged: its bounce
   // pool for the caller holds each slice until the next node took it (a
   // relay has no memory of its own to register). An importer that cannot
@@ -241,12 +277,13 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
     absl::Status st = req.accepts_staged() ? absl::OkStatus()
                                            : absl::FailedPreconditionError(
                                                  "relayed regions ride TCP links to a relay unless staged over verbs");
-    absl::StatusOr<verbs::VerbsServer*> server = VerbsServing();
-    if (st.ok()) st = server.ok() ? (*server)->PrepareStaging(caller) : server.status();
+    absl::StatusOr<uint64_t> slot = absl::FailedPreconditionError("this node serves no verbs");
+    if (st.ok() && rooms_.prepare_staging) slot = rooms_.prepare_staging(caller);
+    if (st.ok()) st = slot.status();
     if (!st.ok()) {
       return done(absl::FailedPreconditionError(absl::StrCat("relay ", node_name_, kRelayCannotStage, st.message())));
     }
-    staged_slice = (*server)->stage_slot_bytes();
+    staged_slice = *slot;
   }
   // The next node: the relay after this one (it must be known here), or the
   // destination (whose addresses the origin signed).
@@ -254,19 +291,13 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
   RemoteTarget next;
   next.node_name = checked.next;
   if (checked.next_is_relay) {
-    bool known = false;
-    {
-      absl::MutexLock l(&mu_);
-      if (auto it = known_.find(next.node_name); it != known_.end()) {
-        known = true;
-        next.addresses = it->second.addresses;
-        next.port = it->second.port;
-      }
-    }
-    if (!known) {
+    std::optional<RemoteTarget> known = rooms_.known ? rooms_.known(next.node_name) : std::nullopt;
+    if (!known.has_value()) {
       return done(absl::FailedPreconditionError(
           absl::StrCat("relay ", node_name_, " does not know node ", next.node_name, " (mesh.peers)")));
     }
+    next.addresses = std::move(known->addresses);
+    next.port = known->port;
   } else {
     next.addresses.assign(claim.destination().addresses().begin(), claim.destination().addresses().end());
     next.port = claim.destination().port();
@@ -284,7 +315,10 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
   // transport, a next relay staging the region for this one as this one does
   // for the caller, or over TCP where it cannot), then the relay's grant,
   // forwarding to the next node's grant on the peer that carries it.
-  OpenThrough(next, req, claim.destination().node(), checked.relays_after,
+  if (!rooms_.open_through) {
+    return done(absl::FailedPreconditionError(absl::StrCat("node ", node_name_, " relays for no node")));
+  }
+  rooms_.open_through(next, req, claim.destination().node(), checked.relays_after,
               [this, caller, req, pod, tenant, done = std::move(done), origin = claim.origin(), next,
                staged_slice](absl::StatusOr<Carried> opened) {
                 if (!opened.ok()) return done(opened.status());
@@ -293,10 +327,10 @@ void MeshEngine::Relay(const std::string& caller, const CheckedClaim& checked, c
               });
 }
 
-void MeshEngine::InstallRelayGrant(const std::string& caller, const pb::OpenRegionRequest& req,
-                                   const std::string& pod, const std::string& tenant, const std::string& origin,
-                                   const std::string& next, uint64_t staged_slice, std::shared_ptr<Peer> carrier,
-                                   pb::OpenRegionResponse resp, const RegionDone& done) {
+void RegionOwner::InstallRelayGrant(const std::string& caller, const pb::OpenRegionRequest& req,
+                                    const std::string& pod, const std::string& tenant, const std::string& origin,
+                                    const std::string& next, uint64_t staged_slice, std::shared_ptr<Peer> carrier,
+                                    pb::OpenRegionResponse resp, const RegionDone& done) {
   // A sealed route's grant addresses the owner's window, not the export.
   const uint64_t addressable = resp.window_bytes() != 0 ? resp.window_bytes() : resp.size();
   auto fwd = std::make_shared<Forward>(Forward{carrier, resp.grant(), addressable, resp.instance()});
@@ -311,8 +345,8 @@ void MeshEngine::InstallRelayGrant(const std::string& caller, const pb::OpenRegi
     return done(absl::ResourceExhaustedError(absl::StrCat("node ", caller, " or its pod holds its limit of grants")));
   }
   const uint64_t g = added.grant;
-  ++relayed_opens_;
-  Log()->info("event=mesh_relay_grant peer={} origin={} next={} grant={}", caller, origin, next, g);
+  ++counters_.relayed_opens;
+  OpenLog()->info("event=mesh_relay_grant peer={} origin={} next={} grant={}", caller, origin, next, g);
   resp.set_grant(g);
   resp.set_instance(instance_);
   resp.clear_verbs_keys();

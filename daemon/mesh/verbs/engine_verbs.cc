@@ -22,10 +22,10 @@ absl::StatusOr<verbs::VerbsServer*> MeshEngine::VerbsServing() {
   vo.slice_bytes = options_.slice_bytes;  // the bounce slots of staged grants
   verbs_server_ = std::make_unique<verbs::VerbsServer>(
       nics_.get(), vo,
-      [this](const std::string& node, uint64_t grant, uint64_t value) { DeliverVerbsNotify(node, grant, value); },
+      [this](const std::string& node, uint64_t grant, uint64_t value) { owner_->DeliverVerbsNotify(node, grant, value); },
       [this](const std::string& node, uint64_t grant, bool write, uint64_t offset, char* buf, uint64_t length,
              std::shared_ptr<const void> keep, std::function<void(absl::Status)> done) {
-        StagedSlice(node, grant, write, offset, buf, length, std::move(keep), std::move(done));
+        owner_->StagedSlice(node, grant, write, offset, buf, length, std::move(keep), std::move(done));
       });
   return verbs_server_.get();
 }
@@ -160,12 +160,12 @@ void MeshEngine::SweepVerbs() {
     regs = verbs_server_->RegisteredGrants();
   }
   for (const auto& [grant, node] : regs) {
-    if (!grants_.Contains(grant)) {
+    if (!owner_->grants().Contains(grant)) {
       absl::MutexLock l(&verbs_mu_);
       verbs_server_->Unregister(grant, node);
       continue;
     }
-    (void)GrantedExport(node, grant);  // closes the grant, and so the registration, when the export is gone
+    (void)owner_->GrantedExport(node, grant);  // closes the grant, and so the registration, when the export is gone
   }
 }
 
