@@ -12,10 +12,4 @@ bool RelayCannotStage(const absl::Status& st) {
           absl::StrContains(st.message(), "relayed regions ride TCP links"));
 }
 
-absl::Status FromGrpc(const grpc::Status& s, const std::string& node) {
-  absl::Status st = FromGrpcStatus(s);
-  if (st.ok()) return st;
-  return absl::Status(st.code(), absl::StrCat("node ", node, ": ", st.message()));
-}
-
 }  // namespace podlink::mesh

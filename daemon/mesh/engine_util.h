@@ -4,6 +4,7 @@
 #pragma once
 
 #include "daemon/mesh/mesh_engine.h"
+#include "daemon/mesh/control/answer_once.h"
 #include "daemon/mesh/links/random.h"
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_certificate_verifier.h>
@@ -61,33 +62,5 @@ constexpr uint32_t kTwoHopWindow = 4;
 // pool for it; or, from a relay of a version before staging, "relayed
 // regions ride TCP links"): the hop to it can still go over TCP.
 bool RelayCannotStage(const absl::Status& st);
-
-// A callback answered exactly once: by a call, or — when the last holder
-// lets go unanswered (a task dropped because the engine stopped, a peer
-// evicted before its task ran) — with UNAVAILABLE and `dropped`. Shared by
-// the tasks that may answer; never copied (a copy would answer too).
-template <typename T>
-class AnswerOnce {
- public:
-  using Fn = std::function<void(absl::StatusOr<T>)>;
-  AnswerOnce(Fn fn, std::string dropped) : fn_(std::move(fn)), dropped_(std::move(dropped)) {}
-  AnswerOnce(const AnswerOnce&) = delete;
-  AnswerOnce& operator=(const AnswerOnce&) = delete;
-  ~AnswerOnce() {
-    if (fn_) fn_(absl::UnavailableError(dropped_));
-  }
-  void operator()(absl::StatusOr<T> r) {
-    Fn fn = std::move(fn_);
-    fn_ = nullptr;
-    if (fn) fn(std::move(r));
-  }
-
- private:
-  Fn fn_;
-  const std::string dropped_;
-};
-
-// A peer daemon's answer, said as coming from `node` (common/status_util.h translates).
-absl::Status FromGrpc(const grpc::Status& s, const std::string& node);
 
 }  // namespace podlink::mesh

@@ -239,11 +239,4 @@ std::vector<std::string> MeshEngine::AdvertisedAddresses() const {
   return out;
 }
 
-PathPreference MeshEngine::RankFor(const std::vector<Path>& paths, const std::string& gpu_bus_id) const {
-  std::vector<RankedPath> ranked;
-  for (const Path& p : paths) ranked.push_back({PathName(p), ReadNic(options_.sysfs, p.local.netdev)});
-  MemoryPlace place = gpu_bus_id.empty() ? MemoryPlace{} : GpuPlace(options_.sysfs, gpu_bus_id);
-  return RankPaths(ranked, place);
-}
-
 }  // namespace podlink::mesh

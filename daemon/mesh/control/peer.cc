@@ -1,9 +1,12 @@
-// Grants held from a peer, given back.
+// Grants held from a peer, given back, and a peer's answers translated.
 #include "daemon/mesh/control/peer.h"
 
 #include <chrono>
 
 #include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_util.h"
 
 namespace podlink::mesh {
 
@@ -19,6 +22,12 @@ void ReleaseRemoteGrant(Peer* peer, uint64_t grant) {
     pb::CloseRegionResponse ignored;
     (void)stub->CloseRegion(&ctx, req, &ignored);
   });
+}
+
+absl::Status FromGrpc(const grpc::Status& s, const std::string& node) {
+  absl::Status st = FromGrpcStatus(s);
+  if (st.ok()) return st;
+  return absl::Status(st.code(), absl::StrCat("node ", node, ": ", st.message()));
 }
 
 }  // namespace podlink::mesh

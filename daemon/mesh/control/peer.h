@@ -167,4 +167,7 @@ class Peer : public std::enable_shared_from_this<Peer> {
 // export).
 void ReleaseRemoteGrant(Peer* peer, uint64_t grant);
 
+// A peer daemon's answer, said as coming from `node` (common/status_util.h translates).
+absl::Status FromGrpc(const grpc::Status& s, const std::string& node);
+
 }  // namespace podlink::mesh

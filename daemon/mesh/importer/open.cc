@@ -493,23 +493,6 @@ absl::StatusOr<UniqueFd> MeshEngine::DialData(const Path& path, uint32_t port, c
   return fd;
 }
 
-absl::Status MeshEngine::CheckInstance(const Handle& h) const {
-  if (h.peer->instance.load(std::memory_order_acquire) != h.instance) {
-    return absl::UnavailableError(absl::StrCat("node ", h.peer->node(),
-                                               "'s podlinkd restarted since the region was opened: open it again"));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<Handle> MeshEngine::FindHandle(uint64_t session, uint64_t handle) const {
-  std::optional<Handle> h = handles_.Find(session, handle);
-  if (!h.has_value()) {
-    if (stopping_.load(std::memory_order_acquire)) return StoppingStatus();
-    return absl::NotFoundError(absl::StrCat("remote region ", handle, " was not opened by this session"));
-  }
-  return *std::move(h);
-}
-
 absl::Status MeshEngine::CheckOwnerAnswer(const std::string& destination, uint64_t nonce,
                                           const pb::OpenRegionResponse& resp) const {
   return mesh::CheckOwnerAnswer(credentials_.Current().ca, destination, node_name_, nonce, resp);

@@ -1,4 +1,4 @@
-// Transfers: two-hop striping, the pump, notifications.
+// Transfers: two-hop striping, the pump, notifications; the handle lookups and path ranking they use.
 #include "daemon/mesh/engine_internal.h"
 #include "daemon/mesh/links/range.h"
 
@@ -313,6 +313,30 @@ absl::Status MeshEngine::Notify(uint64_t session, uint64_t handle, uint64_t valu
   op.offset = value;
   op.done = std::move(done);
   return links->Submit(std::move(op));
+}
+
+absl::Status MeshEngine::CheckInstance(const Handle& h) const {
+  if (h.peer->instance.load(std::memory_order_acquire) != h.instance) {
+    return absl::UnavailableError(absl::StrCat("node ", h.peer->node(),
+                                               "'s podlinkd restarted since the region was opened: open it again"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Handle> MeshEngine::FindHandle(uint64_t session, uint64_t handle) const {
+  std::optional<Handle> h = handles_.Find(session, handle);
+  if (!h.has_value()) {
+    if (stopping_.load(std::memory_order_acquire)) return StoppingStatus();
+    return absl::NotFoundError(absl::StrCat("remote region ", handle, " was not opened by this session"));
+  }
+  return *std::move(h);
+}
+
+PathPreference MeshEngine::RankFor(const std::vector<Path>& paths, const std::string& gpu_bus_id) const {
+  std::vector<RankedPath> ranked;
+  for (const Path& p : paths) ranked.push_back({PathName(p), ReadNic(options_.sysfs, p.local.netdev)});
+  MemoryPlace place = gpu_bus_id.empty() ? MemoryPlace{} : GpuPlace(options_.sysfs, gpu_bus_id);
+  return RankPaths(ranked, place);
 }
 
 }  // namespace podlink::mesh
