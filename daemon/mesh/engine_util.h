@@ -52,12 +52,6 @@ namespace pb = podlink::mesh::v1;
 // The engine's logger (one for every room).
 inline const ComponentLog Log("mesh");
 
-// Two-hop striping (mesh.two_hop_stripe): transfers from this size, in
-// chunks of this size, at most this many in flight per route.
-constexpr uint64_t kTwoHopMinBytes = 8 << 20;
-constexpr uint64_t kTwoHopChunk = 4 << 20;
-constexpr uint32_t kTwoHopWindow = 4;
-
 // A relay's refusal to stage a region over verbs for its caller (no bounce
 // pool for it; or, from a relay of a version before staging, "relayed
 // regions ride TCP links"): the hop to it can still go over TCP.

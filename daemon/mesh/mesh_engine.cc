@@ -40,6 +40,8 @@ MeshEngine::MeshEngine(MeshOptions options, std::string node_name, MeshHost* hos
     absl::MutexLock l(&verbs_mu_);
     if (verbs_server_ != nullptr) verbs_server_->Unregister(grant, node);
   };
+  transfers_ = std::make_unique<RemoteTransfers>(
+      RemoteTransfers::Options{.io_timeout = options_.io_timeout, .sysfs = options_.sysfs}, host_, &handles_);
   owner_ = std::make_unique<RegionOwner>(
       RegionOwner::Options{.node_name = node_name_,
                            .instance = instance_,
@@ -139,7 +141,7 @@ absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions option
   e->RefreshOwnAdvert();  // before the first Hello it could be asked for
   e->repairs_.Start();
   e->housekeeping_thread_ = std::thread([p = e.get()] { p->HousekeepingLoop(); });
-  if (e->options_.two_hop_stripe) e->two_hop_thread_.Start();
+  if (e->options_.two_hop_stripe) e->transfers_->StartTwoHopThread();
   for (const PeerEntry& peer : o.peers) e->Learn(peer.node, peer.addresses, peer.port);
   std::vector<std::string> adv;
   for (const IpPrefix& a : e->advertised_) adv.push_back(a.ToString());
@@ -152,14 +154,15 @@ MeshEngine::~MeshEngine() {
   Stop();
   // The two-hop thread outlives Stop: a striped transfer started meanwhile
   // still ends on it, never inside its Start. Nothing is queued after this.
-  two_hop_thread_.Stop();
+  transfers_->StopTwoHopThread();
 }
 
 void MeshEngine::Stop() {
   if (stopped_.exchange(true, std::memory_order_acq_rel)) return;
   stopping_.store(true, std::memory_order_release);
   repairs_.Stop();  // no repair starts from now on (one running ends before Join below returns)
-  owner_->BeginStop();  // serving threads waiting for relay staging go on (and end)
+  owner_->BeginStop();
+  transfers_->BeginStop();  // serving threads waiting for relay staging go on (and end)
   if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   data_server_->Stop();  // no data connection is accepted from now on
   {

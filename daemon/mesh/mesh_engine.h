@@ -41,6 +41,7 @@
 #include "daemon/mesh/control/repairs.h"
 #include "daemon/mesh/importer/handle_table.h"
 #include "daemon/mesh/importer/task_thread.h"
+#include "daemon/mesh/importer/transfer.h"
 #include "daemon/mesh/node_shares.h"
 #include "daemon/mesh/owner/grant_table.h"
 #include "daemon/mesh/owner/region_owner.h"
@@ -211,9 +212,11 @@ class MeshEngine final : public MeshPort {
   // Drops a handle the session holds (NOT_FOUND: none such).
   absl::Status DropHandle(uint64_t session, uint64_t handle) ABSL_LOCKS_EXCLUDED(mu_);
   void DropSession(uint64_t session) ABSL_LOCKS_EXCLUDED(mu_);
-  // MeshPort: transfers and notifications through the relay ring.
-  absl::Status Start(MeshTransfer t, Done done) override;
-  absl::Status Notify(uint64_t session, uint64_t handle, uint64_t value, Done done) override;
+  // MeshPort: transfers and notifications through the relay ring (the importer's, importer/transfer.h).
+  absl::Status Start(MeshTransfer t, Done done) override { return transfers_->Transfer(std::move(t), std::move(done)); }
+  absl::Status Notify(uint64_t session, uint64_t handle, uint64_t value, Done done) override {
+    return transfers_->Notify(session, handle, value, std::move(done));
+  }
 
   // --- what this node advertises ----------------------------------------
   std::vector<std::string> AdvertisedAddresses() const;
@@ -235,9 +238,6 @@ class MeshEngine final : public MeshPort {
 
   // This node's addresses for choosing paths.
   std::vector<IpPrefix> LocalForPaths() const;
-  // Which of `paths` a transfer of memory on GPU `gpu_bus_id` (empty: host
-  // memory) uses (nic_rank.h).
-  PathPreference RankFor(const std::vector<Path>& paths, const std::string& gpu_bus_id) const;
   // What this node knows of others' addresses (routes), from configuration
   // and from their own Hello answers.
   void Learn(const std::string& node, const std::vector<std::string>& addresses, uint32_t port)
@@ -351,9 +351,8 @@ class MeshEngine final : public MeshPort {
   // grant the owner gave over TCP though RDMA was asked for
   // (OpenRegionResponse.over_tcp_reason); `next` gets it or why not.
   void OverTcp(const RemoteTarget& target, std::function<void(absl::StatusOr<std::shared_ptr<Peer>>)> next);
-  // A second route (TwoHop) and the handles: importer/handle_table.h. A
-  // transfer striped over the direct links and a TwoHop (StartTwoHop).
-  class TwoRoutes;
+  // A second route (TwoHop) and the handles: importer/handle_table.h;
+  // transfers on them, striped or not: importer/transfer.h.
   // Opens `req` (its route, if any, already signed) on `hop`'s daemon, on
   // that peer's worker; `got` gets the peer whose links carry the grant and
   // the answer — the grant is then the caller's to keep or give back.
@@ -376,25 +375,15 @@ class MeshEngine final : public MeshPort {
   // route); its grant joins the session's `handle` when it names that export.
   void AddTwoHop(uint64_t session, uint64_t handle, RemoteTarget target, podlink::mesh::v1::OpenRegionRequest req,
                  uint64_t export_id, uint64_t size) ABSL_LOCKS_EXCLUDED(mu_);
-  // Where a TwoRoutes' next submissions, or its end, run: never on a link's
-  // own thread (importer/task_thread.h). Started only with
-  // mesh.two_hop_stripe; Post is false without it, or once stopping.
-  TaskThread two_hop_thread_;
-  std::atomic<uint64_t> two_hop_routes_{0}, two_hop_bytes_{0}, two_hop_transfers_{0}, two_hop_failovers_{0},
-      two_hop_fences_{0};
-  // The link set an operation of `h` goes to: its sealed route's, or the peer's.
-  std::shared_ptr<DataLinks> LinksOf(const Handle& h) const;
   // The importer's end of a sealed route whose owner answered `resp` (its
   // signed answer checked) to the claim that carried `key`.
   absl::StatusOr<std::shared_ptr<seal::SealedLinks>> SealRoute(const std::string& destination, uint64_t nonce,
                                                                const seal::EphemeralKey& key,
                                                                const std::shared_ptr<Peer>& carrier,
                                                                const podlink::mesh::v1::OpenRegionResponse& resp);
-  absl::Status CheckInstance(const Handle& h) const;
   // A data connection over `path` to `port`, AUTH sent with `cookie`.
   absl::StatusOr<UniqueFd> DialData(const Path& path, uint32_t port, const std::string& cookie,
                                     uint64_t link_instance, absl::Duration timeout) const;
-  absl::StatusOr<Handle> FindHandle(uint64_t session, uint64_t handle) const ABSL_LOCKS_EXCLUDED(mu_);
   // A failed path is dialed again in the background, with backoff, while the
   // peer's other paths carry on (control/repairs.h). A transport's own repair
   // of a path, on the repair thread with the peer's control stub (set where
@@ -450,6 +439,9 @@ class MeshEngine final : public MeshPort {
                                                   options_.max_data_connections_per_peer}};
   // What this node's pods opened of other nodes (the importer's room; its own lock, a leaf).
   HandleTable handles_{options_.max_handles_per_session};
+  // Transfers on those handles, striped over two routes where one was joined (the importer's room; its two-hop
+  // thread started in Start with mesh.two_hop_stripe, stopped by the destructor). Made in the constructor.
+  std::unique_ptr<RemoteTransfers> transfers_;
   // What this node gives other nodes: opens, relays, grants and what requests do to them (the owner's room,
   // owner/region_owner.h; its locks are leaves). Made in the constructor.
   std::unique_ptr<RegionOwner> owner_;

@@ -184,17 +184,19 @@ std::string MeshEngine::RenderMetrics() const {
   one("podlink_mesh_duplicate_notifies_total", "counter", "notifications received again and not delivered twice",
       static_cast<double>(dup_notifies));
   auto counted = [](const std::atomic<uint64_t>& a) { return static_cast<double>(a.load(std::memory_order_relaxed)); };
+  const RemoteTransfers::Counters& striped = transfers_->counters();
   one("podlink_mesh_two_hop_routes_total", "counter",
       "second routes through a relay opened for regions of cabled nodes (mesh.two_hop_stripe)",
-      counted(two_hop_routes_));
+      counted(striped.two_hop_routes));
   one("podlink_mesh_two_hop_transfers_total", "counter", "transfers striped over the direct links and a two-hop route",
-      counted(two_hop_transfers_));
+      counted(striped.two_hop_transfers));
   one("podlink_mesh_two_hop_bytes_total", "counter", "bytes such transfers moved over their two-hop route",
-      counted(two_hop_bytes_));
+      counted(striped.two_hop_bytes));
   one("podlink_mesh_two_hop_failovers_total", "counter",
-      "chunks a two-hop route failed, sent again on the direct links", counted(two_hop_failovers_));
+      "chunks a two-hop route failed, sent again on the direct links", counted(striped.two_hop_failovers));
   one("podlink_mesh_two_hop_fences_total", "counter",
-      "two-hop routes the owner fenced before their chunks went again on the direct links", counted(two_hop_fences_));
+      "two-hop routes the owner fenced before their chunks went again on the direct links",
+      counted(striped.two_hop_fences));
   one("podlink_mesh_fenced_grants_total", "counter", "grants given relays that their origin node fenced (FenceRoute)",
       static_cast<double>(held.fenced));
   const uint64_t refused_notifies = owner_->counters().refused_notifies;

@@ -300,7 +300,7 @@ absl::StatusOr<std::shared_ptr<seal::SealedLinks>> MeshEngine::SealRoute(const s
       },
       // Completions leave the carrier's link threads for the pump, which
       // seals, opens and submits the next step.
-      [this](std::function<void()> task) { return two_hop_thread_.Post(std::move(task)); });
+      [this](std::function<void()> task) { return transfers_->PostTwoHop(std::move(task)); });
   sealed_routes_.fetch_add(1, std::memory_order_relaxed);
   return links;
 }
@@ -458,7 +458,7 @@ void MeshEngine::AddTwoHop(uint64_t session, uint64_t handle, RemoteTarget targe
                 const bool attached =
                     !stopping_.load(std::memory_order_acquire) && handles_.AttachTwoHop(session, handle, route);
                 if (!attached) return ReleaseRemoteGrant(route->peer.get(), route->grant);  // the handle went first
-                two_hop_routes_.fetch_add(1, std::memory_order_relaxed);
+                transfers_->counters().two_hop_routes.fetch_add(1, std::memory_order_relaxed);
                 Log()->info("event=mesh_two_hop destination={} relay={} handle={}", destination, relay, handle);
               });
 }

@@ -1,8 +1,39 @@
-// Transfers: two-hop striping, the pump, notifications; the handle lookups and path ranking they use.
-#include "daemon/mesh/engine_internal.h"
+// The importer's transfers (transfer.h): two-hop striping, the pump,
+// notifications; the handle lookups and path ranking they use.
+#include "daemon/mesh/importer/transfer.h"
+
+#include <algorithm>
+#include <deque>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status_util.h"
+#include "daemon/mesh/addresses.h"
+#include "daemon/mesh/control/answer_once.h"
 #include "daemon/mesh/links/range.h"
+#include "daemon/mesh/seal/window.h"
 
 namespace podlink::mesh {
+
+namespace pb = podlink::mesh::v1;
+
+namespace {
+const ComponentLog TransferLog("mesh");
+}  // namespace
+
+RemoteTransfers::RemoteTransfers(Options options, MeshHost* host, const HandleTable* handles)
+    : options_(std::move(options)), host_(host), handles_(*handles) {}
+
+// A striped transfer started meanwhile still ends on the two-hop thread, never
+// inside its Transfer. Nothing is queued after this.
+RemoteTransfers::~RemoteTransfers() { two_hop_thread_.Stop(); }
+
+absl::Status RemoteTransfers::NotQueued(const std::string& node) const {
+  if (stopping_.load(std::memory_order_acquire)) return StoppingStatus();
+  return absl::ResourceExhaustedError(absl::StrCat("too many requests to node ", node, " wait already"));
+}
 
 // ---------------------------------------------------------------------------
 // Two-hop striping: a transfer cut into chunks that the direct links and the
@@ -12,9 +43,9 @@ namespace podlink::mesh {
 // can land after that); the transfer ends when every chunk landed, or with
 // the direct links' error, and only once nothing of it is in flight.
 
-class MeshEngine::TwoRoutes : public std::enable_shared_from_this<MeshEngine::TwoRoutes> {
+class RemoteTransfers::TwoRoutes : public std::enable_shared_from_this<RemoteTransfers::TwoRoutes> {
  public:
-  TwoRoutes(MeshEngine* e, LinkOp whole, std::shared_ptr<Peer> direct, std::shared_ptr<TwoHop> route,
+  TwoRoutes(RemoteTransfers* e, LinkOp whole, std::shared_ptr<Peer> direct, std::shared_ptr<TwoHop> route,
             std::shared_ptr<const PathPreference> alt_prefer)
       : e_(e),
         whole_(std::move(whole)),
@@ -115,7 +146,7 @@ class MeshEngine::TwoRoutes : public std::enable_shared_from_this<MeshEngine::Tw
       if (st.ok()) {
         ++landed_;
         if (route == kAlt) {
-          e_->two_hop_bytes_.fetch_add(std::min<uint64_t>(kTwoHopChunk, whole_.length - chunk * kTwoHopChunk),
+          e_->counters_.two_hop_bytes.fetch_add(std::min<uint64_t>(kTwoHopChunk, whole_.length - chunk * kTwoHopChunk),
                                        std::memory_order_relaxed);
         }
       } else if (route == kDirect) {
@@ -124,7 +155,7 @@ class MeshEngine::TwoRoutes : public std::enable_shared_from_this<MeshEngine::Tw
         failover = !alt_down_;
         alt_down_ = true;
         redo_.push_back(chunk);
-        e_->two_hop_failovers_.fetch_add(1, std::memory_order_relaxed);
+        e_->counters_.two_hop_failovers.fetch_add(1, std::memory_order_relaxed);
         if (writes() && fence_ == Fence::kNone) {
           fence_ = Fence::kPending;
           fence = true;
@@ -150,8 +181,8 @@ class MeshEngine::TwoRoutes : public std::enable_shared_from_this<MeshEngine::Tw
   void RouteDown(const std::string& why) {
     std::shared_ptr<TwoHop> r = route_.lock();
     if (r != nullptr && !r->failed.exchange(true, std::memory_order_acq_rel)) {
-      Log()->warn("event=mesh_two_hop_down relay={} why={} (its chunks go on the direct links)", r->peer->node(),
-                  LogQuoted(why));
+      TransferLog()->warn("event=mesh_two_hop_down relay={} why={} (its chunks go on the direct links)",
+                          r->peer->node(), LogQuoted(why));
     }
   }
 
@@ -168,7 +199,7 @@ class MeshEngine::TwoRoutes : public std::enable_shared_from_this<MeshEngine::Tw
     }();
     if (peer == nullptr || nonce == 0) return (*answer)(absl::UnavailableError("the region was dropped"));
     Peer* p = peer.get();
-    MeshEngine* e = e_;
+    RemoteTransfers* e = e_;
     if (!p->Post([p, e, nonce, answer] {
           std::shared_ptr<pb::Mesh::Stub> stub = p->stub();
           if (stub == nullptr) return (*answer)(absl::UnavailableError("no control channel to the owner"));
@@ -179,7 +210,7 @@ class MeshEngine::TwoRoutes : public std::enable_shared_from_this<MeshEngine::Tw
           pb::FenceRouteResponse resp;
           absl::Status st = FromGrpc(stub->FenceRoute(&ctx, req, &resp), p->node());
           if (!st.ok()) return (*answer)(st);
-          e->two_hop_fences_.fetch_add(1, std::memory_order_relaxed);
+          e->counters_.two_hop_fences.fetch_add(1, std::memory_order_relaxed);
           (*answer)(resp.grants_closed());
         })) {
       (*answer)(e_->NotQueued(p->node()));
@@ -224,7 +255,7 @@ class MeshEngine::TwoRoutes : public std::enable_shared_from_this<MeshEngine::Tw
     done(result);
   }
 
-  MeshEngine* const e_;
+  RemoteTransfers* const e_;
   LinkOp whole_;
   // Weak: a link's thread may drop the last reference to this transfer.
   const std::weak_ptr<Peer> direct_;
@@ -245,7 +276,7 @@ class MeshEngine::TwoRoutes : public std::enable_shared_from_this<MeshEngine::Tw
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-absl::Status MeshEngine::Start(MeshTransfer t, Done done) {
+absl::Status RemoteTransfers::Transfer(MeshTransfer t, MeshPort::Done done) {
   PODLINK_ASSIGN_OR_RETURN(Handle h, FindHandle(t.session, t.handle));
   PODLINK_RETURN_IF_ERROR(CheckInstance(h));
   if (t.length == 0) return absl::InvalidArgumentError("length must be > 0");
@@ -289,7 +320,7 @@ absl::Status MeshEngine::Start(MeshTransfer t, Done done) {
       auto alt_prefer =
           route->peer->Preference(place, [&](const std::vector<Path>& paths) { return RankFor(paths, place); });
       auto striped = std::make_shared<TwoRoutes>(this, std::move(op), h.peer, route, std::move(alt_prefer));
-      two_hop_transfers_.fetch_add(1, std::memory_order_relaxed);
+      counters_.two_hop_transfers.fetch_add(1, std::memory_order_relaxed);
       striped->Begin();
       return absl::OkStatus();
     }
@@ -297,12 +328,13 @@ absl::Status MeshEngine::Start(MeshTransfer t, Done done) {
   return links->Submit(std::move(op));
 }
 
-std::shared_ptr<DataLinks> MeshEngine::LinksOf(const Handle& h) const {
+std::shared_ptr<DataLinks> RemoteTransfers::LinksOf(const Handle& h) {
   if (h.sealed != nullptr) return h.sealed;
   return h.peer->links();
 }
 
-absl::Status MeshEngine::Notify(uint64_t session, uint64_t handle, uint64_t value, Done done) {
+absl::Status RemoteTransfers::Notify(uint64_t session, uint64_t handle, uint64_t value,
+                                     MeshPort::Done done) {
   PODLINK_ASSIGN_OR_RETURN(Handle h, FindHandle(session, handle));
   PODLINK_RETURN_IF_ERROR(CheckInstance(h));
   std::shared_ptr<DataLinks> links = LinksOf(h);
@@ -315,7 +347,7 @@ absl::Status MeshEngine::Notify(uint64_t session, uint64_t handle, uint64_t valu
   return links->Submit(std::move(op));
 }
 
-absl::Status MeshEngine::CheckInstance(const Handle& h) const {
+absl::Status RemoteTransfers::CheckInstance(const Handle& h) {
   if (h.peer->instance.load(std::memory_order_acquire) != h.instance) {
     return absl::UnavailableError(absl::StrCat("node ", h.peer->node(),
                                                "'s podlinkd restarted since the region was opened: open it again"));
@@ -323,7 +355,7 @@ absl::Status MeshEngine::CheckInstance(const Handle& h) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Handle> MeshEngine::FindHandle(uint64_t session, uint64_t handle) const {
+absl::StatusOr<Handle> RemoteTransfers::FindHandle(uint64_t session, uint64_t handle) const {
   std::optional<Handle> h = handles_.Find(session, handle);
   if (!h.has_value()) {
     if (stopping_.load(std::memory_order_acquire)) return StoppingStatus();
@@ -332,7 +364,7 @@ absl::StatusOr<Handle> MeshEngine::FindHandle(uint64_t session, uint64_t handle)
   return *std::move(h);
 }
 
-PathPreference MeshEngine::RankFor(const std::vector<Path>& paths, const std::string& gpu_bus_id) const {
+PathPreference RemoteTransfers::RankFor(const std::vector<Path>& paths, const std::string& gpu_bus_id) const {
   std::vector<RankedPath> ranked;
   for (const Path& p : paths) ranked.push_back({PathName(p), ReadNic(options_.sysfs, p.local.netdev)});
   MemoryPlace place = gpu_bus_id.empty() ? MemoryPlace{} : GpuPlace(options_.sysfs, gpu_bus_id);

@@ -33,8 +33,6 @@ RegionOwner::RegionOwner(Options options, MeshHost* host, const NodeCredentials*
       late_copies_(*late_copies),
       rooms_(std::move(rooms)) {}
 
-absl::Status StoppingStatus() { return absl::UnavailableError("podlinkd is stopping"); }
-
 void RegionOwner::BeginStop() {
   stopping_.store(true, std::memory_order_release);
   relay_staging_.Stop();  // serving threads waiting for room go on (and end)

@@ -37,6 +37,7 @@
 #include "daemon/mesh/control/liveness.h"
 #include "daemon/mesh/control/peer.h"
 #include "daemon/mesh/links/late_copies.h"
+#include "daemon/mesh/links/stopping.h"
 #include "daemon/mesh/mesh_host.h"
 #include "daemon/mesh/node_shares.h"
 #include "daemon/mesh/owner/grant_table.h"
@@ -59,9 +60,6 @@ inline constexpr char kRelayCannotStage[] = " cannot stage over verbs: ";
 constexpr uint64_t kGpuChunk = uint64_t{4} << 20;
 constexpr uint64_t kMaxGpuFrame = uint64_t{64} << 20;
 char* ChunkBuffer();
-
-// UNAVAILABLE "podlinkd is stopping": what every room answers once the mesh stops.
-absl::Status StoppingStatus();
 
 // A relay's grant: requests on it go on to the next node.
 struct Forward {
@@ -200,9 +198,9 @@ class RegionOwner {
   absl::StatusOr<CheckedClaim> CheckClaim(const std::string& caller, const podlink::mesh::v1::Route& route) const;
   // `claim`: the checked claim of a relayed request (importer and target are
   // taken from it), or nullptr.
-  absl::StatusOr<podlink::mesh::v1::OpenRegionResponse> OpenRegion(const std::string& node,
-                                                                   const podlink::mesh::v1::OpenRegionRequest& req,
-                                                                   const podlink::mesh::v1::OriginClaim* claim = nullptr);
+  absl::StatusOr<podlink::mesh::v1::OpenRegionResponse> OpenRegion(
+      const std::string& node, const podlink::mesh::v1::OpenRegionRequest& req,
+      const podlink::mesh::v1::OriginClaim* claim = nullptr);
   // The owner of a routed open signs what it answers (OwnerAnswer), bound to
   // the claim; the origin checks it (MeshEngine::CheckOwnerAnswer).
   absl::Status SignOwnerAnswer(const podlink::mesh::v1::OriginClaim& claim,
