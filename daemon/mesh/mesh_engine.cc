@@ -29,19 +29,28 @@ MeshEngine::MeshEngine(MeshOptions options, std::string node_name, MeshHost* hos
   rooms.register_for_verbs = [this](const std::string& node, uint64_t grant,
                                     const std::shared_ptr<const ExportRecord>& rec, bool over_tcp_ok, bool staged_ok,
                                     bool may_register, pb::OpenRegionResponse* resp) {
-    return RegisterForVerbs(node, grant, rec, over_tcp_ok, staged_ok, may_register, resp);
+    return verbs_->Register(node, grant, rec, over_tcp_ok, staged_ok, may_register, resp);
   };
-  rooms.prepare_staging = [this](const std::string& caller) -> absl::StatusOr<uint64_t> {
-    PODLINK_ASSIGN_OR_RETURN(verbs::VerbsServer * server, VerbsServing());
-    PODLINK_RETURN_IF_ERROR(server->PrepareStaging(caller));
-    return server->stage_slot_bytes();
-  };
-  rooms.unregister_verbs = [this](const std::string& node, uint64_t grant) {
-    absl::MutexLock l(&verbs_mu_);
-    if (verbs_server_ != nullptr) verbs_server_->Unregister(grant, node);
-  };
+  rooms.prepare_staging = [this](const std::string& caller) { return verbs_->PrepareStaging(caller); };
+  rooms.unregister_verbs = [this](const std::string& node, uint64_t grant) { verbs_->Unregister(node, grant); };
   transfers_ = std::make_unique<RemoteTransfers>(
       RemoteTransfers::Options{.io_timeout = options_.io_timeout, .sysfs = options_.sysfs}, host_, &handles_);
+  // The verbs server's notifications and staged slices are the owner's (owner/frames.cc).
+  verbs_ = std::make_unique<verbs::VerbsNode>(
+      verbs::VerbsNode::Options{.node_name = node_name_,
+                                .verbs = options_.verbs,
+                                .qps_per_path = options_.connections_per_path,
+                                .slice_bytes = options_.slice_bytes,
+                                .slices_in_flight = options_.slices_in_flight,
+                                .answer_timeout = options_.answer_timeout,
+                                .staged_only = options_.verbs_staged_only},
+      verbs::VerbsNode::Sinks{
+          .notify = [this](const std::string& node, uint64_t grant,
+                           uint64_t value) { owner_->DeliverVerbsNotify(node, grant, value); },
+          .stage = [this](const std::string& node, uint64_t grant, bool write, uint64_t offset, char* buf,
+                          uint64_t length, std::shared_ptr<const void> keep, std::function<void(absl::Status)> done) {
+            owner_->StagedSlice(node, grant, write, offset, buf, length, std::move(keep), std::move(done));
+          }});
   owner_ = std::make_unique<RegionOwner>(
       RegionOwner::Options{.node_name = node_name_,
                            .instance = instance_,
@@ -161,8 +170,9 @@ void MeshEngine::Stop() {
   if (stopped_.exchange(true, std::memory_order_acq_rel)) return;
   stopping_.store(true, std::memory_order_release);
   repairs_.Stop();  // no repair starts from now on (one running ends before Join below returns)
-  owner_->BeginStop();
-  transfers_->BeginStop();  // serving threads waiting for relay staging go on (and end)
+  owner_->BeginStop();  // serving threads waiting for relay staging go on (and end)
+  transfers_->BeginStop();
+  verbs_->BeginStop();  // no verbs server is made from now on
   if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   data_server_->Stop();  // no data connection is accepted from now on
   {
@@ -199,12 +209,7 @@ void MeshEngine::Stop() {
   grants.clear();
   // Other nodes' access to this node's memory ends now, not when the daemon
   // object goes: the exports are withdrawn next (sessions closing).
-  std::unique_ptr<verbs::VerbsServer> verbs;
-  {
-    absl::MutexLock l(&verbs_mu_);
-    verbs.swap(verbs_server_);
-  }
-  verbs.reset();
+  verbs_->Stop();
 }
 
 absl::Status MeshEngine::NoPeer() const {

@@ -55,6 +55,7 @@
 #include "daemon/mesh/tcp/data_server.h"
 #include "daemon/mesh/tcp/tcp_link.h"
 #include "daemon/mesh/verbs/verbs_link.h"
+#include "daemon/mesh/verbs/verbs_node.h"
 #include "daemon/relay/mesh_port.h"
 #include "podlink/mesh/v1/mesh.grpc.pb.h"
 #include "podlink/v1/podlink.pb.h"
@@ -248,22 +249,6 @@ class MeshEngine final : public MeshPort {
   void SawNeighbour(const std::string& node, const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
   // What makes a cable between two other nodes in a route (routes.h).
   CableTrust Trust() const ABSL_LOCKS_EXCLUDED(mu_);
-  // The verbs backend's exporting side, made on first use (FAILED_PRECONDITION
-  // without libibverbs).
-  absl::StatusOr<verbs::VerbsServer*> VerbsServing() ABSL_LOCKS_EXCLUDED(verbs_mu_);
-  absl::StatusOr<podlink::mesh::v1::OpenVerbsResponse> AcceptVerbs(const std::string& node,
-                                                                   const podlink::mesh::v1::OpenVerbsRequest& req);
-  // Registers `rec` for `node`'s verbs links (resp's verbs_keys); where it
-  // cannot be (or mesh.verbs_staged_only) and the caller `staged_ok`, stages
-  // it over the caller's queue pairs through this node's bounce pool (resp's
-  // staged_reason); failing that, where the caller `over_tcp_ok`, grants it
-  // over TCP (resp's over_tcp_reason). Errors: the export cannot be served.
-  // `may_register` false (a fenceable route): staged or over TCP only.
-  absl::Status RegisterForVerbs(const std::string& node, uint64_t grant, const std::shared_ptr<const ExportRecord>& rec,
-                                bool over_tcp_ok, bool staged_ok, bool may_register,
-                                podlink::mesh::v1::OpenRegionResponse* resp);
-  // Registrations whose grant closed or whose export went away are dropped.
-  void SweepVerbs();
   // Drops the grants of nodes idle longer than grant_idle_timeout.
   void SweepIdleImporters() ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the grants of importing pods the host knows to be gone
@@ -290,15 +275,6 @@ class MeshEngine final : public MeshPort {
   void SweepLinks() ABSL_LOCKS_EXCLUDED(mu_);
   // A control channel to `node` at `endpoint`, its certificate checked to name it.
   std::shared_ptr<podlink::mesh::v1::Mesh::Stub> NewStub(const std::string& node, const std::string& endpoint) const;
-  using OpenVerbsCall = std::function<absl::StatusOr<podlink::mesh::v1::OpenVerbsResponse>(
-      const podlink::mesh::v1::OpenVerbsRequest&)>;
-  absl::StatusOr<std::shared_ptr<verbs::VerbsLinks>> ConnectVerbs(const std::string& node,
-                                                                  const std::vector<Path>& paths,
-                                                                  const OpenVerbsCall& open);
-  // QPs for one path of `links` (a repair names the owner's failed QPs in
-  // `replaces`).
-  absl::Status ConnectVerbsPath(verbs::VerbsLinks& links, const Path& path, const OpenVerbsCall& open,
-                                const std::vector<uint32_t>& replaces);
   // Transfers a sender's link instance finished (DONE) or notified: late
   // copies of their slices are dropped, a NOTIFY is delivered once
   // (links/late_copies.h; its own lock, taken alone).
@@ -464,21 +440,13 @@ class MeshEngine final : public MeshPort {
   std::atomic<uint64_t> gone_pod_grants_dropped_{0};
   absl::Time last_keepalive_ ABSL_GUARDED_BY(mu_) = absl::Now();
   std::atomic<uint64_t> routed_opens_{0};
-  // Grants given over TCP though RDMA was asked for (RegisterForVerbs).
-  std::atomic<uint64_t> grants_over_tcp_{0};
-  // Logs said at most every 10 s (the counters count every case).
-  LogLimit over_tcp_log_;
-  // Grants staged through a bounce pool though RDMA access was asked for.
-  std::atomic<uint64_t> grants_staged_{0};
-  LogLimit staged_log_;
-  // Opens that went over TCP because no RDMA path to the node came up.
+  // Opens that went over TCP because no RDMA path to the node came up (logged at most every 10 s).
   std::atomic<uint64_t> verbs_fallbacks_{0};
   LogLimit fallback_log_;
-  // Verbs state, apart from mu_ (device calls can be slow).
-  mutable absl::Mutex verbs_mu_;
-  std::unique_ptr<verbs::Nics> nics_ ABSL_GUARDED_BY(verbs_mu_);
-  std::unique_ptr<verbs::VerbsServer> verbs_server_ ABSL_GUARDED_BY(verbs_mu_);
-  absl::Status verbs_error_ ABSL_GUARDED_BY(verbs_mu_);
+  // This node's verbs side: its devices, the server peers' queue pairs land on, registrations, and how its own
+  // verbs links are made (verbs/verbs_node.h; its lock apart from mu_, device calls being slow). Made in the
+  // constructor.
+  std::unique_ptr<verbs::VerbsNode> verbs_;
   std::atomic<uint64_t> sealed_routes_{0};  // routed opens this node sealed as the importer
 };
 

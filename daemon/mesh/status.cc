@@ -235,10 +235,10 @@ std::string MeshEngine::RenderMetrics() const {
       static_cast<double>(verbs_fallbacks_.load(std::memory_order_relaxed)));
   one("podlink_mesh_grants_over_tcp_total", "counter",
       "grants this node gave over TCP though the importer asked for RDMA (the export could not be registered)",
-      static_cast<double>(grants_over_tcp_.load(std::memory_order_relaxed)));
+      static_cast<double>(verbs_->grants_over_tcp()));
   one("podlink_mesh_grants_staged_total", "counter",
       "grants this node stages through its bounce pools over the importer's queue pairs (export not registered)",
-      static_cast<double>(grants_staged_.load(std::memory_order_relaxed)));
+      static_cast<double>(verbs_->grants_staged()));
   one("podlink_mesh_relay_staged_bytes", "gauge", "bytes of forwarded requests held in this node's relay staging",
       static_cast<double>(staged));
   one("podlink_mesh_sealed_routes_total", "counter",
@@ -255,26 +255,25 @@ std::string MeshEngine::RenderMetrics() const {
       static_cast<double>(owner_->seal_budget_used()));
   one("podlink_mesh_refused_notifies_total", "counter",
       "notifications from peers not delivered (grant not theirs, export gone)", static_cast<double>(refused_notifies));
-  absl::MutexLock l(&verbs_mu_);
-  if (verbs_server_ != nullptr) {
+  if (const verbs::VerbsNode::ServerCounts served = verbs_->server_counts(); served.serving) {
     one("podlink_mesh_verbs_served_qps", "gauge", "RC queue pairs this node holds for peer daemons",
-        static_cast<double>(verbs_server_->qps()));
+        static_cast<double>(served.qps));
     one("podlink_mesh_verbs_registrations", "gauge", "exports registered for peers' RDMA access (shared by their grants)",
-        static_cast<double>(verbs_server_->registrations()));
+        static_cast<double>(served.registrations));
     one("podlink_mesh_verbs_notifies_total", "counter", "notifications received by RDMA WRITE WITH IMMEDIATE",
-        static_cast<double>(verbs_server_->notifies()));
+        static_cast<double>(served.notifies));
     one("podlink_mesh_verbs_staged_slices_total", "counter",
         "slices of staged grants copied between an export and a bounce pool for a peer",
-        static_cast<double>(verbs_server_->staged_slices()));
+        static_cast<double>(served.staged_slices));
     one("podlink_mesh_verbs_staged_refused_total", "counter",
         "staged slices refused (grant not the peer's, export gone, range outside it, bad record)",
-        static_cast<double>(verbs_server_->staged_refused()));
+        static_cast<double>(served.staged_refused));
     one("podlink_mesh_verbs_staged_late_dropped_total", "counter",
         "copies of staged writes dropped because their transfer had ended (sent again after their queue pair failed)",
-        static_cast<double>(verbs_server_->staged_late_dropped()));
+        static_cast<double>(served.staged_late_dropped));
     one("podlink_mesh_verbs_staged_done_total", "counter",
         "staged writes sent partly twice whose end the importer had confirmed (DONE records answered)",
-        static_cast<double>(verbs_server_->staged_done()));
+        static_cast<double>(served.staged_done));
   }
   if (owner_->gpu_copies().count() > 0) {
     absl::StrAppend(&out, "# HELP podlink_mesh_gpu_served_copy_seconds copies between a GPU export and a data ",

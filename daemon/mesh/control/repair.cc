@@ -31,7 +31,9 @@ void MeshEngine::HousekeepingLoop() {
       mu_.AwaitWithTimeout(absl::Condition(&stop), kHousekeepingPeriod);
       if (stop()) return;
     }
-    SweepVerbs();
+    // Registrations whose grant closed or whose export went away are dropped.
+    verbs_->Sweep([this](uint64_t grant) { return owner_->grants().Contains(grant); },
+                  [this](const std::string& node, uint64_t grant) { (void)owner_->GrantedExport(node, grant); });
     SweepLinks();
     local_nics_.RefreshIfDue(advertised_);
     credentials_.Refresh();

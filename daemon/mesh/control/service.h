@@ -76,7 +76,7 @@ class MeshEngine::Service final : public pb::Mesh::CallbackService {
   grpc::ServerUnaryReactor* OpenVerbs(grpc::CallbackServerContext* ctx, const pb::OpenVerbsRequest* req,
                                       pb::OpenVerbsResponse* resp) override {
     return Run(ctx, [&](const std::string& node) -> absl::Status {
-      PODLINK_ASSIGN_OR_RETURN(*resp, e_->AcceptVerbs(node, *req));
+      PODLINK_ASSIGN_OR_RETURN(*resp, e_->verbs_->Accept(node, *req, e_->advertised_));
       return absl::OkStatus();
     });
   }

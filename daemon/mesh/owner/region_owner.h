@@ -105,7 +105,7 @@ class RegionOwner {
     // adverts, Hellos), or nullopt.
     std::function<std::optional<RemoteTarget>(const std::string& node)> known;
     // Verbs: registers `rec` for `node`'s queue pairs or stages it
-    // (MeshEngine::RegisterForVerbs says how).
+    // (verbs::VerbsNode::Register says how).
     std::function<absl::Status(const std::string& node, uint64_t grant, const std::shared_ptr<const ExportRecord>& rec,
                                bool over_tcp_ok, bool staged_ok, bool may_register,
                                podlink::mesh::v1::OpenRegionResponse* resp)>

@@ -33,7 +33,7 @@ absl::Status MeshEngine::ConnectVerbsLinks(const std::shared_ptr<Peer>& peer, co
     PODLINK_RETURN_IF_ERROR(FromGrpc(stub->OpenVerbs(&ctx, req, &resp), target.node_name));
     return resp;
   };
-  absl::StatusOr<std::shared_ptr<verbs::VerbsLinks>> made = ConnectVerbs(target.node_name, paths, open);
+  absl::StatusOr<std::shared_ptr<verbs::VerbsLinks>> made = verbs_->Connect(target.node_name, paths, open);
   if (!made.ok()) {
     if (verbs_failed != nullptr) *verbs_failed = true;
     return made.status();
@@ -71,7 +71,7 @@ std::function<void(const std::string&)> MeshEngine::RepairOnDown(const std::shar
     // tried again with backoff; its old QPs are named once.
     std::vector<uint32_t> failed = vl->FailedRemoteQps(name);
     if (failed.empty()) return absl::OkStatus();  // an earlier repair replaced them
-    PODLINK_RETURN_IF_ERROR(ConnectVerbsPath(*vl, path, open, failed));
+    PODLINK_RETURN_IF_ERROR(verbs_->ConnectPath(*vl, path, open, failed));
     vl->MarkReported(failed);
     return absl::OkStatus();
   };

@@ -1,41 +1,50 @@
 // This node's verbs side: its devices, the serving side peers' queue pairs
 // land on (made on first use), registering or staging the exports it grants,
 // and how its own verbs links to a peer are made, path by path.
-#include "daemon/mesh/engine_internal.h"
+#include "daemon/mesh/verbs/verbs_node.h"
 
-namespace podlink::mesh {
+#include <cstring>
 
-absl::StatusOr<verbs::VerbsServer*> MeshEngine::VerbsServing() {
-  absl::MutexLock l(&verbs_mu_);
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status_util.h"
+#include "daemon/mesh/links/stopping.h"
+#include "daemon/mesh/verbs/gid.h"
+#include "daemon/mesh/verbs/verbs_api.h"
+
+namespace podlink::mesh::verbs {
+
+namespace pb = podlink::mesh::v1;
+
+namespace {
+const ComponentLog VerbsNodeLog("mesh");
+}  // namespace
+
+absl::StatusOr<VerbsServer*> VerbsNode::Serving() {
+  absl::MutexLock l(&mu_);
   if (stopping_.load(std::memory_order_acquire)) return StoppingStatus();
-  if (verbs_server_ != nullptr) return verbs_server_.get();
-  if (!verbs_error_.ok()) return verbs_error_;
-  absl::StatusOr<const verbs::VerbsApi*> api = verbs::LoadVerbs();
+  if (server_ != nullptr) return server_.get();
+  if (!error_.ok()) return error_;
+  absl::StatusOr<const VerbsApi*> api = LoadVerbs();
   if (!api.ok()) {
-    verbs_error_ = api.status();
-    return verbs_error_;
+    error_ = api.status();
+    return error_;
   }
-  if (nics_ == nullptr) nics_ = std::make_unique<verbs::Nics>(*api);  // the importing side may have made it
-  verbs::VerbsOptions vo = options_.verbs;
+  if (nics_ == nullptr) nics_ = std::make_unique<Nics>(*api);  // the importing side may have made it
+  VerbsOptions vo = options_.verbs;
   vo.slice_bytes = options_.slice_bytes;  // the bounce slots of staged grants
-  verbs_server_ = std::make_unique<verbs::VerbsServer>(
-      nics_.get(), vo,
-      [this](const std::string& node, uint64_t grant, uint64_t value) { owner_->DeliverVerbsNotify(node, grant, value); },
-      [this](const std::string& node, uint64_t grant, bool write, uint64_t offset, char* buf, uint64_t length,
-             std::shared_ptr<const void> keep, std::function<void(absl::Status)> done) {
-        owner_->StagedSlice(node, grant, write, offset, buf, length, std::move(keep), std::move(done));
-      });
-  return verbs_server_.get();
+  server_ = std::make_unique<VerbsServer>(nics_.get(), vo, sinks_.notify, sinks_.stage);
+  return server_.get();
 }
 
-absl::StatusOr<pb::OpenVerbsResponse> MeshEngine::AcceptVerbs(const std::string& node,
-                                                              const pb::OpenVerbsRequest& req) {
-  if (node == node_name_) {
+absl::StatusOr<pb::OpenVerbsResponse> VerbsNode::Accept(const std::string& node, const pb::OpenVerbsRequest& req,
+                                                        const std::vector<IpPrefix>& advertised) {
+  if (node == options_.node_name) {
     return absl::PermissionDeniedError(absl::StrCat("a peer presented this node's own name '", node, "'"));
   }
   PODLINK_ASSIGN_OR_RETURN(IpPrefix asked, IpPrefix::Parse(req.address()));
   const IpPrefix* mine = nullptr;
-  for (const IpPrefix& a : advertised_) {
+  for (const IpPrefix& a : advertised) {
     if (a.family == asked.family && a.addr == asked.addr) mine = &a;
   }
   if (mine == nullptr) {
@@ -43,22 +52,22 @@ absl::StatusOr<pb::OpenVerbsResponse> MeshEngine::AcceptVerbs(const std::string&
   }
   if (req.gid().size() != 16) return absl::InvalidArgumentError("a GID is 16 bytes");
   if (req.qps_size() == 0 || req.qps_size() > 16) return absl::InvalidArgumentError("1 to 16 queue pairs per path");
-  PODLINK_ASSIGN_OR_RETURN(verbs::VerbsServer * server, VerbsServing());
-  verbs::SideWire theirs;
+  PODLINK_ASSIGN_OR_RETURN(VerbsServer * server, Serving());
+  SideWire theirs;
   theirs.device = req.device();
   std::memcpy(theirs.gid.data(), req.gid().data(), 16);
   theirs.mtu = req.mtu();
   theirs.records = req.records();
-  for (const pb::VerbsQp& q : req.qps()) theirs.qps.push_back(verbs::QpWire{q.qpn() & 0xffffff, q.psn() & 0xffffff});
+  for (const pb::VerbsQp& q : req.qps()) theirs.qps.push_back(QpWire{q.qpn() & 0xffffff, q.psn() & 0xffffff});
   std::vector<uint32_t> replaces(req.replaces().begin(), req.replaces().end());
   if (replaces.size() > 64) return absl::InvalidArgumentError("at most 64 queue pairs replaced at once");
-  PODLINK_ASSIGN_OR_RETURN(verbs::SideWire ours, server->Accept(node, req.link_instance(), *mine, theirs, replaces));
+  PODLINK_ASSIGN_OR_RETURN(SideWire ours, server->Accept(node, req.link_instance(), *mine, theirs, replaces));
   pb::OpenVerbsResponse resp;
   resp.set_device(ours.device);
   resp.set_gid(std::string(reinterpret_cast<const char*>(ours.gid.data()), 16));
   resp.set_mtu(ours.mtu);
   resp.set_records(ours.records);
-  for (const verbs::QpWire& q : ours.qps) {
+  for (const QpWire& q : ours.qps) {
     pb::VerbsQp* out = resp.add_qps();
     out->set_qpn(q.qpn);
     out->set_psn(q.psn);
@@ -68,13 +77,13 @@ absl::StatusOr<pb::OpenVerbsResponse> MeshEngine::AcceptVerbs(const std::string&
   return resp;
 }
 
-absl::Status MeshEngine::RegisterForVerbs(const std::string& node, uint64_t grant,
-                                          const std::shared_ptr<const ExportRecord>& rec, bool over_tcp_ok,
-                                          bool staged_ok, bool may_register, pb::OpenRegionResponse* resp) {
+absl::Status VerbsNode::Register(const std::string& node, uint64_t grant,
+                                const std::shared_ptr<const ExportRecord>& rec, bool over_tcp_ok, bool staged_ok,
+                                bool may_register, pb::OpenRegionResponse* resp) {
   // The TCP server needs the mapping too: an export without one is refused.
   PODLINK_ASSIGN_OR_RETURN(RelayView view, rec->memory->MapForRelay());
-  absl::StatusOr<std::vector<verbs::RegionKey>> keys = absl::UnknownError("not registered");
-  if (options_.verbs_staged_only) {
+  absl::StatusOr<std::vector<RegionKey>> keys = absl::UnknownError("not registered");
+  if (options_.staged_only) {
     keys = absl::FailedPreconditionError("mesh.verbs_staged_only: no export is registered for peers");
   } else if (!may_register) {
     // A route through relays is sealed: its frames go to the owner's window,
@@ -91,7 +100,7 @@ absl::Status MeshEngine::RegisterForVerbs(const std::string& node, uint64_t gran
     // (GPUDirect RDMA: peers write and read the GPU with no copy here).
     std::function<absl::StatusOr<UniqueFd>()> dmabuf;
     if (view.on_gpu) dmabuf = [memory = rec->memory] { return memory->DmaBuf(); };
-    absl::StatusOr<verbs::VerbsServer*> server = VerbsServing();
+    absl::StatusOr<VerbsServer*> server = Serving();
     keys = server.ok() ? (*server)->Register(node, grant, rec->memory, reinterpret_cast<char*>(view.address),
                                              rec->size, std::move(dmabuf))
                        : server.status();
@@ -100,13 +109,14 @@ absl::Status MeshEngine::RegisterForVerbs(const std::string& node, uint64_t gran
     // Over the importer's queue pairs all the same: each slice goes
     // between the export and this node's bounce pool for that peer, copied
     // here (by the copy engines for GPU memory), the range checked per slice.
-    absl::StatusOr<verbs::VerbsServer*> server = VerbsServing();
+    absl::StatusOr<VerbsServer*> server = Serving();
     absl::Status pool = server.ok() ? (*server)->PrepareStaging(node) : server.status();
     if (pool.ok()) {
       grants_staged_.fetch_add(1, std::memory_order_relaxed);
       if (staged_log_.Due()) {
-        Log()->info("event=mesh_grant_staged peer={} export={} gpu={} why=\"{}\" (grants so far: {})", node, rec->id,
-                    view.on_gpu, keys.status().message(), grants_staged_.load(std::memory_order_relaxed));
+        VerbsNodeLog()->info("event=mesh_grant_staged peer={} export={} gpu={} why=\"{}\" (grants so far: {})",
+                             node, rec->id, view.on_gpu, keys.status().message(),
+                             grants_staged_.load(std::memory_order_relaxed));
       }
       resp->set_staged_reason(std::string(keys.status().message()));
       resp->set_staged_slice_bytes((*server)->stage_slot_bytes());
@@ -124,13 +134,14 @@ absl::Status MeshEngine::RegisterForVerbs(const std::string& node, uint64_t gran
     // memory by the copy engines. Said once in a while, counted always.
     grants_over_tcp_.fetch_add(1, std::memory_order_relaxed);
     if (over_tcp_log_.Due()) {
-      Log()->warn("event=mesh_grant_over_tcp peer={} export={} gpu={} why=\"{}\" (grants so far: {})", node, rec->id,
-                  view.on_gpu, keys.status().message(), grants_over_tcp_.load(std::memory_order_relaxed));
+      VerbsNodeLog()->warn("event=mesh_grant_over_tcp peer={} export={} gpu={} why=\"{}\" (grants so far: {})",
+                           node, rec->id, view.on_gpu, keys.status().message(),
+                           grants_over_tcp_.load(std::memory_order_relaxed));
     }
     resp->set_over_tcp_reason(std::string(keys.status().message()));
     return absl::OkStatus();
   }
-  for (const verbs::RegionKey& k : *keys) {
+  for (const RegionKey& k : *keys) {
     pb::VerbsKey* out = resp->add_verbs_keys();
     out->set_device(k.device);
     out->set_rkey(k.rkey);
@@ -139,43 +150,78 @@ absl::Status MeshEngine::RegisterForVerbs(const std::string& node, uint64_t gran
   return absl::OkStatus();
 }
 
-void MeshEngine::SweepVerbs() {
+void VerbsNode::Sweep(const std::function<bool(uint64_t grant)>& granted,
+                      const std::function<void(const std::string& node, uint64_t grant)>& check) {
   std::vector<std::pair<uint64_t, std::string>> regs;
   {
-    absl::MutexLock l(&verbs_mu_);
-    if (verbs_server_ == nullptr) return;
-    regs = verbs_server_->RegisteredGrants();
+    absl::MutexLock l(&mu_);
+    if (server_ == nullptr) return;
+    regs = server_->RegisteredGrants();
   }
   for (const auto& [grant, node] : regs) {
-    if (!owner_->grants().Contains(grant)) {
-      absl::MutexLock l(&verbs_mu_);
-      verbs_server_->Unregister(grant, node);
+    if (!granted(grant)) {
+      absl::MutexLock l(&mu_);
+      if (server_ != nullptr) server_->Unregister(grant, node);
       continue;
     }
-    (void)owner_->GrantedExport(node, grant);  // closes the grant, and so the registration, when the export is gone
+    check(node, grant);  // closes the grant, and so the registration, when the export is gone
   }
 }
 
-absl::StatusOr<std::shared_ptr<verbs::VerbsLinks>> MeshEngine::ConnectVerbs(const std::string& node,
-                                                                            const std::vector<Path>& paths,
-                                                                            const OpenVerbsCall& open) {
-  PODLINK_ASSIGN_OR_RETURN(const verbs::VerbsApi* api, verbs::LoadVerbs());
+void VerbsNode::Unregister(const std::string& node, uint64_t grant) {
+  absl::MutexLock l(&mu_);
+  if (server_ != nullptr) server_->Unregister(grant, node);
+}
+
+absl::StatusOr<uint64_t> VerbsNode::PrepareStaging(const std::string& caller) {
+  PODLINK_ASSIGN_OR_RETURN(VerbsServer * server, Serving());
+  PODLINK_RETURN_IF_ERROR(server->PrepareStaging(caller));
+  return server->stage_slot_bytes();
+}
+
+void VerbsNode::Stop() {
+  std::unique_ptr<VerbsServer> server;
   {
-    // The NIC table ConnectVerbsPath opens devices from, made once.
-    absl::MutexLock l(&verbs_mu_);
-    if (nics_ == nullptr) nics_ = std::make_unique<verbs::Nics>(api);
+    absl::MutexLock l(&mu_);
+    server.swap(server_);
   }
-  verbs::VerbsOptions vo = options_.verbs;
-  vo.qps_per_path = options_.connections_per_path;
+  server.reset();
+}
+
+VerbsNode::ServerCounts VerbsNode::server_counts() const {
+  absl::MutexLock l(&mu_);
+  ServerCounts c;
+  if (server_ == nullptr) return c;
+  c.serving = true;
+  c.qps = server_->qps();
+  c.registrations = server_->registrations();
+  c.notifies = server_->notifies();
+  c.staged_slices = server_->staged_slices();
+  c.staged_refused = server_->staged_refused();
+  c.staged_late_dropped = server_->staged_late_dropped();
+  c.staged_done = server_->staged_done();
+  return c;
+}
+
+absl::StatusOr<std::shared_ptr<VerbsLinks>> VerbsNode::Connect(const std::string& node, const std::vector<Path>& paths,
+                                                               const OpenVerbsCall& open) {
+  PODLINK_ASSIGN_OR_RETURN(const VerbsApi* api, LoadVerbs());
+  {
+    // The NIC table ConnectPath opens devices from, made once.
+    absl::MutexLock l(&mu_);
+    if (nics_ == nullptr) nics_ = std::make_unique<Nics>(api);
+  }
+  VerbsOptions vo = options_.verbs;
+  vo.qps_per_path = options_.qps_per_path;
   vo.slice_bytes = options_.slice_bytes;
   vo.slices_in_flight = options_.slices_in_flight;
   vo.answer_timeout = options_.answer_timeout;
-  auto links = std::make_shared<verbs::VerbsLinks>(node, vo);
+  auto links = std::make_shared<VerbsLinks>(node, vo);
   absl::Status last;
   for (const Path& path : paths) {
-    absl::Status st = ConnectVerbsPath(*links, path, open, {});
+    absl::Status st = ConnectPath(*links, path, open, {});
     if (!st.ok()) {
-      Log()->warn("event=verbs_path_failed node={} path={} why=\"{}\"", node, PathName(path), st.message());
+      VerbsNodeLog()->warn("event=verbs_path_failed node={} path={} why=\"{}\"", node, PathName(path), st.message());
       last = st;
     }
   }
@@ -185,18 +231,18 @@ absl::StatusOr<std::shared_ptr<verbs::VerbsLinks>> MeshEngine::ConnectVerbs(cons
   return links;
 }
 
-absl::Status MeshEngine::ConnectVerbsPath(verbs::VerbsLinks& links, const Path& path, const OpenVerbsCall& open,
-                                          const std::vector<uint32_t>& replaces) {
+absl::Status VerbsNode::ConnectPath(VerbsLinks& links, const Path& path, const OpenVerbsCall& open,
+                                   const std::vector<uint32_t>& replaces) {
   if (path.fallback) return absl::FailedPreconditionError("a routed (fallback) path has no RDMA device");
-  verbs::Nics* nics = nullptr;
+  Nics* nics = nullptr;
   {
-    absl::MutexLock l(&verbs_mu_);
+    absl::MutexLock l(&mu_);
     nics = nics_.get();
   }
   if (nics == nullptr) return absl::FailedPreconditionError("verbs not loaded");
-  const verbs::VerbsOptions& vo = options_.verbs;
-  PODLINK_ASSIGN_OR_RETURN(verbs::GidChoice gid, verbs::ChooseGid(vo.sysfs, path.local, vo.gid_index));
-  PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<verbs::Nic> nic, nics->Get(gid));
+  const VerbsOptions& vo = options_.verbs;
+  PODLINK_ASSIGN_OR_RETURN(GidChoice gid, ChooseGid(vo.sysfs, path.local, vo.gid_index));
+  PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<Nic> nic, nics->Get(gid));
   // A repair makes one QP per failed one; a new path, qps_per_path.
   PODLINK_ASSIGN_OR_RETURN(auto prepared,
                            links.PreparePath(nic, gid, PathName(path), static_cast<uint32_t>(replaces.size())));
@@ -208,22 +254,22 @@ absl::Status MeshEngine::ConnectVerbsPath(verbs::VerbsLinks& links, const Path& 
   req.set_device(prepared.second.device);
   req.set_records(prepared.second.records);
   for (uint32_t q : replaces) req.add_replaces(q);
-  for (const verbs::QpWire& q : prepared.second.qps) {
+  for (const QpWire& q : prepared.second.qps) {
     pb::VerbsQp* out = req.add_qps();
     out->set_qpn(q.qpn);
     out->set_psn(q.psn);
   }
   PODLINK_ASSIGN_OR_RETURN(pb::OpenVerbsResponse resp, open(req));
   if (resp.gid().size() != 16) return absl::InternalError("the owner's GID is not 16 bytes");
-  verbs::SideWire owner;
+  SideWire owner;
   owner.device = resp.device();
   std::memcpy(owner.gid.data(), resp.gid().data(), 16);
   owner.mtu = resp.mtu();
   owner.records = resp.records();
   for (const pb::VerbsQp& q : resp.qps()) {
-    owner.qps.push_back(verbs::QpWire{q.qpn() & 0xffffff, q.psn() & 0xffffff, q.mailbox(), q.mailbox_rkey()});
+    owner.qps.push_back(QpWire{q.qpn() & 0xffffff, q.psn() & 0xffffff, q.mailbox(), q.mailbox_rkey()});
   }
   return links.ConnectPath(prepared.first, owner);
 }
 
-}  // namespace podlink::mesh
+}  // namespace podlink::mesh::verbs
