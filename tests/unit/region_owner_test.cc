@@ -8,7 +8,6 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <linux/falloc.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -23,10 +22,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/unique_fd.h"
-#include "daemon/gpu/host_backend.h"
 #include "daemon/mesh/origin_sign.h"
 #include "daemon/mesh/seal/seal_crypto.h"
 #include "daemon/mesh/tcp/conn_writer.h"
+#include "tests/common/memfd_export.h"
 #include "tests/common/test_ca.h"
 
 namespace podlink::mesh {
@@ -39,38 +38,8 @@ using podlink::testing::TestCa;
 
 constexpr uint64_t kSize = 64 << 10;
 
-// A host memfd export, as Broker::Export accepts one, and the owner's mapping of it.
-struct Export {
-  UniqueFd fd;
-  uint8_t* bytes = nullptr;
-  std::shared_ptr<const ExportRecord> record;
-  ~Export() {
-    if (bytes != nullptr) ::munmap(bytes, kSize);
-  }
-};
-
-std::unique_ptr<Export> MakeExport(uint64_t id) {
-  auto e = std::make_unique<Export>();
-  e->fd = UniqueFd(::memfd_create("region-owner-test", MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  EXPECT_TRUE(e->fd.valid());
-  EXPECT_EQ(::posix_fallocate(e->fd.get(), 0, kSize), 0);
-  EXPECT_EQ(::fcntl(e->fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
-  void* p = ::mmap(nullptr, kSize, PROT_READ | PROT_WRITE, MAP_SHARED, e->fd.get(), 0);
-  EXPECT_NE(p, MAP_FAILED);
-  e->bytes = static_cast<uint8_t*>(p);
-  std::memset(e->bytes, 0x11, kSize);
-  UniqueFd dup(::fcntl(e->fd.get(), F_DUPFD_CLOEXEC, 0));
-  auto m = HostMemfdBackend().Adopt({kSize, "", HandleKind::kHostMemfd}, std::move(dup), "");
-  EXPECT_TRUE(m.ok()) << m.status();
-  ExportRecord rec;
-  rec.id = id;
-  rec.size = kSize;
-  rec.kind = HandleKind::kHostMemfd;
-  rec.memory = *std::move(m);
-  rec.owner.namespace_ = "team";
-  rec.owner.name = "owner-pod";
-  e->record = std::make_shared<const ExportRecord>(std::move(rec));
-  return e;
+std::unique_ptr<podlink::testing::MemfdExport> MakeExport(uint64_t id) {
+  return podlink::testing::MakeMemfdExport(id, kSize, 0x11);
 }
 
 // Policy as the broker would answer it: pods named "denied-*" are refused; withdrawn exports are not live.
@@ -179,7 +148,7 @@ class RegionOwnerTest : public ::testing::Test {
   }
 
   std::string dir_;
-  std::unique_ptr<Export> export_;
+  std::unique_ptr<podlink::testing::MemfdExport> export_;
   FakeHost host_;
   std::unique_ptr<NodeCredentials> creds_;
   Liveness liveness_{absl::Minutes(10), absl::Seconds(1), absl::Seconds(5)};
