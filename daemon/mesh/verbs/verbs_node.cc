@@ -52,6 +52,8 @@ absl::StatusOr<pb::OpenVerbsResponse> VerbsNode::Accept(const std::string& node,
   }
   if (req.gid().size() != 16) return absl::InvalidArgumentError("a GID is 16 bytes");
   if (req.qps_size() == 0 || req.qps_size() > 16) return absl::InvalidArgumentError("1 to 16 queue pairs per path");
+  // Every field checked before a device is opened or the server made for it.
+  if (req.replaces_size() > 64) return absl::InvalidArgumentError("at most 64 queue pairs replaced at once");
   PODLINK_ASSIGN_OR_RETURN(VerbsServer * server, Serving());
   SideWire theirs;
   theirs.device = req.device();
@@ -60,7 +62,6 @@ absl::StatusOr<pb::OpenVerbsResponse> VerbsNode::Accept(const std::string& node,
   theirs.records = req.records();
   for (const pb::VerbsQp& q : req.qps()) theirs.qps.push_back(QpWire{q.qpn() & 0xffffff, q.psn() & 0xffffff});
   std::vector<uint32_t> replaces(req.replaces().begin(), req.replaces().end());
-  if (replaces.size() > 64) return absl::InvalidArgumentError("at most 64 queue pairs replaced at once");
   PODLINK_ASSIGN_OR_RETURN(SideWire ours, server->Accept(node, req.link_instance(), *mine, theirs, replaces));
   pb::OpenVerbsResponse resp;
   resp.set_device(ours.device);
