@@ -187,12 +187,8 @@ void MeshEngine::Stop() {
     auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(advert_calls_mu_) { return advert_calls_.empty(); };
     advert_calls_mu_.Await(absl::Condition(&none));
   }
-  std::map<std::string, std::shared_ptr<Peer>> peers;
-  {
-    admission_.ShutdownAndWait();
-    absl::MutexLock l(&mu_);
-    peers.swap(peers_);
-  }
+  admission_.ShutdownAndWait();
+  std::map<std::string, std::shared_ptr<Peer>> peers = peers_.Close();
   // Workers first (a queued open finds the engine stopping and answers so; one
   // dropped is answered as its holder goes), then the links, which fail what
   // is in flight into the relay, still alive.
@@ -215,7 +211,7 @@ void MeshEngine::Stop() {
 absl::Status MeshEngine::NoPeer() const {
   if (stopping_.load(std::memory_order_acquire)) return StoppingStatus();
   return absl::ResourceExhaustedError(
-      absl::StrCat("this podlinkd talks to too many other nodes already (", kMaxPeers, ")"));
+      absl::StrCat("this podlinkd talks to too many other nodes already (", PeerTable::kMaxPeers, ")"));
 }
 
 absl::Status MeshEngine::NotQueued(const std::string& node) const {

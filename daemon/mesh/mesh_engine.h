@@ -38,6 +38,7 @@
 #include "daemon/mesh/nic_rank.h"
 #include "daemon/mesh/control/credentials.h"
 #include "daemon/mesh/control/liveness.h"
+#include "daemon/mesh/control/peer_table.h"
 #include "daemon/mesh/control/repairs.h"
 #include "daemon/mesh/importer/handle_table.h"
 #include "daemon/mesh/importer/task_thread.h"
@@ -400,7 +401,6 @@ class MeshEngine final : public MeshPort {
   std::thread housekeeping_thread_;  // sweeps, keepalives, adverts, certificate reloads (HousekeepingLoop)
   std::atomic<bool> stopping_{false};
   std::atomic<bool> stopped_{false};  // Stop() ran
-  static constexpr size_t kMaxPeers = 256;  // other nodes talked to at once
   // Why PeerFor made no peer (stopping, or the peer limit).
   absl::Status NoPeer() const;
   // Why a task for `node` could not be queued on its peer's worker (Post false).
@@ -424,7 +424,8 @@ class MeshEngine final : public MeshPort {
   // The TCP data port (tcp/data_server.h): its gate is admission_, its late-copy guard late_copies_, and
   // what its frames do to grants the owner's. Made in the constructor, its thread started in Start.
   std::unique_ptr<TcpDataServer> data_server_;
-  std::map<std::string, std::shared_ptr<Peer>> peers_ ABSL_GUARDED_BY(mu_);
+  // The other nodes this one talks to (the control room's table; its own lock, control/peer_table.h).
+  PeerTable peers_;
   Repairs repairs_;  // the control room's (its own thread and lock, a leaf)
   struct Known {
     std::vector<std::string> addresses;

@@ -10,7 +10,7 @@ podlink::v1::MeshStatus MeshEngine::Status() const {
   for (const std::string& a : AdvertisedAddresses()) st.add_addresses(a);
   st.set_port(control_port_);
   st.set_data_port(data_port_);
-  std::map<std::string, std::shared_ptr<Peer>> peers;
+  const std::map<std::string, std::shared_ptr<Peer>> peers = peers_.Snapshot();
   std::map<std::string, uint32_t> handles;
   std::map<std::pair<std::string, std::vector<std::string>>, uint32_t> routes;
   for (const Handle& h : handles_.All()) {
@@ -22,7 +22,6 @@ podlink::v1::MeshStatus MeshEngine::Status() const {
   st.set_relayed_grants(held.relayed);
   {
     absl::MutexLock l(&mu_);
-    peers = peers_;
     st.set_relay_forwarded_bytes(owner_->counters().relay_forwarded_bytes);
     const int64_t now_s = absl::ToUnixSeconds(absl::Now());
     for (const auto& [node, k] : known_) {
@@ -84,7 +83,7 @@ std::string MeshEngine::RenderMetrics() const {
   std::string out;
   std::map<std::string, double> up, sent, received, failures, resent, zero_copy, local_regs, tcp_zc_bytes,
       tcp_zc_completed, tcp_zc_copied, tcp_zc_fell_back;
-  std::vector<std::shared_ptr<Peer>> peers;
+  const std::vector<std::shared_ptr<Peer>> peers = peers_.All();
   const GrantTable::Counts held = owner_->grants().counts();
   const double grants = static_cast<double>(held.grants);
   const double handles = static_cast<double>(handles_.size());
@@ -93,7 +92,6 @@ std::string MeshEngine::RenderMetrics() const {
            idle_closed = 0;
   {
     absl::MutexLock l(&mu_);
-    for (const auto& [n, p] : peers_) peers.push_back(p);
     in = owner_->counters().bytes_written_in;
     out_bytes = owner_->counters().bytes_read_out;
     refused_conns = admission_.counts().refused;

@@ -8,39 +8,15 @@ namespace podlink::mesh {
 
 std::shared_ptr<MeshEngine::Peer> MeshEngine::PeerFor(const RemoteTarget& target, bool tcp) {
   tcp = tcp && !transport_.carries_relayed_grants;  // with TCP links anyway, one peer serves both
-  const std::string key = tcp ? target.node_name + "/tcp" : target.node_name;
-  std::vector<std::shared_ptr<Peer>> evicted;  // destroyed outside the lock (their workers are joined)
-  // Copies out of the rooms, destroyed outside the lock too: a handle or grant
-  // dropped meanwhile may leave one of them the last reference to its peer.
-  std::vector<std::shared_ptr<Peer>> handle_peers;
-  std::vector<std::shared_ptr<const Forward>> forwards;
-  absl::MutexLock l(&mu_);
   // Stopping: the peers were taken away already (a worker's open that
   // needs another peer, OverTcp, gets none).
   if (stopping_.load(std::memory_order_acquire)) return nullptr;
-  if (auto it = peers_.find(key); it != peers_.end()) return it->second;
-  if (peers_.size() >= kMaxPeers) {
-    // Forget peers that are idle, hold no connection and back no handle
-    // (names pods asked for that never answered, for example).
-    std::set<const Peer*> in_use;
-    handle_peers = handles_.Peers();
-    forwards = owner_->grants().Forwards();
-    for (const auto& p : handle_peers) in_use.insert(p.get());
-    for (const auto& f : forwards) in_use.insert(f->peer.get());
-    for (auto it = peers_.begin(); it != peers_.end();) {
-      std::shared_ptr<DataLinks> links = it->second->links();
-      if (it->second->idle() && !in_use.count(it->second.get()) && (links == nullptr || links->live() == 0)) {
-        evicted.push_back(std::move(it->second));
-        it = peers_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    if (peers_.size() >= kMaxPeers) return nullptr;
-  }
-  std::shared_ptr<Peer>& p = peers_[key];
-  p = std::make_shared<Peer>(target.node_name, tcp);
-  return p;
+  // A full table forgets a peer only if no handle and no relay's grant goes through it.
+  return peers_.Get(target.node_name, tcp, [this] {
+    std::vector<std::shared_ptr<Peer>> used = handles_.Peers();
+    for (const auto& f : owner_->grants().Forwards()) used.push_back(f->peer);
+    return used;
+  });
 }
 
 void MeshEngine::CarryGrant(const std::shared_ptr<Peer>& peer, const RemoteTarget& target,

@@ -9,12 +9,7 @@ namespace podlink::mesh {
 // --- the verbs backend -------------------------------------------------------
 
 void MeshEngine::SweepLinks() {
-  std::vector<std::shared_ptr<Peer>> peers;
-  {
-    absl::MutexLock l(&mu_);
-    for (const auto& [n, p] : peers_) peers.push_back(p);
-  }
-  for (const auto& p : peers) {
+  for (const auto& p : peers_.All()) {
     if (std::shared_ptr<DataLinks> l = p->links()) l->Sweep();
   }
 }
