@@ -41,6 +41,7 @@
 #include "daemon/mesh/control/peer_table.h"
 #include "daemon/mesh/control/repairs.h"
 #include "daemon/mesh/importer/handle_table.h"
+#include "daemon/mesh/importer/routed.h"
 #include "daemon/mesh/importer/task_thread.h"
 #include "daemon/mesh/importer/transfer.h"
 #include "daemon/mesh/node_shares.h"
@@ -336,24 +337,13 @@ class MeshEngine final : public MeshPort {
   using Carried = RegionOwner::Carried;
   void OpenThrough(const RemoteTarget& hop, podlink::mesh::v1::OpenRegionRequest req, const std::string& destination,
                    size_t relays, std::function<void(absl::StatusOr<Carried>)> got);
-  // The owner of a routed open signs what it answers (RegionOwner), bound to
-  // the claim; the origin checks it came from the destination it named,
-  // unchanged, whatever the relays did.
-  absl::Status CheckOwnerAnswer(const std::string& destination, uint64_t nonce,
-                                const podlink::mesh::v1::OpenRegionResponse& resp) const;
-  // Signs `req`'s route to `target` through `via` (the claim's nonce in
-  // *nonce; `fenceable`: the owner lands it so that FenceRoute can stop it).
-  // The claim carries a new ephemeral seal key (its private half in *key).
-  absl::Status SignRoute(const RemoteTarget& target, const std::vector<std::string>& via,
-                         podlink::mesh::v1::OpenRegionRequest* req, uint64_t* nonce,
-                         std::shared_ptr<seal::EphemeralKey>* key, bool fenceable = false) const;
   // After a direct open of export `export_id` (`size` bytes): a relay cabled
   // to this node and to `target` is asked for the same export (a fenceable
   // route); its grant joins the session's `handle` when it names that export.
   void AddTwoHop(uint64_t session, uint64_t handle, RemoteTarget target, podlink::mesh::v1::OpenRegionRequest req,
                  uint64_t export_id, uint64_t size) ABSL_LOCKS_EXCLUDED(mu_);
   // The importer's end of a sealed route whose owner answered `resp` (its
-  // signed answer checked) to the claim that carried `key`.
+  // signed answer checked) to the claim that carried `key`, over `carrier`'s links.
   absl::StatusOr<std::shared_ptr<seal::SealedLinks>> SealRoute(const std::string& destination, uint64_t nonce,
                                                                const seal::EphemeralKey& key,
                                                                const std::shared_ptr<Peer>& carrier,
@@ -394,6 +384,9 @@ class MeshEngine final : public MeshPort {
   // the node key and CA for signing and checking claims are read again
   // every cert_refresh (control/credentials.h).
   NodeCredentials credentials_{options_.cert_dir, options_.cert_refresh};
+  // A routed open's claim signed, and the owner's answer checked before its sealed route is made
+  // (importer/routed.h). After node_name_ and credentials_, which it is made from.
+  RouteSigner route_signer_{node_name_, &credentials_};
   std::shared_ptr<grpc::experimental::CertificateProviderInterface> cert_files_;
   uint32_t control_port_ = 0, data_port_ = 0;
   std::unique_ptr<Service> service_;

@@ -195,7 +195,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
     graph[target.node_name] = remote;  // the descriptor's word, for this open only
     std::optional<std::vector<std::string>> via = RelayPath(node_name_, local, graph, target.node_name, Trust());
     if (via.has_value() && !via->empty()) {
-      if (absl::Status st = SignRoute(target, *via, &req, &route_nonce, &seal_key); !st.ok()) return done(st);
+      if (absl::Status st = route_signer_.SignRoute(target, *via, &req, &route_nonce, &seal_key); !st.ok()) return done(st);
       relays = *via;
       hop.node_name = via->front();
       hop.addresses = known[hop.node_name].addresses;
@@ -337,7 +337,7 @@ void MeshEngine::AddTwoHop(uint64_t session, uint64_t handle, RemoteTarget targe
   hop.port = known[*relay].port;
   uint64_t nonce = 0;
   std::shared_ptr<seal::EphemeralKey> seal_key;
-  if (absl::Status st = SignRoute(target, {hop.node_name}, &req, &nonce, &seal_key, /*fenceable=*/true); !st.ok()) {
+  if (absl::Status st = route_signer_.SignRoute(target, {hop.node_name}, &req, &nonce, &seal_key, /*fenceable=*/true); !st.ok()) {
     Log()->warn("event=mesh_two_hop_failed destination={} relay={} why={}", target.node_name, hop.node_name,
                 LogQuoted(st.message()));
     return;
@@ -404,6 +404,27 @@ absl::StatusOr<UniqueFd> MeshEngine::DialData(const Path& path, uint32_t port, c
   PODLINK_RETURN_IF_ERROR(WriteFrame(fd.get(), h, cookie.data(), cookie.size()));
   TuneDataSocket(fd.get(), options_.io_timeout);
   return fd;
+}
+
+absl::StatusOr<std::shared_ptr<seal::SealedLinks>> MeshEngine::SealRoute(const std::string& destination,
+                                                                         uint64_t nonce,
+                                                                         const seal::EphemeralKey& key,
+                                                                         const std::shared_ptr<Peer>& carrier,
+                                                                         const pb::OpenRegionResponse& resp) {
+  std::weak_ptr<Peer> weak = carrier;
+  PODLINK_ASSIGN_OR_RETURN(
+      std::shared_ptr<seal::SealedLinks> links,
+      route_signer_.SealRoute(
+          destination, nonce, key,
+          [weak]() -> std::shared_ptr<DataLinks> {
+            std::shared_ptr<Peer> p = weak.lock();
+            return p == nullptr ? nullptr : p->links();
+          },
+          // Completions leave the carrier's link threads for the pump, which
+          // seals, opens and submits the next step.
+          [this](std::function<void()> task) { return transfers_->PostTwoHop(std::move(task)); }, resp));
+  sealed_routes_.fetch_add(1, std::memory_order_relaxed);
+  return links;
 }
 
 }  // namespace podlink::mesh

@@ -1,12 +1,21 @@
 // The origin's side of an open through relays: the route's claim signed,
 // and the owner's signed answer checked before the sealed route is made.
-#include "daemon/mesh/engine_internal.h"
+#include "daemon/mesh/importer/routed.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_util.h"
+#include "daemon/mesh/links/random.h"
+#include "daemon/mesh/origin_sign.h"
+#include "daemon/mesh/owner_answer.h"
 
 namespace podlink::mesh {
 
-absl::Status MeshEngine::SignRoute(const RemoteTarget& target, const std::vector<std::string>& via,
-                                   pb::OpenRegionRequest* req, uint64_t* nonce,
-                                   std::shared_ptr<seal::EphemeralKey>* key, bool fenceable) const {
+namespace pb = podlink::mesh::v1;
+
+absl::Status RouteSigner::SignRoute(const RemoteTarget& target, const std::vector<std::string>& via,
+                                    pb::OpenRegionRequest* req, uint64_t* nonce,
+                                    std::shared_ptr<seal::EphemeralKey>* key, bool fenceable) const {
   pb::OriginClaim claim;
   claim.set_origin(node_name_);
   *claim.mutable_importer() = req->importer();
@@ -37,13 +46,11 @@ absl::Status MeshEngine::SignRoute(const RemoteTarget& target, const std::vector
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<seal::SealedLinks>> MeshEngine::SealRoute(const std::string& destination,
-                                                                         uint64_t nonce,
-                                                                         const seal::EphemeralKey& key,
-                                                                         const std::shared_ptr<Peer>& carrier,
-                                                                         const pb::OpenRegionResponse& resp) {
+absl::StatusOr<std::shared_ptr<seal::SealedLinks>> RouteSigner::SealRoute(
+    const std::string& destination, uint64_t nonce, const seal::EphemeralKey& key, seal::SealedLinks::Carrier carrier,
+    seal::SealedLinks::Defer defer, const pb::OpenRegionResponse& resp) const {
   // The owner's answer, signed: its seal key and window are its own.
-  PODLINK_RETURN_IF_ERROR(CheckOwnerAnswer(destination, nonce, resp));
+  PODLINK_RETURN_IF_ERROR(CheckOwnerAnswer(credentials_.Current().ca, destination, node_name_, nonce, resp));
   if (resp.window_bytes() != seal::kWindowBytes) {
     return absl::FailedPreconditionError(absl::StrCat("node ", destination, " seals routes with a window of ",
                                                       resp.window_bytes(), " bytes, this node with ",
@@ -52,23 +59,7 @@ absl::StatusOr<std::shared_ptr<seal::SealedLinks>> MeshEngine::SealRoute(const s
   PODLINK_ASSIGN_OR_RETURN(seal::Key shared, key.Agree(resp.seal_key()));
   PODLINK_ASSIGN_OR_RETURN(seal::SealKeys keys, seal::DeriveSealKeys(shared, nonce, node_name_, destination,
                                                                      key.public_key(), resp.seal_key()));
-  std::weak_ptr<Peer> weak = carrier;
-  auto links = std::make_shared<seal::SealedLinks>(
-      keys, resp.grant(), resp.size(),
-      [weak]() -> std::shared_ptr<DataLinks> {
-        std::shared_ptr<Peer> p = weak.lock();
-        return p == nullptr ? nullptr : p->links();
-      },
-      // Completions leave the carrier's link threads for the pump, which
-      // seals, opens and submits the next step.
-      [this](std::function<void()> task) { return transfers_->PostTwoHop(std::move(task)); });
-  sealed_routes_.fetch_add(1, std::memory_order_relaxed);
-  return links;
-}
-
-absl::Status MeshEngine::CheckOwnerAnswer(const std::string& destination, uint64_t nonce,
-                                          const pb::OpenRegionResponse& resp) const {
-  return mesh::CheckOwnerAnswer(credentials_.Current().ca, destination, node_name_, nonce, resp);
+  return std::make_shared<seal::SealedLinks>(keys, resp.grant(), resp.size(), std::move(carrier), std::move(defer));
 }
 
 }  // namespace podlink::mesh

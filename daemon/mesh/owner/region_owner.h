@@ -202,7 +202,7 @@ class RegionOwner {
       const std::string& node, const podlink::mesh::v1::OpenRegionRequest& req,
       const podlink::mesh::v1::OriginClaim* claim = nullptr);
   // The owner of a routed open signs what it answers (OwnerAnswer), bound to
-  // the claim; the origin checks it (MeshEngine::CheckOwnerAnswer).
+  // the claim; the origin checks it (RouteSigner::SealRoute, importer/routed.h).
   absl::Status SignOwnerAnswer(const podlink::mesh::v1::OriginClaim& claim,
                                podlink::mesh::v1::OpenRegionResponse* resp) const;
   // This node relays `req` (its claim checked) to the next node of its route.
