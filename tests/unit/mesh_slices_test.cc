@@ -411,7 +411,9 @@ TEST(TcpLinksThroughTheScheduler, ADeadConnectionsSlicesGoToAnotherAndTheWriteEn
 // --- one write through each transport --------------------------------------------
 
 // A TCP owner on socketpairs: lands WRITE frames in `region` and answers every frame, except that a connection
-// made `dying` is closed unanswered at its `die_at`th frame.
+// made `dying` is closed unanswered at its `die_at`th frame. Until a dying connection has died, the others answer
+// nothing: with their windows full, the scheduler must hand the dying one its frames, however the threads run
+// (else a fast healthy connection could take every slice and the dying one never die).
 class TcpOwner {
  public:
   explicit TcpOwner(std::vector<char>* region) : region_(region) {}
@@ -424,6 +426,7 @@ class TcpOwner {
     return *region_;
   }
   UniqueFd Connection(bool dying, int die_at) {
+    if (dying) has_dying_ = true;
     Socketpair p;
     threads_.emplace_back(
         [this, fd = std::move(p.theirs), dying, die_at]() mutable { Serve(std::move(fd), dying, die_at); });
@@ -437,7 +440,11 @@ class TcpOwner {
       if (!ReadFull(fd.get(), &h, sizeof(h)).ok()) return;  // the links closed it, or 10 s passed
       std::vector<char> payload(h.length);
       if (h.length > 0 && !ReadFull(fd.get(), payload.data(), payload.size()).ok()) return;
-      if (dying && frames == die_at) return;  // closed with this frame and those before it in flight unanswered
+      if (dying && frames == die_at) {
+        died_.Notify();
+        return;  // closed with this frame and those before it in flight unanswered
+      }
+      if (!dying && frames == 1 && has_dying_) died_.WaitForNotificationWithTimeout(absl::Seconds(10));
       FrameHeader ack{};
       ack.magic = kFrameMagic;
       ack.type = static_cast<uint16_t>(FrameType::kAck);
@@ -456,6 +463,8 @@ class TcpOwner {
   std::vector<char>* const region_;
   std::mutex mu_;
   std::vector<std::thread> threads_;
+  std::atomic<bool> has_dying_{false};
+  absl::Notification died_;
 };
 
 // Writes `src` to grant 9 at offset 0 through `links`, as the engine submits an op.
@@ -470,7 +479,7 @@ absl::Status WriteThrough(DataLinks& links, std::vector<char>& src) {
 TEST(BothTransportsThroughTheScheduler, ACarrierDyingMidWriteCostsNoByteOnEither) {
   {
     SCOPED_TRACE("tcp");
-    std::vector<char> src = verbs::Pattern(4 << 20, 5);  // 64 slices: the dying connection surely takes three
+    std::vector<char> src = verbs::Pattern(4 << 20, 5);  // 64 slices: the dying connection takes three (TcpOwner)
     std::vector<char> region(src.size());
     TcpOwner owner(&region);
     auto links = std::make_unique<PeerLinks>("owner", 64 << 10, /*slices_in_flight=*/4, absl::Seconds(30));
