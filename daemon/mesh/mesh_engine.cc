@@ -16,16 +16,7 @@ MeshEngine::MeshEngine(MeshOptions options, std::string node_name, MeshHost* hos
                               size_t relays, std::function<void(absl::StatusOr<Carried>)> got) {
     OpenThrough(hop, std::move(req), destination, relays, std::move(got));
   };
-  rooms.known = [this](const std::string& node) -> std::optional<RemoteTarget> {
-    absl::MutexLock l(&mu_);
-    auto it = known_.find(node);
-    if (it == known_.end()) return std::nullopt;
-    RemoteTarget t;
-    t.node_name = node;
-    t.addresses = it->second.addresses;
-    t.port = it->second.port;
-    return t;
-  };
+  rooms.known = [this](const std::string& node) { return known_.Find(node); };
   rooms.register_for_verbs = [this](const std::string& node, uint64_t grant,
                                     const std::shared_ptr<const ExportRecord>& rec, bool over_tcp_ok, bool staged_ok,
                                     bool may_register, pb::OpenRegionResponse* resp) {
@@ -220,17 +211,7 @@ absl::Status MeshEngine::NotQueued(const std::string& node) const {
 }
 
 void MeshEngine::Learn(const std::string& node, const std::vector<std::string>& addresses, uint32_t port) {
-  constexpr size_t kMaxKnown = 1024;
-  if (!ValidNodeName(node) || node == node_name_ || port == 0 || port > 65535 || addresses.empty() ||
-      addresses.size() > 64) {
-    return;
-  }
-  for (const std::string& a : addresses) {
-    if (!IpPrefix::Parse(a).ok()) return;
-  }
-  absl::MutexLock l(&mu_);
-  if (!known_.contains(node) && known_.size() >= kMaxKnown) return;
-  known_[node] = Known{addresses, port};
+  (void)known_.Learn(node, addresses, port);  // refused when not well formed, or the book is full
 }
 
 std::vector<IpPrefix> MeshEngine::LocalForPaths() const {

@@ -48,6 +48,7 @@
 #include "daemon/mesh/owner/grant_table.h"
 #include "daemon/mesh/owner/region_owner.h"
 #include "daemon/mesh/routing/advert_book.h"
+#include "daemon/mesh/routing/known_nodes.h"
 #include "daemon/mesh/routing/local_nics.h"
 #include "daemon/metrics/metrics.h"
 #include "daemon/mesh/links/late_copies.h"
@@ -387,6 +388,8 @@ class MeshEngine final : public MeshPort {
   // A routed open's claim signed, and the owner's answer checked before its sealed route is made
   // (importer/routed.h). After node_name_ and credentials_, which it is made from.
   RouteSigner route_signer_{node_name_, &credentials_};
+  // Other nodes' control endpoints (the routing room's book; its own lock, a leaf). After node_name_.
+  KnownNodes known_{node_name_};
   std::shared_ptr<grpc::experimental::CertificateProviderInterface> cert_files_;
   uint32_t control_port_ = 0, data_port_ = 0;
   std::unique_ptr<Service> service_;
@@ -420,11 +423,6 @@ class MeshEngine final : public MeshPort {
   // The other nodes this one talks to (the control room's table; its own lock, control/peer_table.h).
   PeerTable peers_;
   Repairs repairs_;  // the control room's (its own thread and lock, a leaf)
-  struct Known {
-    std::vector<std::string> addresses;
-    uint32_t port = 0;
-  };
-  std::map<std::string, Known> known_ ABSL_GUARDED_BY(mu_);
   // Node adverts (the routing room's; its own lock, a leaf).
   AdvertBook adverts_{node_name_, options_.advert_interval};
   std::map<std::string, std::shared_ptr<podlink::mesh::v1::Mesh::Stub>> advert_stubs_ ABSL_GUARDED_BY(mu_);

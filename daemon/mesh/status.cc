@@ -21,10 +21,9 @@ podlink::v1::MeshStatus MeshEngine::Status() const {
   st.set_grants(held.grants);
   st.set_relayed_grants(held.relayed);
   {
-    absl::MutexLock l(&mu_);
     st.set_relay_forwarded_bytes(owner_->counters().relay_forwarded_bytes);
     const int64_t now_s = absl::ToUnixSeconds(absl::Now());
-    for (const auto& [node, k] : known_) {
+    for (const auto& [node, k] : known_.Snapshot()) {
       podlink::v1::MeshStatus::KnownNode* kn = st.add_known_nodes();
       kn->set_node(node);
       for (const std::string& a : k.addresses) kn->add_addresses(a);

@@ -186,11 +186,7 @@ void MeshEngine::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget t
   const bool cabled = !ChoosePaths(local, remote, false).empty();
   if (!cabled) {
     std::map<std::string, std::vector<IpPrefix>> graph;
-    std::map<std::string, Known> known;
-    {
-      absl::MutexLock l(&mu_);
-      known = known_;
-    }
+    std::map<std::string, KnownNodes::Known> known = known_.Snapshot();
     for (const auto& [name, k] : known) graph[name] = ParsePrefixes(k.addresses);
     graph[target.node_name] = remote;  // the descriptor's word, for this open only
     std::optional<std::vector<std::string>> via = RelayPath(node_name_, local, graph, target.node_name, Trust());
@@ -322,11 +318,7 @@ void MeshEngine::AddTwoHop(uint64_t session, uint64_t handle, RemoteTarget targe
   // has a cable to the target that more than its own word vouches for
   // (routes.h, TwoHopRelay).
   std::vector<IpPrefix> local = LocalForPaths(), remote = ParsePrefixes(target.addresses);
-  std::map<std::string, Known> known;
-  {
-    absl::MutexLock l(&mu_);
-    known = known_;
-  }
+  std::map<std::string, KnownNodes::Known> known = known_.Snapshot();
   std::map<std::string, std::vector<IpPrefix>> graph;
   for (const auto& [name, k] : known) graph[name] = ParsePrefixes(k.addresses);
   std::optional<std::string> relay = TwoHopRelay(node_name_, local, graph, target.node_name, remote, Trust());

@@ -73,11 +73,7 @@ void MeshEngine::AddAdverts(google::protobuf::RepeatedPtrField<pb::NodeAdvert>* 
 
 void MeshEngine::TradeAdverts() {
   if (!adverts_.TradeDue()) return;
-  std::map<std::string, Known> neighbours;
-  {
-    absl::MutexLock l(&mu_);
-    neighbours = known_;
-  }
+  const std::map<std::string, KnownNodes::Known> neighbours = known_.Snapshot();
   const std::vector<IpPrefix> local = LocalForPaths();
   struct Call {
     std::shared_ptr<pb::Mesh::Stub> stub;
@@ -87,7 +83,7 @@ void MeshEngine::TradeAdverts() {
   };
   for (const auto& entry : neighbours) {
     const std::string node = entry.first;  // a copy: the callback below keeps it (clang cannot capture a binding)
-    const Known& k = entry.second;
+    const KnownNodes::Known& k = entry.second;
     std::vector<IpPrefix> remote = ParsePrefixes(k.addresses);
     // Cabled to this node (a shared subnet): adverts travel hop by hop.
     std::vector<Path> paths = ChoosePaths(local, remote, false);
