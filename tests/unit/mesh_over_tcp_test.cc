@@ -1,5 +1,5 @@
 // The owner's answer to an importer that asks for RDMA access to an export
-// this node cannot register (MeshEngine::RegisterForVerbs): the grant is
+// this node cannot register (verbs::VerbsNode::Register): the grant is
 // given over TCP, with the reason, instead of refused. Here the engine has no
 // RDMA device or queue pairs for the importer at all (the registration fails
 // as it does for a GPU export the NICs cannot reach by dma-buf, or memory the
