@@ -206,8 +206,7 @@ absl::Status MeshEngine::NoPeer() const {
 }
 
 absl::Status MeshEngine::NotQueued(const std::string& node) const {
-  if (stopping_.load(std::memory_order_acquire)) return StoppingStatus();
-  return absl::ResourceExhaustedError(absl::StrCat("too many opens of node ", node, " wait already"));
+  return NotQueuedStatus(stopping_.load(std::memory_order_acquire), node);
 }
 
 void MeshEngine::Learn(const std::string& node, const std::vector<std::string>& addresses, uint32_t port) {

@@ -31,8 +31,7 @@ RemoteTransfers::RemoteTransfers(Options options, MeshHost* host, const HandleTa
 RemoteTransfers::~RemoteTransfers() { two_hop_thread_.Stop(); }
 
 absl::Status RemoteTransfers::NotQueued(const std::string& node) const {
-  if (stopping_.load(std::memory_order_acquire)) return StoppingStatus();
-  return absl::ResourceExhaustedError(absl::StrCat("too many requests to node ", node, " wait already"));
+  return NotQueuedStatus(stopping_.load(std::memory_order_acquire), node);
 }
 
 // ---------------------------------------------------------------------------

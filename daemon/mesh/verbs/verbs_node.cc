@@ -161,8 +161,7 @@ void VerbsNode::Sweep(const std::function<bool(uint64_t grant)>& granted,
   }
   for (const auto& [grant, node] : regs) {
     if (!granted(grant)) {
-      absl::MutexLock l(&mu_);
-      if (server_ != nullptr) server_->Unregister(grant, node);
+      Unregister(node, grant);
       continue;
     }
     check(node, grant);  // closes the grant, and so the registration, when the export is gone
