@@ -1,6 +1,6 @@
 // The mesh engine: construction, start and stop, what the rooms share
 // (peers seen, local links). The rooms: control/,
-// owner/, routing/, importer/, tcp/, verbs/engine_verbs.cc, status.cc.
+// owner/, routing/, importer/, tcp/, verbs/, status.cc.
 #include "daemon/mesh/engine_internal.h"
 
 namespace podlink::mesh {
@@ -10,7 +10,7 @@ namespace podlink::mesh {
 MeshEngine::MeshEngine(MeshOptions options, std::string node_name, MeshHost* host)
     : options_(std::move(options)), node_name_(std::move(node_name)), host_(host), instance_(RandomU64()) {
   // The owner's room reaches the others through these: the importer opens a relay's next hop, the routing
-  // room knows relays' addresses, the verbs server registers and stages grants (verbs/engine_verbs.cc).
+  // room knows relays' addresses, the verbs server registers and stages grants (verbs/verbs_node.h).
   RegionOwner::Rooms rooms;
   rooms.open_through = [this](const RemoteTarget& hop, pb::OpenRegionRequest req, const std::string& destination,
                               size_t relays, std::function<void(absl::StatusOr<Carried>)> got) {
@@ -197,16 +197,6 @@ void MeshEngine::Stop() {
   // Other nodes' access to this node's memory ends now, not when the daemon
   // object goes: the exports are withdrawn next (sessions closing).
   verbs_->Stop();
-}
-
-absl::Status MeshEngine::NoPeer() const {
-  if (stopping_.load(std::memory_order_acquire)) return StoppingStatus();
-  return absl::ResourceExhaustedError(
-      absl::StrCat("this podlinkd talks to too many other nodes already (", PeerTable::kMaxPeers, ")"));
-}
-
-absl::Status MeshEngine::NotQueued(const std::string& node) const {
-  return NotQueuedStatus(stopping_.load(std::memory_order_acquire), node);
 }
 
 void MeshEngine::Learn(const std::string& node, const std::vector<std::string>& addresses, uint32_t port) {

@@ -291,7 +291,7 @@ class MeshEngine final : public MeshPort {
   // up (the TCP links to it may still work).
   absl::Status Connect(const std::shared_ptr<Peer>& p, const RemoteTarget& target, bool* verbs_failed = nullptr);
   // After the peer's Hello: its links over `paths` — TCP data connections
-  // (tcp/connect.cc) or RDMA queue pairs (verbs/engine_verbs.cc).
+  // (tcp/tcp_connect.cc) or RDMA queue pairs (verbs/verbs_connect.cc).
   absl::Status ConnectTcpLinks(const std::shared_ptr<Peer>& peer, const RemoteTarget& target,
                                const std::vector<Path>& paths, std::shared_ptr<podlink::mesh::v1::Mesh::Stub> stub,
                                const podlink::mesh::v1::HelloResponse& hello, bool* verbs_failed);

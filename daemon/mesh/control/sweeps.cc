@@ -71,4 +71,10 @@ void MeshEngine::KeepAlive() {
   }
 }
 
+void MeshEngine::SweepLinks() {
+  for (const auto& p : peers_.All()) {
+    if (std::shared_ptr<DataLinks> l = p->links()) l->Sweep();
+  }
+}
+
 }  // namespace podlink::mesh

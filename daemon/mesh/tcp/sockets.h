@@ -1,6 +1,6 @@
 // Sockets of the mesh's TCP transport: dialing a path, tuning a data
 // connection, the addresses connections come from, and a read with a
-// deadline (tcp/connect.cc, tcp/data_server.cc, the control room's checks).
+// deadline (tcp/tcp_connect.cc, tcp/data_server.cc, the control room's checks).
 #pragma once
 
 #include <sys/socket.h>

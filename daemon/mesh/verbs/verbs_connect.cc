@@ -1,18 +1,8 @@
-// The engine's verbs side: a peer's verbs links made and repaired, and each
-// peer's links swept (serving, registering and connecting paths:
-// verbs_node.cc; what staged slices do to grants: owner/frames.cc).
+// The verbs transport's links to a peer: its queue pairs path by path
+// (VerbsNode::Connect), and a path's failed queue pairs replaced.
 #include "daemon/mesh/engine_internal.h"
-#include "daemon/mesh/links/range.h"
 
 namespace podlink::mesh {
-
-// --- the verbs backend -------------------------------------------------------
-
-void MeshEngine::SweepLinks() {
-  for (const auto& p : peers_.All()) {
-    if (std::shared_ptr<DataLinks> l = p->links()) l->Sweep();
-  }
-}
 
 absl::Status MeshEngine::ConnectVerbsLinks(const std::shared_ptr<Peer>& peer, const RemoteTarget& target,
                                            const std::vector<Path>& paths, std::shared_ptr<pb::Mesh::Stub> stub,

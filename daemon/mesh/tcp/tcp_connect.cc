@@ -1,5 +1,6 @@
 // The TCP transport's links to a peer: its data connections over every path,
-// each dialed with a cookie from the peer's OpenLink.
+// each dialed with a cookie from the peer's OpenLink; a connection that
+// failed is dialed again over its path with a fresh cookie.
 #include "daemon/mesh/engine_internal.h"
 
 namespace podlink::mesh {
@@ -53,6 +54,44 @@ absl::Status MeshEngine::ConnectTcpLinks(const std::shared_ptr<Peer>& peer, cons
   p.instance.store(hello.instance(), std::memory_order_release);
   p.set_links(std::move(links));
   return absl::OkStatus();
+}
+
+std::function<void(const std::string&)> MeshEngine::RepairOnDown(const std::shared_ptr<Peer>& peer,
+                                                                 const std::shared_ptr<PeerLinks>& links,
+                                                                 const std::vector<Path>& paths, uint32_t data_port) {
+  std::weak_ptr<PeerLinks> weak = links;
+  RedoPath redo = [this, weak, data_port](const Path& path, const std::string& name, Peer& peer,
+                                         pb::Mesh::Stub& stub) -> absl::Status {
+    std::shared_ptr<PeerLinks> links = weak.lock();
+    if (links == nullptr) return absl::OkStatus();
+    pb::OpenLinkResponse link;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+    pb::OpenLinkRequest req;
+    req.set_connections(1);
+    PODLINK_RETURN_IF_ERROR(FromGrpc(stub.OpenLink(&ctx, req, &link), peer.node()));
+    if (link.cookies_size() != 1) return absl::UnavailableError("OpenLink returned no cookie");
+    PODLINK_ASSIGN_OR_RETURN(UniqueFd fd,
+                             DialData(path, data_port, link.cookies(0), links->instance(), absl::Seconds(2)));
+    links->AddConnection(std::move(fd), name);
+    return absl::OkStatus();
+  };
+  return RepairOnDownWith(peer, links, std::move(redo), paths);
+}
+
+
+absl::StatusOr<UniqueFd> MeshEngine::DialData(const Path& path, uint32_t port, const std::string& cookie,
+                                               uint64_t link_instance, absl::Duration timeout) const {
+  if (cookie.size() != kCookieBytes) return absl::UnavailableError("the peer issued a malformed link cookie");
+  PODLINK_ASSIGN_OR_RETURN(UniqueFd fd, Dial(path, static_cast<uint16_t>(port), timeout));
+  FrameHeader h{};
+  h.magic = kFrameMagic;
+  h.type = static_cast<uint16_t>(FrameType::kAuth);
+  h.length = kCookieBytes;
+  h.grant = link_instance;
+  PODLINK_RETURN_IF_ERROR(WriteFrame(fd.get(), h, cookie.data(), cookie.size()));
+  TuneDataSocket(fd.get(), options_.io_timeout);
+  return fd;
 }
 
 }  // namespace podlink::mesh
