@@ -52,7 +52,8 @@ case "$mode" in
     targets=(podlinkd podlink-demo kubectl-podlink nccl-net-podlink nccl_net_peer nccl_ipc_peer broker_namespaces_test hostile_clients_test relay_test client_lifetime_test c_api_test
              mesh_test verbs_fake_test nccl_net_conformance_test mesh_stager_test mesh_idle_test mesh_over_tcp_test
              mesh_zero_copy_test nccl_ipc_bridge_test mesh_slices_test kube_pods_test mesh_seal_test late_copies_test grant_table_test handle_table_test task_thread_test data_admission_test
-             repairs_test credentials_test conn_writer_test tcp_data_server_test region_owner_test remote_transfers_test peer_table_test)
+             repairs_test credentials_test conn_writer_test tcp_data_server_test region_owner_test remote_transfers_test peer_table_test
+             opener_test)
     # The two cut-cable mesh tests wait out TCP timeouts (26 s each under
     # TSan) and run in the plain and ASan passes only: TSan still races the
     # TCP links' striping and the verbs links' resend after a failed QP
@@ -65,7 +66,7 @@ case "$mode" in
     # the longest of the pass; the plugin over mesh links is raced by
     # Mesh.NcclPluginBetweenPods…, striping over a node's cables by
     # Mesh.TwoCablesBothCarryATransfer).
-    ctest_args=(-R '(^|/)(BrokerNamespaces|Attacks|HostileClients|Relay|RelayLifetime|ClientLifetime|CApi|Mesh|MeshHostile|MeshStager|MeshIdle|VerbsFake|NcclNetTrace|ZeroCopy|BridgeTest|NcclNative|SliceScheduler|TcpLinksThroughTheScheduler|BothTransportsThroughTheScheduler|KubePods|MeshApiServer|MeshGonePods|Sealed|LateCopies|GrantTable|HandleTable|TaskThread|DataAdmission|Repairs|Credentials|ConnWriterTest|TcpDataServerTest|RegionOwnerTest|RemoteTransfersTest|PeerTable)\.'
+    ctest_args=(-R '(^|/)(BrokerNamespaces|Attacks|HostileClients|Relay|RelayLifetime|ClientLifetime|CApi|Mesh|MeshHostile|MeshStager|MeshIdle|VerbsFake|NcclNetTrace|ZeroCopy|BridgeTest|NcclNative|SliceScheduler|TcpLinksThroughTheScheduler|BothTransportsThroughTheScheduler|KubePods|MeshApiServer|MeshGonePods|Sealed|LateCopies|GrantTable|HandleTable|TaskThread|DataAdmission|Repairs|Credentials|ConnWriterTest|TcpDataServerTest|RegionOwnerTest|RemoteTransfersTest|PeerTable|Importer)\.'
                 -E 'Mesh\.ACutCable|Mesh\.AStalledRelay|Mesh\.RailGroups|Relay\.A06_')
     # One test per core: under TSan they compute more than they wait (2 cores, 2026-11-28: 223 s at -j 2; at
     # -j 4 174 s with the cores 79% busy, where timing-bound tests have too little room left).

@@ -69,6 +69,10 @@ bool IpPrefix::SameNetwork(const IpPrefix& o) const {
   return (addr[full] & mask) == (o.addr[full] & mask);
 }
 
+std::string HostPort(const IpPrefix& a, uint32_t port) {
+  return a.family == AF_INET6 ? absl::StrCat("[", a.AddressText(), "]:", port) : absl::StrCat(a.AddressText(), ":", port);
+}
+
 std::vector<IpPrefix> ParsePrefixes(const std::vector<std::string>& texts) {
   std::vector<IpPrefix> out;
   for (const std::string& t : texts) {

@@ -39,6 +39,8 @@ struct IpPrefix {
 // The "addr/prefix" entries of `texts` that parse (peers' and descriptors'
 // address lists; the rest is skipped).
 std::vector<IpPrefix> ParsePrefixes(const std::vector<std::string>& texts);
+// "10.0.1.2:7446", "[fd00::2]:7446": an address and port to dial.
+std::string HostPort(const IpPrefix& a, uint32_t port);
 
 // The node's addresses, from getifaddrs: up interfaces, no loopback, no IPv6
 // link-local. `interfaces` non-empty: only those netdevs.

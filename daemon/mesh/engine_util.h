@@ -52,9 +52,4 @@ namespace pb = podlink::mesh::v1;
 // The engine's logger (one for every room).
 inline const ComponentLog Log("mesh");
 
-// A relay's refusal to stage a region over verbs for its caller (no bounce
-// pool for it; or, from a relay of a version before staging, "relayed
-// regions ride TCP links"): the hop to it can still go over TCP.
-bool RelayCannotStage(const absl::Status& st);
-
 }  // namespace podlink::mesh

@@ -14,7 +14,7 @@ MeshEngine::MeshEngine(MeshOptions options, std::string node_name, MeshHost* hos
   RegionOwner::Rooms rooms;
   rooms.open_through = [this](const RemoteTarget& hop, pb::OpenRegionRequest req, const std::string& destination,
                               size_t relays, std::function<void(absl::StatusOr<Carried>)> got) {
-    OpenThrough(hop, std::move(req), destination, relays, std::move(got));
+    opener_->OpenThrough(hop, std::move(req), destination, relays, std::move(got));
   };
   rooms.known = [this](const std::string& node) { return known_.Find(node); };
   rooms.register_for_verbs = [this](const std::string& node, uint64_t grant,
@@ -63,6 +63,55 @@ MeshEngine::MeshEngine(MeshOptions options, std::string node_name, MeshHost* hos
   data_server_ = std::make_unique<TcpDataServer>(
       TcpDataServer::Options{.io_timeout = options_.io_timeout, .idle_timeout = options_.data_idle_timeout},
       admission_, late_copies_, std::move(owner));
+  tcp_links_ = std::make_unique<TcpLinkMaker>(TcpLinkMaker::Options{.connections_per_path = options_.connections_per_path,
+                                                                    .slice_bytes = options_.slice_bytes,
+                                                                    .slices_in_flight = options_.slices_in_flight,
+                                                                    .answer_timeout = options_.answer_timeout,
+                                                                    .zero_copy = options_.tcp_zero_copy,
+                                                                    .connect_timeout = options_.connect_timeout,
+                                                                    .io_timeout = options_.io_timeout},
+                                              &repairs_);
+  UseTransport(tcp_links_.get());
+}
+
+void MeshEngine::UseTransport(LinkMaker* links) {
+  Connector::Rooms rooms;
+  rooms.local = [this] { return LocalForPaths(); };
+  rooms.new_stub = [this](const std::string& node, const std::string& endpoint) { return NewStub(node, endpoint); };
+  rooms.hello = [this] { return OwnHello(); };
+  rooms.heard = [this](const std::string& node, const pb::HelloResponse& hello) {
+    // Said by the node itself (its certificate names it): routes may go
+    // through it to the nodes it is cabled to.
+    Learn(node, {hello.addresses().begin(), hello.addresses().end()}, hello.control_port());
+    AcceptAdverts(node, hello.adverts());
+  };
+  // A full peer table forgets a peer only if no handle and no relay's grant goes through it.
+  rooms.in_use = [this] {
+    std::vector<std::shared_ptr<Peer>> used = handles_.Peers();
+    for (const auto& f : owner_->grants().Forwards()) used.push_back(f->peer);
+    return used;
+  };
+  connector_ = std::make_unique<Connector>(
+      Connector::Options{.fallback = options_.fallback,
+                         .verbs_tcp_fallback = options_.verbs_tcp_fallback,
+                         .connect_timeout = options_.connect_timeout},
+      std::move(rooms), &peers_, &stopping_, links, tcp_links_.get());
+  opener_ = std::make_unique<Opener>(
+      Opener::Options{.node_name = node_name_,
+                      .instance = instance_,
+                      .fallback = options_.fallback,
+                      .two_hop_stripe = options_.two_hop_stripe && links->stripes_two_hop(),
+                      .open_per_hop = options_.open_per_hop},
+      Opener::Routing{.local = [this] { return LocalForPaths(); }, .trust = [this] { return Trust(); }},
+      connector_.get(), &handles_, transfers_.get(), &route_signer_, &known_, &stopping_);
+}
+
+pb::HelloRequest MeshEngine::OwnHello() const {
+  pb::HelloRequest req;
+  req.set_version(PODLINK_VERSION);
+  req.set_instance(instance_);
+  AddAdverts(req.mutable_adverts());
+  return req;
 }
 
 std::unique_ptr<MeshEngine> MeshEngine::ForTesting(MeshOptions options, std::string node_name, MeshHost* host) {
@@ -78,15 +127,14 @@ absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions option
   std::unique_ptr<MeshEngine> e(new MeshEngine(std::move(options), std::move(node_name), host));
   const MeshOptions& o = e->options_;
   // The one place that reads mesh.transport: how this node's own links to a
-  // peer are made and what they can do (LinkTransport). The TCP links are the
+  // peer are made and what they can do (a LinkMaker). The TCP links are the
   // default.
   if (o.transport == "verbs") {
     // Said at start, not at the first pod's open: this node cannot use verbs.
     absl::StatusOr<const verbs::VerbsApi*> api = verbs::LoadVerbs();
     if (!api.ok()) return api.status();
-    e->transport_ = LinkTransport{.connect = &MeshEngine::ConnectVerbsLinks,
-                                  .carries_relayed_grants = false,
-                                  .stripes_two_hop = false};
+    e->verbs_links_ = std::make_unique<verbs::VerbsLinkMaker>(o.connect_timeout, e->verbs_.get(), &e->repairs_);
+    e->UseTransport(e->verbs_links_.get());
   } else if (o.transport != "tcp") {
     return absl::InvalidArgumentError(absl::StrCat("mesh.transport '", o.transport, "': tcp or verbs"));
   }

@@ -36,11 +36,13 @@
 #include "daemon/mesh/addresses.h"
 #include "daemon/mesh/mesh_host.h"
 #include "daemon/mesh/nic_rank.h"
+#include "daemon/mesh/control/connector.h"
 #include "daemon/mesh/control/credentials.h"
 #include "daemon/mesh/control/liveness.h"
 #include "daemon/mesh/control/peer_table.h"
 #include "daemon/mesh/control/repairs.h"
 #include "daemon/mesh/importer/handle_table.h"
+#include "daemon/mesh/importer/opener.h"
 #include "daemon/mesh/importer/routed.h"
 #include "daemon/mesh/importer/task_thread.h"
 #include "daemon/mesh/importer/transfer.h"
@@ -56,7 +58,9 @@
 #include "daemon/mesh/seal/window.h"
 #include "daemon/mesh/tcp/admission.h"
 #include "daemon/mesh/tcp/data_server.h"
+#include "daemon/mesh/tcp/tcp_connect.h"
 #include "daemon/mesh/tcp/tcp_link.h"
+#include "daemon/mesh/verbs/verbs_connect.h"
 #include "daemon/mesh/verbs/verbs_link.h"
 #include "daemon/mesh/verbs/verbs_node.h"
 #include "daemon/relay/mesh_port.h"
@@ -164,17 +168,9 @@ struct MeshOptions {
 
 class Peer;        // control/peer.h
 
-struct RemoteRegionInfo {
-  uint64_t handle = 0;  // has kRemoteHandleBit
-  uint64_t export_id = 0;
-  uint64_t size = 0;
-  uint32_t handle_type = 0;
-  std::string owner_namespace, owner_name;
-};
-
 class MeshEngine final : public MeshPort {
  public:
-  using OpenDone = std::function<void(absl::StatusOr<RemoteRegionInfo>)>;
+  using OpenDone = Opener::OpenDone;
 
   // Loads the certificates, binds the control and data ports and starts
   // serving. `node_name` must be this daemon's certificate identity.
@@ -212,10 +208,12 @@ class MeshEngine final : public MeshPort {
   // --- importing side --------------------------------------------------
   // Opens `target` for `pod` (session `session`) in the background; `done`
   // runs on a mesh thread.
-  void OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget target, OpenDone done);
+  void OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget target, OpenDone done) {
+    opener_->OpenRemote(session, pod, std::move(target), std::move(done));
+  }
   // Drops a handle the session holds (NOT_FOUND: none such).
-  absl::Status DropHandle(uint64_t session, uint64_t handle) ABSL_LOCKS_EXCLUDED(mu_);
-  void DropSession(uint64_t session) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status DropHandle(uint64_t session, uint64_t handle) { return opener_->DropHandle(session, handle); }
+  void DropSession(uint64_t session) { opener_->DropSession(session); }
   // MeshPort: transfers and notifications through the relay ring (the importer's, importer/transfer.h).
   absl::Status Start(MeshTransfer t, Done done) override { return transfers_->Transfer(std::move(t), std::move(done)); }
   absl::Status Notify(uint64_t session, uint64_t handle, uint64_t value, Done done) override {
@@ -230,9 +228,6 @@ class MeshEngine final : public MeshPort {
   podlink::v1::MeshStatus Status() const ABSL_LOCKS_EXCLUDED(mu_);
   // This node's links as last read from sysfs (at start, then every minute).
   std::vector<podlink::mesh::v1::LinkInfo> LocalLinks() const { return local_nics_.Current(); }
-  // What a peer daemon says of its NICs, kept for operators: at most 64
-  // entries, strings cut to 256 bytes, control characters replaced.
-  static std::vector<podlink::mesh::v1::LinkInfo> PeerLinkInfo(const podlink::mesh::v1::HelloResponse& hello);
 
   class Service;
   using Peer = ::podlink::mesh::Peer;  // control/peer.h
@@ -282,95 +277,12 @@ class MeshEngine final : public MeshPort {
   // copies of their slices are dropped, a NOTIFY is delivered once
   // (links/late_copies.h; its own lock, taken alone).
   LateCopies late_copies_;
-  // Importing side.
-  // `tcp`: TCP links whatever mesh.transport says (a relay's grant has no
-  // memory for RDMA to land in, so the hop to a relay is TCP); such a peer is
-  // kept apart from the node's peer of the configured transport.
-  std::shared_ptr<Peer> PeerFor(const RemoteTarget& target, bool tcp = false) ABSL_LOCKS_EXCLUDED(mu_);
-  // `verbs_failed`: set when the node answered but no RDMA path to it came
-  // up (the TCP links to it may still work).
-  absl::Status Connect(const std::shared_ptr<Peer>& p, const RemoteTarget& target, bool* verbs_failed = nullptr);
-  // After the peer's Hello: its links over `paths` — TCP data connections
-  // (tcp/tcp_connect.cc) or RDMA queue pairs (verbs/verbs_connect.cc).
-  absl::Status ConnectTcpLinks(const std::shared_ptr<Peer>& peer, const RemoteTarget& target,
-                               const std::vector<Path>& paths, std::shared_ptr<podlink::mesh::v1::Mesh::Stub> stub,
-                               const podlink::mesh::v1::HelloResponse& hello, bool* verbs_failed);
-  absl::Status ConnectVerbsLinks(const std::shared_ptr<Peer>& peer, const RemoteTarget& target,
-                                 const std::vector<Path>& paths, std::shared_ptr<podlink::mesh::v1::Mesh::Stub> stub,
-                                 const podlink::mesh::v1::HelloResponse& hello, bool* verbs_failed);
-  // The configured transport (mesh.transport), chosen once in Start — the
-  // one place that reads its name: how a peer's own links are made, and what
-  // they can do. The engine asks this, never the name.
-  struct LinkTransport {
-    absl::Status (MeshEngine::*connect)(const std::shared_ptr<Peer>&, const RemoteTarget&, const std::vector<Path>&,
-                                        std::shared_ptr<podlink::mesh::v1::Mesh::Stub>,
-                                        const podlink::mesh::v1::HelloResponse&, bool*) = &MeshEngine::ConnectTcpLinks;
-    // Its links carry any grant, a relay's too (which has no memory of the
-    // relay's own for RDMA to land in): a peer that must be reached over TCP
-    // links is then the node's own peer.
-    bool carries_relayed_grants = true;
-    // Two-hop striping (mesh.two_hop_stripe) may add a relay's route to its
-    // transfers.
-    bool stripes_two_hop = true;
-  };
-  LinkTransport transport_;  // set in Start, before any thread; read-only after
-  // Binds a grant `peer`'s node gave to the peer whose links carry it: its
-  // RDMA keys on `peer`'s verbs links, or (over_tcp_reason) the node's TCP
-  // peer; `failed` (the grant given back) when that cannot connect.
-  void CarryGrant(const std::shared_ptr<Peer>& peer, const RemoteTarget& target,
-                  const podlink::mesh::v1::OpenRegionResponse& resp,
-                  std::function<void(const std::shared_ptr<Peer>&)> install, std::function<void(absl::Status)> failed);
-  // Connects `peer` and calls `then` with it; where no RDMA path to the node
-  // came up (now or within the last 30 s) and mesh.verbs_tcp_fallback, with
-  // the node's TCP peer instead (OverTcp). `failed` gets why not.
-  void ConnectOrOverTcp(const std::shared_ptr<Peer>& peer, const RemoteTarget& target,
-                        std::function<void(const std::shared_ptr<Peer>&)> then,
-                        std::function<void(absl::Status)> failed);
-  // The node's TCP peer (PeerFor tcp), connected on its own worker, for a
-  // grant the owner gave over TCP though RDMA was asked for
-  // (OpenRegionResponse.over_tcp_reason); `next` gets it or why not.
-  void OverTcp(const RemoteTarget& target, std::function<void(absl::StatusOr<std::shared_ptr<Peer>>)> next);
-  // A second route (TwoHop) and the handles: importer/handle_table.h;
-  // transfers on them, striped or not: importer/transfer.h.
-  // Opens `req` (its route, if any, already signed) on `hop`'s daemon, on
-  // that peer's worker; `got` gets the peer whose links carry the grant and
-  // the answer — the grant is then the caller's to keep or give back.
-  using Carried = RegionOwner::Carried;
-  void OpenThrough(const RemoteTarget& hop, podlink::mesh::v1::OpenRegionRequest req, const std::string& destination,
-                   size_t relays, std::function<void(absl::StatusOr<Carried>)> got);
-  // After a direct open of export `export_id` (`size` bytes): a relay cabled
-  // to this node and to `target` is asked for the same export (a fenceable
-  // route); its grant joins the session's `handle` when it names that export.
-  void AddTwoHop(uint64_t session, uint64_t handle, RemoteTarget target, podlink::mesh::v1::OpenRegionRequest req,
-                 uint64_t export_id, uint64_t size) ABSL_LOCKS_EXCLUDED(mu_);
-  // The importer's end of a sealed route whose owner answered `resp` (its
-  // signed answer checked) to the claim that carried `key`, over `carrier`'s links.
-  absl::StatusOr<std::shared_ptr<seal::SealedLinks>> SealRoute(const std::string& destination, uint64_t nonce,
-                                                               const seal::EphemeralKey& key,
-                                                               const std::shared_ptr<Peer>& carrier,
-                                                               const podlink::mesh::v1::OpenRegionResponse& resp);
-  // A data connection over `path` to `port`, AUTH sent with `cookie`.
-  absl::StatusOr<UniqueFd> DialData(const Path& path, uint32_t port, const std::string& cookie,
-                                    uint64_t link_instance, absl::Duration timeout) const;
-  // A failed path is dialed again in the background, with backoff, while the
-  // peer's other paths carry on (control/repairs.h). A transport's own repair
-  // of a path, on the repair thread with the peer's control stub (set where
-  // that transport's links were made, which knows them).
-  using RedoPath = std::function<absl::Status(const Path& path, const std::string& name, Peer& peer,
-                                              v1::Mesh::Stub& stub)>;
-  // What a link set calls when a path (TCP: a connection; verbs: all of a
-  // path's QPs) fails: a repair of that path is queued. One per transport:
-  // each knows how its own links come back.
-  std::function<void(const std::string&)> RepairOnDown(const std::shared_ptr<Peer>& peer,
-                                                       const std::shared_ptr<PeerLinks>& links,
-                                                       const std::vector<Path>& paths, uint32_t data_port);
-  std::function<void(const std::string&)> RepairOnDown(const std::shared_ptr<Peer>& peer,
-                                                       const std::shared_ptr<verbs::VerbsLinks>& links,
-                                                       const std::vector<Path>& paths);
-  // `redo` with the peer's stub, while the peer is there.
-  std::function<void(const std::string&)> RepairOnDownWith(const std::shared_ptr<Peer>& peer,
-                                                           const std::shared_ptr<DataLinks>& links, RedoPath redo,
-                                                           const std::vector<Path>& paths);
+  // The configured transport's links (made in Start, the one place that reads
+  // mesh.transport; TCP links until then) and the importing side over them:
+  // the connector (peers, Hellos, links, the fallback to TCP) and the opener.
+  void UseTransport(LinkMaker* links);
+  // The Hello this node says: its version, instance and adverts.
+  podlink::mesh::v1::HelloRequest OwnHello() const;
   void HousekeepingLoop();
 
   const MeshOptions options_;
@@ -397,10 +309,6 @@ class MeshEngine final : public MeshPort {
   std::thread housekeeping_thread_;  // sweeps, keepalives, adverts, certificate reloads (HousekeepingLoop)
   std::atomic<bool> stopping_{false};
   std::atomic<bool> stopped_{false};  // Stop() ran
-  // Why PeerFor made no peer (stopping, or the peer limit).
-  absl::Status NoPeer() const;
-  // Why a task for `node` could not be queued on its peer's worker (Post false).
-  absl::Status NotQueued(const std::string& node) const;
 
   // Counters (std::atomic, below) are the metrics' sink: taken without mu_.
   mutable absl::Mutex mu_;  // protects everything below but the counters and the rooms with locks of their own
@@ -431,15 +339,17 @@ class MeshEngine final : public MeshPort {
   std::atomic<uint64_t> idle_peer_grants_dropped_{0};
   std::atomic<uint64_t> gone_pod_grants_dropped_{0};
   absl::Time last_keepalive_ ABSL_GUARDED_BY(mu_) = absl::Now();
-  std::atomic<uint64_t> routed_opens_{0};
-  // Opens that went over TCP because no RDMA path to the node came up (logged at most every 10 s).
-  std::atomic<uint64_t> verbs_fallbacks_{0};
-  LogLimit fallback_log_;
   // This node's verbs side: its devices, the server peers' queue pairs land on, registrations, and how its own
   // verbs links are made (verbs/verbs_node.h; its lock apart from mu_, device calls being slow). Made in the
   // constructor.
   std::unique_ptr<verbs::VerbsNode> verbs_;
-  std::atomic<uint64_t> sealed_routes_{0};  // routed opens this node sealed as the importer
+  // How this node's own links to a peer are made (control/link_maker.h): TCP always (a relay's hop, the fallback),
+  // verbs with mesh.transport "verbs". Made in the constructor and Start.
+  std::unique_ptr<TcpLinkMaker> tcp_links_;
+  std::unique_ptr<verbs::VerbsLinkMaker> verbs_links_;
+  // The importing side (control/connector.h, importer/opener.h): made by UseTransport, before any thread.
+  std::unique_ptr<Connector> connector_;
+  std::unique_ptr<Opener> opener_;
 };
 
 }  // namespace podlink::mesh

@@ -198,7 +198,7 @@ std::string MeshEngine::RenderMetrics() const {
       static_cast<double>(held.fenced));
   const uint64_t refused_notifies = owner_->counters().refused_notifies;
   const RegionOwner::Counters& owned = owner_->counters();
-  const uint64_t relayed = owned.relayed_opens, routed = routed_opens_, forwarded = owned.relay_forwarded_bytes;
+  const uint64_t relayed = owned.relayed_opens, routed = opener_->routed_opens(), forwarded = owned.relay_forwarded_bytes;
   const uint64_t staged = owner_->relay_staging_used();
   const uint64_t restarted_dropped = held.restarted_dropped;
   const uint64_t adverts_held = adverts_.size(), adverts_refused = adverts_.refused();
@@ -229,7 +229,7 @@ std::string MeshEngine::RenderMetrics() const {
       static_cast<double>(forwarded));
   one("podlink_mesh_verbs_fallbacks_total", "counter",
       "opens this node sent over TCP because no RDMA path to the node came up (mesh.verbs_tcp_fallback)",
-      static_cast<double>(verbs_fallbacks_.load(std::memory_order_relaxed)));
+      static_cast<double>(connector_->verbs_fallbacks()));
   one("podlink_mesh_grants_over_tcp_total", "counter",
       "grants this node gave over TCP though the importer asked for RDMA (the export could not be registered)",
       static_cast<double>(verbs_->grants_over_tcp()));
@@ -240,7 +240,7 @@ std::string MeshEngine::RenderMetrics() const {
       static_cast<double>(staged));
   one("podlink_mesh_sealed_routes_total", "counter",
       "regions this node's pods opened through relays, sealed end to end with their owner",
-      static_cast<double>(sealed_routes_.load(std::memory_order_relaxed)));
+      static_cast<double>(opener_->sealed_routes()));
   one("podlink_mesh_sealed_units_total", "counter",
       "operations of importers through relays that verified here (owner) and were carried out",
       static_cast<double>(owner_->seal_counters().units.load(std::memory_order_relaxed)));

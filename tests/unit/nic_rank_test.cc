@@ -179,7 +179,7 @@ TEST(PeerLinkInfo, AHostilePeersLinksAreBoundedAndPrintable) {
     l->set_netdev(std::string("eth\x1b[2J\x07\n") + std::string(100000, 'x'));
     l->set_gid_type(std::string(5000, '\x7f'));
   }
-  std::vector<podlink::mesh::v1::LinkInfo> kept = MeshEngine::PeerLinkInfo(hello);
+  std::vector<podlink::mesh::v1::LinkInfo> kept = PeerLinkInfo(hello);
   ASSERT_EQ(kept.size(), 64u);
   for (const auto& l : kept) {
     EXPECT_EQ(l.address(), "10.0.0.1/30");

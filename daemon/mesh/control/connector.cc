@@ -1,33 +1,42 @@
 // The control room's connector: the peer for a node, its Hello and links (the
 // transport's LinkMaker), an open carried over TCP where RDMA cannot, and a
 // grant bound to the links that carry it.
-#include "daemon/mesh/engine_internal.h"
+#include "daemon/mesh/control/connector.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/log.h"
+#include "common/status_util.h"
+#include "daemon/mesh/control/answer_once.h"
+#include "daemon/mesh/links/stopping.h"
+#include "daemon/mesh/tcp/sockets.h"
 
 namespace podlink::mesh {
 
-std::shared_ptr<MeshEngine::Peer> MeshEngine::PeerFor(const RemoteTarget& target, bool tcp) {
-  tcp = tcp && !transport_.carries_relayed_grants;  // with TCP links anyway, one peer serves both
+namespace {
+const ComponentLog ConnectorLog("mesh");
+}  // namespace
+
+std::shared_ptr<Peer> Connector::PeerFor(const RemoteTarget& target, bool tcp) {
+  tcp = tcp && !links_->carries_relayed_grants();  // with TCP links anyway, one peer serves both
   // Stopping: the peers were taken away already (a worker's open that
   // needs another peer, OverTcp, gets none).
-  if (stopping_.load(std::memory_order_acquire)) return nullptr;
+  if (stopping()) return nullptr;
   // A full table forgets a peer only if no handle and no relay's grant goes through it.
-  return peers_.Get(target.node_name, tcp, [this] {
-    std::vector<std::shared_ptr<Peer>> used = handles_.Peers();
-    for (const auto& f : owner_->grants().Forwards()) used.push_back(f->peer);
-    return used;
-  });
+  return peers_->Get(target.node_name, tcp, rooms_.in_use);
 }
 
-void MeshEngine::CarryGrant(const std::shared_ptr<Peer>& peer, const RemoteTarget& target,
-                            const pb::OpenRegionResponse& resp,
-                            std::function<void(const std::shared_ptr<Peer>&)> install,
-                            std::function<void(absl::Status)> failed) {
+void Connector::CarryGrant(const std::shared_ptr<Peer>& peer, const RemoteTarget& target,
+                           const pb::OpenRegionResponse& resp, std::function<void(const std::shared_ptr<Peer>&)> install,
+                           std::function<void(absl::Status)> failed) {
   std::shared_ptr<DataLinks> links = peer->links();
   if (links == nullptr || !links->RegistersRegions()) return install(peer);
   if (!resp.staged_reason().empty()) {
     // The owner moves each slice between the export and its bounce pool;
     // this node's queue pairs carry it as for any other grant.
-    Log()->info("event=mesh_region_staged node={} export={} grant={} why={}", target.node_name, resp.export_id(),
+    ConnectorLog()->info("event=mesh_region_staged node={} export={} grant={} why={}", target.node_name, resp.export_id(),
                 resp.grant(), LogQuoted(resp.staged_reason().substr(0, 256)));
     links->AddStagedRegion(resp.grant(), resp.staged_slice_bytes());
     return install(peer);
@@ -41,7 +50,7 @@ void MeshEngine::CarryGrant(const std::shared_ptr<Peer>& peer, const RemoteTarge
   // The owner cannot register this export for RDMA (a GPU export its NICs
   // cannot reach by dma-buf, memory it may not pin): the grant is carried by
   // this node's TCP links to it instead.
-  Log()->info("event=mesh_region_over_tcp node={} export={} grant={} why={}", target.node_name, resp.export_id(),
+  ConnectorLog()->info("event=mesh_region_over_tcp node={} export={} grant={} why={}", target.node_name, resp.export_id(),
               resp.grant(), LogQuoted(resp.over_tcp_reason().substr(0, 256)));
   OverTcp(target, [peer, grant = resp.grant(), install = std::move(install),
                    failed = std::move(failed)](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
@@ -53,9 +62,9 @@ void MeshEngine::CarryGrant(const std::shared_ptr<Peer>& peer, const RemoteTarge
   });
 }
 
-void MeshEngine::ConnectOrOverTcp(const std::shared_ptr<Peer>& peer, const RemoteTarget& target,
-                                  std::function<void(const std::shared_ptr<Peer>&)> then,
-                                  std::function<void(absl::Status)> failed) {
+void Connector::ConnectOrOverTcp(const std::shared_ptr<Peer>& peer, const RemoteTarget& target,
+                                 std::function<void(const std::shared_ptr<Peer>&)> then,
+                                 std::function<void(absl::Status)> failed) {
   // The node answered, but no RDMA path to it came up lately (no RDMA
   // device or GID for this node's address, the owner refusing the queue
   // pairs): over the TCP links to it instead, said and counted, without
@@ -75,7 +84,7 @@ void MeshEngine::ConnectOrOverTcp(const std::shared_ptr<Peer>& peer, const Remot
   if (!verbs_failed || !options_.verbs_tcp_fallback) return failed(st);
   verbs_fallbacks_.fetch_add(1, std::memory_order_relaxed);
   if (fallback_log_.Due()) {
-    Log()->warn("event=mesh_verbs_fallback node={} why={} (opens over TCP so far: {})", target.node_name,
+    ConnectorLog()->warn("event=mesh_verbs_fallback node={} why={} (opens over TCP so far: {})", target.node_name,
                 LogQuoted(st.message().substr(0, 512)), verbs_fallbacks_.load(std::memory_order_relaxed));
   }
   OverTcp(target, [then = std::move(then), failed = std::move(failed), st](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
@@ -87,8 +96,7 @@ void MeshEngine::ConnectOrOverTcp(const std::shared_ptr<Peer>& peer, const Remot
   });
 }
 
-void MeshEngine::OverTcp(const RemoteTarget& target,
-                         std::function<void(absl::StatusOr<std::shared_ptr<Peer>>)> next) {
+void Connector::OverTcp(const RemoteTarget& target, std::function<void(absl::StatusOr<std::shared_ptr<Peer>>)> next) {
   std::shared_ptr<Peer> tcp = PeerFor(target, /*tcp=*/true);
   if (tcp == nullptr) {
     return next(NoPeer());
@@ -101,7 +109,7 @@ void MeshEngine::OverTcp(const RemoteTarget& target,
   bool posted = tcp->Post([this, weak, target, answer] {
     std::shared_ptr<Peer> peer = weak.lock();
     if (peer == nullptr) return;  // going away: the answer's last holder says so
-    if (stopping_.load(std::memory_order_acquire)) return (*answer)(StoppingStatus());
+    if (stopping()) return (*answer)(StoppingStatus());
     if (absl::Status st = Connect(peer, target); !st.ok()) return (*answer)(st);
     (*answer)(std::move(peer));
   });
@@ -110,11 +118,11 @@ void MeshEngine::OverTcp(const RemoteTarget& target,
   }
 }
 
-absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const RemoteTarget& target, bool* verbs_failed) {
+absl::Status Connector::Connect(const std::shared_ptr<Peer>& peer, const RemoteTarget& target, bool* verbs_failed) {
   Peer& p = *peer;
   if (auto links = p.links(); links != nullptr && links->live() > 0 && p.stub() != nullptr) return absl::OkStatus();
   std::vector<IpPrefix> remote = ParsePrefixes(target.addresses);
-  std::vector<IpPrefix> local = LocalForPaths();
+  std::vector<IpPrefix> local = rooms_.local();
   std::vector<Path> paths = ChoosePaths(local, remote, options_.fallback);
   if (paths.empty()) {
     std::vector<std::string> mine;
@@ -124,16 +132,12 @@ absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const Remote
         "], this node has [", absl::StrJoin(mine, ", "), "] (set mesh.fallback to let the kernel route)"));
   }
   std::string endpoint = HostPort(paths.front().remote, target.port);
-  std::shared_ptr<pb::Mesh::Stub> stub = NewStub(target.node_name, endpoint);
-  auto deadline = [this] { return absl::ToChronoTime(absl::Now() + options_.connect_timeout); };
+  std::shared_ptr<pb::Mesh::Stub> stub = rooms_.new_stub(target.node_name, endpoint);
   pb::HelloResponse hello;
   {
     grpc::ClientContext ctx;
-    ctx.set_deadline(deadline());
-    pb::HelloRequest req;
-    req.set_version(PODLINK_VERSION);
-    req.set_instance(instance_);
-    AddAdverts(req.mutable_adverts());
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.connect_timeout));
+    pb::HelloRequest req = rooms_.hello();
     PODLINK_RETURN_IF_ERROR(FromGrpc(stub->Hello(&ctx, req, &hello), target.node_name));
   }
   if (hello.node_name() != target.node_name) {
@@ -142,37 +146,39 @@ absl::Status MeshEngine::Connect(const std::shared_ptr<Peer>& peer, const Remote
   }
   // Said by the node itself (its certificate names it): routes may go
   // through it to the nodes it is cabled to.
-  Learn(target.node_name, {hello.addresses().begin(), hello.addresses().end()}, hello.control_port());
-  AcceptAdverts(target.node_name, hello.adverts());
+  rooms_.heard(target.node_name, hello);
   p.set_paths(paths, PeerLinkInfo(hello));
   // A peer kept for TCP links (PeerFor) gets those, whatever the node's transport.
-  auto connect = p.tcp() ? &MeshEngine::ConnectTcpLinks : transport_.connect;
-  return (this->*connect)(peer, target, paths, std::move(stub), hello, verbs_failed);
+  LinkMaker* maker = p.tcp() ? tcp_ : links_;
+  return maker->Connect(peer, target, paths, std::move(stub), hello, verbs_failed);
 }
 
-absl::Status MeshEngine::NoPeer() const {
-  if (stopping_.load(std::memory_order_acquire)) return StoppingStatus();
+absl::Status Connector::NoPeer() const {
+  if (stopping()) return StoppingStatus();
   return absl::ResourceExhaustedError(
       absl::StrCat("this podlinkd talks to too many other nodes already (", PeerTable::kMaxPeers, ")"));
 }
 
-absl::Status MeshEngine::NotQueued(const std::string& node) const {
-  return NotQueuedStatus(stopping_.load(std::memory_order_acquire), node);
+absl::Status Connector::NotQueued(const std::string& node) const {
+  return NotQueuedStatus(stopping(), node);
 }
 
-std::function<void(const std::string&)> MeshEngine::RepairOnDownWith(const std::shared_ptr<Peer>& peer,
-                                                                     const std::shared_ptr<DataLinks>& links,
-                                                                     RedoPath redo, const std::vector<Path>& paths) {
-  std::weak_ptr<Peer> weak_peer = peer;
-  Repairs::Redo with_stub = [weak_peer, redo = std::move(redo)](const Path& path,
-                                                                const std::string& name) -> absl::Status {
-    std::shared_ptr<Peer> p = weak_peer.lock();
-    if (p == nullptr) return absl::OkStatus();  // nothing left to repair
-    std::shared_ptr<pb::Mesh::Stub> stub = p->stub();
-    if (stub == nullptr) return absl::OkStatus();
-    return redo(path, name, *p, *stub);
-  };
-  return repairs_.OnDown(links, std::move(with_stub), paths);
+
+std::vector<pb::LinkInfo> PeerLinkInfo(const pb::HelloResponse& hello) {
+  std::vector<pb::LinkInfo> out;
+  for (const pb::LinkInfo& l : hello.links()) {
+    if (out.size() == 64) break;
+    pb::LinkInfo c = l;
+    for (std::string* f :
+         {c.mutable_address(), c.mutable_netdev(), c.mutable_pci_path(), c.mutable_rdma_device(), c.mutable_gid_type()}) {
+      if (f->size() > 256) f->resize(256);
+      for (char& ch : *f) {
+        if (ch < 0x20 || ch == 0x7f) ch = '?';
+      }
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
 }
 
 }  // namespace podlink::mesh

@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_util.h"
 
@@ -28,6 +29,12 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& node) {
   absl::Status st = FromGrpcStatus(s);
   if (st.ok()) return st;
   return absl::Status(st.code(), absl::StrCat("node ", node, ": ", st.message()));
+}
+
+bool RelayCannotStage(const absl::Status& st) {
+  return st.code() == absl::StatusCode::kFailedPrecondition &&
+         (absl::StrContains(st.message(), kRelayCannotStage) ||
+          absl::StrContains(st.message(), "relayed regions ride TCP links"));
 }
 
 }  // namespace podlink::mesh

@@ -170,4 +170,19 @@ void ReleaseRemoteGrant(Peer* peer, uint64_t grant);
 // A peer daemon's answer, said as coming from `node` (common/status_util.h translates).
 absl::Status FromGrpc(const grpc::Status& s, const std::string& node);
 
+// The peer whose links carry a grant a node gave (a relay's onward open, an
+// importer's open), and that node's answer.
+struct Carried {
+  std::shared_ptr<Peer> carrier;
+  pb::OpenRegionResponse resp;
+};
+
+// How a relay says it cannot take a region over verbs (the owner's room says
+// it; the importer then reaches the relay over TCP).
+inline constexpr char kRelayCannotStage[] = " cannot stage over verbs: ";
+// A relay's refusal to stage a region over verbs for its caller (no bounce
+// pool for it; or, from a relay of a version before staging, "relayed
+// regions ride TCP links"): the hop to it can still go over TCP.
+bool RelayCannotStage(const absl::Status& st);
+
 }  // namespace podlink::mesh

@@ -50,10 +50,6 @@ namespace podlink::mesh {
 
 class ConnWriter;  // tcp/conn_writer.h
 
-// How a relay says it cannot take a region over verbs (the importer then
-// reaches it over TCP).
-inline constexpr char kRelayCannotStage[] = " cannot stage over verbs: ";
-
 // GPU exports served to other nodes, and writes on a fenceable route's grant:
 // the bytes pass through a host buffer of the connection's thread, a chunk at
 // a time (MemoryObject::CopyIn/Out; LandFenceable).
@@ -86,10 +82,7 @@ class RegionOwner {
     uint64_t sealed_window_bytes = 512ull << 20;
   };
   // The peer whose links carry a grant the next node gave, and its answer.
-  struct Carried {
-    std::shared_ptr<Peer> carrier;
-    podlink::mesh::v1::OpenRegionResponse resp;
-  };
+  using Carried = ::podlink::mesh::Carried;  // control/peer.h
   using RegionDone = std::function<void(absl::StatusOr<podlink::mesh::v1::OpenRegionResponse>)>;
   // The other rooms, as this one calls them. Each may be left empty: a node
   // that then cannot relay or serve verbs says so.

@@ -101,9 +101,7 @@ void MeshEngine::TradeAdverts() {
     auto call = std::make_shared<Call>();
     call->stub = stub;
     call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.connect_timeout));
-    call->req.set_version(PODLINK_VERSION);
-    call->req.set_instance(instance_);
-    AddAdverts(call->req.mutable_adverts());
+    call->req = OwnHello();
     Call* c = call.get();
     {
       // The destructor cancels these and waits for their callbacks, which use the engine.

@@ -78,10 +78,6 @@ socklen_t ToSockaddr(const IpPrefix& a, uint16_t port, sockaddr_storage* ss) {
   return sizeof(*s6);
 }
 
-std::string HostPort(const IpPrefix& a, uint32_t port) {
-  return a.family == AF_INET6 ? absl::StrCat("[", a.AddressText(), "]:", port) : absl::StrCat(a.AddressText(), ":", port);
-}
-
 // Connects `path` to `port` within `timeout`; the socket is blocking after.
 absl::StatusOr<UniqueFd> Dial(const Path& path, uint16_t port, absl::Duration timeout) {
   UniqueFd fd(::socket(path.remote.family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));

@@ -24,7 +24,6 @@ socklen_t ToSockaddr(const IpPrefix& a, uint16_t port, sockaddr_storage* ss);
 std::string SourceAddress(const sockaddr_storage& ss);
 // The same for gRPC's peer string ("ipv4:10.0.0.2:5000", "ipv6:[fd00::2]:5000").
 std::string SourceOfGrpcPeer(const std::string& peer);
-std::string HostPort(const IpPrefix& a, uint32_t port);
 // Connects `path` to `port` within `timeout`; the socket is blocking after.
 absl::StatusOr<UniqueFd> Dial(const Path& path, uint16_t port, absl::Duration timeout);
 // ReadFull with an absolute deadline over the whole read.

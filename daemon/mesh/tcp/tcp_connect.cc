@@ -1,13 +1,28 @@
 // The TCP transport's links to a peer: its data connections over every path,
 // each dialed with a cookie from the peer's OpenLink; a connection that
 // failed is dialed again over its path with a fresh cookie.
-#include "daemon/mesh/engine_internal.h"
+#include "daemon/mesh/tcp/tcp_connect.h"
+
+#include <algorithm>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status_util.h"
+#include "daemon/mesh/tcp/admission.h"
+#include "daemon/mesh/tcp/sockets.h"
+#include "daemon/mesh/wire.h"
 
 namespace podlink::mesh {
 
-absl::Status MeshEngine::ConnectTcpLinks(const std::shared_ptr<Peer>& peer, const RemoteTarget& target,
-                                         const std::vector<Path>& paths, std::shared_ptr<pb::Mesh::Stub> stub,
-                                         const pb::HelloResponse& hello, bool* verbs_failed) {
+namespace {
+const ComponentLog ConnectLog("mesh");
+}  // namespace
+
+absl::Status TcpLinkMaker::Connect(const std::shared_ptr<Peer>& peer, const RemoteTarget& target,
+                                   const std::vector<Path>& paths, std::shared_ptr<pb::Mesh::Stub> stub,
+                                   const pb::HelloResponse& hello, bool* /*verbs_failed*/) {
   Peer& p = *peer;
   const std::string endpoint = HostPort(paths.front().remote, target.port);
   auto deadline = [this] { return absl::ToChronoTime(absl::Now() + options_.connect_timeout); };
@@ -29,7 +44,7 @@ absl::Status MeshEngine::ConnectTcpLinks(const std::shared_ptr<Peer>& peer, cons
     PODLINK_RETURN_IF_ERROR(FromGrpc(stub->OpenLink(&ctx, req, &link), target.node_name));
   }
   auto links = std::make_shared<PeerLinks>(target.node_name, options_.slice_bytes, options_.slices_in_flight,
-                                           options_.answer_timeout, options_.tcp_zero_copy);
+                                           options_.answer_timeout, options_.zero_copy);
   int cookie = 0;
   absl::Status last;
   for (const Path& path : paths) {
@@ -46,7 +61,7 @@ absl::Status MeshEngine::ConnectTcpLinks(const std::shared_ptr<Peer>& peer, cons
   if (links->live() == 0) {
     return absl::UnavailableError(absl::StrCat("no data connection to node ", target.node_name, ": ", last.message()));
   }
-  Log()->info("event=mesh_peer_connected node={} control={} paths={} connections={}", target.node_name, endpoint,
+  ConnectLog()->info("event=mesh_peer_connected node={} control={} paths={} connections={}", target.node_name, endpoint,
               paths.size(), links->live());
   // A connection that fails later is dialed again over its path.
   links->set_on_down(RepairOnDown(peer, links, paths, link.data_port()));
@@ -56,9 +71,10 @@ absl::Status MeshEngine::ConnectTcpLinks(const std::shared_ptr<Peer>& peer, cons
   return absl::OkStatus();
 }
 
-std::function<void(const std::string&)> MeshEngine::RepairOnDown(const std::shared_ptr<Peer>& peer,
-                                                                 const std::shared_ptr<PeerLinks>& links,
-                                                                 const std::vector<Path>& paths, uint32_t data_port) {
+std::function<void(const std::string&)> TcpLinkMaker::RepairOnDown(const std::shared_ptr<Peer>& peer,
+                                                                   const std::shared_ptr<PeerLinks>& links,
+                                                                   const std::vector<Path>& paths,
+                                                                   uint32_t data_port) {
   std::weak_ptr<PeerLinks> weak = links;
   RedoPath redo = [this, weak, data_port](const Path& path, const std::string& name, Peer& peer,
                                          pb::Mesh::Stub& stub) -> absl::Status {
@@ -76,12 +92,12 @@ std::function<void(const std::string&)> MeshEngine::RepairOnDown(const std::shar
     links->AddConnection(std::move(fd), name);
     return absl::OkStatus();
   };
-  return RepairOnDownWith(peer, links, std::move(redo), paths);
+  return RepairWithStub(*repairs_, peer, links, std::move(redo), paths);
 }
 
 
-absl::StatusOr<UniqueFd> MeshEngine::DialData(const Path& path, uint32_t port, const std::string& cookie,
-                                               uint64_t link_instance, absl::Duration timeout) const {
+absl::StatusOr<UniqueFd> TcpLinkMaker::DialData(const Path& path, uint32_t port, const std::string& cookie,
+                                                 uint64_t link_instance, absl::Duration timeout) const {
   if (cookie.size() != kCookieBytes) return absl::UnavailableError("the peer issued a malformed link cookie");
   PODLINK_ASSIGN_OR_RETURN(UniqueFd fd, Dial(path, static_cast<uint16_t>(port), timeout));
   FrameHeader h{};
