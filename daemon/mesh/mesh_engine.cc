@@ -63,6 +63,19 @@ MeshEngine::MeshEngine(MeshOptions options, std::string node_name, MeshHost* hos
   data_server_ = std::make_unique<TcpDataServer>(
       TcpDataServer::Options{.io_timeout = options_.io_timeout, .idle_timeout = options_.data_idle_timeout},
       admission_, late_copies_, std::move(owner));
+  AdvertTrader::Options advertising{.node_name = node_name_,
+                                    .interval = options_.advert_interval,
+                                    .connect_timeout = options_.connect_timeout};
+  for (const PeerEntry& p : options_.peers) advertising.configured[p.node] = ParsePrefixes(p.addresses);
+  adverts_ = std::make_unique<AdvertTrader>(
+      std::move(advertising),
+      AdvertTrader::Rooms{.local = [this] { return LocalForPaths(); },
+                          .new_stub = [this](const std::string& node,
+                                             const std::string& endpoint) {
+                            return NewMeshStub(cert_files_, node, endpoint);
+                          },
+                          .hello = [this] { return OwnHello(); }},
+      &credentials_, &known_);
   tcp_links_ = std::make_unique<TcpLinkMaker>(TcpLinkMaker::Options{.connections_per_path = options_.connections_per_path,
                                                                     .slice_bytes = options_.slice_bytes,
                                                                     .slices_in_flight = options_.slices_in_flight,
@@ -77,13 +90,15 @@ MeshEngine::MeshEngine(MeshOptions options, std::string node_name, MeshHost* hos
 void MeshEngine::UseTransport(LinkMaker* links) {
   Connector::Rooms rooms;
   rooms.local = [this] { return LocalForPaths(); };
-  rooms.new_stub = [this](const std::string& node, const std::string& endpoint) { return NewStub(node, endpoint); };
+  rooms.new_stub = [this](const std::string& node, const std::string& endpoint) {
+    return NewMeshStub(cert_files_, node, endpoint);
+  };
   rooms.hello = [this] { return OwnHello(); };
   rooms.heard = [this](const std::string& node, const pb::HelloResponse& hello) {
     // Said by the node itself (its certificate names it): routes may go
     // through it to the nodes it is cabled to.
     Learn(node, {hello.addresses().begin(), hello.addresses().end()}, hello.control_port());
-    AcceptAdverts(node, hello.adverts());
+    adverts_->Accept(node, hello.adverts());
   };
   // A full peer table forgets a peer only if no handle and no relay's grant goes through it.
   rooms.in_use = [this] {
@@ -102,7 +117,7 @@ void MeshEngine::UseTransport(LinkMaker* links) {
                       .fallback = options_.fallback,
                       .two_hop_stripe = options_.two_hop_stripe && links->stripes_two_hop(),
                       .open_per_hop = options_.open_per_hop},
-      Opener::Routing{.local = [this] { return LocalForPaths(); }, .trust = [this] { return Trust(); }},
+      Opener::Routing{.local = [this] { return LocalForPaths(); }, .trust = [this] { return adverts_->Trust(); }},
       connector_.get(), &handles_, transfers_.get(), &route_signer_, &known_, &stopping_);
 }
 
@@ -110,7 +125,7 @@ pb::HelloRequest MeshEngine::OwnHello() const {
   pb::HelloRequest req;
   req.set_version(PODLINK_VERSION);
   req.set_instance(instance_);
-  AddAdverts(req.mutable_adverts());
+  adverts_->AddTo(req.mutable_adverts());
   return req;
 }
 
@@ -186,7 +201,7 @@ absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions option
   }
   e->control_port_ = static_cast<uint32_t>(port);
   e->data_server_->Start();
-  e->RefreshOwnAdvert();  // before the first Hello it could be asked for
+  e->adverts_->RefreshOwn(e->AdvertisedAddresses(), e->control_port_);  // before the first Hello it could be asked for
   e->repairs_.Start();
   e->housekeeping_thread_ = std::thread([p = e.get()] { p->HousekeepingLoop(); });
   if (e->options_.two_hop_stripe) e->transfers_->StartTwoHopThread();
@@ -221,10 +236,7 @@ void MeshEngine::Stop() {
   if (housekeeping_thread_.joinable()) housekeeping_thread_.join();
   {
     // Advert trades still in flight (started by the housekeeping thread, now gone).
-    absl::MutexLock l(&advert_calls_mu_);
-    for (grpc::ClientContext* c : advert_calls_) c->TryCancel();
-    auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(advert_calls_mu_) { return advert_calls_.empty(); };
-    advert_calls_mu_.Await(absl::Condition(&none));
+    adverts_->Stop();
   }
   admission_.ShutdownAndWait();
   std::map<std::string, std::shared_ptr<Peer>> peers = peers_.Close();

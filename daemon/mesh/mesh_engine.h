@@ -49,7 +49,7 @@
 #include "daemon/mesh/node_shares.h"
 #include "daemon/mesh/owner/grant_table.h"
 #include "daemon/mesh/owner/region_owner.h"
-#include "daemon/mesh/routing/advert_book.h"
+#include "daemon/mesh/routing/advert_trader.h"
 #include "daemon/mesh/routing/known_nodes.h"
 #include "daemon/mesh/routing/local_nics.h"
 #include "daemon/metrics/metrics.h"
@@ -241,12 +241,6 @@ class MeshEngine final : public MeshPort {
   // and from their own Hello answers.
   void Learn(const std::string& node, const std::vector<std::string>& addresses, uint32_t port)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // `node` (its certificate checked) talked to this one from, or was reached
-  // at, `address`: a neighbour when that lies on one of this node's subnets
-  // (its next advert says so).
-  void SawNeighbour(const std::string& node, const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
-  // What makes a cable between two other nodes in a route (routes.h).
-  CableTrust Trust() const ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the grants of nodes idle longer than grant_idle_timeout.
   void SweepIdleImporters() ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the grants of importing pods the host knows to be gone
@@ -255,24 +249,8 @@ class MeshEngine final : public MeshPort {
   // Says hello to every peer whose regions this node's pods hold, every
   // `keepalive` (on the peers' workers).
   void KeepAlive() ABSL_LOCKS_EXCLUDED(mu_);
-  // Node adverts (mesh.proto NodeAdvert). This node's own, signed again every
-  // advert_interval (its key and addresses as they are then).
-  void RefreshOwnAdvert() ABSL_LOCKS_EXCLUDED(mu_);
-  // Keeps the adverts `from` sent that are new, fresh and verified against the
-  // mesh CA, and learns their nodes; at most one batch per peer a second.
-  void AcceptAdverts(const std::string& from,
-                     const google::protobuf::RepeatedPtrField<podlink::mesh::v1::NodeAdvert>& adverts)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // What a Hello carries: this node's advert first, then the freshest others.
-  void AddAdverts(google::protobuf::RepeatedPtrField<podlink::mesh::v1::NodeAdvert>* out) const
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Every advert_interval: an asynchronous Hello, adverts both ways, with each
-  // known node this one is cabled to.
-  void TradeAdverts() ABSL_LOCKS_EXCLUDED(mu_);
   // Each peer's link set drops what it holds for local memory gone (DataLinks::Sweep).
   void SweepLinks() ABSL_LOCKS_EXCLUDED(mu_);
-  // A control channel to `node` at `endpoint`, its certificate checked to name it.
-  std::shared_ptr<podlink::mesh::v1::Mesh::Stub> NewStub(const std::string& node, const std::string& endpoint) const;
   // Transfers a sender's link instance finished (DONE) or notified: late
   // copies of their slices are dropped, a NOTIFY is delivered once
   // (links/late_copies.h; its own lock, taken alone).
@@ -331,11 +309,9 @@ class MeshEngine final : public MeshPort {
   // The other nodes this one talks to (the control room's table; its own lock, control/peer_table.h).
   PeerTable peers_;
   Repairs repairs_;  // the control room's (its own thread and lock, a leaf)
-  // Node adverts (the routing room's; its own lock, a leaf).
-  AdvertBook adverts_{node_name_, options_.advert_interval};
-  std::map<std::string, std::shared_ptr<podlink::mesh::v1::Mesh::Stub>> advert_stubs_ ABSL_GUARDED_BY(mu_);
-  absl::Mutex advert_calls_mu_;
-  std::set<grpc::ClientContext*> advert_calls_ ABSL_GUARDED_BY(advert_calls_mu_);  // TradeAdverts' Hellos in flight
+  // Node adverts: the book, this node's own, their trade (the routing room's, routing/advert_trader.h; its locks
+  // are leaves). Made in the constructor.
+  std::unique_ptr<AdvertTrader> adverts_;
   std::atomic<uint64_t> idle_peer_grants_dropped_{0};
   std::atomic<uint64_t> gone_pod_grants_dropped_{0};
   absl::Time last_keepalive_ ABSL_GUARDED_BY(mu_) = absl::Now();

@@ -28,7 +28,7 @@ podlink::v1::MeshStatus MeshEngine::Status() const {
       kn->set_node(node);
       for (const std::string& a : k.addresses) kn->add_addresses(a);
       kn->set_port(k.port);
-      const int64_t issued = adverts_.IssuedOf(node);
+      const int64_t issued = adverts_->book().IssuedOf(node);
       kn->set_advert_age_seconds(issued < 0 ? -1 : std::max<int64_t>(0, now_s - issued));
     }
     st.set_served_write_bytes(owner_->counters().bytes_written_in);
@@ -201,7 +201,7 @@ std::string MeshEngine::RenderMetrics() const {
   const uint64_t relayed = owned.relayed_opens, routed = opener_->routed_opens(), forwarded = owned.relay_forwarded_bytes;
   const uint64_t staged = owner_->relay_staging_used();
   const uint64_t restarted_dropped = held.restarted_dropped;
-  const uint64_t adverts_held = adverts_.size(), adverts_refused = adverts_.refused();
+  const uint64_t adverts_held = adverts_->book().size(), adverts_refused = adverts_->book().refused();
   const uint64_t own_pauses = liveness_.own_pauses();
   const uint64_t idle_dropped = idle_peer_grants_dropped_, gone_dropped = gone_pod_grants_dropped_;
   one("podlink_mesh_restarted_peer_grants_dropped_total", "counter",

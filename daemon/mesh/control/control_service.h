@@ -13,10 +13,10 @@ class MeshEngine::Service final : public pb::Mesh::CallbackService {
   grpc::ServerUnaryReactor* Hello(grpc::CallbackServerContext* ctx, const pb::HelloRequest* req,
                                   pb::HelloResponse* resp) override {
     return Run(ctx, [&](const std::string& node) {
-      if (node != e_->node_name_) e_->SawNeighbour(node, SourceOfGrpcPeer(ctx->peer()));
+      if (node != e_->node_name_) e_->adverts_->SawNeighbour(node, SourceOfGrpcPeer(ctx->peer()));
       if (node != e_->node_name_) e_->owner_->SeenInstance(node, req->instance());
-      if (node != e_->node_name_) e_->AcceptAdverts(node, req->adverts());
-      e_->AddAdverts(resp->mutable_adverts());
+      if (node != e_->node_name_) e_->adverts_->Accept(node, req->adverts());
+      e_->adverts_->AddTo(resp->mutable_adverts());
       resp->set_node_name(e_->node_name_);
       resp->set_version(PODLINK_VERSION);
       resp->set_instance(e_->instance_);

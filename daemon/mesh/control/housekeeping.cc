@@ -25,8 +25,8 @@ void MeshEngine::HousekeepingLoop() {
     SweepIdleImporters();
     DropGrantsOfGonePods();
     KeepAlive();
-    RefreshOwnAdvert();
-    TradeAdverts();
+    adverts_->RefreshOwn(AdvertisedAddresses(), control_port_);
+    adverts_->Trade();
   }
 }
 

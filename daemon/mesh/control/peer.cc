@@ -4,6 +4,9 @@
 #include <chrono>
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_certificate_verifier.h>
+#include <grpcpp/security/tls_credentials_options.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -23,6 +26,21 @@ void ReleaseRemoteGrant(Peer* peer, uint64_t grant) {
     pb::CloseRegionResponse ignored;
     (void)stub->CloseRegion(&ctx, req, &ignored);
   });
+}
+
+std::shared_ptr<pb::Mesh::Stub> NewMeshStub(
+    const std::shared_ptr<grpc::experimental::CertificateProviderInterface>& certs, const std::string& node,
+    const std::string& endpoint) {
+  grpc::experimental::TlsChannelCredentialsOptions tls;
+  tls.set_certificate_provider(certs);
+  tls.watch_root_certs();
+  tls.watch_identity_key_cert_pairs();
+  tls.set_verify_server_certs(true);
+  // The certificate must name the node we mean (the target name below).
+  tls.set_certificate_verifier(std::make_shared<grpc::experimental::HostNameCertificateVerifier>());
+  grpc::ChannelArguments args;
+  args.SetSslTargetNameOverride(node);
+  return pb::Mesh::NewStub(grpc::CreateCustomChannel(endpoint, grpc::experimental::TlsCredentials(tls), args));
 }
 
 absl::Status FromGrpc(const grpc::Status& s, const std::string& node) {

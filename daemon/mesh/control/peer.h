@@ -19,6 +19,10 @@
 #include "daemon/mesh/nic_rank.h"
 #include "podlink/mesh/v1/mesh.grpc.pb.h"
 
+namespace grpc::experimental {
+class CertificateProviderInterface;
+}  // namespace grpc::experimental
+
 namespace podlink::mesh {
 
 namespace pb = podlink::mesh::v1;
@@ -166,6 +170,12 @@ class Peer : public std::enable_shared_from_this<Peer> {
 // grant itself on the peer's worker, best effort (grants also die with their
 // export).
 void ReleaseRemoteGrant(Peer* peer, uint64_t grant);
+
+// A control channel to `node` at `endpoint` over mutual TLS with the
+// certificate files `certs` watches; the peer's certificate must name `node`.
+std::shared_ptr<pb::Mesh::Stub> NewMeshStub(
+    const std::shared_ptr<grpc::experimental::CertificateProviderInterface>& certs, const std::string& node,
+    const std::string& endpoint);
 
 // A peer daemon's answer, said as coming from `node` (common/status_util.h translates).
 absl::Status FromGrpc(const grpc::Status& s, const std::string& node);
