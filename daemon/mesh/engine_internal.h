@@ -3,5 +3,4 @@
 #pragma once
 
 #include "daemon/mesh/control/peer.h"
-#include "daemon/mesh/control/control_service.h"
 #include "daemon/mesh/engine_util.h"

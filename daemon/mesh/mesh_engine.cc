@@ -187,7 +187,22 @@ absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions option
   tls.watch_root_certs();
   tls.watch_identity_key_cert_pairs();
   tls.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  e->service_ = std::make_unique<Service>(e.get());
+  ControlService::Rooms rooms{.owner = e->owner_.get(),
+                              .admission = &e->admission_,
+                              .verbs = e->verbs_.get(),
+                              .liveness = &e->liveness_,
+                              .adverts = e->adverts_.get(),
+                              .describe = [p = e.get()](pb::HelloResponse* resp) {
+                                for (const std::string& a : p->AdvertisedAddresses()) resp->add_addresses(a);
+                                resp->set_control_port(p->control_port_);
+                                for (pb::LinkInfo& l : p->LocalLinks()) *resp->add_links() = std::move(l);
+                              }};
+  e->service_ = std::make_unique<ControlService>(
+      ControlService::Options{.node_name = e->node_name_,
+                              .instance = e->instance_,
+                              .data_port = e->data_port_,
+                              .advertised = e->advertised_},
+      std::move(rooms));
   grpc::ServerBuilder b;
   int port = 0;
   b.AddListeningPort(o.listen, grpc::experimental::TlsServerCredentials(tls), &port);

@@ -37,6 +37,7 @@
 #include "daemon/mesh/mesh_host.h"
 #include "daemon/mesh/nic_rank.h"
 #include "daemon/mesh/control/connector.h"
+#include "daemon/mesh/control/control_service.h"
 #include "daemon/mesh/control/credentials.h"
 #include "daemon/mesh/control/liveness.h"
 #include "daemon/mesh/control/peer_table.h"
@@ -229,7 +230,6 @@ class MeshEngine final : public MeshPort {
   // This node's links as last read from sysfs (at start, then every minute).
   std::vector<podlink::mesh::v1::LinkInfo> LocalLinks() const { return local_nics_.Current(); }
 
-  class Service;
   using Peer = ::podlink::mesh::Peer;  // control/peer.h
 
  private:
@@ -282,7 +282,7 @@ class MeshEngine final : public MeshPort {
   KnownNodes known_{node_name_};
   std::shared_ptr<grpc::experimental::CertificateProviderInterface> cert_files_;
   uint32_t control_port_ = 0, data_port_ = 0;
-  std::unique_ptr<Service> service_;
+  std::unique_ptr<ControlService> service_;  // the Mesh gRPC service (control/control_service.h)
   std::unique_ptr<grpc::Server> server_;
   std::thread housekeeping_thread_;  // sweeps, keepalives, adverts, certificate reloads (HousekeepingLoop)
   std::atomic<bool> stopping_{false};

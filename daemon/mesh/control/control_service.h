@@ -1,125 +1,76 @@
-// The mesh's control service (internal to the engine): authenticates by the
-// TLS peer and calls the engine.
+// The mesh's control service (the control room's): the Mesh gRPC service
+// other nodes' daemons call over mutual TLS. Each call is authenticated by its
+// TLS peer (the verified certificate names exactly one node) and handed to
+// the room it is for: Hello to the routing room and the owner (a restarted
+// importer's grants dropped), OpenLink to the TCP data server's gate,
+// OpenRegion, FenceRoute and CloseRegion to the owner, OpenVerbs to the verbs
+// side. A peer's call in flight keeps it alive (Liveness). No lock of its own.
 #pragma once
 
-#include "daemon/mesh/engine_util.h"
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "daemon/mesh/addresses.h"
+#include "daemon/mesh/control/liveness.h"
+#include "daemon/mesh/owner/region_owner.h"
+#include "daemon/mesh/routing/advert_trader.h"
+#include "daemon/mesh/tcp/admission.h"
+#include "daemon/mesh/verbs/verbs_node.h"
+#include "podlink/mesh/v1/mesh.grpc.pb.h"
 
 namespace podlink::mesh {
 
-class MeshEngine::Service final : public pb::Mesh::CallbackService {
+class ControlService final : public podlink::mesh::v1::Mesh::CallbackService {
  public:
-  explicit Service(MeshEngine* e) : e_(e) {}
+  struct Options {
+    std::string node_name;              // this node's (its own calls are not a peer's)
+    uint64_t instance = 0;              // this daemon's
+    uint32_t data_port = 0;             // the TCP data server's
+    std::vector<IpPrefix> advertised;   // this node's addresses (the verbs side's paths)
+  };
+  struct Rooms {
+    RegionOwner* owner = nullptr;
+    DataAdmission* admission = nullptr;
+    verbs::VerbsNode* verbs = nullptr;
+    Liveness* liveness = nullptr;
+    AdvertTrader* adverts = nullptr;
+    // What a Hello answer says of this node besides its name, instance and
+    // adverts: its addresses, control port and links as they are now.
+    std::function<void(podlink::mesh::v1::HelloResponse*)> describe;
+  };
+  // Every room outlives this.
+  ControlService(Options options, Rooms rooms) : options_(std::move(options)), rooms_(std::move(rooms)) {}
 
-  grpc::ServerUnaryReactor* Hello(grpc::CallbackServerContext* ctx, const pb::HelloRequest* req,
-                                  pb::HelloResponse* resp) override {
-    return Run(ctx, [&](const std::string& node) {
-      if (node != e_->node_name_) e_->adverts_->SawNeighbour(node, SourceOfGrpcPeer(ctx->peer()));
-      if (node != e_->node_name_) e_->owner_->SeenInstance(node, req->instance());
-      if (node != e_->node_name_) e_->adverts_->Accept(node, req->adverts());
-      e_->adverts_->AddTo(resp->mutable_adverts());
-      resp->set_node_name(e_->node_name_);
-      resp->set_version(PODLINK_VERSION);
-      resp->set_instance(e_->instance_);
-      resp->set_data_port(e_->data_port_);
-      for (const std::string& a : e_->AdvertisedAddresses()) resp->add_addresses(a);
-      resp->set_control_port(e_->control_port_);
-      for (pb::LinkInfo& l : e_->LocalLinks()) *resp->add_links() = std::move(l);
-      return absl::OkStatus();
-    });
-  }
-  grpc::ServerUnaryReactor* OpenLink(grpc::CallbackServerContext* ctx, const pb::OpenLinkRequest* req,
-                                     pb::OpenLinkResponse* resp) override {
-    return Run(ctx, [&](const std::string& node) -> absl::Status {
-      PODLINK_ASSIGN_OR_RETURN(std::vector<std::string> cookies,
-                               e_->admission_.IssueCookies(node, req->connections(), SourceOfGrpcPeer(ctx->peer()),
-                                                {req->sources().begin(), req->sources().end()}));
-      for (auto& c : cookies) resp->add_cookies(std::move(c));
-      resp->set_data_port(e_->data_port_);
-      resp->set_instance(e_->instance_);
-      return absl::OkStatus();
-    });
-  }
-  grpc::ServerUnaryReactor* OpenRegion(grpc::CallbackServerContext* ctx, const pb::OpenRegionRequest* req,
-                                       pb::OpenRegionResponse* resp) override {
-    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
-    absl::StatusOr<std::string> node = PeerNode(ctx);
-    if (!node.ok()) {
-      r->Finish(ToGrpcStatus(node.status()));
-      return r;
-    }
-    // A relayed open is answered later, from a mesh thread; if its task is
-    // dropped (the engine stopping), the answer's owner still finishes it.
-    struct Answer {
-      Answer(grpc::ServerUnaryReactor* r, pb::OpenRegionResponse* resp) : r(r), resp(resp) {}
-      Answer(const Answer&) = delete;
-      Answer& operator=(const Answer&) = delete;
-      ~Answer() {
-        if (!done) r->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the daemon is stopping"));
-      }
-      grpc::ServerUnaryReactor* const r;
-      pb::OpenRegionResponse* const resp;
-      bool done = false;
-    };
-    auto answer = std::make_shared<Answer>(r, resp);
-    // In flight until answered (a relayed open waits on the next hop).
-    const bool peer = *node != e_->node_name_;
-    if (peer) e_->liveness_.BeginCall(*node);
-    e_->owner_->OpenRegionFor(*node, *req, [answer, e = e_, peer, n = *node](absl::StatusOr<pb::OpenRegionResponse> out) {
-      if (answer->done) return;
-      answer->done = true;
-      if (peer) e->liveness_.EndCall(n);
-      if (out.ok()) *answer->resp = *std::move(out);
-      answer->r->Finish(ToGrpcStatus(out.status()));
-    });
-    return r;
-  }
-  grpc::ServerUnaryReactor* OpenVerbs(grpc::CallbackServerContext* ctx, const pb::OpenVerbsRequest* req,
-                                      pb::OpenVerbsResponse* resp) override {
-    return Run(ctx, [&](const std::string& node) -> absl::Status {
-      PODLINK_ASSIGN_OR_RETURN(*resp, e_->verbs_->Accept(node, *req, e_->advertised_));
-      return absl::OkStatus();
-    });
-  }
-  grpc::ServerUnaryReactor* FenceRoute(grpc::CallbackServerContext* ctx, const pb::FenceRouteRequest* req,
-                                       pb::FenceRouteResponse* resp) override {
-    return Run(ctx, [&](const std::string& node) -> absl::Status {
-      PODLINK_ASSIGN_OR_RETURN(uint32_t closed, e_->owner_->FenceRoute(node, req->nonce()));
-      resp->set_grants_closed(closed);
-      return absl::OkStatus();
-    });
-  }
-  grpc::ServerUnaryReactor* CloseRegion(grpc::CallbackServerContext* ctx, const pb::CloseRegionRequest* req,
-                                        pb::CloseRegionResponse*) override {
-    return Run(ctx, [&](const std::string& node) {
-      e_->owner_->CloseRegion(node, req->grant());
-      return absl::OkStatus();
-    });
-  }
+  grpc::ServerUnaryReactor* Hello(grpc::CallbackServerContext* ctx, const podlink::mesh::v1::HelloRequest* req,
+                                  podlink::mesh::v1::HelloResponse* resp) override;
+  grpc::ServerUnaryReactor* OpenLink(grpc::CallbackServerContext* ctx, const podlink::mesh::v1::OpenLinkRequest* req,
+                                     podlink::mesh::v1::OpenLinkResponse* resp) override;
+  grpc::ServerUnaryReactor* OpenRegion(grpc::CallbackServerContext* ctx,
+                                       const podlink::mesh::v1::OpenRegionRequest* req,
+                                       podlink::mesh::v1::OpenRegionResponse* resp) override;
+  grpc::ServerUnaryReactor* OpenVerbs(grpc::CallbackServerContext* ctx, const podlink::mesh::v1::OpenVerbsRequest* req,
+                                      podlink::mesh::v1::OpenVerbsResponse* resp) override;
+  grpc::ServerUnaryReactor* FenceRoute(grpc::CallbackServerContext* ctx,
+                                       const podlink::mesh::v1::FenceRouteRequest* req,
+                                       podlink::mesh::v1::FenceRouteResponse* resp) override;
+  grpc::ServerUnaryReactor* CloseRegion(grpc::CallbackServerContext* ctx,
+                                        const podlink::mesh::v1::CloseRegionRequest* req,
+                                        podlink::mesh::v1::CloseRegionResponse* resp) override;
 
  private:
   // The peer's node name: the identity of its verified certificate.
-  static absl::StatusOr<std::string> PeerNode(grpc::CallbackServerContext* ctx) {
-    std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
-    std::vector<grpc::string_ref> ids;
-    if (auth != nullptr && auth->IsPeerAuthenticated()) ids = auth->GetPeerIdentity();
-    if (ids.empty()) return absl::UnauthenticatedError("mesh peers must present a node certificate");
-    // A certificate names exactly one node (its first SAN, else its CN).
-    return std::string(ids.front().data(), ids.front().size());
-  }
-  template <typename F>
-  grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx, F&& f) {
-    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
-    absl::StatusOr<std::string> node = PeerNode(ctx);
-    // Alive for as long as a call that may take long (an owner registering
-    // memory for RDMA) runs, while its keepalives may wait behind it.
-    const bool peer = node.ok() && *node != e_->node_name_;
-    if (peer) e_->liveness_.BeginCall(*node);
-    absl::Status st = node.ok() ? f(*node) : node.status();
-    if (peer) e_->liveness_.EndCall(*node);
-    r->Finish(ToGrpcStatus(st));
-    return r;
-  }
-  MeshEngine* const e_;
+  static absl::StatusOr<std::string> PeerNode(grpc::CallbackServerContext* ctx);
+  // Runs `f` with the calling node's name, the peer kept alive meanwhile, and finishes the call with its status.
+  grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* ctx,
+                                const std::function<absl::Status(const std::string& node)>& f);
+
+  const Options options_;
+  const Rooms rooms_;
 };
 
 }  // namespace podlink::mesh
