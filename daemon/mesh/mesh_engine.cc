@@ -288,4 +288,66 @@ std::vector<std::string> MeshEngine::AdvertisedAddresses() const {
   return out;
 }
 
+void MeshEngine::KeepAlive() {
+  std::set<std::shared_ptr<Peer>> peers;
+  {
+    absl::MutexLock l(&mu_);
+    if (absl::Now() - last_keepalive_ < options_.keepalive) return;
+    last_keepalive_ = absl::Now();
+    for (auto& p : handles_.Peers()) peers.insert(std::move(p));
+    for (const auto& f : owner_->grants().Forwards()) peers.insert(f->peer);  // a relay holds grants onward too
+  }
+  // Asynchronous calls on the peers' channels: never queued behind a peer
+  // worker's long task, never blocking this thread.
+  struct Call {
+    std::shared_ptr<pb::Mesh::Stub> stub;
+    grpc::ClientContext ctx;
+    pb::HelloRequest req;
+    pb::HelloResponse resp;
+  };
+  for (const std::shared_ptr<Peer>& p : peers) {
+    std::shared_ptr<pb::Mesh::Stub> stub = p->stub();
+    if (stub == nullptr) continue;
+    auto call = std::make_shared<Call>();
+    call->stub = stub;
+    call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.connect_timeout));
+    call->req.set_version(PODLINK_VERSION);
+    call->req.set_instance(instance_);
+    Call* c = call.get();
+    stub->async()->Hello(&c->ctx, &c->req, &c->resp, [call](grpc::Status) mutable { call.reset(); });
+  }
+}
+
+void MeshEngine::SweepLinks() {
+  for (const auto& p : peers_.All()) {
+    if (std::shared_ptr<DataLinks> l = p->links()) l->Sweep();
+  }
+}
+
+// Every 200 ms, on a thread of its own: a repair can wait seconds on a dial
+// or an OpenVerbs call, and none of this may wait behind it (the sweep ends
+// RDMA access to a withdrawn export; keepalives and adverts keep this node's
+// grants and routes alive elsewhere).
+void MeshEngine::HousekeepingLoop() {
+  for (;;) {
+    {
+      absl::MutexLock l(&mu_);
+      auto stop = [this] { return stopping_.load(std::memory_order_acquire); };
+      mu_.AwaitWithTimeout(absl::Condition(&stop), kHousekeepingPeriod);
+      if (stop()) return;
+    }
+    // Registrations whose grant closed or whose export went away are dropped.
+    verbs_->Sweep([this](uint64_t grant) { return owner_->grants().Contains(grant); },
+                  [this](const std::string& node, uint64_t grant) { (void)owner_->GrantedExport(node, grant); });
+    SweepLinks();
+    local_nics_.RefreshIfDue(advertised_);
+    credentials_.Refresh();
+    SweepIdleImporters();
+    DropGrantsOfGonePods();
+    KeepAlive();
+    adverts_->RefreshOwn(AdvertisedAddresses(), control_port_);
+    adverts_->Trade();
+  }
+}
+
 }  // namespace podlink::mesh

@@ -1,4 +1,5 @@
-// Sweeps and keepalives: idle importers, pods gone, hellos to the peers this node holds regions of.
+// The owner's sweeps: the grants of importing nodes gone silent, and of
+// importing pods gone.
 #include "daemon/mesh/engine_internal.h"
 
 namespace podlink::mesh {
@@ -38,42 +39,6 @@ void MeshEngine::DropGrantsOfGonePods() {
     Log()->warn("event=mesh_importer_pod_gone node={} pod_uid={} dropped_grants={}", who.first, LogQuoted(who.second),
                 n);
     gone_pod_grants_dropped_ += n;
-  }
-}
-
-void MeshEngine::KeepAlive() {
-  std::set<std::shared_ptr<Peer>> peers;
-  {
-    absl::MutexLock l(&mu_);
-    if (absl::Now() - last_keepalive_ < options_.keepalive) return;
-    last_keepalive_ = absl::Now();
-    for (auto& p : handles_.Peers()) peers.insert(std::move(p));
-    for (const auto& f : owner_->grants().Forwards()) peers.insert(f->peer);  // a relay holds grants onward too
-  }
-  // Asynchronous calls on the peers' channels: never queued behind a peer
-  // worker's long task, never blocking this thread.
-  struct Call {
-    std::shared_ptr<pb::Mesh::Stub> stub;
-    grpc::ClientContext ctx;
-    pb::HelloRequest req;
-    pb::HelloResponse resp;
-  };
-  for (const std::shared_ptr<Peer>& p : peers) {
-    std::shared_ptr<pb::Mesh::Stub> stub = p->stub();
-    if (stub == nullptr) continue;
-    auto call = std::make_shared<Call>();
-    call->stub = stub;
-    call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.connect_timeout));
-    call->req.set_version(PODLINK_VERSION);
-    call->req.set_instance(instance_);
-    Call* c = call.get();
-    stub->async()->Hello(&c->ctx, &c->req, &c->resp, [call](grpc::Status) mutable { call.reset(); });
-  }
-}
-
-void MeshEngine::SweepLinks() {
-  for (const auto& p : peers_.All()) {
-    if (std::shared_ptr<DataLinks> l = p->links()) l->Sweep();
   }
 }
 
