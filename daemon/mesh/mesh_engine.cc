@@ -50,7 +50,8 @@ MeshEngine::MeshEngine(MeshOptions options, std::string node_name, MeshHost* hos
                            .limits = {options_.max_grants_per_peer, options_.max_grants_per_pod,
                                       options_.max_grants_per_tenant},
                            .relay_staging_bytes = options_.relay_staging_bytes,
-                           .sealed_window_bytes = options_.sealed_window_bytes},
+                           .sealed_window_bytes = options_.sealed_window_bytes,
+                           .grant_idle_timeout = options_.grant_idle_timeout},
       host_, &credentials_, &liveness_, &late_copies_, std::move(rooms));
   // What the data server's frames do to grants is the owner's (owner/frames.cc); a connection's end is a sign
   // of life for the idle-importer sweep.
@@ -119,6 +120,13 @@ void MeshEngine::UseTransport(LinkMaker* links) {
                       .open_per_hop = options_.open_per_hop},
       Opener::Routing{.local = [this] { return LocalForPaths(); }, .trust = [this] { return adverts_->Trust(); }},
       connector_.get(), &handles_, transfers_.get(), &route_signer_, &known_, &stopping_);
+}
+
+pb::HelloRequest MeshEngine::KeepaliveHello() const {
+  pb::HelloRequest req;
+  req.set_version(PODLINK_VERSION);
+  req.set_instance(instance_);
+  return req;
 }
 
 pb::HelloRequest MeshEngine::OwnHello() const {
@@ -288,34 +296,8 @@ std::vector<std::string> MeshEngine::AdvertisedAddresses() const {
   return out;
 }
 
-void MeshEngine::KeepAlive() {
-  std::set<std::shared_ptr<Peer>> peers;
-  {
-    absl::MutexLock l(&mu_);
-    if (absl::Now() - last_keepalive_ < options_.keepalive) return;
-    last_keepalive_ = absl::Now();
-    for (auto& p : handles_.Peers()) peers.insert(std::move(p));
-    for (const auto& f : owner_->grants().Forwards()) peers.insert(f->peer);  // a relay holds grants onward too
-  }
-  // Asynchronous calls on the peers' channels: never queued behind a peer
-  // worker's long task, never blocking this thread.
-  struct Call {
-    std::shared_ptr<pb::Mesh::Stub> stub;
-    grpc::ClientContext ctx;
-    pb::HelloRequest req;
-    pb::HelloResponse resp;
-  };
-  for (const std::shared_ptr<Peer>& p : peers) {
-    std::shared_ptr<pb::Mesh::Stub> stub = p->stub();
-    if (stub == nullptr) continue;
-    auto call = std::make_shared<Call>();
-    call->stub = stub;
-    call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.connect_timeout));
-    call->req.set_version(PODLINK_VERSION);
-    call->req.set_instance(instance_);
-    Call* c = call.get();
-    stub->async()->Hello(&c->ctx, &c->req, &c->resp, [call](grpc::Status) mutable { call.reset(); });
-  }
+void MeshEngine::SweepIdleImporters() {
+  owner_->SweepIdleImporters([this](const std::string& node) { return admission_.Connected(node); });
 }
 
 void MeshEngine::SweepLinks() {
@@ -343,8 +325,8 @@ void MeshEngine::HousekeepingLoop() {
     local_nics_.RefreshIfDue(advertised_);
     credentials_.Refresh();
     SweepIdleImporters();
-    DropGrantsOfGonePods();
-    KeepAlive();
+    owner_->DropGrantsOfGonePods();
+    connector_->KeepAlive(options_.keepalive, KeepaliveHello());
     adverts_->RefreshOwn(AdvertisedAddresses(), control_port_);
     adverts_->Trade();
   }

@@ -198,7 +198,7 @@ class MeshEngine final : public MeshPort {
   }
   // One pass of the idle-importer sweep the housekeeping thread makes.
   void SweepIdleImportersForTesting() { SweepIdleImporters(); }
-  void DropGrantsOfGonePodsForTesting() { DropGrantsOfGonePods(); }
+  void DropGrantsOfGonePodsForTesting() { owner_->DropGrantsOfGonePods(); }
   // Opens a region on behalf of `node` (a relayed request goes on toward its
   // destination on a mesh thread); `done` runs once, on some thread.
   using RegionDone = RegionOwner::RegionDone;
@@ -225,8 +225,8 @@ class MeshEngine final : public MeshPort {
   std::vector<std::string> AdvertisedAddresses() const;
   uint32_t control_port() const { return control_port_; }
   uint32_t data_port() const { return data_port_; }
-  std::string RenderMetrics() const ABSL_LOCKS_EXCLUDED(mu_);
-  podlink::v1::MeshStatus Status() const ABSL_LOCKS_EXCLUDED(mu_);
+  std::string RenderMetrics() const;
+  podlink::v1::MeshStatus Status() const;
   // This node's links as last read from sysfs (at start, then every minute).
   std::vector<podlink::mesh::v1::LinkInfo> LocalLinks() const { return local_nics_.Current(); }
 
@@ -239,18 +239,11 @@ class MeshEngine final : public MeshPort {
   std::vector<IpPrefix> LocalForPaths() const;
   // What this node knows of others' addresses (routes), from configuration
   // and from their own Hello answers.
-  void Learn(const std::string& node, const std::vector<std::string>& addresses, uint32_t port)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Drops the grants of nodes idle longer than grant_idle_timeout.
-  void SweepIdleImporters() ABSL_LOCKS_EXCLUDED(mu_);
-  // Drops the grants of importing pods the host knows to be gone
-  // (MeshHost::RemotePodGone: deleted or finished, per the API server).
-  void DropGrantsOfGonePods() ABSL_LOCKS_EXCLUDED(mu_);
-  // Says hello to every peer whose regions this node's pods hold, every
-  // `keepalive` (on the peers' workers).
-  void KeepAlive() ABSL_LOCKS_EXCLUDED(mu_);
+  void Learn(const std::string& node, const std::vector<std::string>& addresses, uint32_t port);
   // Each peer's link set drops what it holds for local memory gone (DataLinks::Sweep).
-  void SweepLinks() ABSL_LOCKS_EXCLUDED(mu_);
+  void SweepLinks();
+  // The grants of nodes idle longer than grant_idle_timeout are dropped (RegionOwner::SweepIdleImporters).
+  void SweepIdleImporters();
   // Transfers a sender's link instance finished (DONE) or notified: late
   // copies of their slices are dropped, a NOTIFY is delivered once
   // (links/late_copies.h; its own lock, taken alone).
@@ -261,6 +254,8 @@ class MeshEngine final : public MeshPort {
   void UseTransport(LinkMaker* links);
   // The Hello this node says: its version, instance and adverts.
   podlink::mesh::v1::HelloRequest OwnHello() const;
+  // A keepalive's Hello: its version and instance (no adverts: those are traded every advert_interval).
+  podlink::mesh::v1::HelloRequest KeepaliveHello() const;
   void HousekeepingLoop();
 
   const MeshOptions options_;
@@ -288,8 +283,9 @@ class MeshEngine final : public MeshPort {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> stopped_{false};  // Stop() ran
 
-  // Counters (std::atomic, below) are the metrics' sink: taken without mu_.
-  mutable absl::Mutex mu_;  // protects everything below but the counters and the rooms with locks of their own
+  // The housekeeping thread waits on this for stopping_ (Stop wakes it); it guards nothing: every room below has
+  // its own lock, and the counters are atomic.
+  mutable absl::Mutex mu_;
   // Which importing nodes are alive (the control room's; its own lock, above the gate's and the grant table's).
   Liveness liveness_{options_.grant_idle_timeout, kHousekeepingPeriod, kPauseSlack};
   // Who may hold a data connection (the TCP data server's gate, tcp/admission.h; its own lock, a leaf).
@@ -312,11 +308,8 @@ class MeshEngine final : public MeshPort {
   // Node adverts: the book, this node's own, their trade (the routing room's, routing/advert_trader.h; its locks
   // are leaves). Made in the constructor.
   std::unique_ptr<AdvertTrader> adverts_;
-  std::atomic<uint64_t> idle_peer_grants_dropped_{0};
-  std::atomic<uint64_t> gone_pod_grants_dropped_{0};
-  absl::Time last_keepalive_ ABSL_GUARDED_BY(mu_) = absl::Now();
   // This node's verbs side: its devices, the server peers' queue pairs land on, registrations, and how its own
-  // verbs links are made (verbs/verbs_node.h; its lock apart from mu_, device calls being slow). Made in the
+  // verbs links are made (verbs/verbs_node.h; its own lock, device calls being slow). Made in the
   // constructor.
   std::unique_ptr<verbs::VerbsNode> verbs_;
   // How this node's own links to a peer are made (control/link_maker.h): TCP always (a relay's hop, the fallback),

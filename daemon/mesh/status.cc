@@ -90,7 +90,6 @@ std::string MeshEngine::RenderMetrics() const {
   uint64_t in = 0, out_bytes = 0, refused_frames = 0, refused_conns = 0, denials = 0, late = 0, dup_notifies = 0,
            idle_closed = 0;
   {
-    absl::MutexLock l(&mu_);
     in = owner_->counters().bytes_written_in;
     out_bytes = owner_->counters().bytes_read_out;
     refused_conns = admission_.counts().refused;
@@ -203,7 +202,7 @@ std::string MeshEngine::RenderMetrics() const {
   const uint64_t restarted_dropped = held.restarted_dropped;
   const uint64_t adverts_held = adverts_->book().size(), adverts_refused = adverts_->book().refused();
   const uint64_t own_pauses = liveness_.own_pauses();
-  const uint64_t idle_dropped = idle_peer_grants_dropped_, gone_dropped = gone_pod_grants_dropped_;
+  const uint64_t idle_dropped = owned.idle_peer_grants_dropped, gone_dropped = owned.gone_pod_grants_dropped;
   one("podlink_mesh_restarted_peer_grants_dropped_total", "counter",
       "grants dropped because the daemon holding them restarted (a new instance said so)",
       static_cast<double>(restarted_dropped));

@@ -60,6 +60,11 @@ class FakeHost final : public MeshHost {
     return absl::OkStatus();
   }
   std::vector<uint64_t> notified;
+  // What the API server would say of other nodes' pods.
+  bool tracks = false;
+  std::set<std::string> gone_uids;
+  bool TracksRemotePods() const override { return tracks; }
+  bool RemotePodGone(const std::string& pod_uid) const override { return gone_uids.contains(pod_uid); }
 };
 
 pb::OpenRegionRequest RequestOf(const std::string& node, const std::string& pod, uint64_t instance = 0) {
@@ -361,6 +366,25 @@ TEST_F(RegionOwnerTest, ASealedGrantsFramesLandInItsWindowNeverInTheExport) {
   a = Serve(*owner, late_, "relay", FrameType::kNotify, r->grant(), 5, "", 0);
   EXPECT_EQ(a.status, static_cast<int32_t>(absl::StatusCode::kFailedPrecondition));
   EXPECT_TRUE(host_.notified.empty());
+}
+
+TEST_F(RegionOwnerTest, TheGrantsOfAnImportingPodTheApiServerSaysIsGoneAreDropped) {
+  auto owner = MakeOwner("self");
+  pb::OpenRegionRequest reader = RequestOf("node-a", "reader"), writer = RequestOf("node-a", "writer");
+  reader.mutable_importer()->set_pod_uid("uid-reader");
+  writer.mutable_importer()->set_pod_uid("uid-writer");
+  absl::StatusOr<pb::OpenRegionResponse> r = Open(*owner, "node-a", reader);
+  absl::StatusOr<pb::OpenRegionResponse> w = Open(*owner, "node-a", writer);
+  ASSERT_TRUE(r.ok() && w.ok());
+  host_.gone_uids = {"uid-reader"};
+  owner->DropGrantsOfGonePods();  // this node does not follow other nodes' pods: nothing is dropped
+  EXPECT_EQ(owner->grants().counts().grants, 2u);
+  host_.tracks = true;
+  owner->DropGrantsOfGonePods();
+  EXPECT_EQ(owner->grants().counts().grants, 1u);
+  EXPECT_EQ(owner->counters().gone_pod_grants_dropped.load(), 1u);
+  EXPECT_EQ(owner->GrantedExport("node-a", r->grant()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(owner->GrantedExport("node-a", w->grant()).ok());
 }
 
 TEST_F(RegionOwnerTest, NothingIsGrantedOnceStopping) {

@@ -5,6 +5,8 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
@@ -179,6 +181,34 @@ std::vector<pb::LinkInfo> PeerLinkInfo(const pb::HelloResponse& hello) {
     out.push_back(std::move(c));
   }
   return out;
+}
+
+void Connector::KeepAlive(absl::Duration every, const pb::HelloRequest& hello) {
+  std::set<std::shared_ptr<Peer>> peers;
+  {
+    absl::MutexLock l(&keepalive_mu_);
+    if (absl::Now() - last_keepalive_ < every) return;
+    last_keepalive_ = absl::Now();
+  }
+  for (auto& p : rooms_.in_use()) peers.insert(std::move(p));
+  // Asynchronous calls on the peers' channels: never queued behind a peer
+  // worker's long task, never blocking this thread.
+  struct Call {
+    std::shared_ptr<pb::Mesh::Stub> stub;
+    grpc::ClientContext ctx;
+    pb::HelloRequest req;
+    pb::HelloResponse resp;
+  };
+  for (const std::shared_ptr<Peer>& p : peers) {
+    std::shared_ptr<pb::Mesh::Stub> stub = p->stub();
+    if (stub == nullptr) continue;
+    auto call = std::make_shared<Call>();
+    call->stub = stub;
+    call->ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.connect_timeout));
+    call->req = hello;
+    Call* c = call.get();
+    stub->async()->Hello(&c->ctx, &c->req, &c->resp, [call](grpc::Status) mutable { call.reset(); });
+  }
 }
 
 }  // namespace podlink::mesh

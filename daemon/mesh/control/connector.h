@@ -13,7 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/mesh/addresses.h"
 #include "daemon/mesh/control/link_maker.h"
@@ -84,6 +86,12 @@ class Connector {
   void CarryGrant(const std::shared_ptr<Peer>& peer, const RemoteTarget& target, const pb::OpenRegionResponse& resp,
                   std::function<void(const std::shared_ptr<Peer>&)> install, std::function<void(absl::Status)> failed);
 
+  // Every `every` (called more often, it does nothing): `hello` to each peer
+  // that backs what this node holds (Rooms::in_use: its pods' handles, a
+  // relay's onward grants), asynchronously on the peers' channels: never
+  // queued behind a peer worker's long task, never blocking the caller.
+  void KeepAlive(absl::Duration every, const pb::HelloRequest& hello) ABSL_LOCKS_EXCLUDED(keepalive_mu_);
+
   // Opens that went over TCP because no RDMA path to the node came up.
   uint64_t verbs_fallbacks() const { return verbs_fallbacks_.load(std::memory_order_relaxed); }
 
@@ -98,6 +106,8 @@ class Connector {
   LinkMaker* const tcp_;
   std::atomic<uint64_t> verbs_fallbacks_{0};
   LogLimit fallback_log_;  // the fallback said at most every 10 s
+  absl::Mutex keepalive_mu_;  // a leaf
+  absl::Time last_keepalive_ ABSL_GUARDED_BY(keepalive_mu_) = absl::Now();
 };
 
 // What a peer daemon says of its NICs, kept for operators: at most 64

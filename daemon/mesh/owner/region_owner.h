@@ -80,6 +80,8 @@ class RegionOwner {
     // mesh.relay_staging_bytes and mesh.sealed_window_bytes (mesh_engine.h).
     uint64_t relay_staging_bytes = 64ull << 20;
     uint64_t sealed_window_bytes = 512ull << 20;
+    // A node silent this long (no data connection, no control call) loses its grants (SweepIdleImporters).
+    absl::Duration grant_idle_timeout = absl::Minutes(10);
   };
   // The peer whose links carry a grant the next node gave, and its answer.
   using Carried = ::podlink::mesh::Carried;  // control/peer.h
@@ -117,6 +119,8 @@ class RegionOwner {
     std::atomic<uint64_t> relay_forwarded_bytes{0};
     std::atomic<uint64_t> relayed_opens{0};
     std::atomic<uint64_t> refused_notifies{0};  // over verbs (unanswered there: counted here)
+    std::atomic<uint64_t> idle_peer_grants_dropped{0};  // SweepIdleImporters
+    std::atomic<uint64_t> gone_pod_grants_dropped{0};   // DropGrantsOfGonePods
   };
 
   // `credentials`, `liveness` and `late_copies` outlive the owner (the
@@ -154,6 +158,14 @@ class RegionOwner {
                    std::shared_ptr<const void> keep, std::function<void(absl::Status)> done);
   // A notification over verbs (unanswered: a refusal is logged and counted).
   void DeliverVerbsNotify(const std::string& node, uint64_t grant, uint64_t value);
+
+  // Housekeeping (owner/sweeps.cc). The grants of nodes idle longer than
+  // grant_idle_timeout (no control call in flight or lately, and no data
+  // connection: `connected`) are dropped.
+  void SweepIdleImporters(const std::function<bool(const std::string& node)>& connected);
+  // The grants of importing pods the host knows to be gone
+  // (MeshHost::RemotePodGone: deleted or finished, per the API server) are dropped.
+  void DropGrantsOfGonePods();
 
   // For tests and fuzzers: a grant of `rec` to `node`, without policy.
   uint64_t GrantForTesting(const std::string& node, std::shared_ptr<const ExportRecord> rec);
