@@ -290,6 +290,28 @@ std::vector<IpPrefix> MeshEngine::LocalForPaths() const {
   return options_.addresses.empty() ? LocalAddresses(options_.interfaces) : advertised_;
 }
 
+MeshView MeshEngine::View() const {
+  return MeshView{.node_name = node_name_,
+                  .addresses = AdvertisedAddresses(),
+                  .control_port = control_port_,
+                  .data_port = data_port_,
+                  .local_links = LocalLinks(),
+                  .peers = &peers_,
+                  .handles = &handles_,
+                  .owner = owner_.get(),
+                  .known = &known_,
+                  .adverts = &adverts_->book(),
+                  .admission = &admission_,
+                  .data_server = data_server_.get(),
+                  .repairs = &repairs_,
+                  .late_copies = &late_copies_,
+                  .liveness = &liveness_,
+                  .transfers = transfers_.get(),
+                  .opener = opener_.get(),
+                  .connector = connector_.get(),
+                  .verbs = verbs_.get()};
+}
+
 std::vector<std::string> MeshEngine::AdvertisedAddresses() const {
   std::vector<std::string> out;
   for (const IpPrefix& a : advertised_) out.push_back(a.ToString());

@@ -57,6 +57,7 @@
 #include "daemon/mesh/links/late_copies.h"
 #include "daemon/mesh/links/log_limit.h"
 #include "daemon/mesh/seal/window.h"
+#include "daemon/mesh/status/mesh_status.h"
 #include "daemon/mesh/tcp/admission.h"
 #include "daemon/mesh/tcp/data_server.h"
 #include "daemon/mesh/tcp/tcp_connect.h"
@@ -225,8 +226,9 @@ class MeshEngine final : public MeshPort {
   std::vector<std::string> AdvertisedAddresses() const;
   uint32_t control_port() const { return control_port_; }
   uint32_t data_port() const { return data_port_; }
-  std::string RenderMetrics() const;
-  podlink::v1::MeshStatus Status() const;
+  // The status and metrics (status/mesh_status.h), read from the rooms.
+  std::string RenderMetrics() const { return RenderMeshMetrics(View()); }
+  podlink::v1::MeshStatus Status() const { return MeshStatusOf(View()); }
   // This node's links as last read from sysfs (at start, then every minute).
   std::vector<podlink::mesh::v1::LinkInfo> LocalLinks() const { return local_nics_.Current(); }
 
@@ -237,6 +239,8 @@ class MeshEngine final : public MeshPort {
 
   // This node's addresses for choosing paths.
   std::vector<IpPrefix> LocalForPaths() const;
+  // The rooms as the status reads them.
+  MeshView View() const;
   // What this node knows of others' addresses (routes), from configuration
   // and from their own Hello answers.
   void Learn(const std::string& node, const std::vector<std::string>& addresses, uint32_t port);

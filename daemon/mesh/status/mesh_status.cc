@@ -1,46 +1,57 @@
-// The mesh's status and metrics.
-#include "daemon/mesh/engine_internal.h"
+// The mesh's status and metrics (mesh_status.h).
+#include "daemon/mesh/status/mesh_status.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "daemon/metrics/metrics.h"
 
 namespace podlink::mesh {
 
-podlink::v1::MeshStatus MeshEngine::Status() const {
+namespace pb = podlink::mesh::v1;
+
+podlink::v1::MeshStatus MeshStatusOf(const MeshView& v) {
   podlink::v1::MeshStatus st;
   st.set_enabled(true);
-  st.set_node_name(node_name_);
-  for (const std::string& a : AdvertisedAddresses()) st.add_addresses(a);
-  st.set_port(control_port_);
-  st.set_data_port(data_port_);
-  const std::map<std::string, std::shared_ptr<Peer>> peers = peers_.Snapshot();
+  st.set_node_name(v.node_name);
+  for (const std::string& a : v.addresses) st.add_addresses(a);
+  st.set_port(v.control_port);
+  st.set_data_port(v.data_port);
+  const std::map<std::string, std::shared_ptr<Peer>> peers = v.peers->Snapshot();
   std::map<std::string, uint32_t> handles;
   std::map<std::pair<std::string, std::vector<std::string>>, uint32_t> routes;
-  for (const Handle& h : handles_.All()) {
+  for (const Handle& h : v.handles->All()) {
     ++handles[h.peer->tcp() ? h.peer->node() + "/tcp" : h.peer->node()];
     ++routes[{h.destination, h.via}];
   }
-  const GrantTable::Counts held = owner_->grants().counts();
+  const GrantTable::Counts held = v.owner->grants().counts();
   st.set_grants(held.grants);
   st.set_relayed_grants(held.relayed);
   {
-    st.set_relay_forwarded_bytes(owner_->counters().relay_forwarded_bytes);
+    st.set_relay_forwarded_bytes(v.owner->counters().relay_forwarded_bytes);
     const int64_t now_s = absl::ToUnixSeconds(absl::Now());
-    for (const auto& [node, k] : known_.Snapshot()) {
+    for (const auto& [node, k] : v.known->Snapshot()) {
       podlink::v1::MeshStatus::KnownNode* kn = st.add_known_nodes();
       kn->set_node(node);
       for (const std::string& a : k.addresses) kn->add_addresses(a);
       kn->set_port(k.port);
-      const int64_t issued = adverts_->book().IssuedOf(node);
+      const int64_t issued = v.adverts->IssuedOf(node);
       kn->set_advert_age_seconds(issued < 0 ? -1 : std::max<int64_t>(0, now_s - issued));
     }
-    st.set_served_write_bytes(owner_->counters().bytes_written_in);
-    st.set_served_read_bytes(owner_->counters().bytes_read_out);
-    st.set_refused_connections(admission_.counts().refused);
-    st.set_refused_frames(data_server_->counts().refused_frames);
-    st.set_denials(owner_->counters().denials);
+    st.set_served_write_bytes(v.owner->counters().bytes_written_in);
+    st.set_served_read_bytes(v.owner->counters().bytes_read_out);
+    st.set_refused_connections(v.admission->counts().refused);
+    st.set_refused_frames(v.data_server->counts().refused_frames);
+    st.set_denials(v.owner->counters().denials);
   }
   for (const auto& [route, n] : routes) {
     podlink::v1::MeshStatus::Route* r = st.add_routes();
     r->set_destination(route.first);
-    for (const std::string& v : route.second) r->add_via(v);
+    for (const std::string& relay : route.second) r->add_via(relay);
     r->set_remote_handles(n);
   }
   auto copy_link = [](const pb::LinkInfo& from, podlink::v1::MeshStatus::Link* to) {
@@ -53,7 +64,7 @@ podlink::v1::MeshStatus MeshEngine::Status() const {
     to->set_gid_index(from.gid_index());
     to->set_gid_type(from.gid_type());
   };
-  for (const pb::LinkInfo& l : LocalLinks()) copy_link(l, st.add_links());
+  for (const pb::LinkInfo& l : v.local_links) copy_link(l, st.add_links());
   for (const auto& [key, p] : peers) {
     podlink::v1::MeshStatus::Peer* out = st.add_peers();
     out->set_node(p->node());
@@ -78,24 +89,24 @@ podlink::v1::MeshStatus MeshEngine::Status() const {
   return st;
 }
 
-std::string MeshEngine::RenderMetrics() const {
+std::string RenderMeshMetrics(const MeshView& v) {
   std::string out;
   std::map<std::string, double> up, sent, received, failures, resent, zero_copy, local_regs, tcp_zc_bytes,
       tcp_zc_completed, tcp_zc_copied, tcp_zc_fell_back;
-  const std::vector<std::shared_ptr<Peer>> peers = peers_.All();
-  const GrantTable::Counts held = owner_->grants().counts();
+  const std::vector<std::shared_ptr<Peer>> peers = v.peers->All();
+  const GrantTable::Counts held = v.owner->grants().counts();
   const double grants = static_cast<double>(held.grants);
-  const double handles = static_cast<double>(handles_.size());
+  const double handles = static_cast<double>(v.handles->size());
   double repaired = 0;
   uint64_t in = 0, out_bytes = 0, refused_frames = 0, refused_conns = 0, denials = 0, late = 0, dup_notifies = 0,
            idle_closed = 0;
   {
-    in = owner_->counters().bytes_written_in;
-    out_bytes = owner_->counters().bytes_read_out;
-    refused_conns = admission_.counts().refused;
-    denials = owner_->counters().denials;
-    repaired = repairs_.repaired();
-    const TcpDataServer::Counts served = data_server_->counts();
+    in = v.owner->counters().bytes_written_in;
+    out_bytes = v.owner->counters().bytes_read_out;
+    refused_conns = v.admission->counts().refused;
+    denials = v.owner->counters().denials;
+    repaired = v.repairs->repaired();
+    const TcpDataServer::Counts served = v.data_server->counts();
     refused_frames = served.refused_frames;
     late = served.late_slices_dropped;
     dup_notifies = served.duplicate_notifies;
@@ -153,8 +164,8 @@ std::string MeshEngine::RenderMetrics() const {
                 path_up, "peer", "path");
   RenderFamily2(&out, "podlink_mesh_path_sent_bytes_total", "counter", "bytes written to a peer node, per path",
                 path_sent, "peer", "path");
-  auto one = [&](const char* name, const char* type, const char* help, double v) {
-    RenderFamily(&out, name, type, help, {{"", v}});
+  auto one = [&](const char* name, const char* type, const char* help, double value) {
+    RenderFamily(&out, name, type, help, {{"", value}});
   };
   one("podlink_mesh_grants", "gauge", "grants this node gave peer daemons", grants);
   one("podlink_mesh_repaired_connections_total", "counter",
@@ -170,7 +181,7 @@ std::string MeshEngine::RenderMetrics() const {
       "data connections refused (no valid cookie, or over the bound)", static_cast<double>(refused_conns));
   one("podlink_mesh_finished_transfers", "gauge",
       "transfers peers finished or notified in the last minute, kept to drop late copies (bounded per peer)",
-      static_cast<double>(late_copies_.Entries()));
+      static_cast<double>(v.late_copies->Entries()));
   one("podlink_mesh_idle_connections_closed_total", "counter",
       "data connections closed after mesh.data_idle_seconds without a frame", static_cast<double>(idle_closed));
   one("podlink_mesh_denials_total", "counter", "remote opens refused", static_cast<double>(denials));
@@ -180,7 +191,7 @@ std::string MeshEngine::RenderMetrics() const {
   one("podlink_mesh_duplicate_notifies_total", "counter", "notifications received again and not delivered twice",
       static_cast<double>(dup_notifies));
   auto counted = [](const std::atomic<uint64_t>& a) { return static_cast<double>(a.load(std::memory_order_relaxed)); };
-  const RemoteTransfers::Counters& striped = transfers_->counters();
+  const RemoteTransfers::Counters& striped = v.transfers->counters();
   one("podlink_mesh_two_hop_routes_total", "counter",
       "second routes through a relay opened for regions of cabled nodes (mesh.two_hop_stripe)",
       counted(striped.two_hop_routes));
@@ -195,13 +206,13 @@ std::string MeshEngine::RenderMetrics() const {
       counted(striped.two_hop_fences));
   one("podlink_mesh_fenced_grants_total", "counter", "grants given relays that their origin node fenced (FenceRoute)",
       static_cast<double>(held.fenced));
-  const uint64_t refused_notifies = owner_->counters().refused_notifies;
-  const RegionOwner::Counters& owned = owner_->counters();
-  const uint64_t relayed = owned.relayed_opens, routed = opener_->routed_opens(), forwarded = owned.relay_forwarded_bytes;
-  const uint64_t staged = owner_->relay_staging_used();
+  const uint64_t refused_notifies = v.owner->counters().refused_notifies;
+  const RegionOwner::Counters& owned = v.owner->counters();
+  const uint64_t relayed = owned.relayed_opens, routed = v.opener->routed_opens(), forwarded = owned.relay_forwarded_bytes;
+  const uint64_t staged = v.owner->relay_staging_used();
   const uint64_t restarted_dropped = held.restarted_dropped;
-  const uint64_t adverts_held = adverts_->book().size(), adverts_refused = adverts_->book().refused();
-  const uint64_t own_pauses = liveness_.own_pauses();
+  const uint64_t adverts_held = v.adverts->size(), adverts_refused = v.adverts->refused();
+  const uint64_t own_pauses = v.liveness->own_pauses();
   const uint64_t idle_dropped = owned.idle_peer_grants_dropped, gone_dropped = owned.gone_pod_grants_dropped;
   one("podlink_mesh_restarted_peer_grants_dropped_total", "counter",
       "grants dropped because the daemon holding them restarted (a new instance said so)",
@@ -228,30 +239,30 @@ std::string MeshEngine::RenderMetrics() const {
       static_cast<double>(forwarded));
   one("podlink_mesh_verbs_fallbacks_total", "counter",
       "opens this node sent over TCP because no RDMA path to the node came up (mesh.verbs_tcp_fallback)",
-      static_cast<double>(connector_->verbs_fallbacks()));
+      static_cast<double>(v.connector->verbs_fallbacks()));
   one("podlink_mesh_grants_over_tcp_total", "counter",
       "grants this node gave over TCP though the importer asked for RDMA (the export could not be registered)",
-      static_cast<double>(verbs_->grants_over_tcp()));
+      static_cast<double>(v.verbs->grants_over_tcp()));
   one("podlink_mesh_grants_staged_total", "counter",
       "grants this node stages through its bounce pools over the importer's queue pairs (export not registered)",
-      static_cast<double>(verbs_->grants_staged()));
+      static_cast<double>(v.verbs->grants_staged()));
   one("podlink_mesh_relay_staged_bytes", "gauge", "bytes of forwarded requests held in this node's relay staging",
       static_cast<double>(staged));
   one("podlink_mesh_sealed_routes_total", "counter",
       "regions this node's pods opened through relays, sealed end to end with their owner",
-      static_cast<double>(opener_->sealed_routes()));
+      static_cast<double>(v.opener->sealed_routes()));
   one("podlink_mesh_sealed_units_total", "counter",
       "operations of importers through relays that verified here (owner) and were carried out",
-      static_cast<double>(owner_->seal_counters().units.load(std::memory_order_relaxed)));
+      static_cast<double>(v.owner->seal_counters().units.load(std::memory_order_relaxed)));
   one("podlink_mesh_sealed_refused_total", "counter",
       "requests or records of sealed routes that did not verify here, or were replays (a relay altered them)",
-      static_cast<double>(owner_->seal_counters().refused.load(std::memory_order_relaxed)));
+      static_cast<double>(v.owner->seal_counters().refused.load(std::memory_order_relaxed)));
   one("podlink_mesh_sealed_window_bytes", "gauge",
       "memory of this node's sealed windows (regions opened through relays; mesh.sealed_window_mib)",
-      static_cast<double>(owner_->seal_budget_used()));
+      static_cast<double>(v.owner->seal_budget_used()));
   one("podlink_mesh_refused_notifies_total", "counter",
       "notifications from peers not delivered (grant not theirs, export gone)", static_cast<double>(refused_notifies));
-  if (const verbs::VerbsNode::ServerCounts served = verbs_->server_counts(); served.serving) {
+  if (const verbs::VerbsNode::ServerCounts served = v.verbs->server_counts(); served.serving) {
     one("podlink_mesh_verbs_served_qps", "gauge", "RC queue pairs this node holds for peer daemons",
         static_cast<double>(served.qps));
     one("podlink_mesh_verbs_registrations", "gauge", "exports registered for peers' RDMA access (shared by their grants)",
@@ -271,11 +282,11 @@ std::string MeshEngine::RenderMetrics() const {
         "staged writes sent partly twice whose end the importer had confirmed (DONE records answered)",
         static_cast<double>(served.staged_done));
   }
-  if (owner_->gpu_copies().count() > 0) {
+  if (v.owner->gpu_copies().count() > 0) {
     absl::StrAppend(&out, "# HELP podlink_mesh_gpu_served_copy_seconds copies between a GPU export and a data ",
                     "connection's host buffer (exporting side)\n",
                     "# TYPE podlink_mesh_gpu_served_copy_seconds histogram\n");
-    owner_->gpu_copies().Render("podlink_mesh_gpu_served_copy_seconds", &out);
+    v.owner->gpu_copies().Render("podlink_mesh_gpu_served_copy_seconds", &out);
   }
   return out;
 }
