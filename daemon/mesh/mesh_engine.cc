@@ -1,9 +1,28 @@
-// The mesh engine: construction, start and stop, what the rooms share
-// (peers seen, local links). The rooms: control/,
-// owner/, routing/, importer/, tcp/, verbs/, status.cc.
-#include "daemon/mesh/engine_internal.h"
+// The mesh engine: the rooms made and wired, started and stopped, and the
+// housekeeping thread; the entry points the relay and the broker call
+// (mesh_engine.h). The rooms: control/, owner/, routing/, importer/, links/,
+// tcp/, verbs/, seal/, status/.
+#include "daemon/mesh/mesh_engine.h"
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/log.h"
+#include "common/status_util.h"
+#include "daemon/mesh/links/random.h"
+#include "daemon/mesh/verbs/verbs_api.h"
 
 namespace podlink::mesh {
+
+namespace pb = podlink::mesh::v1;
+
+namespace {
+const ComponentLog EngineLog("mesh");
+}  // namespace
 
 // ---------------------------------------------------------------------------
 
@@ -231,8 +250,8 @@ absl::StatusOr<std::unique_ptr<MeshEngine>> MeshEngine::Start(MeshOptions option
   for (const PeerEntry& peer : o.peers) e->Learn(peer.node, peer.addresses, peer.port);
   std::vector<std::string> adv;
   for (const IpPrefix& a : e->advertised_) adv.push_back(a.ToString());
-  Log()->info("event=mesh_ready node={} control={} data_port={} addresses={} transport={}", e->node_name_, o.listen,
-              e->data_port_, absl::StrJoin(adv, ","), o.transport);
+  EngineLog()->info("event=mesh_ready node={} control={} data_port={} addresses={} transport={}", e->node_name_, o.listen,
+                    e->data_port_, absl::StrJoin(adv, ","), o.transport);
   return e;
 }
 

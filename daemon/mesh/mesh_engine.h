@@ -17,11 +17,9 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,12 +28,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/unique_fd.h"
 #include "daemon/identity/pod_source.h"
 #include "daemon/mesh/routes.h"
 #include "daemon/mesh/addresses.h"
 #include "daemon/mesh/mesh_host.h"
-#include "daemon/mesh/nic_rank.h"
 #include "daemon/mesh/control/connector.h"
 #include "daemon/mesh/control/control_service.h"
 #include "daemon/mesh/control/credentials.h"
@@ -45,25 +41,17 @@
 #include "daemon/mesh/importer/handle_table.h"
 #include "daemon/mesh/importer/opener.h"
 #include "daemon/mesh/importer/routed.h"
-#include "daemon/mesh/importer/task_thread.h"
 #include "daemon/mesh/importer/transfer.h"
-#include "daemon/mesh/node_shares.h"
-#include "daemon/mesh/owner/grant_table.h"
 #include "daemon/mesh/owner/region_owner.h"
 #include "daemon/mesh/routing/advert_trader.h"
 #include "daemon/mesh/routing/known_nodes.h"
 #include "daemon/mesh/routing/local_nics.h"
-#include "daemon/metrics/metrics.h"
 #include "daemon/mesh/links/late_copies.h"
-#include "daemon/mesh/links/log_limit.h"
-#include "daemon/mesh/seal/window.h"
 #include "daemon/mesh/status/mesh_status.h"
 #include "daemon/mesh/tcp/admission.h"
 #include "daemon/mesh/tcp/data_server.h"
 #include "daemon/mesh/tcp/tcp_connect.h"
-#include "daemon/mesh/tcp/tcp_link.h"
 #include "daemon/mesh/verbs/verbs_connect.h"
-#include "daemon/mesh/verbs/verbs_link.h"
 #include "daemon/mesh/verbs/verbs_node.h"
 #include "daemon/relay/mesh_port.h"
 #include "podlink/mesh/v1/mesh.grpc.pb.h"
@@ -167,8 +155,6 @@ struct MeshOptions {
   // older than ten of these is dropped.
   absl::Duration advert_interval = absl::Seconds(60);
 };
-
-class Peer;        // control/peer.h
 
 class MeshEngine final : public MeshPort {
  public:
