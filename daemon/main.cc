@@ -38,7 +38,7 @@
 #include "daemon/metrics/metrics_page.h"
 #include "daemon/metrics/process_metrics.h"
 #include "daemon/mesh/mesh_engine.h"
-#include "daemon/mesh/openssl_exit.h"
+#include "daemon/mesh/trust/openssl_exit.h"
 #include "daemon/relay/relay_engine.h"
 #include "absl/cleanup/cleanup.h"
 #include "grpcpp/grpcpp.h"

@@ -1,5 +1,5 @@
 // Fuzzes the mesh's data server (daemon/mesh/mesh_engine.cc, ServeFrames):
-// the frames (daemon/mesh/wire.h) a peer daemon sends on a data connection
+// the frames (daemon/mesh/links/wire.h) a peer daemon sends on a data connection
 // once it has authenticated as node "peer". Three exports, sealed host memfds
 // as Broker::Export accepts them:
 //
@@ -42,7 +42,7 @@
 
 #include "daemon/gpu/host_backend.h"
 #include "daemon/mesh/mesh_engine.h"
-#include "daemon/mesh/wire.h"
+#include "daemon/mesh/links/wire.h"
 #include "tests/fuzz/fuzz_check.h"
 
 using namespace podlink;

@@ -1,4 +1,4 @@
-// Fuzzes the origin's check of the owner's word (daemon/mesh/owner_answer.h,
+// Fuzzes the origin's check of the owner's word (daemon/mesh/trust/owner_answer.h,
 // CheckOwnerAnswer): what a relay may do to an OpenRegionResponse on its way
 // back to the origin. One certificate authority, made once with the openssl
 // CLI: node-d (the owner, the destination), node-c (a relay with a valid
@@ -31,8 +31,8 @@
 #include <sstream>
 #include <string>
 
-#include "daemon/mesh/origin_sign.h"
-#include "daemon/mesh/owner_answer.h"
+#include "daemon/mesh/trust/origin_sign.h"
+#include "daemon/mesh/trust/owner_answer.h"
 #include "podlink/mesh/v1/mesh.pb.h"
 #include "tests/fuzz/fuzz_check.h"
 

@@ -1,7 +1,7 @@
-// Routes through relays (daemon/mesh/routes.h): shortest chains of known
+// Routes through relays (daemon/mesh/routing/routes.h): shortest chains of known
 // nodes, each sharing a subnet with the next, the widest bottleneck among
 // equals, bounded length.
-#include "daemon/mesh/routes.h"
+#include "daemon/mesh/routing/routes.h"
 
 #include "gtest/gtest.h"
 

@@ -23,10 +23,10 @@
 #include "absl/synchronization/notification.h"
 #include "common/status_util.h"
 #include "common/unique_fd.h"
-#include "daemon/mesh/nic_rank.h"
+#include "daemon/mesh/links/nic_rank.h"
 #include "daemon/mesh/tcp/tcp_link.h"
 #include "daemon/mesh/verbs/verbs_link.h"
-#include "daemon/mesh/wire.h"
+#include "daemon/mesh/links/wire.h"
 #include "gtest/gtest.h"
 #include "tests/fakes/verbs_owner.h"
 

@@ -25,7 +25,7 @@
 
 #include "common/unique_fd.h"
 #include "daemon/mesh/tcp/tcp_link.h"
-#include "daemon/mesh/wire.h"
+#include "daemon/mesh/links/wire.h"
 
 namespace podlink::mesh {
 namespace {

@@ -1,9 +1,9 @@
 // The mesh's NICs from sysfs and the ranking of a peer's paths for a
-// transfer (daemon/mesh/nic_rank.h), on a fake sysfs tree: one root complex
+// transfer (daemon/mesh/links/nic_rank.h), on a fake sysfs tree: one root complex
 // with a PCIe switch holding a GPU and two NICs, a NIC on another root port,
 // one on another host bridge of the same NUMA node, one on the other NUMA
 // node, a virtio NIC and a veth.
-#include "daemon/mesh/nic_rank.h"
+#include "daemon/mesh/links/nic_rank.h"
 
 #include <unistd.h>
 

@@ -1,6 +1,6 @@
 // A thread still in OpenSSL while the process exits — what gRPC's TLS
 // handshakes to peer daemons do when podlinkd returns from main() — must not
-// find OpenSSL's state freed (daemon/mesh/openssl_exit.h).
+// find OpenSSL's state freed (daemon/mesh/trust/openssl_exit.h).
 #include <openssl/rand.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -13,7 +13,7 @@
 #include <cstdlib>
 #include <thread>
 
-#include "daemon/mesh/openssl_exit.h"
+#include "daemon/mesh/trust/openssl_exit.h"
 #include "gtest/gtest.h"
 
 namespace {

@@ -1,9 +1,9 @@
-// End-to-end claims through relays (daemon/mesh/origin_sign.h): a claim
+// End-to-end claims through relays (daemon/mesh/trust/origin_sign.h): a claim
 // verifies only with the origin's own certificate from the mesh CA, naming
 // the origin, over the exact bytes signed.
-#include "daemon/mesh/origin_sign.h"
+#include "daemon/mesh/trust/origin_sign.h"
 
-#include "daemon/mesh/owner_answer.h"
+#include "daemon/mesh/trust/owner_answer.h"
 
 #include <unistd.h>
 

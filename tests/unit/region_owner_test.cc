@@ -22,7 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/unique_fd.h"
-#include "daemon/mesh/origin_sign.h"
+#include "daemon/mesh/trust/origin_sign.h"
 #include "daemon/mesh/seal/seal_crypto.h"
 #include "daemon/mesh/tcp/conn_writer.h"
 #include "tests/common/memfd_export.h"

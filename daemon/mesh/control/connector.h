@@ -17,7 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "daemon/mesh/addresses.h"
+#include "daemon/mesh/routing/addresses.h"
 #include "daemon/mesh/control/link_maker.h"
 #include "daemon/mesh/control/peer.h"
 #include "daemon/mesh/control/peer_table.h"

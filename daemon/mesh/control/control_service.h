@@ -15,7 +15,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/statusor.h"
-#include "daemon/mesh/addresses.h"
+#include "daemon/mesh/routing/addresses.h"
 #include "daemon/mesh/control/liveness.h"
 #include "daemon/mesh/owner/region_owner.h"
 #include "daemon/mesh/routing/advert_trader.h"

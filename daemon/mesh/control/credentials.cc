@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_util.h"
-#include "daemon/mesh/origin_sign.h"
+#include "daemon/mesh/trust/origin_sign.h"
 
 namespace podlink::mesh {
 namespace {

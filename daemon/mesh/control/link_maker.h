@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "daemon/mesh/addresses.h"
+#include "daemon/mesh/routing/addresses.h"
 #include "daemon/mesh/control/peer.h"
 #include "daemon/mesh/control/repairs.h"
 #include "podlink/mesh/v1/mesh.grpc.pb.h"

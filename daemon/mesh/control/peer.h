@@ -14,9 +14,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "daemon/mesh/addresses.h"
+#include "daemon/mesh/routing/addresses.h"
 #include "daemon/mesh/links/links.h"
-#include "daemon/mesh/nic_rank.h"
+#include "daemon/mesh/links/nic_rank.h"
 #include "podlink/mesh/v1/mesh.grpc.pb.h"
 
 namespace grpc::experimental {

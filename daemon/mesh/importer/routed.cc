@@ -6,8 +6,8 @@
 #include "absl/time/clock.h"
 #include "common/status_util.h"
 #include "daemon/mesh/links/random.h"
-#include "daemon/mesh/origin_sign.h"
-#include "daemon/mesh/owner_answer.h"
+#include "daemon/mesh/trust/origin_sign.h"
+#include "daemon/mesh/trust/owner_answer.h"
 
 namespace podlink::mesh {
 

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "daemon/mesh/addresses.h"
+#include "daemon/mesh/routing/addresses.h"
 #include "daemon/mesh/control/credentials.h"
 #include "daemon/mesh/seal/seal_crypto.h"
 #include "daemon/mesh/seal/window.h"

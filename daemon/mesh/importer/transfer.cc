@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_util.h"
-#include "daemon/mesh/addresses.h"
+#include "daemon/mesh/routing/addresses.h"
 #include "daemon/mesh/control/answer_once.h"
 #include "daemon/mesh/links/range.h"
 #include "daemon/mesh/seal/window.h"

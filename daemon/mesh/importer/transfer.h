@@ -28,7 +28,7 @@
 #include "daemon/mesh/importer/task_thread.h"
 #include "daemon/mesh/links/stopping.h"
 #include "daemon/mesh/mesh_host.h"
-#include "daemon/mesh/nic_rank.h"
+#include "daemon/mesh/links/nic_rank.h"
 #include "daemon/relay/mesh_port.h"
 
 namespace podlink::mesh {

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "daemon/mesh/nic_rank.h"
-#include "daemon/mesh/wire.h"
+#include "daemon/mesh/links/nic_rank.h"
+#include "daemon/mesh/links/wire.h"
 
 namespace podlink {
 class MemoryObject;

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/mesh/nic_rank.h"
+#include "daemon/mesh/links/nic_rank.h"
 
 namespace podlink::mesh {
 

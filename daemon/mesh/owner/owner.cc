@@ -9,9 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_util.h"
-#include "daemon/mesh/origin_sign.h"
-#include "daemon/mesh/owner_answer.h"
-#include "daemon/mesh/routes.h"
+#include "daemon/mesh/trust/origin_sign.h"
+#include "daemon/mesh/trust/owner_answer.h"
+#include "daemon/mesh/routing/routes.h"
 #include "daemon/mesh/seal/seal_crypto.h"
 
 namespace podlink::mesh {

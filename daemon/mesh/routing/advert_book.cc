@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_join.h"
 #include "common/log.h"
-#include "daemon/mesh/origin_sign.h"
-#include "daemon/mesh/routes.h"
+#include "daemon/mesh/trust/origin_sign.h"
+#include "daemon/mesh/routing/routes.h"
 
 namespace podlink::mesh {
 namespace {

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_join.h"
 #include "common/log.h"
-#include "daemon/mesh/origin_sign.h"
+#include "daemon/mesh/trust/origin_sign.h"
 
 namespace podlink::mesh {
 

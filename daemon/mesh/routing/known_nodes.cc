@@ -1,7 +1,7 @@
 // The book of other nodes' control endpoints (known_nodes.h).
 #include "daemon/mesh/routing/known_nodes.h"
 
-#include "daemon/mesh/routes.h"
+#include "daemon/mesh/routing/routes.h"
 
 namespace podlink::mesh {
 

@@ -16,7 +16,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/mesh/addresses.h"
+#include "daemon/mesh/routing/addresses.h"
 
 namespace podlink::mesh {
 

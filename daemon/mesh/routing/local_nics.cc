@@ -1,7 +1,7 @@
 // This node's links as sysfs says: read at start, then every minute.
 #include "daemon/mesh/routing/local_nics.h"
 
-#include "daemon/mesh/nic_rank.h"
+#include "daemon/mesh/links/nic_rank.h"
 #include "daemon/mesh/verbs/gid.h"
 
 namespace podlink::mesh {

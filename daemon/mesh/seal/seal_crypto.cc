@@ -7,7 +7,7 @@
 #include <climits>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/mesh/origin_sign.h"
+#include "daemon/mesh/trust/origin_sign.h"
 
 namespace podlink::mesh::seal {
 namespace {

@@ -45,7 +45,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/mesh/links/links.h"
-#include "daemon/mesh/node_shares.h"
+#include "daemon/mesh/links/node_shares.h"
 #include "daemon/mesh/seal/seal_crypto.h"
 
 namespace podlink::mesh::seal {

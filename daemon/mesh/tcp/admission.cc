@@ -7,9 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
-#include "daemon/mesh/addresses.h"
+#include "daemon/mesh/routing/addresses.h"
 #include "daemon/mesh/links/random.h"
-#include "daemon/mesh/wire.h"
+#include "daemon/mesh/links/wire.h"
 
 namespace podlink::mesh {
 namespace {

@@ -21,7 +21,7 @@
 #include "daemon/mesh/links/late_copies.h"
 #include "daemon/mesh/tcp/admission.h"
 #include "daemon/mesh/tcp/conn_writer.h"
-#include "daemon/mesh/wire.h"
+#include "daemon/mesh/links/wire.h"
 
 namespace podlink::mesh {
 

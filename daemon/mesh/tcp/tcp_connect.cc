@@ -12,7 +12,7 @@
 #include "common/status_util.h"
 #include "daemon/mesh/tcp/admission.h"
 #include "daemon/mesh/tcp/sockets.h"
-#include "daemon/mesh/wire.h"
+#include "daemon/mesh/links/wire.h"
 
 namespace podlink::mesh {
 

@@ -39,7 +39,7 @@
 #include "common/unique_fd.h"
 #include "daemon/mesh/links/links.h"
 #include "daemon/mesh/links/slices.h"
-#include "daemon/mesh/wire.h"
+#include "daemon/mesh/links/wire.h"
 
 namespace podlink::mesh {
 

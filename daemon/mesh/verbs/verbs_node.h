@@ -23,7 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "daemon/mesh/addresses.h"
+#include "daemon/mesh/routing/addresses.h"
 #include "daemon/mesh/links/log_limit.h"
 #include "daemon/mesh/verbs/verbs_link.h"
 #include "daemon/registry/registry.h"

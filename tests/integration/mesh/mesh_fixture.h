@@ -40,7 +40,7 @@
 #include "absl/time/time.h"
 #include "common/cuda_driver.h"
 #include "gtest/gtest.h"
-#include "daemon/mesh/origin_sign.h"
+#include "daemon/mesh/trust/origin_sign.h"
 #include "podlink/mesh/v1/mesh.grpc.pb.h"
 #include "tests/common/test_ca.h"
 #include "tests/integration/harness.h"
@@ -101,7 +101,7 @@ inline json LinksOf(const Daemon& d) {
 // Whether `d` holds an advert of `node` naming every one of `names` as its
 // neighbour (the latest event=mesh_node_neighbours line for it), waiting up
 // to `timeout_ms`: routes through cables between other nodes need both
-// ends' adverts (daemon/mesh/routes.h).
+// ends' adverts (daemon/mesh/routing/routes.h).
 inline bool WaitForNeighbours(const Daemon& d, const std::string& node, const std::vector<std::string>& names,
                               int timeout_ms = 20000) {
   const std::string key = "event=mesh_node_neighbours node=" + node + " ";

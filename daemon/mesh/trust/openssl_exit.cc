@@ -1,4 +1,4 @@
-#include "daemon/mesh/openssl_exit.h"
+#include "daemon/mesh/trust/openssl_exit.h"
 
 #include <openssl/crypto.h>
 

@@ -1,4 +1,4 @@
-#include "daemon/mesh/routes.h"
+#include "daemon/mesh/routing/routes.h"
 
 #include <algorithm>
 #include <limits>

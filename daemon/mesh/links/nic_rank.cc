@@ -1,4 +1,4 @@
-#include "daemon/mesh/nic_rank.h"
+#include "daemon/mesh/links/nic_rank.h"
 
 #include <algorithm>
 #include <cstdlib>

@@ -1,4 +1,4 @@
-#include "daemon/mesh/addresses.h"
+#include "daemon/mesh/routing/addresses.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>

@@ -1,4 +1,4 @@
-#include "daemon/mesh/node_shares.h"
+#include "daemon/mesh/links/node_shares.h"
 
 #include <algorithm>
 

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/mesh/addresses.h"
+#include "daemon/mesh/routing/addresses.h"
 
 namespace podlink::mesh {
 

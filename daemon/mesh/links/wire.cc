@@ -1,4 +1,4 @@
-#include "daemon/mesh/wire.h"
+#include "daemon/mesh/links/wire.h"
 
 #include <errno.h>
 #include <linux/errqueue.h>

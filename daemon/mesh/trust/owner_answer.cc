@@ -1,8 +1,8 @@
-#include "daemon/mesh/owner_answer.h"
+#include "daemon/mesh/trust/owner_answer.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/status_util.h"
-#include "daemon/mesh/origin_sign.h"
+#include "daemon/mesh/trust/origin_sign.h"
 
 namespace podlink::mesh {
 

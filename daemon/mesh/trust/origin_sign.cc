@@ -1,4 +1,4 @@
-#include "daemon/mesh/origin_sign.h"
+#include "daemon/mesh/trust/origin_sign.h"
 
 #include <openssl/bio.h>
 #include <openssl/err.h>
