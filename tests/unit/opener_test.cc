@@ -173,12 +173,13 @@ class Importer : public ::testing::Test {
     return got;
   }
 
-  // ConnectOrOverTcp, waited for (bounded): the peer it ended with, or why not.
-  absl::StatusOr<std::shared_ptr<Peer>> ConnectOrOverTcp(const std::shared_ptr<Peer>& peer) {
+  // `start` given the two callbacks the connector answers by, waited for (bounded): the peer, or why not.
+  using Then = std::function<void(const std::shared_ptr<Peer>&)>;
+  using Failed = std::function<void(absl::Status)>;
+  static absl::StatusOr<std::shared_ptr<Peer>> AwaitPeer(const std::function<void(Then, Failed)>& start) {
     absl::Notification done;
     absl::StatusOr<std::shared_ptr<Peer>> got = absl::InternalError("no answer");
-    connector_->ConnectOrOverTcp(
-        peer, Target(),
+    start(
         [&](const std::shared_ptr<Peer>& p) {
           got = p;
           done.Notify();
@@ -189,6 +190,11 @@ class Importer : public ::testing::Test {
         });
     if (!done.WaitForNotificationWithTimeout(absl::Seconds(20))) return absl::DeadlineExceededError("no answer");
     return got;
+  }
+  absl::StatusOr<std::shared_ptr<Peer>> ConnectOrOverTcp(const std::shared_ptr<Peer>& peer) {
+    return AwaitPeer([&](Then then, Failed failed) {
+      connector_->ConnectOrOverTcp(peer, Target(), std::move(then), std::move(failed));
+    });
   }
 
   static PodInfo Reader() {
@@ -343,21 +349,10 @@ TEST_F(Importer, ConnectorCarriesAGrantByItsKeysItsStagingOrTheNodesTcpPeer) {
   ASSERT_TRUE(connector_->Connect(peer, Target()).ok());
   auto links = std::dynamic_pointer_cast<FakeLinks>(peer->links());
   ASSERT_NE(links, nullptr);
-  auto carry = [&](const pb::OpenRegionResponse& resp) -> absl::StatusOr<std::shared_ptr<Peer>> {
-    absl::Notification done;
-    absl::StatusOr<std::shared_ptr<Peer>> got = absl::InternalError("no answer");
-    connector_->CarryGrant(
-        peer, Target(), resp,
-        [&](const std::shared_ptr<Peer>& p) {
-          got = p;
-          done.Notify();
-        },
-        [&](absl::Status st) {
-          got = std::move(st);
-          done.Notify();
-        });
-    if (!done.WaitForNotificationWithTimeout(absl::Seconds(20))) return absl::DeadlineExceededError("no answer");
-    return got;
+  auto carry = [&](const pb::OpenRegionResponse& resp) {
+    return AwaitPeer([&](Then then, Failed failed) {
+      connector_->CarryGrant(peer, Target(), resp, std::move(then), std::move(failed));
+    });
   };
   pb::OpenRegionResponse keyed = Granted(1);
   pb::VerbsKey* k = keyed.add_verbs_keys();
