@@ -5,9 +5,8 @@
 // both ends' adverts name each other; the operator's mesh.peers are part of that trust.
 #include "daemon/mesh/routing/advert_trader.h"
 
-#include <unistd.h>
-
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <memory>
 #include <string>

@@ -21,8 +21,8 @@ class NoCertificate : public ::testing::Test {
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     b.RegisterService(&service_);
     server_ = b.BuildAndStart();
-    stub_ = pb::Mesh::NewStub(
-        grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+    stub_ =
+        pb::Mesh::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
   }
   ~NoCertificate() override { server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1)); }
 

@@ -138,11 +138,14 @@ class Importer : public ::testing::Test {
     };
     rooms.in_use = [] { return std::vector<std::shared_ptr<Peer>>{}; };
     connector_ = std::make_unique<Connector>(
-        Connector::Options{.fallback = false, .verbs_tcp_fallback = verbs_tcp_fallback,
-                           .connect_timeout = absl::Seconds(5)},
+        Connector::Options{
+            .fallback = false, .verbs_tcp_fallback = verbs_tcp_fallback, .connect_timeout = absl::Seconds(5)},
         std::move(rooms), &peers_, &stopping_, links, &tcp_);
     opener_ = std::make_unique<Opener>(
-        Opener::Options{.node_name = kSelf, .instance = 0xa11ce, .fallback = false, .two_hop_stripe = false,
+        Opener::Options{.node_name = kSelf,
+                        .instance = 0xa11ce,
+                        .fallback = false,
+                        .two_hop_stripe = false,
                         .open_per_hop = absl::Seconds(5)},
         Opener::Routing{.local = [] { return ParsePrefixes({"127.0.0.2/8"}); }, .trust = [] { return CableTrust{}; }},
         connector_.get(), &handles_, &transfers_, &signer_, &known_, &stopping_);

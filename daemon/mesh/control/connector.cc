@@ -31,15 +31,16 @@ std::shared_ptr<Peer> Connector::PeerFor(const RemoteTarget& target, bool tcp) {
 }
 
 void Connector::CarryGrant(const std::shared_ptr<Peer>& peer, const RemoteTarget& target,
-                           const pb::OpenRegionResponse& resp, std::function<void(const std::shared_ptr<Peer>&)> install,
+                           const pb::OpenRegionResponse& resp,
+                           std::function<void(const std::shared_ptr<Peer>&)> install,
                            std::function<void(absl::Status)> failed) {
   std::shared_ptr<DataLinks> links = peer->links();
   if (links == nullptr || !links->RegistersRegions()) return install(peer);
   if (!resp.staged_reason().empty()) {
     // The owner moves each slice between the export and its bounce pool;
     // this node's queue pairs carry it as for any other grant.
-    ConnectorLog()->info("event=mesh_region_staged node={} export={} grant={} why={}", target.node_name, resp.export_id(),
-                resp.grant(), LogQuoted(resp.staged_reason().substr(0, 256)));
+    ConnectorLog()->info("event=mesh_region_staged node={} export={} grant={} why={}", target.node_name,
+                         resp.export_id(), resp.grant(), LogQuoted(resp.staged_reason().substr(0, 256)));
     links->AddStagedRegion(resp.grant(), resp.staged_slice_bytes());
     return install(peer);
   }
@@ -52,8 +53,8 @@ void Connector::CarryGrant(const std::shared_ptr<Peer>& peer, const RemoteTarget
   // The owner cannot register this export for RDMA (a GPU export its NICs
   // cannot reach by dma-buf, memory it may not pin): the grant is carried by
   // this node's TCP links to it instead.
-  ConnectorLog()->info("event=mesh_region_over_tcp node={} export={} grant={} why={}", target.node_name, resp.export_id(),
-              resp.grant(), LogQuoted(resp.over_tcp_reason().substr(0, 256)));
+  ConnectorLog()->info("event=mesh_region_over_tcp node={} export={} grant={} why={}", target.node_name,
+                       resp.export_id(), resp.grant(), LogQuoted(resp.over_tcp_reason().substr(0, 256)));
   OverTcp(target, [peer, grant = resp.grant(), install = std::move(install),
                    failed = std::move(failed)](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
     if (!tcp.ok()) {
@@ -87,7 +88,7 @@ void Connector::ConnectOrOverTcp(const std::shared_ptr<Peer>& peer, const Remote
   verbs_fallbacks_.fetch_add(1, std::memory_order_relaxed);
   if (fallback_log_.Due()) {
     ConnectorLog()->warn("event=mesh_verbs_fallback node={} why={} (opens over TCP so far: {})", target.node_name,
-                LogQuoted(st.message().substr(0, 512)), verbs_fallbacks_.load(std::memory_order_relaxed));
+                         LogQuoted(st.message().substr(0, 512)), verbs_fallbacks_.load(std::memory_order_relaxed));
   }
   OverTcp(target, [then = std::move(then), failed = std::move(failed), st](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
     if (!tcp.ok()) {
@@ -143,8 +144,8 @@ absl::Status Connector::Connect(const std::shared_ptr<Peer>& peer, const RemoteT
     PODLINK_RETURN_IF_ERROR(FromGrpc(stub->Hello(&ctx, req, &hello), target.node_name));
   }
   if (hello.node_name() != target.node_name) {
-    return absl::PermissionDeniedError(absl::StrCat("the daemon at ", endpoint, " is node '", hello.node_name(),
-                                                    "', not '", target.node_name, "'"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("the daemon at ", endpoint, " is node '", hello.node_name(), "', not '", target.node_name, "'"));
   }
   // Said by the node itself (its certificate names it): routes may go
   // through it to the nodes it is cabled to.
@@ -161,18 +162,15 @@ absl::Status Connector::NoPeer() const {
       absl::StrCat("this podlinkd talks to too many other nodes already (", PeerTable::kMaxPeers, ")"));
 }
 
-absl::Status Connector::NotQueued(const std::string& node) const {
-  return NotQueuedStatus(stopping(), node);
-}
-
+absl::Status Connector::NotQueued(const std::string& node) const { return NotQueuedStatus(stopping(), node); }
 
 std::vector<pb::LinkInfo> PeerLinkInfo(const pb::HelloResponse& hello) {
   std::vector<pb::LinkInfo> out;
   for (const pb::LinkInfo& l : hello.links()) {
     if (out.size() == 64) break;
     pb::LinkInfo c = l;
-    for (std::string* f :
-         {c.mutable_address(), c.mutable_netdev(), c.mutable_pci_path(), c.mutable_rdma_device(), c.mutable_gid_type()}) {
+    for (std::string* f : {c.mutable_address(), c.mutable_netdev(), c.mutable_pci_path(), c.mutable_rdma_device(),
+                           c.mutable_gid_type()}) {
       if (f->size() > 256) f->resize(256);
       for (char& ch : *f) {
         if (ch < 0x20 || ch == 0x7f) ch = '?';

@@ -17,11 +17,11 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "daemon/mesh/routing/addresses.h"
 #include "daemon/mesh/control/link_maker.h"
 #include "daemon/mesh/control/peer.h"
 #include "daemon/mesh/control/peer_table.h"
 #include "daemon/mesh/links/log_limit.h"
+#include "daemon/mesh/routing/addresses.h"
 #include "podlink/mesh/v1/mesh.grpc.pb.h"
 
 namespace podlink::mesh {
@@ -29,8 +29,8 @@ namespace podlink::mesh {
 class Connector {
  public:
   struct Options {
-    bool fallback = false;            // mesh.fallback: no direct subnet, the kernel routes to the first address
-    bool verbs_tcp_fallback = true;   // mesh.verbs_tcp_fallback
+    bool fallback = false;           // mesh.fallback: no direct subnet, the kernel routes to the first address
+    bool verbs_tcp_fallback = true;  // mesh.verbs_tcp_fallback
     absl::Duration connect_timeout = absl::Seconds(5);
   };
   // What the connector asks the rooms around it (the engine sets them; each
@@ -105,7 +105,7 @@ class Connector {
   LinkMaker* const links_;
   LinkMaker* const tcp_;
   std::atomic<uint64_t> verbs_fallbacks_{0};
-  LogLimit fallback_log_;  // the fallback said at most every 10 s
+  LogLimit fallback_log_;     // the fallback said at most every 10 s
   absl::Mutex keepalive_mu_;  // a leaf
   absl::Time last_keepalive_ ABSL_GUARDED_BY(keepalive_mu_) = absl::Now();
 };

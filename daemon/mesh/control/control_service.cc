@@ -67,14 +67,14 @@ grpc::ServerUnaryReactor* ControlService::OpenRegion(grpc::CallbackServerContext
   // In flight until answered (a relayed open waits on the next hop).
   const bool peer = *node != options_.node_name;
   if (peer) rooms_.liveness->BeginCall(*node);
-  rooms_.owner->OpenRegionFor(*node, *req, [answer, liveness = rooms_.liveness, peer,
-                                            n = *node](absl::StatusOr<pb::OpenRegionResponse> out) {
-    if (answer->done) return;
-    answer->done = true;
-    if (peer) liveness->EndCall(n);
-    if (out.ok()) *answer->resp = *std::move(out);
-    answer->r->Finish(ToGrpcStatus(out.status()));
-  });
+  rooms_.owner->OpenRegionFor(
+      *node, *req, [answer, liveness = rooms_.liveness, peer, n = *node](absl::StatusOr<pb::OpenRegionResponse> out) {
+        if (answer->done) return;
+        answer->done = true;
+        if (peer) liveness->EndCall(n);
+        if (out.ok()) *answer->resp = *std::move(out);
+        answer->r->Finish(ToGrpcStatus(out.status()));
+      });
   return r;
 }
 

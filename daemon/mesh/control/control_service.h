@@ -7,17 +7,17 @@
 // side. A peer's call in flight keeps it alive (Liveness). No lock of its own.
 #pragma once
 
+#include <grpcpp/grpcpp.h>
+
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/status/statusor.h"
-#include "daemon/mesh/routing/addresses.h"
 #include "daemon/mesh/control/liveness.h"
 #include "daemon/mesh/owner/region_owner.h"
+#include "daemon/mesh/routing/addresses.h"
 #include "daemon/mesh/routing/advert_trader.h"
 #include "daemon/mesh/tcp/admission.h"
 #include "daemon/mesh/verbs/verbs_node.h"
@@ -28,10 +28,10 @@ namespace podlink::mesh {
 class ControlService final : public podlink::mesh::v1::Mesh::CallbackService {
  public:
   struct Options {
-    std::string node_name;              // this node's (its own calls are not a peer's)
-    uint64_t instance = 0;              // this daemon's
-    uint32_t data_port = 0;             // the TCP data server's
-    std::vector<IpPrefix> advertised;   // this node's addresses (the verbs side's paths)
+    std::string node_name;             // this node's (its own calls are not a peer's)
+    uint64_t instance = 0;             // this daemon's
+    uint32_t data_port = 0;            // the TCP data server's
+    std::vector<IpPrefix> advertised;  // this node's addresses (the verbs side's paths)
   };
   struct Rooms {
     RegionOwner* owner = nullptr;

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "daemon/mesh/routing/addresses.h"
 #include "daemon/mesh/control/peer.h"
 #include "daemon/mesh/control/repairs.h"
+#include "daemon/mesh/routing/addresses.h"
 #include "podlink/mesh/v1/mesh.grpc.pb.h"
 
 namespace podlink::mesh {

@@ -3,10 +3,10 @@
 // dropped.
 #include "daemon/mesh/importer/opener.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include <map>
 #include <optional>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -48,8 +48,8 @@ void Opener::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget targe
   // relay of the shortest route through nodes this one knows, else (only if
   // configured) the owner through the kernel's routing.
   RemoteTarget hop = target;
-  std::vector<std::string> relays;  // the route's, first hop first; empty: direct
-  uint64_t route_nonce = 0;         // the route's claim's
+  std::vector<std::string> relays;               // the route's, first hop first; empty: direct
+  uint64_t route_nonce = 0;                      // the route's claim's
   std::shared_ptr<seal::EphemeralKey> seal_key;  // the route's: the region is sealed end to end
   std::vector<IpPrefix> local = routing_.local();
   std::vector<IpPrefix> remote = ParsePrefixes(target.addresses);
@@ -59,7 +59,8 @@ void Opener::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget targe
     std::map<std::string, KnownNodes::Known> known = known_->Snapshot();
     for (const auto& [name, k] : known) graph[name] = ParsePrefixes(k.addresses);
     graph[target.node_name] = remote;  // the descriptor's word, for this open only
-    std::optional<std::vector<std::string>> via = RelayPath(options_.node_name, local, graph, target.node_name, routing_.trust());
+    std::optional<std::vector<std::string>> via =
+        RelayPath(options_.node_name, local, graph, target.node_name, routing_.trust());
     if (via.has_value() && !via->empty()) {
       if (absl::Status st = signer_->SignRoute(target, *via, &req, &route_nonce, &seal_key); !st.ok()) {
         return done(st);
@@ -92,17 +93,16 @@ void Opener::OpenRemote(uint64_t session, const PodInfo& pod, RemoteTarget targe
                       SealRoute(destination, route_nonce, *seal_key, opened->carrier, resp);
                   if (!route.ok()) {
                     OpenerLog()->warn("event=mesh_route_refused destination={} via={} why={}", destination,
-                                absl::StrJoin(via, ","), LogQuoted(route.status().message()));
+                                      absl::StrJoin(via, ","), LogQuoted(route.status().message()));
                     ReleaseRemoteGrant(opened->carrier.get(), resp.grant());
                     return done(route.status());
                   }
                   sealed = *std::move(route);
                 }
                 absl::StatusOr<uint64_t> added =
-                    stopping()
-                        ? StoppingStatus()
-                        : handles_->Add(Handle{session, opened->carrier, resp.grant(), resp.size(), resp.instance(),
-                                              destination, via, nullptr, sealed});
+                    stopping() ? StoppingStatus()
+                               : handles_->Add(Handle{session, opened->carrier, resp.grant(), resp.size(),
+                                                      resp.instance(), destination, via, nullptr, sealed});
                 if (!added.ok()) {
                   ReleaseRemoteGrant(opened->carrier.get(), resp.grant());  // its verbs keys too
                   return done(added.status());
@@ -132,7 +132,8 @@ void Opener::OpenThrough(const RemoteTarget& hop, pb::OpenRegionRequest req, con
   // task, the open over TCP it may go on to — answers it once; one dropped
   // on the way (engine stopping) answers as it goes.
   auto answer = std::make_shared<AnswerOnce<Carried>>(
-      std::move(got), absl::StrCat("the open of a region of node ", destination, " was dropped (podlinkd is stopping)"));
+      std::move(got),
+      absl::StrCat("the open of a region of node ", destination, " was dropped (podlinkd is stopping)"));
   Peer* p = peer.get();
   bool posted = p->Post([this, p, hop, req = std::move(req), answer, destination, relays] {
     std::shared_ptr<Peer> peer = p->shared_from_this();
@@ -158,7 +159,7 @@ void Opener::OpenThrough(const RemoteTarget& hop, pb::OpenRegionRequest req, con
         // node, or an older version): the hop to it goes over TCP.
         if (registers && hop.node_name != destination && RelayCannotStage(st)) {
           OpenerLog()->info("event=mesh_relay_over_tcp relay={} destination={} why={}", hop.node_name, destination,
-                      LogQuoted(std::string(st.message()).substr(0, 256)));
+                            LogQuoted(std::string(st.message()).substr(0, 256)));
           return connector_->OverTcp(hop, [self, done](absl::StatusOr<std::shared_ptr<Peer>> tcp) {
             if (!tcp.ok()) return done(tcp.status());
             self(self, *tcp);
@@ -167,11 +168,15 @@ void Opener::OpenThrough(const RemoteTarget& hop, pb::OpenRegionRequest req, con
         return done(st);
       }
       connector_->CarryGrant(
-          peer, hop, resp, [done, resp](const std::shared_ptr<Peer>& carrier) { done(Carried{carrier, resp}); },
+          peer, hop, resp,
+          [done, resp](const std::shared_ptr<Peer>& carrier) {
+            done(Carried{carrier, resp});
+          },
           [done](absl::Status st) { done(std::move(st)); });
     };
-    connector_->ConnectOrOverTcp(peer, hop, [open_on](const std::shared_ptr<Peer>& p) { open_on(open_on, p); },
-                     [done](absl::Status st) { done(std::move(st)); });
+    connector_->ConnectOrOverTcp(
+        peer, hop, [open_on](const std::shared_ptr<Peer>& p) { open_on(open_on, p); },
+        [done](absl::Status st) { done(std::move(st)); });
   });
   if (!posted) {
     (*answer)(connector_->NotQueued(hop.node_name));
@@ -193,7 +198,8 @@ void Opener::AddTwoHop(uint64_t session, uint64_t handle, RemoteTarget target, p
   std::map<std::string, KnownNodes::Known> known = known_->Snapshot();
   std::map<std::string, std::vector<IpPrefix>> graph;
   for (const auto& [name, k] : known) graph[name] = ParsePrefixes(k.addresses);
-  std::optional<std::string> relay = TwoHopRelay(options_.node_name, local, graph, target.node_name, remote, routing_.trust());
+  std::optional<std::string> relay =
+      TwoHopRelay(options_.node_name, local, graph, target.node_name, remote, routing_.trust());
   if (!relay.has_value()) return;  // no such relay known (yet): direct links only
   RemoteTarget hop;
   hop.node_name = *relay;
@@ -204,7 +210,7 @@ void Opener::AddTwoHop(uint64_t session, uint64_t handle, RemoteTarget target, p
   if (absl::Status st = signer_->SignRoute(target, {hop.node_name}, &req, &nonce, &seal_key, /*fenceable=*/true);
       !st.ok()) {
     OpenerLog()->warn("event=mesh_two_hop_failed destination={} relay={} why={}", target.node_name, hop.node_name,
-                LogQuoted(st.message()));
+                      LogQuoted(st.message()));
     return;
   }
   OpenThrough(hop, req, target.node_name, 1,
@@ -212,20 +218,21 @@ void Opener::AddTwoHop(uint64_t session, uint64_t handle, RemoteTarget target, p
                seal_key](absl::StatusOr<Carried> opened) {
                 if (!opened.ok()) {
                   OpenerLog()->warn("event=mesh_two_hop_failed destination={} relay={} why={}", destination, relay,
-                              LogQuoted(opened.status().message().substr(0, 512)));
+                                    LogQuoted(opened.status().message().substr(0, 512)));
                   return;
                 }
                 absl::StatusOr<std::shared_ptr<seal::SealedLinks>> sealed =
                     SealRoute(destination, nonce, *seal_key, opened->carrier, opened->resp);
                 if (!sealed.ok()) {
                   OpenerLog()->warn("event=mesh_two_hop_failed destination={} relay={} why={}", destination, relay,
-                              LogQuoted(sealed.status().message()));
+                                    LogQuoted(sealed.status().message()));
                   return ReleaseRemoteGrant(opened->carrier.get(), opened->resp.grant());
                 }
                 if (opened->resp.export_id() != export_id || opened->resp.size() != size) {
-                  OpenerLog()->warn("event=mesh_two_hop_failed destination={} relay={} why=\"the route reached export {} of "
-                              "{} bytes, not {} of {}\"",
-                              destination, relay, opened->resp.export_id(), opened->resp.size(), export_id, size);
+                  OpenerLog()->warn(
+                      "event=mesh_two_hop_failed destination={} relay={} why=\"the route reached export {} of "
+                      "{} bytes, not {} of {}\"",
+                      destination, relay, opened->resp.export_id(), opened->resp.size(), export_id, size);
                   return ReleaseRemoteGrant(opened->carrier.get(), opened->resp.grant());
                 }
                 auto route = std::make_shared<TwoHop>();
@@ -234,8 +241,7 @@ void Opener::AddTwoHop(uint64_t session, uint64_t handle, RemoteTarget target, p
                 route->instance = opened->resp.instance();
                 route->nonce = nonce;
                 route->sealed = *std::move(sealed);
-                const bool attached =
-                    !stopping() && handles_->AttachTwoHop(session, handle, route);
+                const bool attached = !stopping() && handles_->AttachTwoHop(session, handle, route);
                 if (!attached) return ReleaseRemoteGrant(route->peer.get(), route->grant);  // the handle went first
                 transfers_->counters().two_hop_routes.fetch_add(1, std::memory_order_relaxed);
                 OpenerLog()->info("event=mesh_two_hop destination={} relay={} handle={}", destination, relay, handle);

@@ -18,13 +18,13 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "daemon/identity/pod_source.h"
-#include "daemon/mesh/routing/addresses.h"
 #include "daemon/mesh/control/connector.h"
 #include "daemon/mesh/importer/handle_table.h"
 #include "daemon/mesh/importer/routed.h"
 #include "daemon/mesh/importer/transfer.h"
-#include "daemon/mesh/routing/routes.h"
+#include "daemon/mesh/routing/addresses.h"
 #include "daemon/mesh/routing/known_nodes.h"
+#include "daemon/mesh/routing/routes.h"
 #include "podlink/mesh/v1/mesh.pb.h"
 
 namespace podlink::mesh {
@@ -87,8 +87,8 @@ class Opener {
   // After a direct open of export `export_id` (`size` bytes): a relay cabled
   // to this node and to `target` is asked for the same export (a fenceable
   // route); its grant joins the session's `handle` when it names that export.
-  void AddTwoHop(uint64_t session, uint64_t handle, RemoteTarget target, pb::OpenRegionRequest req,
-                 uint64_t export_id, uint64_t size);
+  void AddTwoHop(uint64_t session, uint64_t handle, RemoteTarget target, pb::OpenRegionRequest req, uint64_t export_id,
+                 uint64_t size);
   // The importer's end of a sealed route whose owner answered `resp` (its
   // signed answer checked) to the claim that carried `key`, over `carrier`'s links.
   absl::StatusOr<std::shared_ptr<seal::SealedLinks>> SealRoute(const std::string& destination, uint64_t nonce,

@@ -17,15 +17,15 @@ void RegionOwner::SweepIdleImporters(const std::function<bool(const std::string&
   // By node (a handful), then the grants of idle ones only, collected under
   // the liveness lock (leaf locks below it: the gate, the grant table).
   std::map<std::string, std::vector<uint64_t>> idle;
-  const Liveness::Swept swept = liveness_.Sweep(
-      grants_.Holders(), connected, [&](const std::string& node) { idle[node] = grants_.GrantsOf(node); });
+  const Liveness::Swept swept = liveness_.Sweep(grants_.Holders(), connected,
+                                                [&](const std::string& node) { idle[node] = grants_.GrantsOf(node); });
   if (swept.paused > absl::ZeroDuration()) {
     SweepLog()->warn("event=mesh_own_pause paused_for={} credited_to=importers", absl::FormatDuration(swept.paused));
   }
   for (const auto& [node, gs] : idle) {
     counters_.idle_peer_grants_dropped += gs.size();
-    SweepLog()->warn("event=mesh_importer_gone node={} dropped_grants={} idle_for=\"more than {}\"", node,
-                     gs.size(), absl::FormatDuration(options_.grant_idle_timeout));
+    SweepLog()->warn("event=mesh_importer_gone node={} dropped_grants={} idle_for=\"more than {}\"", node, gs.size(),
+                     absl::FormatDuration(options_.grant_idle_timeout));
     for (uint64_t g : gs) CloseRegion(node, g);
   }
 }

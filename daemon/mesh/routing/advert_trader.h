@@ -20,11 +20,11 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "daemon/mesh/routing/addresses.h"
 #include "daemon/mesh/control/credentials.h"
-#include "daemon/mesh/routing/routes.h"
+#include "daemon/mesh/routing/addresses.h"
 #include "daemon/mesh/routing/advert_book.h"
 #include "daemon/mesh/routing/known_nodes.h"
+#include "daemon/mesh/routing/routes.h"
 #include "podlink/mesh/v1/mesh.grpc.pb.h"
 
 namespace grpc {
@@ -36,16 +36,15 @@ namespace podlink::mesh {
 class AdvertTrader {
  public:
   struct Options {
-    std::string node_name;                                       // this node's
-    absl::Duration interval = absl::Seconds(60);                 // mesh.advert_interval
-    absl::Duration connect_timeout = absl::Seconds(5);           // a trade's Hello
-    std::map<std::string, std::vector<IpPrefix>> configured;     // mesh.peers: the operator's word, by node
+    std::string node_name;                                    // this node's
+    absl::Duration interval = absl::Seconds(60);              // mesh.advert_interval
+    absl::Duration connect_timeout = absl::Seconds(5);        // a trade's Hello
+    std::map<std::string, std::vector<IpPrefix>> configured;  // mesh.peers: the operator's word, by node
   };
   struct Rooms {
     std::function<std::vector<IpPrefix>()> local;  // this node's addresses for choosing paths
     // A control channel to `node` at `endpoint`, its certificate checked to name it.
-    std::function<std::shared_ptr<podlink::mesh::v1::Mesh::Stub>(const std::string& node,
-                                                                 const std::string& endpoint)>
+    std::function<std::shared_ptr<podlink::mesh::v1::Mesh::Stub>(const std::string& node, const std::string& endpoint)>
         new_stub;
     std::function<podlink::mesh::v1::HelloRequest()> hello;  // the Hello this node says (its adverts included)
   };

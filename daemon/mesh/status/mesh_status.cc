@@ -208,7 +208,8 @@ std::string RenderMeshMetrics(const MeshView& v) {
       static_cast<double>(held.fenced));
   const uint64_t refused_notifies = v.owner->counters().refused_notifies;
   const RegionOwner::Counters& owned = v.owner->counters();
-  const uint64_t relayed = owned.relayed_opens, routed = v.opener->routed_opens(), forwarded = owned.relay_forwarded_bytes;
+  const uint64_t relayed = owned.relayed_opens, routed = v.opener->routed_opens(),
+                 forwarded = owned.relay_forwarded_bytes;
   const uint64_t staged = v.owner->relay_staging_used();
   const uint64_t restarted_dropped = held.restarted_dropped;
   const uint64_t adverts_held = v.adverts->size(), adverts_refused = v.adverts->refused();
@@ -265,7 +266,8 @@ std::string RenderMeshMetrics(const MeshView& v) {
   if (const verbs::VerbsNode::ServerCounts served = v.verbs->server_counts(); served.serving) {
     one("podlink_mesh_verbs_served_qps", "gauge", "RC queue pairs this node holds for peer daemons",
         static_cast<double>(served.qps));
-    one("podlink_mesh_verbs_registrations", "gauge", "exports registered for peers' RDMA access (shared by their grants)",
+    one("podlink_mesh_verbs_registrations", "gauge",
+        "exports registered for peers' RDMA access (shared by their grants)",
         static_cast<double>(served.registrations));
     one("podlink_mesh_verbs_notifies_total", "counter", "notifications received by RDMA WRITE WITH IMMEDIATE",
         static_cast<double>(served.notifies));

@@ -3,16 +3,16 @@
 // failed is dialed again over its path with a fresh cookie.
 #include "daemon/mesh/tcp/tcp_connect.h"
 
-#include <algorithm>
-
 #include <grpcpp/grpcpp.h>
+
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_util.h"
+#include "daemon/mesh/links/wire.h"
 #include "daemon/mesh/tcp/admission.h"
 #include "daemon/mesh/tcp/sockets.h"
-#include "daemon/mesh/links/wire.h"
 
 namespace podlink::mesh {
 
@@ -49,8 +49,8 @@ absl::Status TcpLinkMaker::Connect(const std::shared_ptr<Peer>& peer, const Remo
   absl::Status last;
   for (const Path& path : paths) {
     for (uint32_t i = 0; i < per_path && cookie < link.cookies_size(); ++i) {
-      absl::StatusOr<UniqueFd> fd = DialData(path, link.data_port(), link.cookies(cookie++), links->instance(),
-                                             options_.connect_timeout);
+      absl::StatusOr<UniqueFd> fd =
+          DialData(path, link.data_port(), link.cookies(cookie++), links->instance(), options_.connect_timeout);
       if (fd.ok()) {
         links->AddConnection(*std::move(fd), PathName(path));
       } else {
@@ -62,7 +62,7 @@ absl::Status TcpLinkMaker::Connect(const std::shared_ptr<Peer>& peer, const Remo
     return absl::UnavailableError(absl::StrCat("no data connection to node ", target.node_name, ": ", last.message()));
   }
   ConnectLog()->info("event=mesh_peer_connected node={} control={} paths={} connections={}", target.node_name, endpoint,
-              paths.size(), links->live());
+                     paths.size(), links->live());
   // A connection that fails later is dialed again over its path.
   links->set_on_down(RepairOnDown(peer, links, paths, link.data_port()));
   p.set_stub(std::move(stub));
@@ -73,11 +73,10 @@ absl::Status TcpLinkMaker::Connect(const std::shared_ptr<Peer>& peer, const Remo
 
 std::function<void(const std::string&)> TcpLinkMaker::RepairOnDown(const std::shared_ptr<Peer>& peer,
                                                                    const std::shared_ptr<PeerLinks>& links,
-                                                                   const std::vector<Path>& paths,
-                                                                   uint32_t data_port) {
+                                                                   const std::vector<Path>& paths, uint32_t data_port) {
   std::weak_ptr<PeerLinks> weak = links;
   RedoPath redo = [this, weak, data_port](const Path& path, const std::string& name, Peer& peer,
-                                         pb::Mesh::Stub& stub) -> absl::Status {
+                                          pb::Mesh::Stub& stub) -> absl::Status {
     std::shared_ptr<PeerLinks> links = weak.lock();
     if (links == nullptr) return absl::OkStatus();
     pb::OpenLinkResponse link;
@@ -95,9 +94,8 @@ std::function<void(const std::string&)> TcpLinkMaker::RepairOnDown(const std::sh
   return RepairWithStub(*repairs_, peer, links, std::move(redo), paths);
 }
 
-
 absl::StatusOr<UniqueFd> TcpLinkMaker::DialData(const Path& path, uint32_t port, const std::string& cookie,
-                                                 uint64_t link_instance, absl::Duration timeout) const {
+                                                uint64_t link_instance, absl::Duration timeout) const {
   if (cookie.size() != kCookieBytes) return absl::UnavailableError("the peer issued a malformed link cookie");
   PODLINK_ASSIGN_OR_RETURN(UniqueFd fd, Dial(path, static_cast<uint16_t>(port), timeout));
   FrameHeader h{};

@@ -40,8 +40,8 @@ class TcpLinkMaker final : public LinkMaker {
 
   // A data connection over `path` to `port`, AUTH sent with `cookie` for the
   // link set `link_instance`.
-  absl::StatusOr<UniqueFd> DialData(const Path& path, uint32_t port, const std::string& cookie,
-                                    uint64_t link_instance, absl::Duration timeout) const;
+  absl::StatusOr<UniqueFd> DialData(const Path& path, uint32_t port, const std::string& cookie, uint64_t link_instance,
+                                    absl::Duration timeout) const;
 
  private:
   // A failed connection of `links` dialed again over its path (a fresh cookie from the peer).
