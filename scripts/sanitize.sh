@@ -14,8 +14,9 @@
 # options.h, so Debian's gRPC loads it too). gRPC and protobuf stay
 # uninstrumented; tests/sanitizers/tsan.supp says what that costs.
 # Any report fails the run (halt_on_error / -fno-sanitize-recover; TSan reports
-# of every process, the daemons the tests start included, land in
-# build-tsan/tsan-reports and any file there fails the run).
+# of every process, the daemons the tests start included, land in a fresh
+# /tmp/podlink-tsan-*/reports folder that every uid can write, and any file
+# there fails the run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
@@ -73,11 +74,20 @@ case "$mode" in
     test_jobs=$jobs
     mkdir -p "$build"
     bash scripts/lib/tsan_abseil.sh "$PWD/$build/absl"
-    export LD_LIBRARY_PATH="$PWD/$build/absl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    reports=$PWD/$build/tsan-reports
-    # World-writable (sticky): pods run clients as other uids (65534), and a
-    # report TSan cannot write is a report lost.
-    rm -rf "$reports" && mkdir -p "$reports" && chmod 1777 "$reports"
+    # What processes of other uids must reach lives outside the tree: some tests run pods' clients as uid 65534
+    # (setpriv), which cannot enter a tree under root's home (mode 700). There the dynamic loader skipped the
+    # instrumented Abseil on LD_LIBRARY_PATH for Debian's (every absl::Mutex then reads as a race), and TSan could
+    # not write the report, so the pod died without a word (the Attacks tests failed so from a clone in /root,
+    # 2026-12-07). So: a copy of the instrumented Abseil that every uid may read, and a report folder every uid
+    # may write (sticky), both removed at the end; the reports are collected below.
+    shared=$(mktemp -d "${TMPDIR:-/tmp}/podlink-tsan-XXXXXX")
+    trap 'rm -rf "$shared"' EXIT
+    chmod 755 "$shared"
+    cp -a "$PWD/$build/absl/lib" "$shared/absl-lib"
+    chmod -R a+rX "$shared/absl-lib"
+    reports=$shared/reports
+    mkdir "$reports" && chmod 1777 "$reports"
+    export LD_LIBRARY_PATH="$shared/absl-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:log_path=$reports/tsan:suppressions=$PWD/tests/sanitizers/tsan.supp"
     ;;
   *)
