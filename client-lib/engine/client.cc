@@ -436,10 +436,14 @@ void FillExport(v1::ExportRequest& req, const ExportOptions& opts) {
 }  // namespace
 
 absl::StatusOr<uint64_t> Client::Export(const HostBuffer& buf, const ExportOptions& opts) {
-  PODLINK_ASSIGN_OR_RETURN(uint64_t slot, impl_->Offer(buf.fd()));
+  return ExportHostFd(buf.fd(), buf.size(), opts);
+}
+
+absl::StatusOr<uint64_t> Client::ExportHostFd(int memfd, size_t size, const ExportOptions& opts) {
+  PODLINK_ASSIGN_OR_RETURN(uint64_t slot, impl_->Offer(memfd));
   v1::ExportRequest req;
   FillExport(req, opts);
-  req.set_size(buf.size());
+  req.set_size(size);
   req.set_handle_type(v1::HANDLE_TYPE_HOST_MEMFD);
   req.set_fd_slot(slot);
   PODLINK_ASSIGN_OR_RETURN(v1::ExportResponse r, (impl_->Call<v1::ExportRequest, v1::ExportResponse>(
@@ -769,7 +773,7 @@ absl::StatusOr<Client::NodeStats> Client::GetStats() {
 }
 
 absl::Status Client::OpenRelayRing(int ring_memfd, int doorbell_eventfd, uint32_t sq_entries, uint32_t cq_entries,
-                                   uint32_t nq_entries) {
+                                   uint32_t nq_entries, uint32_t message_slots) {
   PODLINK_ASSIGN_OR_RETURN(uint64_t ring_slot, impl_->Offer(ring_memfd));
   PODLINK_ASSIGN_OR_RETURN(uint64_t bell_slot, impl_->Offer(doorbell_eventfd));
   v1::OpenRelayRequest req;
@@ -778,6 +782,7 @@ absl::Status Client::OpenRelayRing(int ring_memfd, int doorbell_eventfd, uint32_
   req.set_sq_entries(sq_entries);
   req.set_cq_entries(cq_entries);
   req.set_nq_entries(nq_entries);
+  req.set_message_slots(message_slots);
   return impl_->Call<v1::OpenRelayRequest, v1::OpenRelayResponse>(&v1::Broker::Stub::OpenRelay, req).status();
 }
 

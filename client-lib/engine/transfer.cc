@@ -1,12 +1,18 @@
 #include "podlink/transfer.h"
 
+#include <fcntl.h>
 #include <sched.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -16,6 +22,7 @@
 #include "client-lib/transports/select.h"
 #include "common/cuda_driver.h"
 #include "common/status_util.h"
+#include "common/unique_fd.h"
 
 namespace podlink {
 
@@ -81,6 +88,66 @@ int AllocationDevice(uint64_t device_ptr) {
   return device;
 }
 
+// Where host memory of this process lies in a memfd: the descriptor this
+// process holds for it, the offset of `addr` in the file and the file's size.
+struct MemfdRange {
+  UniqueFd fd;
+  uint64_t file_offset = 0;
+  uint64_t file_size = 0;
+};
+
+absl::StatusOr<MemfdRange> FindMemfd(const void* addr, size_t size) {
+  const uint64_t a = reinterpret_cast<uint64_t>(addr);
+  if (size == 0 || a + size < a) return absl::InvalidArgumentError("an empty or wrapping host range");
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  auto refused = [&](const std::string& why) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "host memory at 0x", absl::Hex(a), " (+", size, ") cannot be registered: ", why,
+        ". Register memory from podlink's host allocator (Client::AllocateHost, Python alloc_host) or a sealed "
+        "memfd of your own; malloc'd, numpy and pinned buffers are not registrable yet"));
+  };
+  while (std::getline(maps, line)) {
+    // start-end perms offset dev inode [path]
+    std::vector<absl::string_view> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (f.size() < 5) continue;
+    std::pair<absl::string_view, absl::string_view> range = absl::StrSplit(f[0], '-');
+    uint64_t start = 0, end = 0, off = 0, inode = 0;
+    if (!absl::SimpleHexAtoi(range.first, &start) || !absl::SimpleHexAtoi(range.second, &end)) continue;
+    if (a < start || a >= end) continue;
+    if (a + size > end) return refused("it runs past the end of its mapping");
+    if (f[1].size() < 4 || f[1][3] != 's' || f.size() < 6 || !absl::StartsWith(f[5], "/memfd:")) {
+      return refused("it is not in a shared mapping of a memfd");
+    }
+    std::pair<absl::string_view, absl::string_view> dev = absl::StrSplit(f[3], ':');
+    uint32_t dev_major = 0, dev_minor = 0;
+    if (!absl::SimpleHexAtoi(f[2], &off) || !absl::SimpleAtoi(f[4], &inode) ||
+        !absl::SimpleHexAtoi(dev.first, &dev_major) || !absl::SimpleHexAtoi(dev.second, &dev_minor)) {
+      return refused("unreadable mapping");
+    }
+    // The descriptor: one this process holds open on the same file.
+    for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+      int n = 0;
+      if (!absl::SimpleAtoi(entry.path().filename().string(), &n)) continue;
+      struct stat st {};
+      if (::fstat(n, &st) != 0 || !S_ISREG(st.st_mode) || st.st_ino != inode || major(st.st_dev) != dev_major ||
+          minor(st.st_dev) != dev_minor) {
+        continue;
+      }
+      UniqueFd fd(::fcntl(n, F_DUPFD_CLOEXEC, 0));
+      if (!fd) return ErrnoStatus(errno, "dup of the memfd");
+      MemfdRange r;
+      r.fd = std::move(fd);
+      r.file_offset = off + (a - start);
+      r.file_size = static_cast<uint64_t>(st.st_size);
+      if (r.file_offset + size > r.file_size) return refused("its mapping runs past the end of the memfd");
+      return r;
+    }
+    return refused("this process holds no descriptor of its memfd (keep one open)");
+  }
+  return refused("it is not mapped");
+}
+
 struct Opened {
   Imported imported;  // keeps the import record (the relay's authorization) alive
   std::unique_ptr<Mapping> mapping;  // for transports that copy through a mapping
@@ -136,9 +203,16 @@ class TransferEngine::Impl {
     return r;
   }
 
+  // Local offsets below `floor` are outside what this process mapped (RegisterHost).
+  void SetFloor(uint64_t export_id, uint64_t floor) {
+    absl::MutexLock l(&mu_);
+    local_floor_[export_id] = floor;
+  }
+
   absl::Status Unregister(uint64_t export_id) {
     {
       absl::MutexLock l(&mu_);
+      local_floor_.erase(export_id);
       if (local_.erase(export_id) == 0) {
         return absl::NotFoundError(absl::StrCat("region ", export_id, " was not registered with this engine"));
       }
@@ -297,22 +371,15 @@ class TransferEngine::Impl {
     return WaitLocked(id, opt_.timeout);
   }
 
-  absl::Status Notify(uint64_t export_id, uint64_t value) {
+  // Queues a notification (with `message` when given) as a batch of its own.
+  absl::StatusOr<uint64_t> NotifyAsync(uint64_t export_id, uint64_t value, std::optional<absl::string_view> message) {
     absl::MutexLock l(&mu_);
-    if (!opened_.contains(export_id)) {
-      return absl::FailedPreconditionError(absl::StrCat("region ", export_id, " was not opened by this engine"));
-    }
-    // Every copy must be visible before the notification leaves (the relay
-    // orders it after its own copies; in-process copies are waited for).
-    for (TransportBackend* t : transports_->All()) PODLINK_RETURN_IF_ERROR(t->Fence());
-    RelayBackend& relay = transports_->relay();
-    uint64_t id = next_batch_++;
-    batches_[id].parts.push_back(&relay);
-    absl::Status pushed = relay.Notify(id, export_id, value);
-    if (!pushed.ok()) {
-      batches_.erase(id);
-      return pushed;
-    }
+    return NotifyLocked(export_id, value, message);
+  }
+
+  absl::Status Notify(uint64_t export_id, uint64_t value, std::optional<absl::string_view> message) {
+    absl::MutexLock l(&mu_);
+    PODLINK_ASSIGN_OR_RETURN(uint64_t id, NotifyLocked(export_id, value, message));
     return WaitLocked(id, opt_.timeout);
   }
 
@@ -341,7 +408,36 @@ class TransferEngine::Impl {
       return absl::OkStatus();
     };
     PODLINK_RETURN_IF_ERROR(fits(op.local_offset, local_[op.local->export_id].size, "local", op.local->export_id));
+    if (auto f = local_floor_.find(op.local->export_id); f != local_floor_.end() && op.local_offset < f->second) {
+      return absl::OutOfRangeError(absl::StrCat("local range [", op.local_offset, ", +", op.length,
+                                                ") starts before the registered memory of region ",
+                                                op.local->export_id, " (at offset ", f->second, ")"));
+    }
     return fits(op.remote_offset, opened_[op.remote->export_id]->region.size, "remote", op.remote->export_id);
+  }
+
+  absl::StatusOr<uint64_t> NotifyLocked(uint64_t export_id, uint64_t value, std::optional<absl::string_view> message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!opened_.contains(export_id)) {
+      return absl::FailedPreconditionError(absl::StrCat("region ", export_id, " was not opened by this engine"));
+    }
+    if (message.has_value() && message->size() > kMaxNotifyBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a notification carries at most ", kMaxNotifyBytes, " bytes, not ", message->size()));
+    }
+    // Every copy must be visible before the notification leaves (the relay
+    // orders it after its own copies; in-process copies are waited for).
+    for (TransportBackend* t : transports_->All()) PODLINK_RETURN_IF_ERROR(t->Fence());
+    RelayBackend& relay = transports_->relay();
+    uint64_t id = next_batch_++;
+    batches_[id].parts.push_back(&relay);
+    absl::Status pushed = message.has_value() ? relay.NotifyMessage(id, export_id, value, *message)
+                                              : relay.Notify(id, export_id, value);
+    if (!pushed.ok()) {
+      batches_.erase(id);
+      return pushed;
+    }
+    return id;
   }
 
   // Done once every backend's part is; the backends forget their parts then.
@@ -394,6 +490,7 @@ class TransferEngine::Impl {
   std::map<uint64_t, std::unique_ptr<Opened>> opened_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, uint64_t> remote_keys_ ABSL_GUARDED_BY(mu_);  // "node id/export id" -> remote handle
   std::map<uint64_t, RegionDescriptor> local_ ABSL_GUARDED_BY(mu_);  // registered regions
+  std::map<uint64_t, uint64_t> local_floor_ ABSL_GUARDED_BY(mu_);    // RegisterHost's: the first offset mapped
   bool logged_[5] ABSL_GUARDED_BY(mu_) = {false, false, false, false, false};
 };
 
@@ -421,6 +518,20 @@ absl::StatusOr<LocalRegion> TransferEngine::RegisterExisting(uint64_t device_ptr
   PODLINK_ASSIGN_OR_RETURN(uint64_t id, impl_->client().ExportExisting(device_ptr, size, opts));
   // The descriptor's GPU UUID is informational; the daemon knows the export's GPU.
   return impl_->Register(id, size, nullptr, device_ptr, AllocationDevice(device_ptr), HandleType::kPosixFd, "");
+}
+
+absl::StatusOr<TransferEngine::HostRange> TransferEngine::RegisterHost(void* addr, size_t size,
+                                                                      const ExportOptions& opts) {
+  PODLINK_ASSIGN_OR_RETURN(MemfdRange m, FindMemfd(addr, size));
+  // The export ends where the range does: offsets past it are no one's business.
+  const uint64_t export_size = m.file_offset + size;
+  PODLINK_ASSIGN_OR_RETURN(uint64_t id, impl_->client().ExportHostFd(m.fd.get(), export_size, opts));
+  // The region's host pointer stands for offset 0 of the file, which this
+  // process may not have mapped: the engine takes no local offset below the range.
+  void* base = static_cast<char*>(addr) - m.file_offset;
+  PODLINK_ASSIGN_OR_RETURN(LocalRegion r, impl_->Register(id, export_size, base, 0, -1, HandleType::kHostMemfd, ""));
+  impl_->SetFloor(id, m.file_offset);
+  return HostRange{r, m.file_offset};
 }
 
 absl::Status TransferEngine::Unregister(const LocalRegion& r) { return impl_->Unregister(r.export_id); }
@@ -452,7 +563,14 @@ absl::StatusOr<bool> TransferEngine::Poll(uint64_t batch) { return impl_->Poll(b
 absl::Status TransferEngine::Wait(uint64_t batch) { return impl_->Wait(batch); }
 
 absl::Status TransferEngine::Notify(const RemoteRegion& remote, uint64_t value) {
-  return impl_->Notify(remote.export_id, value);
+  return impl_->Notify(remote.export_id, value, std::nullopt);
+}
+absl::Status TransferEngine::Notify(const RemoteRegion& remote, uint64_t value, absl::string_view message) {
+  return impl_->Notify(remote.export_id, value, message);
+}
+absl::StatusOr<uint64_t> TransferEngine::NotifyAsync(const RemoteRegion& remote, uint64_t value,
+                                                     std::optional<absl::string_view> message) {
+  return impl_->NotifyAsync(remote.export_id, value, message);
 }
 std::vector<Notification> TransferEngine::PollNotifications() { return impl_->PollNotifications(); }
 

@@ -409,16 +409,25 @@ class Endpoint {
     Check(engine_->Notify(r.region, value));
   }
 
-  std::vector<std::pair<uint64_t, uint64_t>> Notifications() {
+  void NotifyBytes(const Remote& r, const std::string& message) {
+    Live();
+    py::gil_scoped_release nogil;
+    Check(engine_->Notify(r.region, 0, message));
+  }
+
+  // (export id, value) for a notification of a value, (export id, bytes) for one with bytes.
+  std::vector<std::pair<uint64_t, py::object>> Notifications() {
     Live();
     std::vector<Notification> n;
     {
       py::gil_scoped_release nogil;
       n = engine_->PollNotifications();
     }
-    std::vector<std::pair<uint64_t, uint64_t>> out;
+    std::vector<std::pair<uint64_t, py::object>> out;
     out.reserve(n.size());
-    for (const Notification& x : n) out.emplace_back(x.export_id, x.value);
+    for (const Notification& x : n) {
+      out.emplace_back(x.export_id, x.has_message ? py::object(py::bytes(x.message)) : py::object(py::int_(x.value)));
+    }
     return out;
   }
 
@@ -546,5 +555,6 @@ PYBIND11_MODULE(_podlink, m) {
       .def("poll", &Endpoint::Poll)
       .def("wait", &Endpoint::Wait, py::arg("batch"), py::arg("timeout"))
       .def("notify", &Endpoint::Notify)
+      .def("notify_bytes", &Endpoint::NotifyBytes)
       .def("notifications", &Endpoint::Notifications);
 }

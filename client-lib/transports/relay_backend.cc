@@ -6,8 +6,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_util.h"
@@ -26,7 +28,7 @@ RelayBackend::~RelayBackend() {
 }
 
 absl::Status RelayBackend::Init(Client& client, uint32_t n) {
-  PODLINK_ASSIGN_OR_RETURN(layout_, RingLayout::Make(n, n, n));
+  PODLINK_ASSIGN_OR_RETURN(layout_, RingLayout::Make(n, n, n, kMessageSlots));
   UniqueFd fd(::memfd_create("podlink-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd) return ErrnoStatus(errno, "memfd_create (relay ring)");
   if (int err = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(layout_.total)); err != 0) {
@@ -41,14 +43,17 @@ absl::Status RelayBackend::Init(Client& client, uint32_t n) {
   auto* base = static_cast<char*>(p);
   hdr_ = reinterpret_cast<RingHeader*>(base);
   hdr_->magic = kRingMagic;
-  hdr_->version = kRingVersion;
+  hdr_->version = layout_.version();
   hdr_->sq_entries = hdr_->cq_entries = hdr_->nq_entries = n;
   sq_ = reinterpret_cast<RelaySqe*>(base + layout_.sq_offset);
   cq_ = reinterpret_cast<const RelayCqe*>(base + layout_.cq_offset);
   nq_ = reinterpret_cast<const RelayNqe*>(base + layout_.nq_offset);
+  in_ = base + layout_.in_offset;
+  out_ = base + layout_.out_offset;
+  for (uint32_t i = layout_.message_slots; i > 0; --i) free_slots_.push_back(i - 1);
   bell_.Reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!bell_) return ErrnoStatus(errno, "eventfd (relay doorbell)");
-  return client.OpenRelayRing(fd.get(), bell_.get(), n, n, n);
+  return client.OpenRelayRing(fd.get(), bell_.get(), n, n, n, layout_.message_slots);
 }
 
 absl::Status RelayBackend::Submit(uint64_t batch, const Copy& c) {
@@ -77,6 +82,39 @@ absl::Status RelayBackend::Notify(uint64_t batch, uint64_t export_id, uint64_t v
   return absl::OkStatus();
 }
 
+absl::Status RelayBackend::NotifyMessage(uint64_t batch, uint64_t export_id, uint64_t value,
+                                         absl::string_view message) {
+  if (message.size() > kRingMessageBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a notification carries at most ", kRingMessageBytes, " bytes, not ", message.size()));
+  }
+  // A slot frees when the completion of the notification that held it comes back.
+  absl::Time deadline = absl::Now() + timeout_;
+  while (free_slots_.empty()) {
+    Reap();
+    PODLINK_RETURN_IF_ERROR(CheckServed());
+    RingDoorbell();
+    if (absl::Now() > deadline) return absl::DeadlineExceededError("every notification message slot stayed in use");
+    sched_yield();
+  }
+  uint32_t slot = free_slots_.back();
+  std::memcpy(out_ + size_t{slot} * kRingMessageBytes, message.data(), message.size());
+  RelaySqe e{};
+  e.user_data = batch;
+  e.opcode = static_cast<uint32_t>(RelayOp::kNotifyMessage);
+  e.remote_export = export_id;
+  e.remote_offset = value;
+  e.local_offset = slot;
+  e.length = message.size();
+  PODLINK_RETURN_IF_ERROR(Push(e));
+  free_slots_.pop_back();
+  Pending& p = pending_[batch];
+  ++p.remaining;
+  p.slots.push_back(slot);
+  RingDoorbell();
+  return absl::OkStatus();
+}
+
 void RelayBackend::Flush(uint64_t /*batch*/) { RingDoorbell(); }
 
 absl::StatusOr<bool> RelayBackend::Poll(uint64_t batch, absl::Status* result) {
@@ -88,16 +126,34 @@ absl::StatusOr<bool> RelayBackend::Poll(uint64_t batch, absl::Status* result) {
     return false;
   }
   *result = it->second.status;
-  pending_.erase(it);
+  Forget(it);
   return true;
+}
+
+void RelayBackend::Forget(std::map<uint64_t, Pending>::iterator it) {
+  for (uint32_t slot : it->second.slots) free_slots_.push_back(slot);
+  pending_.erase(it);
+}
+
+void RelayBackend::Abandon(uint64_t batch) {
+  // The daemon may still read an abandoned notification's slot: it stays taken.
+  pending_.erase(batch);
 }
 
 std::vector<Notification> RelayBackend::PollNotifications() {
   std::vector<Notification> out;
   uint32_t tail = hdr_->nq_tail.value.load(std::memory_order_acquire);
   while (nq_head_ != tail) {
-    const RelayNqe& n = nq_[nq_head_ & (layout_.nq_entries - 1)];
-    out.push_back({n.export_id, n.value});
+    const uint32_t slot = nq_head_ & (layout_.nq_entries - 1);
+    const RelayNqe& n = nq_[slot];
+    Notification got{n.export_id, n.value};
+    got.from_session = n.from_session;
+    if ((n.message & kNqeHasMessage) != 0) {
+      got.has_message = true;
+      uint64_t len = std::min<uint64_t>(n.message & ~kNqeHasMessage, kRingMessageBytes);
+      got.message.assign(in_ + size_t{slot} * kRingMessageBytes, len);
+    }
+    out.push_back(std::move(got));
     ++nq_head_;
   }
   hdr_->nq_head.value.store(nq_head_, std::memory_order_release);
@@ -144,6 +200,12 @@ void RelayBackend::Reap() {
     auto it = pending_.find(c.user_data);
     if (it == pending_.end()) continue;
     if (it->second.remaining > 0) --it->second.remaining;
+    if (it->second.remaining == 0) {
+      // The daemon copied the messages out when it took them: their slots are free now, whenever the
+      // batch itself is polled.
+      for (uint32_t slot : it->second.slots) free_slots_.push_back(slot);
+      it->second.slots.clear();
+    }
     if (c.status != 0 && it->second.status.ok()) {
       it->second.status = absl::Status(static_cast<absl::StatusCode>(c.status),
                                        "podlinkd refused or failed a relay transfer of this batch (its log says why)");

@@ -710,7 +710,8 @@ absl::Status Broker::AddWatcher(Session& s, std::shared_ptr<EventSink> sink) {
 absl::StatusOr<v1::OpenRelayResponse> Broker::OpenRelay(Session& s, const v1::OpenRelayRequest& req) {
   PODLINK_ASSIGN_OR_RETURN(UniqueFd ring_fd, TakeOffer(s, req.ring_slot(), "relay ring"));
   PODLINK_ASSIGN_OR_RETURN(UniqueFd doorbell, TakeOffer(s, req.doorbell_slot(), "relay doorbell"));
-  PODLINK_ASSIGN_OR_RETURN(RingLayout layout, RingLayout::Make(req.sq_entries(), req.cq_entries(), req.nq_entries()));
+  PODLINK_ASSIGN_OR_RETURN(RingLayout layout, RingLayout::Make(req.sq_entries(), req.cq_entries(), req.nq_entries(),
+                                                                  req.message_slots()));
   char link[64] = {};
   std::string path = absl::StrCat("/proc/self/fd/", doorbell.get());
   ssize_t n = ::readlink(path.c_str(), link, sizeof(link) - 1);
@@ -730,8 +731,8 @@ absl::StatusOr<v1::OpenRelayResponse> Broker::OpenRelay(Session& s, const v1::Op
     if (s.closed) return absl::UnavailableError("session closed");
     PODLINK_RETURN_IF_ERROR(relay_->AddRing(s.id, std::move(ring), layout, std::move(doorbell)));
   }
-  BrokerLog()->info("event=relay_open session={} pod={} sq={} cq={} nq={}", s.id, s.pod.Ref(), layout.sq_entries,
-              layout.cq_entries, layout.nq_entries);
+  BrokerLog()->info("event=relay_open session={} pod={} sq={} cq={} nq={} message_slots={}", s.id, s.pod.Ref(),
+                    layout.sq_entries, layout.cq_entries, layout.nq_entries, layout.message_slots);
   return v1::OpenRelayResponse();
 }
 

@@ -107,13 +107,17 @@ absl::Status RelayEngine::AddRing(uint64_t session, std::shared_ptr<MemoryObject
   r->hdr = reinterpret_cast<RingHeader*>(base);
   // The client wrote the header; the daemon checks it once and from then on
   // uses only its own copy of the sizes.
-  if (r->hdr->magic != kRingMagic || r->hdr->version != kRingVersion || r->hdr->sq_entries != layout.sq_entries ||
+  if (r->hdr->magic != kRingMagic || r->hdr->version != layout.version() || r->hdr->sq_entries != layout.sq_entries ||
       r->hdr->cq_entries != layout.cq_entries || r->hdr->nq_entries != layout.nq_entries) {
     return absl::InvalidArgumentError("ring header does not match the requested layout (magic, version or sizes)");
   }
   r->sq = reinterpret_cast<const volatile RelaySqe*>(base + layout.sq_offset);
   r->cq = reinterpret_cast<RelayCqe*>(base + layout.cq_offset);
   r->nq = reinterpret_cast<RelayNqe*>(base + layout.nq_offset);
+  if (layout.message_slots != 0) {
+    r->in = base + layout.in_offset;
+    r->out = base + layout.out_offset;
+  }
   r->sq_head = r->hdr->sq_head.value.load(std::memory_order_acquire);
   r->cq_tail = r->hdr->cq_tail.value.load(std::memory_order_acquire);
   {
@@ -333,12 +337,35 @@ void RelayEngine::Process(Worker& w, Ring& r, const RelaySqe& e) {
       if (!st.ok()) Complete(r, e.user_data, st);  // refused or not started: completed now
       return;
     }
-    case RelayOp::kNotify: {
+    case RelayOp::kNotify:
+    case RelayOp::kNotifyMessage: {
       PendingNotify p;
       p.after_seq = CopyExecutor::LastSeq(r.copies);
       p.after_mesh = r.mesh_seq;
       p.sqe = e;
-      r.notifies.push_back(p);
+      if (static_cast<RelayOp>(e.opcode) == RelayOp::kNotifyMessage) {
+        // The bytes are copied out of shared memory now, once: the client
+        // may reuse the slot as soon as the completion arrives, and never
+        // sees the daemon read it twice.
+        if (r.out == nullptr) {
+          return Complete(r, e.user_data,
+                          absl::FailedPreconditionError("a notification with bytes needs a version 2 ring"));
+        }
+        if (e.local_offset >= r.layout.message_slots || e.length > kRingMessageBytes) {
+          return Complete(r, e.user_data,
+                          absl::InvalidArgumentError(absl::StrCat(
+                              "message slot ", e.local_offset, " (of ", r.layout.message_slots, ") or length ",
+                              e.length, " (at most ", kRingMessageBytes, " bytes) out of range")));
+        }
+        if (IsRemoteHandle(e.remote_export)) {
+          return Complete(r, e.user_data,
+                          absl::UnimplementedError("notifications with bytes do not cross nodes yet (notifications "
+                                                   "of a value alone do)"));
+        }
+        p.message.assign(const_cast<const char*>(r.out) + e.local_offset * kRingMessageBytes, e.length);
+        p.has_message = true;
+      }
+      r.notifies.push_back(std::move(p));
       return;
     }
   }
@@ -412,7 +439,7 @@ bool RelayEngine::FlushNotifies(Ring& r) {
       progress = true;
       continue;
     }
-    absl::Status st = DeliverNotify(r, p.sqe);
+    absl::Status st = DeliverNotify(r, p);
     Complete(r, p.sqe.user_data, st);
     r.notifies.pop_front();
     progress = true;
@@ -420,13 +447,16 @@ bool RelayEngine::FlushNotifies(Ring& r) {
   return progress;
 }
 
-absl::Status RelayEngine::DeliverNotify(Ring& from, const RelaySqe& e) {
-  PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<const ExportRecord> target, resolve_(from.session, e.remote_export));
-  return PostNotification(target->owner_session, target->id, e.length, from.session);
+absl::Status RelayEngine::DeliverNotify(Ring& from, const PendingNotify& p) {
+  PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<const ExportRecord> target, resolve_(from.session, p.sqe.remote_export));
+  if (p.has_message) {
+    return PostNotification(target->owner_session, target->id, p.sqe.remote_offset, from.session, &p.message);
+  }
+  return PostNotification(target->owner_session, target->id, p.sqe.length, from.session);
 }
 
 absl::Status RelayEngine::PostNotification(uint64_t owner_session, uint64_t export_id, uint64_t value,
-                                           uint64_t from_session) {
+                                           uint64_t from_session, const std::string* message) {
   std::shared_ptr<Ring> to;
   {
     absl::MutexLock l(&mu_);
@@ -436,17 +466,27 @@ absl::Status RelayEngine::PostNotification(uint64_t owner_session, uint64_t expo
     return absl::FailedPreconditionError(
         absl::StrCat("the owner of export ", export_id, " has no relay ring open to receive notifications"));
   }
+  if (message != nullptr && to->in == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the owner of export ", export_id,
+                     " takes no notifications with bytes (its libpodlink opened a version 1 relay ring)"));
+  }
   absl::MutexLock l(&to->nq_mu);  // the target ring may belong to another worker
   uint32_t head = to->hdr->nq_head.value.load(std::memory_order_acquire);
   uint32_t used = to->nq_tail - head;
   if (used >= to->layout.nq_entries) {
     return absl::ResourceExhaustedError("the peer's notification queue is full (it is not polling notifications)");
   }
-  RelayNqe& n = to->nq[to->nq_tail & (to->layout.nq_entries - 1)];
+  const uint32_t slot = to->nq_tail & (to->layout.nq_entries - 1);
+  RelayNqe& n = to->nq[slot];
   n.export_id = export_id;
   n.value = value;
   n.from_session = from_session;
-  n.reserved = 0;
+  n.message = 0;
+  if (message != nullptr) {  // its length was checked when it was taken off the sender's ring
+    std::memcpy(to->in + size_t{slot} * kRingMessageBytes, message->data(), message->size());
+    n.message = kNqeHasMessage | message->size();
+  }
   ++to->nq_tail;
   to->hdr->nq_tail.value.store(to->nq_tail, std::memory_order_release);
   notifies_.fetch_add(1, std::memory_order_relaxed);

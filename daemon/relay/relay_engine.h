@@ -16,6 +16,7 @@
 #include <map>
 #include <set>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -96,8 +97,10 @@ class RelayEngine {
   // Queues a notification for `owner_session`'s ring (from another node:
   // from_session 0). FAILED_PRECONDITION without a ring, RESOURCE_EXHAUSTED
   // when its queue is full.
-  absl::Status PostNotification(uint64_t owner_session, uint64_t export_id, uint64_t value, uint64_t from_session)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // With `message`, its bytes too (at most kRingMessageBytes; FAILED_PRECONDITION
+  // when the owner's ring is version 1).
+  absl::Status PostNotification(uint64_t owner_session, uint64_t export_id, uint64_t value, uint64_t from_session,
+                                const std::string* message = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
   RelayCounters Counters() const;
   // The relay's metric families, Prometheus text (the daemon's /metrics).
@@ -112,6 +115,8 @@ class RelayEngine {
     uint64_t after_seq = 0;   // every op with seq <= after_seq must be complete
     uint64_t after_mesh = 0;  // and every mesh op with mesh seq <= after_mesh
     RelaySqe sqe{};
+    bool has_message = false;  // kNotifyMessage: its bytes, copied out of the ring
+    std::string message;
   };
   struct Ring {
     uint64_t session = 0;
@@ -122,6 +127,8 @@ class RelayEngine {
     const volatile RelaySqe* sq = nullptr;
     RelayCqe* cq = nullptr;
     RelayNqe* nq = nullptr;
+    char* in = nullptr;                  // version 2: the IN message slots (one per NQ entry)
+    const volatile char* out = nullptr;  // and the OUT slots
     UniqueFd doorbell;
     std::atomic<bool> broken{false};  // read by other workers delivering notifications
     // Owned by the ring's worker; daemon positions are never read back from
@@ -172,7 +179,7 @@ class RelayEngine {
   void Process(Worker& w, Ring& r, const RelaySqe& e);
   // Validates a write or read and hands it to the worker's executor.
   absl::Status Copy(Worker& w, Ring& r, const RelaySqe& e);
-  absl::Status DeliverNotify(Ring& from, const RelaySqe& e) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status DeliverNotify(Ring& from, const PendingNotify& p) ABSL_LOCKS_EXCLUDED(mu_);
   // A write or read whose remote side is another node's region.
   absl::Status MeshCopy(Worker& w, Ring& r, const RelaySqe& e);
   absl::Status MeshCopyGpu(Ring& r, const RelaySqe& e, std::shared_ptr<const ExportRecord> local, MeshTransfer t,

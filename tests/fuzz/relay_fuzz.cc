@@ -602,8 +602,8 @@ void CheckNqe(const RelayNqe& n, uint64_t session) {
   const Export* e = FindExport(n.export_id);
   FUZZ_CHECK(e != nullptr && e->owner == session, "NQE for export %llu reached session %llu",
              static_cast<unsigned long long>(n.export_id), static_cast<unsigned long long>(session));
-  FUZZ_CHECK(n.from_session == kSelf && n.reserved == 0, "NQE from session %llu, reserved %llu",
-             static_cast<unsigned long long>(n.from_session), static_cast<unsigned long long>(n.reserved));
+  FUZZ_CHECK(n.from_session == kSelf && n.message == 0, "NQE from session %llu, message %llu",
+             static_cast<unsigned long long>(n.from_session), static_cast<unsigned long long>(n.message));
 }
 
 // The last min(posted, entries) entries of a queue, oldest first.

@@ -11,6 +11,7 @@ Errors come back as {"error": "<podlink exception class>", "code": "...", "messa
 """
 import json
 import sys
+import time
 
 import numpy as np
 
@@ -54,15 +55,41 @@ def main():
                     ep.write(local, remote, length=n, timeout=cmd.get("timeout"))
                 out = {"written": n * cmd.get("count", 1)}
             elif c == "notify":
-                ep.notify(remote, cmd["value"])
+                # "message": hex of the bytes to send instead of a value
+                ep.notify(remote, bytes.fromhex(cmd["message"]) if "message" in cmd else cmd["value"])
+            elif c == "write_notify":
+                # Each round: a write of pattern seed+i, then a notification with bytes naming the round; the
+                # receiver checks that each message's data had landed (docs/python.md: after every earlier write).
+                # Round i lands at i * nbytes of the peer's region, so no later round overwrites it.
+                n = cmd["nbytes"]
+                if buf is None or buf.size < n:
+                    buf = ep.alloc_host(n)
+                    local = ep.reg(buf)
+                for i in range(cmd["count"]):
+                    buf[:n] = pattern(cmd["seed"] + i, n)
+                    ep.write(local, remote, remote_offset=i * n, length=n)
+                    ep.notify(remote, json.dumps({"round": i, "pad": "x" * cmd.get("pad", 0)}).encode())
+                out = {"rounds": cmd["count"]}
             elif c == "notifications":
-                import time
                 deadline = time.monotonic() + cmd.get("timeout", 5)
                 values = []
                 while time.monotonic() < deadline and len(values) < cmd.get("want", 1):
-                    values += [v for _, v in ep.notifications()]
+                    values += [v.hex() if isinstance(v, bytes) else v for _, v in ep.notifications()]
                     time.sleep(0.01)
                 out = {"values": values}
+            elif c == "receive_rounds":
+                # Checks each round's data when its notification arrives (bytes from write_notify).
+                deadline = time.monotonic() + cmd.get("timeout", 20)
+                got, bad = [], []
+                while time.monotonic() < deadline and len(got) < cmd["count"]:
+                    for _, v in ep.notifications():
+                        r = json.loads(bytes(v))["round"]
+                        got.append(r)
+                        n = cmd["nbytes"]
+                        if not np.array_equal(buf[r * n:(r + 1) * n], pattern(cmd["seed"] + r, n)):
+                            bad.append(r)
+                    time.sleep(0.0005)
+                out = {"rounds": got, "bad": bad}
             else:
                 out = {"error": "unknown command"}
         except podlink.Error as e:

@@ -329,6 +329,29 @@ def test_pods_of_one_group_share_and_other_groups_are_denied(pods):
     assert "podlink.io/peer-group" in denied["message"]
 
 
+@pytest.mark.parametrize("force_relay", [False, True])
+def test_notifications_with_bytes_between_pods(pods, force_relay):
+    pods.plan([("producer", "job-1"), ("consumer", "job-1")])
+    producer, consumer = pods("producer"), pods("consumer")
+    exp = consumer.call(cmd="export", nbytes=1 << 20)
+    transport = producer.call(cmd="open", descriptor=exp["descriptor"], force_relay=force_relay)["transport"]
+    assert transport == ("relay" if force_relay else "host")
+    # Each notification arrives after its write landed, in order, with its bytes (also at the 4 KiB bound).
+    consumer.send(cmd="receive_rounds", count=50, seed=40, nbytes=16 << 10)
+    assert producer.call(cmd="write_notify", count=50, seed=40, nbytes=16 << 10) == {"rounds": 50}
+    got = consumer.expect(timeout=30)
+    assert got == {"rounds": list(range(50)), "bad": []}, got
+    at_bound = bytes(range(256)) * 16
+    assert len(at_bound) == podlink.Endpoint.MAX_NOTIFY_BYTES
+    assert producer.call(cmd="notify", message=at_bound.hex()) == {}
+    assert producer.call(cmd="notify", message=b"".hex()) == {}  # empty is a message too
+    assert producer.call(cmd="notify", value=7) == {}            # values keep working beside bytes
+    assert consumer.call(cmd="notifications", want=3)["values"] == [at_bound.hex(), "", 7]
+    over = producer.call(cmd="notify", message=(at_bound + b"!").hex())
+    assert over.get("error") in ("InvalidArgument", "ValueError"), over
+    assert "4096" in over["message"]
+
+
 def test_a_peer_killed_mid_transfer(pods):
     d = pods.plan([("owner", "job-1"), ("writer", "job-1")])
     owner, writer = pods("owner"), pods("writer")

@@ -241,6 +241,10 @@ class PODLINK_API Client {
   // Host memory (sealed memfd), zero-filled.
   absl::StatusOr<std::unique_ptr<HostBuffer>> AllocateHost(size_t size);
   absl::StatusOr<uint64_t> Export(const HostBuffer& buf, const ExportOptions& opts = {});
+  // Exports [0, size) of a memfd this process holds, as Export(HostBuffer)
+  // does (podlinkd accepts it sealed against shrinking, growing and sealing,
+  // and populated); `memfd` stays the caller's.
+  absl::StatusOr<uint64_t> ExportHostFd(int memfd, size_t size, const ExportOptions& opts = {});
 
   // GPU memory on `device` (this process's CUDA ordinal), size rounded up to
   // the allocation granularity. `type` kFabric falls back to kPosixFd when the
@@ -346,8 +350,9 @@ class PODLINK_API Client {
 
   // Hands podlinkd this session's relay ring and doorbell (see
   // common/relay_ring.h; TransferEngine does this for you).
+  // message_slots: 0 for a version 1 ring, else its OUT message slots.
   absl::Status OpenRelayRing(int ring_memfd, int doorbell_eventfd, uint32_t sq_entries, uint32_t cq_entries,
-                             uint32_t nq_entries);
+                             uint32_t nq_entries, uint32_t message_slots = 0);
 
   // Calls `cb` from a private thread for each event of this session.
   absl::StatusOr<std::unique_ptr<Watcher>> Watch(std::function<void(const WatchEvent&)> cb);

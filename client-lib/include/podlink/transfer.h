@@ -81,6 +81,11 @@ struct TransferOp {
 struct Notification {
   uint64_t export_id = 0;  // which of this process's regions the peer named
   uint64_t value = 0;
+  // Notifications with bytes (TransferEngine::kMaxNotifyBytes at most).
+  bool has_message = false;
+  std::string message;
+  // podlinkd's session of the sender on this node (0: a sender on another node).
+  uint64_t from_session = 0;
 };
 
 class PODLINK_API TransferEngine {
@@ -109,6 +114,18 @@ class PODLINK_API TransferEngine {
   // Exports and registers memory this process allocated itself with
   // cuMemCreate and a POSIX-FD handle type (see Client::ExportExisting).
   absl::StatusOr<LocalRegion> RegisterExisting(uint64_t device_ptr, size_t size, const ExportOptions& opts = {});
+  // Host memory this process has, by address: [addr, addr + size) must lie in
+  // one shared mapping of a memfd podlinkd accepts (sealed against shrinking,
+  // growing and sealing, populated: what Client::AllocateHost makes, whoever
+  // mapped it). The whole memfd is exported, once per call (Unregister the
+  // region as any other): `offset` is where addr lies in the export. Other
+  // host memory (malloc, numpy, pinned) is refused, FAILED_PRECONDITION, for
+  // now.
+  struct HostRange {
+    LocalRegion region;
+    uint64_t offset = 0;
+  };
+  absl::StatusOr<HostRange> RegisterHost(void* addr, size_t size, const ExportOptions& opts = {});
   // Withdraws the region's export; transfers already submitted complete.
   absl::Status Unregister(const LocalRegion& region);
   absl::StatusOr<RegionDescriptor> Describe(const LocalRegion& region);
@@ -133,6 +150,17 @@ class PODLINK_API TransferEngine {
   // Tells the owner of `remote` `value` once every earlier transfer of this
   // engine is visible at its destination.
   absl::Status Notify(const RemoteRegion& remote, uint64_t value);
+  // The same with bytes (at most kMaxNotifyBytes): the owner's notification
+  // carries `value` and `message`. Regions of this node only for now (another
+  // node's: UNIMPLEMENTED). FAILED_PRECONDITION when the owner's libpodlink
+  // predates notifications with bytes.
+  static constexpr size_t kMaxNotifyBytes = 4096;
+  absl::Status Notify(const RemoteRegion& remote, uint64_t value, absl::string_view message);
+  // Non-blocking: the notification (with `message` when given) leaves once
+  // every earlier transfer of this engine is visible; the returned batch
+  // completes (Poll / Wait) once it was delivered.
+  absl::StatusOr<uint64_t> NotifyAsync(const RemoteRegion& remote, uint64_t value,
+                                       std::optional<absl::string_view> message = std::nullopt);
   // Notifications peers sent to this process's regions (relay ring only).
   std::vector<Notification> PollNotifications();
 

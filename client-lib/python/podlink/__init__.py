@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import time
 import weakref
-from typing import Any, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
 from . import _podlink
 from ._podlink import (  # noqa: F401  (re-exported)
@@ -459,12 +459,21 @@ class Endpoint:
         self.readv_async(ops).wait(timeout)
 
     # --- notifications -------------------------------------------------------------
-    def notify(self, remote: RemoteRegion, value: int) -> None:
-        """Tells the owner of `remote` `value` once every earlier transfer of this endpoint is visible."""
-        self._ep.notify(remote._remote, int(value))
+    #: The most bytes one notification carries.
+    MAX_NOTIFY_BYTES = 4096
 
-    def notifications(self) -> List[Tuple[Optional[Region], int]]:
-        """Notifications peers sent to this endpoint's regions since the last call: (Region, value)."""
+    def notify(self, remote: RemoteRegion, value: Union[int, bytes, bytearray, memoryview]) -> None:
+        """Tells the owner of `remote` `value` once every earlier transfer of this endpoint is visible.
+
+        `value` is an int (64 bits) or bytes (at most MAX_NOTIFY_BYTES; a peer on this node only)."""
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            self._ep.notify_bytes(remote._remote, bytes(value))
+        else:
+            self._ep.notify(remote._remote, int(value))
+
+    def notifications(self) -> List[Tuple[Optional[Region], Union[int, bytes]]]:
+        """Notifications peers sent to this endpoint's regions since the last call: (Region, value), value an
+        int or, for a notification sent with bytes, bytes."""
         out = []
         for eid, value in self._ep.notifications():
             out.append((self._region_of(eid), value))
