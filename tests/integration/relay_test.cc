@@ -207,18 +207,19 @@ TEST_P(Relay, BadRequestsFailThatOpOnly) {
 // A client that writes the ring by hand.
 class RawRing {
  public:
-  RawRing(Client& c, uint32_t entries, int bell_flags = 0) {
-    layout_ = *RingLayout::Make(entries, entries, entries);
+  RawRing(Client& c, uint32_t entries, int bell_flags = 0, uint32_t message_slots = 0) {
+    layout_ = *RingLayout::Make(entries, entries, entries, message_slots);
     fd_ = ::memfd_create("raw-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     EXPECT_EQ(::posix_fallocate(fd_, 0, layout_.total), 0);
     EXPECT_EQ(::fcntl(fd_, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
     base_ = static_cast<char*>(::mmap(nullptr, layout_.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0));
     hdr()->magic = kRingMagic;
-    hdr()->version = kRingVersion;
+    hdr()->version = layout_.version();
     hdr()->sq_entries = hdr()->cq_entries = hdr()->nq_entries = entries;
     bell_ = ::eventfd(0, EFD_CLOEXEC | bell_flags);  // blocking, like the attack's
-    status_ = c.OpenRelayRing(fd_, bell_, entries, entries, entries);
+    status_ = c.OpenRelayRing(fd_, bell_, entries, entries, entries, message_slots);
   }
+  char* out_slot(uint32_t i) { return base_ + layout_.out_offset + size_t{i} * kRingMessageBytes; }
   ~RawRing() {
     ::munmap(base_, layout_.total);
     ::close(fd_);
@@ -333,6 +334,85 @@ TEST_P(Relay, HostileRequestsOnARawRing) {
   RemoteRegion ra = Open(b, a);
   EXPECT_TRUE(b.engine->Write({&b.region, 0, &ra, 0, kSize}).ok());
   EXPECT_EQ(static_cast<uint8_t*>(a.buf->data())[kSize - 1], 3);
+  EXPECT_TRUE(daemon_.Alive());
+}
+
+// Notifications with bytes from a client that writes its ring by hand: slots
+// and lengths out of range, a version 1 ring on either side, a stranger.
+TEST_P(Relay, HostileMessageNotifications) {
+  constexpr size_t kSize = 1 << 16;
+  Peer victim = MakePeer(daemon_, kSize, kPoison);  // never imported by the attacker
+  Peer receiver = MakePeer(daemon_, kSize, 0);       // imported: a legitimate target
+  auto attacker = *Client::Connect({.socket_dir = daemon_.dir()});
+  ASSERT_TRUE(attacker->Import(receiver.region.export_id).ok());
+  // A receiver whose ring is version 1 (an older libpodlink), imported too.
+  auto old_client = *Client::Connect({.socket_dir = daemon_.dir()});
+  RawRing old_ring(*old_client, 16);
+  ASSERT_TRUE(old_ring.status_.ok()) << old_ring.status_;
+  auto old_buf = *old_client->AllocateHost(4096);
+  uint64_t old_id = *old_client->Export(*old_buf);
+  ASSERT_TRUE(attacker->Import(old_id).ok());
+  RawRing ring(*attacker, 16, 0, 4);
+  ASSERT_TRUE(ring.status_.ok()) << ring.status_;
+  std::memcpy(ring.out_slot(3), "hello", 5);
+  auto note = [](uint64_t target, uint64_t slot, uint64_t len) {
+    RelaySqe e{};
+    e.opcode = static_cast<uint32_t>(RelayOp::kNotifyMessage);
+    e.remote_export = target;
+    e.remote_offset = 9;  // the value
+    e.local_offset = slot;
+    e.length = len;
+    return e;
+  };
+  struct Case {
+    RelaySqe sqe;
+    absl::StatusCode expect;
+  };
+  const uint64_t target = receiver.region.export_id;
+  std::vector<Case> cases = {
+      {note(target, 4, 5), absl::StatusCode::kInvalidArgument},   // past the last slot
+      {note(target, ~0ull, 5), absl::StatusCode::kInvalidArgument},
+      {note(target, 0, kRingMessageBytes + 1), absl::StatusCode::kInvalidArgument},
+      {note(target, 0, ~0ull), absl::StatusCode::kInvalidArgument},
+      {note(victim.region.export_id, 3, 5), absl::StatusCode::kPermissionDenied},
+      {note(old_id, 3, 5), absl::StatusCode::kFailedPrecondition},  // the owner's ring takes no bytes
+      {note(target, 3, 5), absl::StatusCode::kOk},
+      {note(target, 0, kRingMessageBytes), absl::StatusCode::kOk},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    cases[i].sqe.user_data = 200 + i;
+    ring.Push(cases[i].sqe);
+    auto c = ring.Next();
+    ASSERT_TRUE(c.has_value()) << "case " << i;
+    EXPECT_EQ(static_cast<absl::StatusCode>(c->status), cases[i].expect) << "case " << i;
+  }
+  // The receiver got exactly the two good ones, with their bytes.
+  std::vector<Notification> got;
+  for (int i = 0; i < 1000 && got.size() < 2; ++i) {
+    for (auto& n : receiver.engine->PollNotifications()) got.push_back(n);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].message, "hello");
+  EXPECT_EQ(got[0].value, 9u);
+  EXPECT_EQ(got[1].message.size(), kRingMessageBytes);
+  EXPECT_TRUE(victim.engine->PollNotifications().empty());
+  // A version 1 ring has no slots to send bytes from.
+  auto other = *Client::Connect({.socket_dir = daemon_.dir()});
+  RawRing v1_ring(*other, 16);
+  ASSERT_TRUE(v1_ring.status_.ok());
+  RelaySqe e = note(target, 0, 1);
+  e.user_data = 300;
+  ASSERT_TRUE(other->Import(target).ok());
+  v1_ring.Push(e);
+  auto c = v1_ring.Next();
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(static_cast<absl::StatusCode>(c->status), absl::StatusCode::kFailedPrecondition);
+  // The most slots a ring may have, and one more.
+  auto many = *Client::Connect({.socket_dir = daemon_.dir()});
+  RawRing huge(*many, 16, 0, kMaxRingMessageSlots);
+  EXPECT_TRUE(huge.status_.ok()) << huge.status_;
+  EXPECT_FALSE(RingLayout::Make(16, 16, 16, kMaxRingMessageSlots + 1).ok());
   EXPECT_TRUE(daemon_.Alive());
 }
 
