@@ -146,7 +146,9 @@ std::vector<Notification> RelayBackend::PollNotifications() {
   while (nq_head_ != tail) {
     const uint32_t slot = nq_head_ & (layout_.nq_entries - 1);
     const RelayNqe& n = nq_[slot];
-    Notification got{n.export_id, n.value};
+    Notification got;
+    got.export_id = n.export_id;
+    got.value = n.value;
     got.from_session = n.from_session;
     if ((n.message & kNqeHasMessage) != 0) {
       got.has_message = true;
