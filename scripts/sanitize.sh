@@ -88,7 +88,9 @@ case "$mode" in
     reports=$shared/reports
     mkdir "$reports" && chmod 1777 "$reports"
     export LD_LIBRARY_PATH="$shared/absl-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-    export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:log_path=$reports/tsan:suppressions=$PWD/tests/sanitizers/tsan.supp"
+    # The suppressions too: a process that cannot read them stops at start with a report.
+    cp tests/sanitizers/tsan.supp "$shared/tsan.supp" && chmod 644 "$shared/tsan.supp"
+    export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:log_path=$reports/tsan:suppressions=$shared/tsan.supp"
     ;;
   *)
     echo "usage: $0 asan|tsan" >&2
