@@ -117,7 +117,7 @@ export CUDA_PATH=$prefix/no-cuda CUDA_HOME=$prefix/no-cuda
 rm -rf "$prefix/build"
 (cd "$prefix/src/nixl" && meson setup "$prefix/build" --prefix="$prefix/nixl" --buildtype=debugoptimized \
   --wrap-mode=nodownload -Dwerror=false -Denable_plugins=POSIX -Ddisable_gds_backend=true -Dbuild_tests=true \
-  -Dbuild_examples=false -Drust=false -Dbuild_docs=false
+  -Dbuild_examples=false -Drust=false -Dbuild_docs=false \
   >"$prefix/meson-setup.log" 2>&1) || { tail -40 "$prefix/meson-setup.log"; exit 1; }
 step "NIXL: build"
 ninja -C "$prefix/build" -j "$jobs" >"$prefix/ninja.log" 2>&1 || { tail -60 "$prefix/ninja.log"; exit 1; }
