@@ -29,6 +29,7 @@
 #include "daemon/gpu/cuda_backend.h"
 #include "daemon/gpu/gpu_inventory.h"
 #include "daemon/gpu/host_backend.h"
+#include "daemon/gpu/process_memory.h"
 #include "daemon/identity/cri_source.h"
 #include "daemon/identity/kube_pods.h"
 #include "daemon/identity/standalone_source.h"
@@ -329,6 +330,9 @@ int main(int argc, char** argv) {
   // add up to less than the node's memory).
   backends.push_back(
       std::make_unique<podlink::HostMemfdBackend>(pinner, std::make_shared<podlink::MappingBudget>(2 * ram)));
+  // Host memory registered as it is (malloc, numpy): the relay copies it
+  // through the exporter's /proc/<pid>/mem (daemon/gpu/process_memory.h).
+  backends.push_back(std::make_unique<podlink::ProcessMemoryBackend>());
   std::unique_ptr<podlink::CudaBackend> cuda;
   podlink::GpuInventory inv_for_backend(inv);  // declared before the broker: outlives its backends
   if (inv.cuda_available) backends.push_back(std::make_unique<podlink::CudaBackend>(&inv_for_backend));

@@ -378,6 +378,7 @@ v1::NodeInfo Broker::GetNodeInfo() const {
     any_fabric |= g.fabric_supported && BackendFor(HandleKind::kFabric) != nullptr;
   }
   if (BackendFor(HandleKind::kHostMemfd)) n.add_handle_types(v1::HANDLE_TYPE_HOST_MEMFD);
+  if (BackendFor(HandleKind::kProcessMemory)) n.add_handle_types(v1::HANDLE_TYPE_PROCESS_MEMORY);
   if (any_posix) n.add_handle_types(v1::HANDLE_TYPE_POSIX_FD);
   if (any_fabric) n.add_handle_types(v1::HANDLE_TYPE_FABRIC);
   return n;
@@ -433,9 +434,15 @@ absl::StatusOr<v1::ExportResponse> Broker::Export(Session& s, const v1::ExportRe
     case v1::HANDLE_TYPE_HOST_MEMFD:
       kind = HandleKind::kHostMemfd;
       break;
+    case v1::HANDLE_TYPE_PROCESS_MEMORY:
+      kind = HandleKind::kProcessMemory;
+      break;
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("handle_type ", req.handle_type(), " is not one of POSIX_FD, FABRIC, HOST_MEMFD"));
+      return absl::InvalidArgumentError(absl::StrCat("handle_type ", req.handle_type(),
+                                                     " is not one of POSIX_FD, FABRIC, HOST_MEMFD, PROCESS_MEMORY"));
+  }
+  if ((kind == HandleKind::kProcessMemory) != (req.address() != 0)) {
+    return absl::InvalidArgumentError("address is given with PROCESS_MEMORY exports, and only with them");
   }
   if (req.size() == 0 || req.size() > options_.max_export_size) {
     return absl::InvalidArgumentError(
@@ -478,7 +485,17 @@ absl::StatusOr<v1::ExportResponse> Broker::Export(Session& s, const v1::ExportRe
         absl::StrCat(HandleKindName(kind), " exports are not served by this daemon"));
   }
   ExportClaim claim{req.size(), req.gpu_uuid(), kind};
+  if (kind == HandleKind::kProcessMemory) {
+    // The session's own process, as the kernel named it when it connected.
+    claim.address = req.address();
+    claim.pid = s.peer.pid;
+    claim.pidfd = s.peer.pidfd.get();
+  }
   PODLINK_ASSIGN_OR_RETURN(rec.memory, backend->Adopt(claim, std::move(fd), req.fabric_handle()));
+  if (kind == HandleKind::kProcessMemory && !PidfdAlive(s.peer.pidfd.get())) {
+    // Opened after the process exited: whatever holds its pid now is not it.
+    return absl::UnavailableError("the exporting process exited during the export");
+  }
   rec.name = req.name();
   rec.size = req.size();
   rec.gpu_uuid = req.gpu_uuid();
@@ -580,6 +597,8 @@ absl::StatusOr<v1::ImportResponse> Broker::Import(Session& s, const v1::ImportRe
   }
   if (rec.kind == HandleKind::kFabric) {
     resp.set_fabric_handle(rec.memory->FabricHandle());
+  } else if (rec.kind == HandleKind::kProcessMemory) {
+    // No descriptor: only this daemon's relay reaches it.
   } else {
     absl::StatusOr<UniqueFd> dup = rec.memory->Duplicate();
     absl::Status sent = dup.status();

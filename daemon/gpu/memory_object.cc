@@ -28,6 +28,8 @@ const char* HandleKindName(HandleKind k) {
       return "fabric";
     case HandleKind::kHostMemfd:
       return "host-memfd";
+    case HandleKind::kProcessMemory:
+      return "process-memory";
   }
   return "unknown";
 }

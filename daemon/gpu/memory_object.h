@@ -12,7 +12,7 @@
 namespace podlink {
 
 // Values equal podlink.v1.HandleType.
-enum class HandleKind : int { kPosixFd = 1, kFabric = 2, kHostMemfd = 3 };
+enum class HandleKind : int { kPosixFd = 1, kFabric = 2, kHostMemfd = 3, kProcessMemory = 4 };
 
 const char* HandleKindName(HandleKind k);
 
@@ -20,8 +20,10 @@ const char* HandleKindName(HandleKind k);
 struct RelayView {
   bool on_gpu = false;
   int gpu = -1;           // the daemon's CUDA ordinal of the GPU holding the memory
-  uint64_t address = 0;   // host pointer, or device address in the daemon's address space
+  uint64_t address = 0;   // host pointer, or device address in the daemon's address space; with mem_fd, an
+                          // address in the exporting process (never a pointer of the daemon's)
   uint64_t size = 0;
+  int mem_fd = -1;        // process memory: the exporter's /proc/<pid>/mem, read and written at `address`
 };
 
 class MemoryObject {
@@ -29,7 +31,13 @@ class MemoryObject {
   virtual ~MemoryObject() = default;
   // Maps the memory into the daemon once (later calls return the same view);
   // the mapping lives as long as the object.
+  // Process memory has no such mapping and fails here, so every path that
+  // takes the view's address as the daemon's own pointer (the mesh, rings,
+  // RDMA registration) refuses it.
   virtual absl::StatusOr<RelayView> MapForRelay() = 0;
+  // The view the relay's copy executor uses: MapForRelay's, or for process
+  // memory one with mem_fd set, which only the executor understands.
+  virtual absl::StatusOr<RelayView> CopyView() { return MapForRelay(); }
   virtual HandleKind kind() const = 0;
   // A fresh duplicate of the descriptor for an importer (descriptor kinds).
   virtual absl::StatusOr<UniqueFd> Duplicate() const = 0;
@@ -57,6 +65,11 @@ struct ExportClaim {
   uint64_t size = 0;
   std::string gpu_uuid;  // empty for host memory
   HandleKind kind = HandleKind::kHostMemfd;
+  // Process memory: the range's start in the exporter's address space, and
+  // the exporter as the kernel named it (the session's peer, pinned by pidfd).
+  uint64_t address = 0;
+  int pid = 0;
+  int pidfd = -1;
 };
 
 // Page-locks host memory for the GPUs' copy engines. A relay copy from or to

@@ -8,12 +8,16 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status_util.h"
+#include "daemon/gpu/process_memory.h"
 
 namespace podlink {
 namespace {
 
 const ComponentLog CopyLog("relay");
 
+// Process memory to process memory goes through this much of the executor's
+// memory at a time (small enough to stay in cache between the two copies).
+constexpr uint64_t kBounceBytes = 256 << 10;
 
 }  // namespace
 
@@ -68,6 +72,11 @@ CopyExecutor::~CopyExecutor() {
 absl::Status CopyExecutor::Submit(CopyQueue& q, CopyRequest c) {
   const uint64_t src_addr = c.src_view.address + c.src_off;
   const uint64_t dst_addr = c.dst_view.address + c.dst_off;
+  if ((c.src_view.mem_fd >= 0 && c.dst_view.on_gpu) || (c.dst_view.mem_fd >= 0 && c.src_view.on_gpu)) {
+    return absl::UnimplementedError(
+        "podlinkd's relay does not copy between GPU memory and process memory (malloc'd, numpy) yet: use "
+        "podlink host memory (alloc_host, AllocateHost) on the host side");
+  }
   if (!c.src_view.on_gpu && !c.dst_view.on_gpu) {
     CopyQueue::HostJob j;
     j.seq = q.next_seq_++;
@@ -77,6 +86,8 @@ absl::Status CopyExecutor::Submit(CopyQueue& q, CopyRequest c) {
     j.dst_off = c.dst_off;
     j.src_base = reinterpret_cast<const char*>(c.src_view.address);
     j.dst_base = reinterpret_cast<char*>(c.dst_view.address);
+    j.src_fd = c.src_view.mem_fd;
+    j.dst_fd = c.dst_view.mem_fd;
     j.left = c.length;
     j.src = std::move(c.src);
     j.dst = std::move(c.dst);
@@ -232,8 +243,12 @@ bool CopyExecutor::RunHost(CopyQueue& q, OnDone done) {
     // slice would be allocated on podlinkd's account by the copy.
     absl::Status st = j.src->memory->CheckPopulated(j.src_off, n);
     if (st.ok()) st = j.dst->memory->CheckPopulated(j.dst_off, n);
-    if (st.ok()) {
+    if (st.ok() && (j.src_fd >= 0 || j.dst_fd >= 0)) {
+      st = CopyProcessSlice(j, n);
+    } else if (st.ok()) {
       std::memcpy(j.dst_base + j.dst_off, j.src_base + j.src_off, n);
+    }
+    if (st.ok()) {
       j.src_off += n;
       j.dst_off += n;
       j.left -= n;
@@ -246,6 +261,21 @@ bool CopyExecutor::RunHost(CopyQueue& q, OnDone done) {
     q.host_jobs_.pop_front();
   }
   return progress;
+}
+
+absl::Status CopyExecutor::CopyProcessSlice(const CopyQueue::HostJob& j, uint64_t n) {
+  const uint64_t src = reinterpret_cast<uint64_t>(j.src_base) + j.src_off;
+  const uint64_t dst = reinterpret_cast<uint64_t>(j.dst_base) + j.dst_off;
+  auto name = [](const ExportRecord& r) { return absl::StrCat("export ", r.id); };
+  if (j.dst_fd < 0) return ProcessRead(j.src_fd, src, j.dst_base + j.dst_off, n, name(*j.src));
+  if (j.src_fd < 0) return ProcessWrite(j.dst_fd, dst, j.src_base + j.src_off, n, name(*j.dst));
+  if (bounce_ == nullptr) bounce_ = std::make_unique<char[]>(kBounceBytes);
+  for (uint64_t at = 0; at < n; at += kBounceBytes) {
+    uint64_t len = std::min(kBounceBytes, n - at);
+    PODLINK_RETURN_IF_ERROR(ProcessRead(j.src_fd, src + at, bounce_.get(), len, name(*j.src)));
+    PODLINK_RETURN_IF_ERROR(ProcessWrite(j.dst_fd, dst + at, bounce_.get(), len, name(*j.dst)));
+  }
+  return absl::OkStatus();
 }
 
 void CopyExecutor::Drain(CopyQueue& q) {

@@ -16,7 +16,10 @@
 // oldest event is ever queried. Events are pooled per GPU (an event works
 // only in the context it was created in). Host-to-host copies are memcpy on
 // the caller's thread, a budget of bytes per round, so one large copy delays
-// others by one slice only.
+// others by one slice only. Process memory (a view with mem_fd) is read or
+// written with pread/pwrite on the exporter's /proc/<pid>/mem, straight into
+// or out of the other side's mapping, or through a bounce buffer of the
+// executor's when both sides are process memory; it never meets a GPU copy.
 #pragma once
 
 #include <cstdint>
@@ -86,8 +89,9 @@ class CopyQueue {
     uint64_t start_ns = 0;
     std::shared_ptr<const ExportRecord> src, dst;
     uint64_t src_off = 0, dst_off = 0;  // next byte, within the exports
-    const char* src_base = nullptr;
+    const char* src_base = nullptr;  // the daemon's mapping; with src_fd, the exporter's address (not a pointer)
     char* dst_base = nullptr;
+    int src_fd = -1, dst_fd = -1;    // process memory: the exporter's /proc/<pid>/mem
     uint64_t left = 0;
   };
   std::map<std::pair<int, uint32_t>, StreamQueue> streams_;  // (gpu, stream index)
@@ -137,6 +141,9 @@ class CopyExecutor {
   void Seal(CopyQueue& q, int gpu, uint32_t si, CopyQueue::StreamQueue& sq, OnDone done);
   void Issue(CopyQueue& q, CopyQueue::Merged& m, OnDone done);
   cu::Event TakeEvent(int gpu);
+  // One slice of a host job touching process memory (pread/pwrite through the
+  // exporter's /proc/<pid>/mem; between two processes through bounce_).
+  absl::Status CopyProcessSlice(const CopyQueue::HostJob& j, uint64_t n);
 
   const size_t index_;  // for logs
   const cu::Driver* cuda_;
@@ -147,6 +154,7 @@ class CopyExecutor {
   std::vector<std::vector<cu::Stream>> streams_;  // [gpu][i]
   std::vector<uint32_t> next_stream_;
   std::vector<std::vector<cu::Event>> free_events_;  // [gpu]
+  std::unique_ptr<char[]> bounce_;                   // process memory to process memory, allocated on first use
   bool warned_sync_ = false;
 };
 

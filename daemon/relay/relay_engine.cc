@@ -385,14 +385,17 @@ absl::Status RelayEngine::Copy(Worker& w, Ring& r, const RelaySqe& e) {
   };
   PODLINK_RETURN_IF_ERROR(in_bounds(*local, e.local_offset, "local"));
   PODLINK_RETURN_IF_ERROR(in_bounds(*remote, e.remote_offset, "remote"));
-  PODLINK_ASSIGN_OR_RETURN(RelayView lv, local->memory->MapForRelay());
-  PODLINK_ASSIGN_OR_RETURN(RelayView rv, remote->memory->MapForRelay());
+  PODLINK_ASSIGN_OR_RETURN(RelayView lv, local->memory->CopyView());
+  PODLINK_ASSIGN_OR_RETURN(RelayView rv, remote->memory->CopyView());
   bool write = static_cast<RelayOp>(e.opcode) == RelayOp::kWrite;
   const RelayView& src = write ? lv : rv;
   const RelayView& dst = write ? rv : lv;
   uint64_t src_addr = src.address + (write ? e.local_offset : e.remote_offset);
   uint64_t dst_addr = dst.address + (write ? e.remote_offset : e.local_offset);
-  if (src_addr < dst_addr + e.length && dst_addr < src_addr + e.length && src.address == dst.address) {
+  // The same daemon mapping on both sides (addresses of two processes'
+  // memory, or of one through a bounce buffer, may coincide harmlessly).
+  if (src_addr < dst_addr + e.length && dst_addr < src_addr + e.length && src.address == dst.address &&
+      src.mem_fd < 0 && dst.mem_fd < 0) {
     return absl::InvalidArgumentError("source and destination ranges overlap");
   }
   CopyRequest c;
@@ -635,7 +638,19 @@ bool RelayEngine::DrainMesh(Ring& r) {
 void RelayEngine::Complete(Ring& r, uint64_t user_data, const absl::Status& st) {
   if (!st.ok()) {
     failed_.fetch_add(1, std::memory_order_relaxed);
-    RelayLog()->debug("event=relay_op_failed session={} user_data={} error={}", r.session, user_data, LogQuoted(st.message()));
+    // The completion carries only the code: the reason is logged, one a
+    // second per ring at info (a client's flood of bad ops stays at debug).
+    const uint64_t now = NowNs();
+    if (r.fail_logged_ns == 0 || now - r.fail_logged_ns >= 1'000'000'000) {
+      RelayLog()->info("event=relay_op_failed session={} user_data={} code={} error={} failed_unlogged={}", r.session,
+                       user_data, absl::StatusCodeToString(st.code()), LogQuoted(st.message()), r.fails_unlogged);
+      r.fail_logged_ns = now;
+      r.fails_unlogged = 0;
+    } else {
+      ++r.fails_unlogged;
+      RelayLog()->debug("event=relay_op_failed session={} user_data={} error={}", r.session, user_data,
+                        LogQuoted(st.message()));
+    }
   }
   if (r.broken.load(std::memory_order_relaxed)) return;
   RelayCqe& c = r.cq[r.cq_tail & (r.layout.cq_entries - 1)];

@@ -134,6 +134,8 @@ class RelayEngine {
     // Owned by the ring's worker; daemon positions are never read back from
     // shared memory.
     uint32_t sq_head = 0, cq_tail = 0;
+    uint64_t fail_logged_ns = 0;   // when a failed op of this ring was last logged (at most one a second)
+    uint64_t fails_unlogged = 0;   // failed ops since then, logged at debug only
     CopyQueue copies;  // taken off the SQ, completion not yet posted
     std::deque<PendingNotify> notifies;
     uint64_t mesh_seq = 0;             // mesh ops started (their sequence numbers)

@@ -552,6 +552,55 @@ TEST_F(HostileClients, A02_SparseExportsAreRefused) {
   ExpectHealthy();
 }
 
+// 12. Process memory (memory as it is, read and written by podlinkd through
+// /proc/<pid>/mem, which bypasses page protection): only a range the caller
+// itself can read and write, of the process that connected, with no
+// descriptor and nothing that belongs to other kinds.
+TEST_F(HostileClients, A12_ProcessMemoryOnlyWhereTheProcessCanWrite) {
+  RawClient c(daemon_.dir());
+  auto process = [](uint64_t address, uint64_t size) {
+    v1::ExportRequest r;
+    r.set_size(size);
+    r.set_handle_type(v1::HANDLE_TYPE_PROCESS_MEMORY);
+    r.set_address(address);
+    return r;
+  };
+  v1::ExportResponse er;
+  auto code = [&](const v1::ExportRequest& r) { return c.Call(&v1::Broker::Stub::Export, r, &er).error_code(); };
+  static const char kReadOnly[8192] = "text";  // .rodata: r--p
+  void* gone = ::mmap(nullptr, 1 << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_EQ(::munmap(gone, 1 << 20), 0);
+  std::vector<char> heap(1 << 16);
+  EXPECT_EQ(code(process(0, 4096)), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(code(process(~uint64_t{0} - 100, 4096)), grpc::StatusCode::INVALID_ARGUMENT);  // wraps
+  EXPECT_EQ(code(process(reinterpret_cast<uint64_t>(kReadOnly), 4096)), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(code(process(reinterpret_cast<uint64_t>(&HostExport), 64)), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(code(process(reinterpret_cast<uint64_t>(gone), 4096)), grpc::StatusCode::FAILED_PRECONDITION);
+  // Far past the heap: over max_export_size, or through unmapped gaps.
+  EXPECT_NE(code(process(reinterpret_cast<uint64_t>(heap.data()), uint64_t{1} << 40)), grpc::StatusCode::OK);
+  v1::ExportRequest with_slot = process(reinterpret_cast<uint64_t>(heap.data()), heap.size());
+  with_slot.set_fd_slot(1);
+  EXPECT_EQ(code(with_slot), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::ExportRequest with_gpu = process(reinterpret_cast<uint64_t>(heap.data()), heap.size());
+  with_gpu.set_gpu_uuid("GPU-00000000-0000-0000-0000-000000000000");
+  EXPECT_EQ(code(with_gpu), grpc::StatusCode::INVALID_ARGUMENT);
+  UniqueFd memfd = SealedMemfd(4096);
+  ASSERT_EQ(c.Offer(memfd.get(), 1), 0u);
+  v1::ExportRequest memfd_with_address = HostExport(4096, 1);
+  memfd_with_address.set_address(reinterpret_cast<uint64_t>(heap.data()));
+  EXPECT_EQ(code(memfd_with_address), grpc::StatusCode::INVALID_ARGUMENT);
+  // What the process owns is accepted, and an importer gets no descriptor for it.
+  ASSERT_TRUE(c.Call(&v1::Broker::Stub::Export, process(reinterpret_cast<uint64_t>(heap.data()), heap.size()), &er)
+                  .ok());
+  v1::ImportRequest ir;
+  ir.set_export_id(er.export_id());
+  v1::ImportResponse resp;
+  ASSERT_TRUE(c.Call(&v1::Broker::Stub::Import, ir, &resp).ok());
+  EXPECT_EQ(resp.delivery_slot(), 0u);
+  EXPECT_EQ(resp.export_().handle_type(), v1::HANDLE_TYPE_PROCESS_MEMORY);
+  ExpectHealthy();
+}
+
 // 5. A client offers its own end of the descriptor channel and never uses
 // the offer: podlinkd would hold the socket open and never see the client go.
 TEST_F(HostileClients, A05_OfferingItsOwnChannelCannotKeepTheSessionAlive) {
