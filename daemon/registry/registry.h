@@ -33,7 +33,7 @@ struct ExportRecord {
 };
 
 struct RegistryLimits {
-  size_t max_exports_per_session = 4096;
+  size_t max_exports_per_session = 16384;  // as many as a pod: NIXL agents register thousands of buffers
   size_t max_exports_per_pod = 16384;  // summed over the pod's sessions (identity key)
   size_t max_exports_total = 65536;
 };
