@@ -37,6 +37,8 @@ const char* HandleTypeName(HandleType t) {
       return "fabric";
     case HandleType::kHostMemfd:
       return "host-memfd";
+    case HandleType::kProcessMemory:
+      return "process-memory";
   }
   return "unknown";
 }
@@ -120,7 +122,11 @@ class Client::Impl {
         session_(session),
         credential_(std::move(credential)),
         stub_(v1::Broker::NewStub(ch)),
-        timeout_(timeout) {}
+        timeout_(timeout),
+        pid_(::getpid()) {}
+
+  // The process that connected (podlinkd knows the session by it).
+  pid_t pid() const { return pid_; }
 
   // `at_least`: calls that wait on something slower than the daemon itself
   // (another node's daemon) get that much time even when the client's
@@ -222,6 +228,7 @@ class Client::Impl {
   const std::string credential_;
   std::unique_ptr<v1::Broker::Stub> stub_;
   const absl::Duration timeout_;
+  const pid_t pid_;
 
   absl::Mutex mu_;  // serializes use of the descriptor channel; protects below
   uint64_t next_offer_ ABSL_GUARDED_BY(mu_) = 1;
@@ -451,6 +458,24 @@ absl::StatusOr<uint64_t> Client::ExportHostFd(int memfd, size_t size, const Expo
   return r.export_id();
 }
 
+absl::StatusOr<uint64_t> Client::ExportProcessMemory(const void* addr, size_t size, const ExportOptions& opts) {
+  if (::getpid() != impl_->pid()) {
+    return absl::FailedPreconditionError(
+        "this Client was connected by another process (the parent before a fork): podlinkd would address that "
+        "process's memory, not this one's; connect a Client in this process");
+  }
+  const uint64_t a = reinterpret_cast<uint64_t>(addr);
+  if (a == 0 || size == 0 || a + size < a) return absl::InvalidArgumentError("an empty, null or wrapping range");
+  v1::ExportRequest req;
+  FillExport(req, opts);
+  req.set_size(size);
+  req.set_handle_type(v1::HANDLE_TYPE_PROCESS_MEMORY);
+  req.set_address(a);
+  PODLINK_ASSIGN_OR_RETURN(v1::ExportResponse r, (impl_->Call<v1::ExportRequest, v1::ExportResponse>(
+                                                     &v1::Broker::Stub::Export, req)));
+  return r.export_id();
+}
+
 absl::StatusOr<std::unique_ptr<GpuBuffer>> Client::AllocateGpu(size_t size, int device, HandleType type) {
   if (size == 0) return absl::InvalidArgumentError("size must be > 0");
   if (type == HandleType::kHostMemfd) return absl::InvalidArgumentError("use AllocateHost for host memory");
@@ -577,6 +602,8 @@ absl::StatusOr<Imported> Client::DoImport(const v1::ImportRequest& req) {
   imp.gpu_device_node_ = r.gpu_device_node();
   if (imp.info_.handle_type == HandleType::kFabric) {
     imp.fabric_handle_ = r.fabric_handle();
+  } else if (imp.info_.handle_type == HandleType::kProcessMemory) {
+    // Nothing to hold: only podlinkd's relay reaches it.
   } else {
     PODLINK_ASSIGN_OR_RETURN(UniqueFd fd, impl_->TakeDelivery(r.delivery_slot()));
     imp.fd_ = fd.Release();
@@ -587,6 +614,11 @@ absl::StatusOr<Imported> Client::DoImport(const v1::ImportRequest& req) {
 absl::StatusOr<std::unique_ptr<Mapping>> Client::Map(const Imported& imp, int access_device) {
   std::unique_ptr<Mapping> m(new Mapping());
   const ExportInfo& info = imp.info();
+  if (info.handle_type == HandleType::kProcessMemory) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "export ", info.export_id, " is another process's memory as it is (malloc, numpy): it cannot be mapped; "
+        "podlinkd's relay moves it (podlink write/read)"));
+  }
   if (info.handle_type == HandleType::kHostMemfd) {
     void* p = ::mmap(nullptr, info.size, PROT_READ | PROT_WRITE, MAP_SHARED, imp.fd(), 0);
     if (p == MAP_FAILED) return ErrnoStatus(errno, "mmap imported memfd");

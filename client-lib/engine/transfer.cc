@@ -53,7 +53,7 @@ absl::StatusOr<RegionDescriptor> RegionDescriptor::Parse(absl::string_view text)
   int type = 0;
   bool v2 = f.size() == 9 && f[0] == "podlink2";
   if (!(v2 || (f.size() == 6 && f[0] == "podlink1")) || f[1].empty() || !absl::SimpleAtoi(f[2], &d.export_id) ||
-      !absl::SimpleAtoi(f[3], &d.size) || !absl::SimpleAtoi(f[4], &type) || type < 1 || type > 3 ||
+      !absl::SimpleAtoi(f[3], &d.size) || !absl::SimpleAtoi(f[4], &type) || type < 1 || type > 4 ||
       (v2 && (f[6].empty() || !absl::SimpleAtoi(f[7], &d.mesh_port) || d.mesh_port == 0 || d.mesh_port > 65535 ||
               f[8].empty()))) {
     return absl::InvalidArgumentError(
@@ -90,6 +90,8 @@ int AllocationDevice(uint64_t device_ptr) {
 
 // Where host memory of this process lies in a memfd: the descriptor this
 // process holds for it, the offset of `addr` in the file and the file's size.
+// NOT_FOUND when the range does not start in a memfd this process holds (it
+// is then registered as process memory).
 struct MemfdRange {
   UniqueFd fd;
   uint64_t file_offset = 0;
@@ -104,8 +106,8 @@ absl::StatusOr<MemfdRange> FindMemfd(const void* addr, size_t size) {
   auto refused = [&](const std::string& why) {
     return absl::FailedPreconditionError(absl::StrCat(
         "host memory at 0x", absl::Hex(a), " (+", size, ") cannot be registered: ", why,
-        ". Register memory from podlink's host allocator (Client::AllocateHost, Python alloc_host) or a sealed "
-        "memfd of your own; malloc'd, numpy and pinned buffers are not registrable yet"));
+        ". Register memory from podlink's host allocator (Client::AllocateHost, Python alloc_host), a sealed "
+        "memfd of your own, or memory this process allocated (malloc, numpy)"));
   };
   while (std::getline(maps, line)) {
     // start-end perms offset dev inode [path]
@@ -115,10 +117,10 @@ absl::StatusOr<MemfdRange> FindMemfd(const void* addr, size_t size) {
     uint64_t start = 0, end = 0, off = 0, inode = 0;
     if (!absl::SimpleHexAtoi(range.first, &start) || !absl::SimpleHexAtoi(range.second, &end)) continue;
     if (a < start || a >= end) continue;
-    if (a + size > end) return refused("it runs past the end of its mapping");
     if (f[1].size() < 4 || f[1][3] != 's' || f.size() < 6 || !absl::StartsWith(f[5], "/memfd:")) {
-      return refused("it is not in a shared mapping of a memfd");
+      return absl::NotFoundError("not in a shared mapping of a memfd");
     }
+    if (a + size > end) return refused("it runs past the end of its memfd mapping");
     std::pair<absl::string_view, absl::string_view> dev = absl::StrSplit(f[3], ':');
     uint32_t dev_major = 0, dev_minor = 0;
     if (!absl::SimpleHexAtoi(f[2], &off) || !absl::SimpleAtoi(f[4], &inode) ||
@@ -143,7 +145,7 @@ absl::StatusOr<MemfdRange> FindMemfd(const void* addr, size_t size) {
       if (r.file_offset + size > r.file_size) return refused("its mapping runs past the end of the memfd");
       return r;
     }
-    return refused("this process holds no descriptor of its memfd (keep one open)");
+    return absl::NotFoundError("this process holds no descriptor of its memfd");
   }
   return refused("it is not mapped");
 }
@@ -522,7 +524,16 @@ absl::StatusOr<LocalRegion> TransferEngine::RegisterExisting(uint64_t device_ptr
 
 absl::StatusOr<TransferEngine::HostRange> TransferEngine::RegisterHost(void* addr, size_t size,
                                                                       const ExportOptions& opts) {
-  PODLINK_ASSIGN_OR_RETURN(MemfdRange m, FindMemfd(addr, size));
+  absl::StatusOr<MemfdRange> found = FindMemfd(addr, size);
+  if (!found.ok() && absl::IsNotFound(found.status())) {
+    // Memory as it is (malloc, numpy): podlinkd's relay reads and writes it
+    // in this process.
+    PODLINK_ASSIGN_OR_RETURN(uint64_t id, impl_->client().ExportProcessMemory(addr, size, opts));
+    PODLINK_ASSIGN_OR_RETURN(LocalRegion r,
+                             impl_->Register(id, size, addr, 0, -1, HandleType::kProcessMemory, ""));
+    return HostRange{r, 0};
+  }
+  PODLINK_ASSIGN_OR_RETURN(MemfdRange m, std::move(found));
   // The export ends where the range does: offsets past it are no one's business.
   const uint64_t export_size = m.file_offset + size;
   PODLINK_ASSIGN_OR_RETURN(uint64_t id, impl_->client().ExportHostFd(m.fd.get(), export_size, opts));

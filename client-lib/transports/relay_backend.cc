@@ -209,8 +209,9 @@ void RelayBackend::Reap() {
       it->second.slots.clear();
     }
     if (c.status != 0 && it->second.status.ok()) {
-      it->second.status = absl::Status(static_cast<absl::StatusCode>(c.status),
-                                       "podlinkd refused or failed a relay transfer of this batch (its log says why)");
+      it->second.status = absl::Status(
+          static_cast<absl::StatusCode>(c.status),
+          "podlinkd refused or failed a relay transfer of this batch (its log says why: event=relay_op_failed)");
     }
   }
   hdr_->cq_head.value.store(cq_head_, std::memory_order_release);

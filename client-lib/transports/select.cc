@@ -38,6 +38,7 @@ absl::StatusOr<TransportChoice> Transports::Choose(Client& client, const Importe
     c.transport = Transport::kHostMemcpy;
     return c;
   }
+  if (imported.info().handle_type == HandleType::kProcessMemory) return c;  // no one maps it: the relay
   if (opt_.allow_direct) {
     // Map makes a GPU's primary context current: put the caller's back (the
     // engine's user, e.g. NCCL's proxy thread, keeps its device).

@@ -1,5 +1,5 @@
 // TransferEngine's notifications with bytes (version 2 relay rings) and
-// RegisterHost (host memory by address), against a real podlinkd: two
+// RegisterHost (host memory by address: memfds and memory as it is), against a real podlinkd: two
 // sessions of this process (one standalone identity: the same-pod policy).
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -196,14 +196,49 @@ TEST(RegisterHost, ARangeInsideAMemfdMovesAtItsOffset) {
   ::close(fd);
 }
 
-TEST(RegisterHost, OrdinaryMemoryIsRefusedWithTheWayOut) {
+// Memory as the application has it (a std::vector on the heap): podlinkd's
+// relay reads and writes it in place; a peer's memfd is still mapped.
+TEST(RegisterHost, OrdinaryMemoryMovesInPlace) {
   Daemon d("{}");
+  for (bool force_relay : {true, false}) {
+    SCOPED_TRACE(force_relay ? "relay" : "host mapping of the peer's memfd");
+    Peer a = MakePeer(d, 4 << 20, force_relay);
+    Peer b = MakePeer(d, 4096, force_relay);
+    std::vector<uint8_t> heap((4 << 20) + 7);
+    for (size_t i = 0; i < heap.size(); ++i) heap[i] = static_cast<uint8_t>(i * 13 + 1);
+    auto h = b.engine->RegisterHost(heap.data() + 7, heap.size() - 7);
+    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_EQ(h->offset, 0u);
+    RemoteRegion ra = Open(b, a);
+    auto* dst = static_cast<uint8_t*>(a.buf->data());
+    for (size_t n : {size_t{1}, size_t{4096}, size_t{65537}, size_t{4} << 20}) {
+      ASSERT_TRUE(b.engine->Write({&h->region, 0, &ra, 0, n}).ok()) << n;
+      for (size_t i = 0; i < n; ++i) ASSERT_EQ(dst[i], static_cast<uint8_t>((i + 7) * 13 + 1)) << n << " " << i;
+    }
+    std::memset(dst, 0x5a, 1 << 20);
+    ASSERT_TRUE(b.engine->Read({&h->region, 100, &ra, 0, 1 << 20}).ok());
+    for (size_t i = 0; i < (1u << 20); ++i) ASSERT_EQ(heap[7 + 100 + i], 0x5a) << i;
+    // A peer opens the heap range itself: only the relay reaches it.
+    Peer c = MakePeer(d, 1 << 20, force_relay);
+    auto desc = b.engine->Describe(h->region);
+    ASSERT_TRUE(desc.ok());
+    EXPECT_EQ(desc->handle_type, HandleType::kProcessMemory);
+    auto rh = c.engine->Open(*RegionDescriptor::Parse(desc->Serialize()));
+    ASSERT_TRUE(rh.ok()) << rh.status();
+    EXPECT_EQ(rh->transport, Transport::kRelay);
+    std::memset(c.buf->data(), 0x33, 1 << 20);
+    ASSERT_TRUE(c.engine->Write({&c.region, 0, &*rh, 5, 1 << 20}).ok());
+    for (size_t i = 0; i < (1u << 20); ++i) ASSERT_EQ(heap[7 + 5 + i], 0x33) << i;
+    // Two process-memory regions (through the relay's bounce buffer).
+    std::vector<uint8_t> other(1 << 20, 0x71);
+    auto ho = c.engine->RegisterHost(other.data(), other.size());
+    ASSERT_TRUE(ho.ok()) << ho.status();
+    ASSERT_TRUE(c.engine->Read({&ho->region, 0, &*rh, 0, other.size()}).ok());
+    EXPECT_EQ(std::memcmp(other.data(), heap.data() + 7, other.size()), 0);
+    EXPECT_TRUE(b.engine->Unregister(h->region).ok());
+  }
+  // Still refused: a range running past its memfd mapping, and an empty one.
   Peer b = MakePeer(d, 4096, true);
-  std::vector<uint8_t> heap(1 << 20);
-  auto h = b.engine->RegisterHost(heap.data(), heap.size());
-  EXPECT_EQ(h.status().code(), absl::StatusCode::kFailedPrecondition) << h.status();
-  EXPECT_NE(h.status().message().find("AllocateHost"), std::string::npos) << h.status();
-  // A range running past its memfd mapping.
   auto past = b.engine->RegisterHost(b.buf->data(), b.buf->size() + 4096);
   EXPECT_FALSE(past.ok());
   EXPECT_EQ(b.engine->RegisterHost(b.buf->data(), 0).status().code(), absl::StatusCode::kInvalidArgument);

@@ -30,7 +30,9 @@ namespace v1 {
 class ImportRequest;
 }
 
-enum class HandleType : int { kPosixFd = 1, kFabric = 2, kHostMemfd = 3 };
+// kProcessMemory: host memory of the exporting process as it is (malloc,
+// numpy): no importer can map it; podlinkd's relay moves it.
+enum class HandleType : int { kPosixFd = 1, kFabric = 2, kHostMemfd = 3, kProcessMemory = 4 };
 PODLINK_API const char* HandleTypeName(HandleType t);
 
 struct PodRef {
@@ -245,6 +247,14 @@ class PODLINK_API Client {
   // does (podlinkd accepts it sealed against shrinking, growing and sealing,
   // and populated); `memfd` stays the caller's.
   absl::StatusOr<uint64_t> ExportHostFd(int memfd, size_t size, const ExportOptions& opts = {});
+  // Exports [addr, addr + size) of this process's own memory as it is
+  // (malloc, numpy, a pinned tensor): podlinkd reads and writes it in this
+  // process's address space through its relay (importers cannot map it).
+  // Only the process that connected may export this way (a forked child
+  // connects a Client of its own). The range must be memory the process can
+  // read and write; it stays the caller's, and must stay mapped while
+  // exported (a transfer into an unmapped range fails with an error).
+  absl::StatusOr<uint64_t> ExportProcessMemory(const void* addr, size_t size, const ExportOptions& opts = {});
 
   // GPU memory on `device` (this process's CUDA ordinal), size rounded up to
   // the allocation granularity. `type` kFabric falls back to kPosixFd when the

@@ -114,13 +114,16 @@ class PODLINK_API TransferEngine {
   // Exports and registers memory this process allocated itself with
   // cuMemCreate and a POSIX-FD handle type (see Client::ExportExisting).
   absl::StatusOr<LocalRegion> RegisterExisting(uint64_t device_ptr, size_t size, const ExportOptions& opts = {});
-  // Host memory this process has, by address: [addr, addr + size) must lie in
-  // one shared mapping of a memfd podlinkd accepts (sealed against shrinking,
-  // growing and sealing, populated: what Client::AllocateHost makes, whoever
-  // mapped it). The whole memfd is exported, once per call (Unregister the
-  // region as any other): `offset` is where addr lies in the export. Other
-  // host memory (malloc, numpy, pinned) is refused, FAILED_PRECONDITION, for
-  // now.
+  // Host memory this process has, by address. In a shared mapping of a memfd
+  // podlinkd accepts (sealed against shrinking, growing and sealing,
+  // populated: what Client::AllocateHost makes, whoever mapped it), the memfd
+  // is exported up to the range's end, once per call, and peers map it
+  // (zero-copy): `offset` is where addr lies in the export. Any other memory
+  // the process can read and write (malloc, new, numpy, bytearray, a pinned
+  // tensor registered with cudaHostRegister) is exported as process memory
+  // (Client::ExportProcessMemory, `offset` 0): podlinkd's relay copies it,
+  // one copy more than a mapping, and not to or from GPU memory yet. Unregister
+  // the region as any other; keep the range mapped while it is registered.
   struct HostRange {
     LocalRegion region;
     uint64_t offset = 0;
