@@ -285,6 +285,17 @@ class Endpoint {
     py::gil_scoped_release nogil;
     return Local{Unwrap(engine_->Register(*m.buf, Options(name)))};
   }
+  // Host memory by address (RegisterHost): inside a memfd mapping, that
+  // memfd; otherwise the process's memory as it is. (Local, offset).
+  py::tuple RegisterHostRange(uint64_t address, size_t size, const std::string& name) {
+    Live();
+    TransferEngine::HostRange r;
+    {
+      py::gil_scoped_release nogil;
+      r = Unwrap(engine_->RegisterHost(reinterpret_cast<void*>(address), size, Options(name)));
+    }
+    return py::make_tuple(Local{r.region}, r.offset);
+  }
   Local RegisterGpu(const GpuMemory& m, const std::string& name) {
     Live();
     py::gil_scoped_release nogil;
@@ -541,6 +552,8 @@ PYBIND11_MODULE(_podlink, m) {
       .def("alloc_host", &Endpoint::AllocHost, py::arg("nbytes"))
       .def("alloc_gpu", &Endpoint::AllocGpu, py::arg("nbytes"), py::arg("device"))
       .def("register_host", &Endpoint::RegisterHost, py::arg("memory"), py::arg("name"))
+      .def("register_host_range", &Endpoint::RegisterHostRange, py::arg("address"), py::arg("nbytes"),
+           py::arg("name"))
       .def("register_gpu", &Endpoint::RegisterGpu, py::arg("memory"), py::arg("name"))
       .def("register_existing", &Endpoint::RegisterExisting, py::arg("address"), py::arg("nbytes"), py::arg("name"))
       .def("unregister", &Endpoint::Unregister)

@@ -67,6 +67,21 @@ class Daemon:
     def fds(self):
         return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
+    def logged(self, text, timeout=5):
+        """True once podlinkd's log holds `text`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.log.seek(0)
+            if text in self.log.read():
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+
+    def alive(self):
+        """podlinkd still runs and answers (its metrics page)."""
+        return self.proc.poll() is None and self.metric("podlink_exports") is not None
+
     def stop(self):
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

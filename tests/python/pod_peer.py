@@ -1,6 +1,10 @@
 """A process in a pod driven by the tests: JSON commands on stdin, one JSON answer each on stdout.
 
-    {"cmd": "export", "nbytes": N, "name": "kv"}       -> {"descriptor": "...", "export_id": E}
+    {"cmd": "export", "nbytes": N, "name": "kv", "memory": M} -> {"descriptor": "...", "export_id": E}
+        M: "podlink" (alloc_host, the default), "numpy", "bytearray", "slice" (of a larger numpy array),
+        "mmap" (an anonymous mapping of its own, which "unmap" takes away)
+    {"cmd": "read", "seed": S, "nbytes": N, "memory": M}   reads N bytes of the peer into memory M, checks S
+    {"cmd": "unmap"}                                     munmaps the "mmap" memory while peers use it
     {"cmd": "fill", "seed": S}                          fills the exported region with pattern S
     {"cmd": "check", "seed": S, "offset": O, "length": L} -> {"ok": bool, "first_bad": i}
     {"cmd": "open", "descriptor": "...", "force_relay": bool} -> {"nbytes": N, "transport": "..."} or error
@@ -9,6 +13,7 @@
     {"cmd": "notifications", "timeout": T}              -> {"values": [...]}
 Errors come back as {"error": "<podlink exception class>", "code": "...", "message": "..."}.
 """
+import ctypes
 import json
 import sys
 import time
@@ -22,6 +27,37 @@ def pattern(seed, n):
     return ((np.arange(n, dtype=np.uint64) * 2654435761 + seed) % 251).astype(np.uint8)
 
 
+def host_memory(ep, kind, n):
+    """n bytes of host memory of `kind`, as a uint8 numpy view, and what registers (the object itself)."""
+    if kind == "podlink":
+        buf = ep.alloc_host(n)
+        return buf, buf
+    if kind == "numpy":
+        buf = np.zeros(n, dtype=np.uint8)
+        return buf, buf
+    if kind == "bytearray":
+        obj = bytearray(n)
+        return np.frombuffer(obj, dtype=np.uint8), obj
+    if kind == "slice":
+        whole = np.zeros(n + 8192, dtype=np.uint8)
+        view = whole[4097:4097 + n]
+        return view, view
+    if kind == "mmap":
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_long]
+        addr = libc.mmap(None, n, 3, 0x22, -1, 0)  # PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS
+        assert addr not in (None, ctypes.c_void_p(-1).value)
+        mmaps[addr] = n
+        buf = np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(addr))
+        return buf, buf
+    raise ValueError(kind)
+
+
+libc = ctypes.CDLL(None, use_errno=True)
+mmaps = {}  # address -> length of the "mmap" memory
+
+
 def main():
     ep = None
     local = buf = remote = None
@@ -33,9 +69,23 @@ def main():
             if ep is None:
                 ep = podlink.Endpoint(force_relay=cmd.get("force_relay", False))
             if c == "export":
-                buf = ep.alloc_host(cmd["nbytes"])
-                local = ep.reg(buf, name=cmd.get("name"))
+                buf, obj = host_memory(ep, cmd.get("memory", "podlink"), cmd["nbytes"])
+                local = ep.reg(obj, name=cmd.get("name"))
                 out = {"descriptor": ep.describe(local).decode(), "export_id": local.export_id}
+            elif c == "read":
+                n = cmd["nbytes"]
+                dst, obj = host_memory(ep, cmd.get("memory", "podlink"), n)
+                region = ep.reg(obj)
+                ep.read(region, remote, length=n, timeout=cmd.get("timeout"))
+                bad = np.nonzero(dst != pattern(cmd["seed"], n))[0]
+                ep.unreg(region)
+                out = {"ok": bad.size == 0, "first_bad": int(bad[0]) if bad.size else -1}
+            elif c == "unmap":
+                for addr, n in mmaps.items():
+                    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+                    assert libc.munmap(addr, n) == 0
+                mmaps.clear()
+                buf = None  # its pages are gone
             elif c == "fill":
                 buf[:] = pattern(cmd["seed"], buf.size)
             elif c == "check":
@@ -47,9 +97,9 @@ def main():
                 out = {"nbytes": remote.nbytes, "transport": remote.transport}
             elif c == "write":
                 n = cmd["nbytes"]
-                if buf is None or buf.size < n:
-                    buf = ep.alloc_host(n)
-                    local = ep.reg(buf)
+                if buf is None or buf.size < n or "memory" in cmd:
+                    buf, obj = host_memory(ep, cmd.get("memory", "podlink"), n)
+                    local = ep.reg(obj)
                 buf[:n] = pattern(cmd["seed"], n)
                 for _ in range(cmd.get("count", 1)):
                     ep.write(local, remote, length=n, timeout=cmd.get("timeout"))

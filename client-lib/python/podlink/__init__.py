@@ -108,6 +108,25 @@ def _memory_of(obj: Any) -> Tuple[int, int, bool, int]:
     return ctypes.addressof(c), mv.nbytes, False, -1
 
 
+def _writable_host(obj: Any) -> Any:
+    """What keeps host memory registered as it is in place: the object, or a memoryview of it (an exported
+    buffer cannot be resized, so its address stays); InvalidArgument for read-only memory, which peers would
+    write into."""
+    np = _numpy()
+    if np is not None and isinstance(obj, np.ndarray):
+        if not obj.flags["WRITEABLE"]:
+            raise InvalidArgument("the array is read-only: peers could write into it")
+        return obj
+    torch = _torch()
+    if torch is not None and isinstance(obj, torch.Tensor):
+        return obj
+    mv = memoryview(obj)
+    if mv.readonly:
+        raise InvalidArgument(f"a read-only {type(obj).__name__} cannot be registered: peers could write into it "
+                              "(use a bytearray or a numpy array)")
+    return (obj, mv)
+
+
 class Region:
     """Memory of this process registered with an Endpoint (a view of one registered allocation)."""
 
@@ -305,10 +324,13 @@ class Endpoint:
         return t
 
     def reg(self, obj: Any, name: Optional[str] = None) -> Region:
-        """Registers `obj` (contiguous, in memory podlink can share) and returns its Region.
+        """Registers `obj` (contiguous, writable) and returns its Region.
 
-        The whole allocation holding it is exported once (named `name`, if given: peers then find it with
-        `wait_for`); the Region is the object's part of it."""
+        Memory from alloc_host/alloc_gpu: the whole allocation holding it is exported once (named `name`, if
+        given: peers then find it with `wait_for`) and the Region is the object's part of it; peers map it.
+        Any other host memory (a numpy array, bytearray, memoryview, a CPU or pinned torch tensor) is
+        registered as it is: podlinkd's relay copies it, and the object is held (a bytearray cannot be resized)
+        until unreg. CUDA memory: see docs/python.md (cuMem with a POSIX-FD handle)."""
         addr, nbytes, is_cuda, device = _memory_of(obj)
         for start, (end, ref) in list(self._allocs.items()):
             mem = ref()
@@ -325,9 +347,11 @@ class Endpoint:
                 self._by_export.setdefault(local.export_id, start)
                 return region
         if not is_cuda:
-            raise InvalidArgument(
-                f"{nbytes} bytes at {addr:#x} are not memory podlink can share with another pod: allocate them "
-                "with Endpoint.alloc_host() (numpy arrays, torch.from_numpy and memoryviews of it register)")
+            keep = _writable_host(obj)
+            local, offset = self._ep.register_host_range(addr, nbytes, name or "")
+            region = Region(self, local, offset, nbytes, keep, False, -1)
+            self._by_export.setdefault(local.export_id, region)
+            return region
         try:
             local = self._ep.register_existing(addr, nbytes, name or "")
         except (InvalidArgument, FailedPrecondition, NotFound) as e:
