@@ -316,16 +316,7 @@ nixl_status_t PodlinkNixlEngine::registerMem(const nixlBlobDesc& mem, const nixl
   md->length = mem.len;
   if (nixl_mem == DRAM_SEG) {
     absl::StatusOr<TransferEngine::HostRange> r = engine_->RegisterHost(reinterpret_cast<void*>(mem.addr), mem.len);
-    if (!r.ok()) {
-      absl::Status st = r.status();
-      if (st.code() == absl::StatusCode::kFailedPrecondition) {
-        st = absl::Status(st.code(), absl::StrCat(st.message(),
-                                                  "; NIXL DRAM for podlink must be podlink host memory (a memfd "
-                                                  "mapping, e.g. from podlink's AllocateHost); ordinary process "
-                                                  "memory (malloc, torch.empty on the CPU) is not supported yet"));
-      }
-      return ToNixl(st, what);
-    }
+    if (!r.ok()) return ToNixl(r.status(), what);
     md->region = r->region;
     md->offset = r->offset;
   } else if (nixl_mem == VRAM_SEG) {
@@ -424,7 +415,8 @@ nixl_status_t PodlinkNixlEngine::loadRemoteMD(const nixlBlobDesc& input, const n
   if (!Ready(what.c_str())) return NIXL_ERR_BACKEND;
   absl::StatusOr<PublicData> p = ParsePublicData(input.metaInfo);
   if (!p.ok()) return ToNixl(p.status(), what);
-  const bool host = p->region.handle_type == HandleType::kHostMemfd;
+  const bool host = p->region.handle_type == HandleType::kHostMemfd ||
+                    p->region.handle_type == HandleType::kProcessMemory;
   if ((nixl_mem != DRAM_SEG && nixl_mem != VRAM_SEG) || host != (nixl_mem == DRAM_SEG)) {
     return Refuse(NIXL_ERR_INVALID_PARAM, what,
                   absl::StrCat("metadata of a ", host ? "host" : "GPU", " region loaded as ", MemName(nixl_mem)));

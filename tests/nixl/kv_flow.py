@@ -65,12 +65,17 @@ def wait_xfer(agent, handle, what, timeout=30):
             raise TimeoutError(f"{what}: not done within {timeout} s")
 
 
+def name_of(agent_name):
+    """NIXL's Python API gives agent names as bytes in some calls and str in others."""
+    return agent_name.decode() if isinstance(agent_name, bytes) else agent_name
+
+
 def wait_notif(agent, sender, want, timeout=30):
     deadline = time.monotonic() + timeout
     got = []
     while time.monotonic() < deadline:
         for agent_name, msgs in agent.get_new_notifs().items():
-            got += [(agent_name, m) for m in msgs]
+            got += [(name_of(agent_name), m) for m in msgs]
         if any(a == sender and m == want for a, m in got):
             return got
         time.sleep(0.0005)
@@ -86,11 +91,14 @@ def make_agent(name):
 
 
 class Cache:
-    """[layers x blocks x block_bytes] of host memory, one registered region per layer."""
+    """[layers x blocks x block_bytes] of host memory, one registered region per layer: a numpy array as the
+    application has it (malloc'd: podlinkd's relay copies it), or podlink host memory (a memfd: mapped by the
+    peer)."""
 
-    def __init__(self, agent, ep, layers, blocks, block_bytes):
+    def __init__(self, agent, ep, layers, blocks, block_bytes, memory):
         self.layers, self.blocks, self.block_bytes = layers, blocks, block_bytes
-        self.mem = ep.alloc_host(layers * blocks * block_bytes)
+        size = layers * blocks * block_bytes
+        self.mem = ep.alloc_host(size) if memory == "podlink" else np.zeros(size, dtype=np.uint8)
         self.base = self.mem.ctypes.data
         self.layer_bytes = blocks * block_bytes
         regs = [(self.base + l * self.layer_bytes, self.layer_bytes, 0, "") for l in range(layers)]
@@ -109,7 +117,7 @@ class Cache:
 def prefill(args):
     agent = make_agent("prefill")
     ep = podlink.Endpoint()
-    cache = Cache(agent, ep, args.layers, args.blocks, args.block_bytes)
+    cache = Cache(agent, ep, args.layers, args.blocks, args.block_bytes, args.memory)
     for l in range(args.layers):
         for b in range(args.blocks):
             cache.block(l, b)[:] = pattern(l, b, args.block_bytes)
@@ -121,7 +129,7 @@ def prefill(args):
     dec = wait_file(os.path.join(args.work, "decode.json"), args.timeout)
     reg_msg = bytes.fromhex(dec["push_notif"])
     got += wait_notif(agent, "decode", reg_msg, timeout=args.timeout)
-    name = agent.add_remote_agent(bytes.fromhex(dec["meta"]))
+    name = name_of(agent.add_remote_agent(bytes.fromhex(dec["meta"])))
     assert name == "decode", name
     local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", cache.descs(), "DRAM")
     remote = agent.prep_xfer_dlist("decode", [tuple(d) for d in dec["descs"]], "DRAM")
@@ -138,16 +146,18 @@ def prefill(args):
     wait_file(os.path.join(args.work, "decode-done.json"), args.timeout)
     agent.remove_remote_agent("decode")
     agent.deregister_memory(cache.reg)
-    print(json.dumps({"role": "prefill", "notifs": [[a, m.hex()] for a, m in got], "ok": True}), flush=True)
+    # Each notification as sender, length and its first bytes (the whole of a 2 KiB one says nothing more).
+    print(json.dumps({"role": "prefill", "notifs": [[a, len(m), m[:16].hex()] for a, m in got], "ok": True}),
+          flush=True)
 
 
 def decode(args):
     agent = make_agent("decode")
     ep = podlink.Endpoint()
     blocks = args.blocks * 2  # the two sides have different block counts, as in vLLM
-    cache = Cache(agent, ep, args.layers, blocks, args.block_bytes)
+    cache = Cache(agent, ep, args.layers, blocks, args.block_bytes, args.memory)
     pre = wait_file(os.path.join(args.work, "prefill.json"), args.timeout)
-    name = agent.add_remote_agent(bytes.fromhex(pre["meta"]))
+    name = name_of(agent.add_remote_agent(bytes.fromhex(pre["meta"])))
     assert name == "prefill", name
     local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", cache.descs(), "DRAM")
     remote = agent.prep_xfer_dlist("prefill", [tuple(d) for d in pre["descs"]], "DRAM")
@@ -183,7 +193,7 @@ def decode(args):
         if time.monotonic() > deadline:
             raise TimeoutError(f"{args.reposts} 'pushed' notifications did not all arrive (got {notifs})")
         for agent_name, msgs in agent.get_new_notifs().items():
-            notifs += [(agent_name, m) for m in msgs]
+            notifs += [(name_of(agent_name), m) for m in msgs]
         time.sleep(0.0005)
     for l in range(args.layers):
         for s, d in zip(push_src, push_dst):
@@ -194,7 +204,7 @@ def decode(args):
     agent.remove_remote_agent("prefill")
     agent.deregister_memory(cache.reg)
     moved = args.layers * len(src_blocks) * args.block_bytes
-    out = {"role": "decode", "read_descs": len(src_ids), "read_bytes": moved, "read_seconds": seconds,
+    out = {"role": "decode", "memory": args.memory, "read_descs": len(src_ids), "read_bytes": moved, "read_seconds": seconds,
            "read_gbps": moved / seconds / 1e9, "pushed_notifs": len(notifs), "bad_blocks": bad,
            "ok": not bad and len(notifs) == args.reposts}
     put_file(os.path.join(args.work, "decode-done.json"), out)
@@ -211,6 +221,7 @@ def main():
     p.add_argument("--block-bytes", type=int, default=16 << 10)
     p.add_argument("--reposts", type=int, default=3)
     p.add_argument("--timeout", type=float, default=60)
+    p.add_argument("--memory", choices=["numpy", "podlink"], default="numpy")
     args = p.parse_args()
     if args.role == "prefill":
         prefill(args)

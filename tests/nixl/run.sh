@@ -73,25 +73,30 @@ else
   grep -E "^\[  FAILED|Failure|error" "$out/nixl_gtest.log" | head -20 | tee -a "$out/summary.txt"
 fi
 
-# 2. The vLLM-shaped flow between two pods (NIXL's Python API, podlink's Python package for host memory).
-echo "== vLLM-shaped KV flow between two pods (nixl_agent, backends=[\"PODLINK\"])" | tee -a "$out/summary.txt"
+# 2. The vLLM-shaped flow between two pods (NIXL's Python API), on numpy arrays as an application has them
+#    (podlinkd's relay copies them) and on podlink host memory (mapped by the peer).
 export PYTHONPATH="$build/python:$PYTHONPATH"
-flow() {  # role cgroup
+flow() {  # role cgroup memory
   pod_run "$2" -- env PODLINK_SOCKET_DIR="$sock" PYTHONPATH="$PYTHONPATH" LD_LIBRARY_PATH="$LD_LIBRARY_PATH" \
-    NIXL_PLUGIN_DIR="$plugins" timeout 300 /usr/bin/python3 "$here/kv_flow.py" "$1" "$work" \
-    > "$out/kv_flow_$1.json" 2> "$out/kv_flow_$1.log"
+    NIXL_PLUGIN_DIR="$plugins" timeout 300 /usr/bin/python3 "$here/kv_flow.py" "$1" "$work/$3" --memory "$3" \
+    > "$out/kv_flow_$1_$3.json" 2> "$out/kv_flow_$1_$3.log"
 }
-flow prefill "$cg_p" & ppid=$!
-flow decode "$cg_d" & qpid=$!
-prc=0; drc=0
-wait "$ppid" || prc=$?
-wait "$qpid" || drc=$?
-cat "$out/kv_flow_prefill.json" "$out/kv_flow_decode.json" | tee -a "$out/summary.txt"
-if [ $prc -ne 0 ] || [ $drc -ne 0 ] || ! grep -q '"ok": true' "$out/kv_flow_decode.json" ||
-   ! grep -q '"ok": true' "$out/kv_flow_prefill.json"; then
-  rc=1
-  echo "kv flow FAILED (prefill exit $prc, decode exit $drc)" | tee -a "$out/summary.txt"
-  tail -20 "$out/kv_flow_prefill.log" "$out/kv_flow_decode.log" | tee -a "$out/summary.txt"
-fi
+for memory in numpy podlink; do
+  echo "== vLLM-shaped KV flow between two pods (nixl_agent, backends=[\"PODLINK\"], $memory memory)" |
+    tee -a "$out/summary.txt"
+  mkdir -p "$work/$memory" && chmod 777 "$work/$memory"
+  flow prefill "$cg_p" "$memory" & ppid=$!
+  flow decode "$cg_d" "$memory" & qpid=$!
+  prc=0; drc=0
+  wait "$ppid" || prc=$?
+  wait "$qpid" || drc=$?
+  cat "$out/kv_flow_prefill_$memory.json" "$out/kv_flow_decode_$memory.json" | tee -a "$out/summary.txt"
+  if [ $prc -ne 0 ] || [ $drc -ne 0 ] || ! grep -q '"ok": true' "$out/kv_flow_decode_$memory.json" ||
+     ! grep -q '"ok": true' "$out/kv_flow_prefill_$memory.json"; then
+    rc=1
+    echo "kv flow on $memory memory FAILED (prefill exit $prc, decode exit $drc)" | tee -a "$out/summary.txt"
+    tail -n 20 "$out/kv_flow_prefill_$memory.log" "$out/kv_flow_decode_$memory.log" | tee -a "$out/summary.txt"
+  fi
+done
 echo "== raw output in $out"
 exit $rc
