@@ -51,7 +51,7 @@ TEST_F(BrokerNamespaces, IdentityComesFromTheKernel) {
   EXPECT_EQ(id["annotations"]["podlink.io/peer-group"], "job-7");
   // The daemon sees the host PID, not the pod's own pid 1.
   EXPECT_GT(id["pid"].get<int>(), 1);
-  EXPECT_EQ(j["handle_types"], json::array({"host-memfd"}));
+  EXPECT_EQ(j["handle_types"], json::array({"host-memfd", "process-memory"}));
   EXPECT_EQ(p.Wait(), 0);
 }
 

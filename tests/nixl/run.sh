@@ -98,5 +98,9 @@ for memory in numpy podlink; do
     tail -n 20 "$out/kv_flow_prefill_$memory.log" "$out/kv_flow_decode_$memory.log" | tee -a "$out/summary.txt"
   fi
 done
+# podlinkd's log (an export per NIXL registration: NIXL's test makes 10,000), compressed once podlinkd stopped.
+kill "$dpid" 2>/dev/null && wait "$dpid" 2>/dev/null || true
+dpid=
+gzip -9f "$out/podlinkd.log"
 echo "== raw output in $out"
 exit $rc
