@@ -1,11 +1,15 @@
 // The C API over podlink::Client. No exception crosses this boundary.
 #include "podlink/podlink.h"
 
+#include <cstring>
+#include <deque>
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "podlink/client.h"
+#include "podlink/transfer.h"
 
 struct podlink_client {
   std::unique_ptr<podlink::Client> client;
@@ -16,6 +20,16 @@ struct podlink_buffer {
 };
 struct podlink_mapping {
   std::unique_ptr<podlink::Mapping> mapping;
+};
+struct podlink_engine {
+  std::unique_ptr<podlink::TransferEngine> engine;
+  std::deque<podlink::Notification> notifications;  // polled, not yet taken
+};
+struct podlink_region {
+  podlink::LocalRegion region;
+};
+struct podlink_remote {
+  podlink::RemoteRegion region;
 };
 
 namespace {
@@ -142,6 +156,162 @@ int podlink_release(podlink_client_t* client, uint64_t export_id) {
     if (client == nullptr) return Fail(absl::InvalidArgumentError("NULL argument"));
     absl::Status s = client->client->Release(export_id);
     return s.ok() ? 0 : Fail(s);
+  });
+}
+
+int podlink_engine_create(podlink_client_t* client, uint32_t flags, podlink_engine_t** out) {
+  return Guard([&] {
+    if (client == nullptr || out == nullptr) return Fail(absl::InvalidArgumentError("NULL argument"));
+    if ((flags & ~PODLINK_ENGINE_FORCE_RELAY) != 0) return Fail(absl::InvalidArgumentError("unknown flags"));
+    podlink::TransferEngine::Options o;
+    o.force_relay = (flags & PODLINK_ENGINE_FORCE_RELAY) != 0;
+    auto e = podlink::TransferEngine::Create(*client->client, o);
+    if (!e.ok()) return Fail(e.status());
+    *out = new podlink_engine{*std::move(e), {}};
+    return 0;
+  });
+}
+
+void podlink_engine_destroy(podlink_engine_t* engine) { delete engine; }
+
+int podlink_register_host(podlink_engine_t* engine, void* addr, size_t size, const char* name,
+                          podlink_region_t** out, uint64_t* offset) {
+  return Guard([&] {
+    if (engine == nullptr || out == nullptr) return Fail(absl::InvalidArgumentError("NULL argument"));
+    auto opts = ParseOptions(name, nullptr);
+    if (!opts.ok()) return Fail(opts.status());
+    auto r = engine->engine->RegisterHost(addr, size, *opts);
+    if (!r.ok()) return Fail(r.status());
+    if (offset != nullptr) *offset = r->offset;
+    *out = new podlink_region{r->region};
+    return 0;
+  });
+}
+
+int podlink_register_buffer(podlink_engine_t* engine, const podlink_buffer_t* buf, const char* name,
+                            podlink_region_t** out) {
+  return Guard([&] {
+    if (engine == nullptr || buf == nullptr || out == nullptr) return Fail(absl::InvalidArgumentError("NULL argument"));
+    auto opts = ParseOptions(name, nullptr);
+    if (!opts.ok()) return Fail(opts.status());
+    auto r = buf->host ? engine->engine->Register(*buf->host, *opts) : engine->engine->Register(*buf->gpu, *opts);
+    if (!r.ok()) return Fail(r.status());
+    *out = new podlink_region{*r};
+    return 0;
+  });
+}
+
+int podlink_unregister(podlink_engine_t* engine, podlink_region_t* region) {
+  return Guard([&] {
+    if (engine == nullptr || region == nullptr) return Fail(absl::InvalidArgumentError("NULL argument"));
+    absl::Status s = engine->engine->Unregister(region->region);
+    delete region;
+    return s.ok() ? 0 : Fail(s);
+  });
+}
+
+int podlink_describe(podlink_engine_t* engine, const podlink_region_t* region, char* buf, size_t cap, size_t* len) {
+  return Guard([&] {
+    if (engine == nullptr || region == nullptr || (buf == nullptr && cap != 0)) {
+      return Fail(absl::InvalidArgumentError("NULL argument"));
+    }
+    auto d = engine->engine->Describe(region->region);
+    if (!d.ok()) return Fail(d.status());
+    std::string wire = d->Serialize();
+    if (len != nullptr) *len = wire.size();
+    if (wire.size() + 1 > cap) {
+      return Fail(absl::OutOfRangeError(absl::StrCat("the descriptor needs ", wire.size() + 1, " bytes")));
+    }
+    std::memcpy(buf, wire.c_str(), wire.size() + 1);
+    return 0;
+  });
+}
+
+int podlink_open(podlink_engine_t* engine, const char* descriptor, podlink_remote_t** out) {
+  return Guard([&] {
+    if (engine == nullptr || descriptor == nullptr || out == nullptr) {
+      return Fail(absl::InvalidArgumentError("NULL argument"));
+    }
+    auto d = podlink::RegionDescriptor::Parse(descriptor);
+    if (!d.ok()) return Fail(d.status());
+    auto r = engine->engine->Open(*d);
+    if (!r.ok()) return Fail(r.status());
+    *out = new podlink_remote{*r};
+    return 0;
+  });
+}
+
+int podlink_close_remote(podlink_engine_t* engine, podlink_remote_t* remote) {
+  return Guard([&] {
+    if (engine == nullptr || remote == nullptr) return Fail(absl::InvalidArgumentError("NULL argument"));
+    absl::Status s = engine->engine->Close(remote->region);
+    delete remote;
+    return s.ok() ? 0 : Fail(s);
+  });
+}
+
+namespace {
+int Transfer(podlink_engine_t* engine, const podlink_region_t* local, uint64_t local_offset,
+             const podlink_remote_t* remote, uint64_t remote_offset, size_t length, bool write) {
+  return Guard([&] {
+    if (engine == nullptr || local == nullptr || remote == nullptr) {
+      return Fail(absl::InvalidArgumentError("NULL argument"));
+    }
+    podlink::TransferOp op{&local->region, local_offset, &remote->region, remote_offset, length};
+    absl::Status s = write ? engine->engine->Write(op) : engine->engine->Read(op);
+    return s.ok() ? 0 : Fail(s);
+  });
+}
+}  // namespace
+
+int podlink_write(podlink_engine_t* engine, const podlink_region_t* local, uint64_t local_offset,
+                  const podlink_remote_t* remote, uint64_t remote_offset, size_t length) {
+  return Transfer(engine, local, local_offset, remote, remote_offset, length, true);
+}
+
+int podlink_read(podlink_engine_t* engine, const podlink_region_t* local, uint64_t local_offset,
+                 const podlink_remote_t* remote, uint64_t remote_offset, size_t length) {
+  return Transfer(engine, local, local_offset, remote, remote_offset, length, false);
+}
+
+int podlink_notify(podlink_engine_t* engine, const podlink_remote_t* remote, uint64_t value, const void* message,
+                   size_t length) {
+  return Guard([&] {
+    if (engine == nullptr || remote == nullptr || (message == nullptr && length != 0)) {
+      return Fail(absl::InvalidArgumentError("NULL argument"));
+    }
+    absl::Status s =
+        message == nullptr
+            ? engine->engine->Notify(remote->region, value)
+            : engine->engine->Notify(remote->region, 0,
+                                     absl::string_view(static_cast<const char*>(message), length));
+    return s.ok() ? 0 : Fail(s);
+  });
+}
+
+int podlink_next_notification(podlink_engine_t* engine, podlink_notification_t* out, void* message, size_t cap) {
+  return Guard([&] {
+    if (engine == nullptr || out == nullptr || (message == nullptr && cap != 0)) {
+      return Fail(absl::InvalidArgumentError("NULL argument"));
+    }
+    if (engine->notifications.empty()) {
+      for (podlink::Notification& n : engine->engine->PollNotifications()) {
+        engine->notifications.push_back(std::move(n));
+      }
+    }
+    if (engine->notifications.empty()) return Fail(absl::NotFoundError("no notification"));
+    const podlink::Notification& n = engine->notifications.front();
+    out->export_id = n.export_id;
+    out->value = n.value;
+    out->from_session = n.from_session;
+    out->has_message = n.has_message ? 1 : 0;
+    out->message_length = n.message.size();
+    if (n.message.size() > cap) {
+      return Fail(absl::OutOfRangeError(absl::StrCat("the notification carries ", n.message.size(), " bytes")));
+    }
+    if (!n.message.empty()) std::memcpy(message, n.message.data(), n.message.size());
+    engine->notifications.pop_front();
+    return 0;
   });
 }
 

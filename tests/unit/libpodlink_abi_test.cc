@@ -16,12 +16,17 @@ TEST(LibpodlinkAbi, CEntryPointsResolveThroughDlopen) {
                           "podlink_alloc", "podlink_buffer_host_ptr", "podlink_buffer_device_ptr",
                           "podlink_buffer_size", "podlink_free", "podlink_export", "podlink_import_map",
                           "podlink_mapping_host_ptr", "podlink_mapping_device_ptr", "podlink_mapping_size",
-                          "podlink_unmap", "podlink_release"}) {
+                          "podlink_unmap", "podlink_release",
+                          // version 2
+                          "podlink_engine_create", "podlink_engine_destroy", "podlink_register_host",
+                          "podlink_register_buffer", "podlink_unregister", "podlink_describe", "podlink_open",
+                          "podlink_close_remote", "podlink_write", "podlink_read", "podlink_notify",
+                          "podlink_next_notification"}) {
     EXPECT_NE(dlsym(lib, sym), nullptr) << sym;
   }
   auto version = reinterpret_cast<int (*)()>(dlsym(lib, "podlink_abi_version"));
   ASSERT_NE(version, nullptr);
-  EXPECT_EQ(version(), 1);
+  EXPECT_EQ(version(), 2);
   auto connect = reinterpret_cast<int (*)(const char*, podlink_client_t**)>(dlsym(lib, "podlink_connect"));
   auto last_error = reinterpret_cast<const char* (*)()>(dlsym(lib, "podlink_last_error"));
   podlink_client_t* client = nullptr;
