@@ -19,6 +19,11 @@
 #include "nlohmann/json.hpp"
 
 namespace podlink {
+
+namespace {
+// Deleted UIDs remembered (kube_pods.h, PodDirectory::deleted_).
+constexpr size_t kDeletedKept = 65536;
+}  // namespace
 namespace {
 
 const ComponentLog KubeLog("identity");
@@ -474,9 +479,24 @@ void PodDirectory::Apply(const PodWatchEvent& e) {
         complete_ = false;  // until the next list
       }
       break;
-    case PodWatchEvent::Type::kDeleted:
+    case PodWatchEvent::Type::kDeleted: {
       by_uid_.erase(e.pod.uid);
+      fetched_.erase(e.pod.uid);
+      const absl::Time now = absl::Now();
+      if (deleted_.size() >= kDeletedKept) {
+        // Tombstones only matter until the owners' sweeps saw them (every
+        // 200 ms) and the confirmations that named the pod ran out.
+        for (auto it = deleted_.begin(); it != deleted_.end();) {
+          if (now - it->second > absl::Minutes(10)) {
+            deleted_.erase(it++);
+          } else {
+            ++it;
+          }
+        }
+      }
+      if (deleted_.size() < kDeletedKept) deleted_[e.pod.uid] = now;
       break;
+    }
     default:
       break;
   }
@@ -531,6 +551,10 @@ absl::StatusOr<KubePod> PodDirectory::Confirm(const std::string& uid, const std:
   std::string last_error;
   {
     absl::MutexLock l(&mu_);
+    if (deleted_.contains(uid)) {
+      ++stats_.refused;
+      return absl::PermissionDeniedError(absl::StrCat("pod ", ns, "/", name, " was deleted"));
+    }
     auto it = by_uid_.find(uid);
     // A stale view's pods are looked up again: it may hold deleted ones.
     if (it != by_uid_.end() && Fresh(absl::Now())) pod = it->second;
@@ -554,6 +578,10 @@ absl::StatusOr<KubePod> PodDirectory::Confirm(const std::string& uid, const std:
     if (!got->has_value()) return refuse(absl::PermissionDeniedError(absl::StrCat("the API server has no pod ", ref)));
     pod = std::move(**got);
     absl::MutexLock l(&mu_);
+    if (deleted_.contains(pod->uid)) {  // the watch delivered its deletion while we asked
+      ++stats_.refused;
+      return absl::PermissionDeniedError(absl::StrCat("pod ", ref, " was deleted"));
+    }
     const absl::Time now = absl::Now();
     if (fetched_.size() >= 4096) {
       for (auto it = fetched_.begin(); it != fetched_.end();) {
@@ -606,6 +634,7 @@ absl::StatusOr<KubePod> PodDirectory::Confirm(const std::string& uid, const std:
 
 bool PodDirectory::Gone(const std::string& uid) const {
   absl::MutexLock l(&mu_);
+  if (deleted_.contains(uid)) return true;
   const absl::Time now = absl::Now();
   if (!Fresh(now)) return false;
   if (auto it = by_uid_.find(uid); it != by_uid_.end()) return it->second.finished;

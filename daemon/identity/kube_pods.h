@@ -125,7 +125,9 @@ class PodDirectory {
   // OK once the first list has loaded and while the API server answers.
   absl::Status Ready() const;
 
-  // Whether the pod with UID `uid` is known to be gone: finished, or absent
+  // Whether the pod with UID `uid` is known to be gone: deleted (the watch
+  // said so, whatever the view's state and however the pod was confirmed),
+  // finished, or absent
   // from a complete, fresh view (listed, every pod held, moved on within
   // stale_after) that has also moved on fetched_grace past any lookup by name
   // that confirmed it (the watch may not have delivered it yet). False
@@ -182,6 +184,10 @@ class PodDirectory {
     return synced_ && now - progress_ <= options_.stale_after;
   }
   absl::flat_hash_map<std::string, absl::Time> fetched_ ABSL_GUARDED_BY(mu_);  // confirmed by name: uid -> when
+  // UIDs the watch delivered as DELETED (a UID never comes back): gone at
+  // once, however they were confirmed, and never confirmed again. Bounded;
+  // the oldest go first, past kDeletedKept.
+  absl::flat_hash_map<std::string, absl::Time> deleted_ ABSL_GUARDED_BY(mu_);
   absl::Mutex fetch_mu_;  // one fetch at a time on fetch_http_
 };
 
