@@ -341,6 +341,7 @@ void PodDirectory::SetError(const absl::Status& st) {
   absl::MutexLock l(&mu_);
   last_error_ = std::string(st.message());
   ++stats_.errors;
+  if (failing_since_ == absl::InfiniteFuture()) failing_since_ = absl::Now();
 }
 
 void PodDirectory::Run() {
@@ -400,7 +401,7 @@ absl::Status PodDirectory::List() {
     resource_version_ = rv;
     synced_ = true;
     complete_ = dropped == 0;
-    progress_ = absl::Now();
+    MovedOn();
     last_error_.clear();
     ++stats_.lists;
   }
@@ -461,14 +462,14 @@ absl::Status PodDirectory::Watch() {
     return absl::UnavailableError(absl::StrCat("watch pods: HTTP ", *code, ": ", StatusMessage(error_body)));
   }
   absl::MutexLock l(&mu_);
-  progress_ = absl::Now();  // the server ended the watch after timeoutSeconds: nothing happened meanwhile
+  MovedOn();  // the server ended the watch after timeoutSeconds: nothing happened meanwhile
   return absl::OkStatus();
 }
 
 void PodDirectory::Apply(const PodWatchEvent& e) {
   absl::MutexLock l(&mu_);
   resource_version_ = e.resource_version;
-  progress_ = absl::Now();
+  MovedOn();
   ++stats_.events;
   switch (e.type) {
     case PodWatchEvent::Type::kAdded:
@@ -646,8 +647,15 @@ bool PodDirectory::Gone(const std::string& uid) const {
 absl::Status PodDirectory::Ready() const {
   absl::MutexLock l(&mu_);
   if (synced_ && !Fresh(absl::Now())) {
+    const absl::Time now = absl::Now();
+    if (failing_since_ != absl::InfiniteFuture()) {
+      return absl::UnavailableError(absl::StrCat("the API server has failed for ",
+                                                 absl::FormatDuration(absl::Trunc(now - failing_since_,
+                                                                                  absl::Milliseconds(100))),
+                                                 ": ", last_error_));
+    }
     return absl::UnavailableError(absl::StrCat("the pods from the API server have not moved on for ",
-                                               absl::FormatDuration(absl::Now() - progress_),
+                                               absl::FormatDuration(now - progress_),
                                                last_error_.empty() ? "" : ": " + last_error_));
   }
   if (synced_) return absl::OkStatus();

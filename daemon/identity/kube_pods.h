@@ -89,7 +89,7 @@ struct PodDirectoryOptions {
   KubeApiConfig api;
   size_t max_pods = 200000;    // beyond this, pods are fetched one by one
   absl::Duration request_timeout = absl::Seconds(10);
-  int watch_seconds = 300;  // the API server ends each watch after this
+  int watch_seconds = 60;  // the API server ends each watch after this (so the view moves on at least this often)
   absl::Duration retry_min = absl::Milliseconds(500);
   absl::Duration retry_max = absl::Seconds(30);
   int max_fetches_per_second = 20;  // pods not held, asked for by name; one node's daemon gets a quarter
@@ -97,7 +97,12 @@ struct PodDirectoryOptions {
   // A view that has not moved on for this long (no list, event, bookmark or
   // watch ending normally) is stale: its pods are looked up by name again and
   // none is called gone.
-  absl::Duration stale_after = absl::Minutes(10);
+  absl::Duration stale_after = absl::Minutes(2);  // two watches' lengths: a hung connection
+  // ...and once a request to the API server failed (an error answer, no
+  // answer), the view is stale this long after the first failure unless it
+  // moved on since: during an outage nothing is confirmed from memory for
+  // longer than this (deletions may be missed meanwhile).
+  absl::Duration failing_grace = absl::Seconds(5);
   // A pod confirmed by name but not yet delivered by the watch is called
   // gone only once the view has moved on this long past that lookup.
   absl::Duration fetched_grace = absl::Minutes(1);
@@ -180,8 +185,15 @@ class PodDirectory {
   absl::flat_hash_map<std::string, int> node_fetches_in_window_ ABSL_GUARDED_BY(mu_);
   bool complete_ ABSL_GUARDED_BY(mu_) = false;  // the last list kept every pod, and so has the watch since
   absl::Time progress_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // the view last moved on
+  // The first failed request since the view last moved on (InfiniteFuture: none).
+  absl::Time failing_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool Fresh(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return synced_ && now - progress_ <= options_.stale_after;
+    return synced_ && now - progress_ <= options_.stale_after &&
+           (failing_since_ == absl::InfiniteFuture() || now - failing_since_ <= options_.failing_grace);
+  }
+  void MovedOn() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    progress_ = absl::Now();
+    failing_since_ = absl::InfiniteFuture();
   }
   absl::flat_hash_map<std::string, absl::Time> fetched_ ABSL_GUARDED_BY(mu_);  // confirmed by name: uid -> when
   // UIDs the watch delivered as DELETED (a UID never comes back): gone at

@@ -94,6 +94,11 @@ class FakeKubeApiServer {
     ++watch_epoch_;
     cv_.notify_all();
   }
+  // Every request answers 500 (an etcd outage) while on.
+  void SetFailing(bool on) {
+    std::lock_guard<std::mutex> l(mu_);
+    failing_ = on;
+  }
   void SetToken(std::string t) {
     std::lock_guard<std::mutex> l(mu_);
     token_ = std::move(t);
@@ -145,6 +150,11 @@ class FakeKubeApiServer {
   bool Authorized(const httplib::Request& req, httplib::Response& res) {
     std::lock_guard<std::mutex> l(mu_);
     requests_.push_back(req.path + "?" + Query(req));
+    if (failing_) {
+      res.status = 500;
+      res.set_content(Status(500, "InternalError", "etcdserver: request timed out").dump(), "application/json");
+      return false;
+    }
     if (req.get_header_value("Authorization") == "Bearer " + token_) return true;
     res.status = 401;
     res.set_content(Status(401, "Unauthorized", "Unauthorized").dump(), "application/json");
@@ -278,6 +288,7 @@ class FakeKubeApiServer {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::string token_;
+  bool failing_ = false;
   std::map<std::string, FakePod> pods_;  // by UID
   std::deque<std::pair<uint64_t, std::string>> events_;
   uint64_t rv_ = 100, compacted_ = 0, watch_epoch_ = 0;

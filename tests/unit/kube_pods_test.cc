@@ -380,6 +380,34 @@ TEST_F(KubePods, APodConfirmedByNameAndThenDeletedIsGoneAtOnce) {
   EXPECT_TRUE(d.Gone("u-3"));
 }
 
+// Issue 54: during an outage a pod confirmed before it stayed confirmed for
+// up to 10 minutes (deletions missed). Now the view is stale failing_grace
+// after the first failed request: nothing is confirmed from memory, and
+// Ready() says why.
+TEST_F(KubePods, DuringAnOutageNothingIsConfirmedFromMemoryPastTheGrace) {
+  api_->Put(FakePod{"u-1", "ml", "p-1", "node-a", group_});
+  api_->SetBookmarkEvery(std::chrono::milliseconds(100));  // after the outage, the view moves on with these
+  PodDirectoryOptions o = Options();
+  o.failing_grace = absl::Milliseconds(500);
+  PodDirectory& d = StartDirectory(o);
+  ASSERT_TRUE(WaitFor([&] { return d.Ready().ok() && Requested("watch=true"); }));
+  ASSERT_TRUE(d.Confirm("u-1", "ml", "p-1", "node-a", group_).ok());
+  const uint64_t errors = d.GetStats().errors;
+  api_->SetFailing(true);  // every request answers 500
+  api_->EndWatches();
+  ASSERT_TRUE(WaitFor([&] { return d.GetStats().errors > errors; }));
+  const absl::Time failed = absl::Now();
+  ASSERT_TRUE(WaitFor([&] { return !d.Ready().ok(); }, absl::Seconds(3)));
+  EXPECT_LT(absl::Now() - failed, absl::Seconds(2));
+  EXPECT_TRUE(absl::StrContains(d.Ready().message(), "the API server has failed for")) << d.Ready();
+  absl::StatusOr<KubePod> p = d.Confirm("u-1", "ml", "p-1", "node-a", group_);
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kUnavailable) << "confirmed from a failing view: " << p.status();
+  EXPECT_FALSE(d.Gone("u-9")) << "a failing view calls nothing gone";
+  api_->SetFailing(false);
+  ASSERT_TRUE(WaitFor([&] { return d.Ready().ok(); })) << d.Ready();
+  EXPECT_TRUE(d.Confirm("u-1", "ml", "p-1", "node-a", group_).ok());
+}
+
 TEST_F(KubePods, AViewThatDroppedPodsCallsNoneGone) {
   for (int i = 0; i < 3; ++i) api_->Put(FakePod{absl::StrCat("u-", i), "ml", absl::StrCat("p-", i), "node-a", group_});
   PodDirectoryOptions o = Options();
