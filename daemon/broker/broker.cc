@@ -809,7 +809,9 @@ absl::StatusOr<std::shared_ptr<const ExportRecord>> Broker::AuthorizeRemote(
                         LogQuoted(importer.Ref()), LogQuoted(importer.uid), LogQuoted(importer.source),
                         LogQuoted(pod.status().message()));
       denials_total_.fetch_add(1, std::memory_order_relaxed);
-      return pod.status();
+      // The other node hears the class alone: the detail (the API server's
+      // address and errors, other pods' names) stays in this log.
+      return ForPeerNode(pod.status());
     }
     // Policy reads the API server's annotations, not the forwarded ones.
     who.annotations = pod->annotations;

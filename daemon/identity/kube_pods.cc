@@ -1,5 +1,9 @@
 #include "daemon/identity/kube_pods.h"
 
+#include <optional>
+
+#include "absl/strings/cord.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
@@ -536,17 +540,60 @@ absl::StatusOr<std::optional<KubePod>> PodDirectory::Fetch(const std::string& ns
   return std::optional<KubePod>(std::move(p));
 }
 
+namespace {
+constexpr absl::string_view kRefusalPayload = "podlink.io/remote-pod-refusal";
+}  // namespace
+
+const char* RemotePodRefusalText(RemotePodRefusal r) {
+  switch (r) {
+    case RemotePodRefusal::kNotFound:
+      return "pod not found";
+    case RemotePodRefusal::kOtherNode:
+      return "pod on another node";
+    case RemotePodRefusal::kAnnotationsDiffer:
+      return "annotations differ";
+    case RemotePodRefusal::kFinished:
+      return "pod finished";
+    case RemotePodRefusal::kCannotConfirmNow:
+      return "cannot confirm now";
+  }
+  return "refused";
+}
+
+absl::Status TagRefusal(absl::Status detail, RemotePodRefusal why) {
+  detail.SetPayload(kRefusalPayload, absl::Cord(std::to_string(static_cast<int>(why))));
+  return detail;
+}
+
+absl::Status ForPeerNode(const absl::Status& refusal) {
+  auto p = refusal.GetPayload(kRefusalPayload);
+  int why = -1;
+  if (!p.has_value() || !absl::SimpleAtoi(std::string(*p), &why) || why < 0 ||
+      why > static_cast<int>(RemotePodRefusal::kCannotConfirmNow)) {
+    return absl::Status(refusal.code(), "the owner's node refused the importing pod");
+  }
+  auto r = static_cast<RemotePodRefusal>(why);
+  return absl::Status(r == RemotePodRefusal::kCannotConfirmNow ? absl::StatusCode::kUnavailable
+                                                                : absl::StatusCode::kPermissionDenied,
+                      absl::StrCat("the owner's node refused the importing pod: ", RemotePodRefusalText(r),
+                                   r == RemotePodRefusal::kCannotConfirmNow ? " (retry)" : ""));
+}
+
 absl::StatusOr<KubePod> PodDirectory::Confirm(const std::string& uid, const std::string& ns, const std::string& name,
                                               const std::string& node, const std::map<std::string, std::string>& claimed) {
-  auto refuse = [&](absl::Status st) {
+  auto refuse = [&](absl::Status st, RemotePodRefusal why) {
     absl::MutexLock l(&mu_);
     ++stats_.refused;
-    return st;
+    ++stats_.refused_by[static_cast<size_t>(why)];
+    return TagRefusal(std::move(st), why);
   };
   if (!ValidKubeName(ns) || !ValidKubeName(name)) {
-    return refuse(absl::PermissionDeniedError("the forwarded pod's namespace or name is not a Kubernetes name"));
+    return refuse(absl::PermissionDeniedError("the forwarded pod's namespace or name is not a Kubernetes name"),
+                  RemotePodRefusal::kNotFound);
   }
-  if (uid.empty()) return refuse(absl::PermissionDeniedError("the forwarded pod has no UID to confirm"));
+  if (uid.empty()) {
+    return refuse(absl::PermissionDeniedError("the forwarded pod has no UID to confirm"), RemotePodRefusal::kNotFound);
+  }
   std::optional<KubePod> pod;
   bool synced;
   std::string last_error;
@@ -554,7 +601,9 @@ absl::StatusOr<KubePod> PodDirectory::Confirm(const std::string& uid, const std:
     absl::MutexLock l(&mu_);
     if (deleted_.contains(uid)) {
       ++stats_.refused;
-      return absl::PermissionDeniedError(absl::StrCat("pod ", ns, "/", name, " was deleted"));
+      ++stats_.refused_by[static_cast<size_t>(RemotePodRefusal::kNotFound)];
+      return TagRefusal(absl::PermissionDeniedError(absl::StrCat("pod ", ns, "/", name, " was deleted")),
+                        RemotePodRefusal::kNotFound);
     }
     auto it = by_uid_.find(uid);
     // A stale view's pods are looked up again: it may hold deleted ones.
@@ -568,20 +617,27 @@ absl::StatusOr<KubePod> PodDirectory::Confirm(const std::string& uid, const std:
     if (!TakeFetchToken(node)) {
       return refuse(absl::UnavailableError(absl::StrCat(
           "pod ", ref, " is not known yet and the API server is asked for at most ", options_.max_fetches_per_second,
-          " pods a second (", std::max(1, options_.max_fetches_per_second / 4), " for one node's daemon); retry")));
+          " pods a second (", std::max(1, options_.max_fetches_per_second / 4), " for one node's daemon); retry")),
+          RemotePodRefusal::kCannotConfirmNow);
     }
     absl::StatusOr<std::optional<KubePod>> got = Fetch(ns, name);
     if (!got.ok()) {
       return refuse(absl::UnavailableError(
           absl::StrCat("cannot confirm pod ", ref, " with the API server", synced ? "" : " (its pods are not loaded yet)",
-                       ": ", got.status().message(), last_error.empty() ? "" : "; last error: " + last_error)));
+                       ": ", got.status().message(), last_error.empty() ? "" : "; last error: " + last_error)),
+          RemotePodRefusal::kCannotConfirmNow);
     }
-    if (!got->has_value()) return refuse(absl::PermissionDeniedError(absl::StrCat("the API server has no pod ", ref)));
+    if (!got->has_value()) {
+      return refuse(absl::PermissionDeniedError(absl::StrCat("the API server has no pod ", ref)),
+                    RemotePodRefusal::kNotFound);
+    }
     pod = std::move(**got);
     absl::MutexLock l(&mu_);
     if (deleted_.contains(pod->uid)) {  // the watch delivered its deletion while we asked
       ++stats_.refused;
-      return absl::PermissionDeniedError(absl::StrCat("pod ", ref, " was deleted"));
+      ++stats_.refused_by[static_cast<size_t>(RemotePodRefusal::kNotFound)];
+      return TagRefusal(absl::PermissionDeniedError(absl::StrCat("pod ", ref, " was deleted")),
+                        RemotePodRefusal::kNotFound);
     }
     const absl::Time now = absl::Now();
     if (fetched_.size() >= 4096) {
@@ -596,20 +652,26 @@ absl::StatusOr<KubePod> PodDirectory::Confirm(const std::string& uid, const std:
     if (fetched_.size() < 4096) fetched_[pod->uid] = now;
   }
   if (pod->uid != uid) {
-    return refuse(absl::PermissionDeniedError(absl::StrCat("the API server's pod ", ref, " has another UID")));
+    return refuse(absl::PermissionDeniedError(absl::StrCat("the API server's pod ", ref, " has another UID")),
+                  RemotePodRefusal::kNotFound);
   }
   if (pod->namespace_ != ns || pod->name != name) {
     return refuse(absl::PermissionDeniedError(
-        absl::StrCat("the forwarded UID is pod ", pod->namespace_, "/", pod->name, ", not ", ref)));
+        absl::StrCat("the forwarded UID is pod ", pod->namespace_, "/", pod->name, ", not ", ref)),
+                  RemotePodRefusal::kNotFound);
   }
   if (pod->node != node) {
     return refuse(absl::PermissionDeniedError(absl::StrCat("the API server places pod ", ref, " on node '", pod->node,
-                                                           "', not on node ", node, " that speaks for it")));
+                                                           "', not on node ", node, " that speaks for it")),
+                  RemotePodRefusal::kOtherNode);
   }
-  if (pod->finished) return refuse(absl::PermissionDeniedError(absl::StrCat("pod ", ref, " has finished")));
+  if (pod->finished) {
+    return refuse(absl::PermissionDeniedError(absl::StrCat("pod ", ref, " has finished")), RemotePodRefusal::kFinished);
+  }
   if (pod->oversized) {
     return refuse(absl::PermissionDeniedError(absl::StrCat("pod ", ref, " has more or larger podlink.io/ annotations than ",
-                                                           kMaxAnnotations, " of ", kMaxAnnotationBytes, " bytes")));
+                                                           kMaxAnnotations, " of ", kMaxAnnotationBytes, " bytes")),
+                  RemotePodRefusal::kAnnotationsDiffer);
   }
   std::map<std::string, std::string> ours;
   for (const auto& [k, v] : claimed) {
@@ -626,7 +688,8 @@ absl::StatusOr<KubePod> PodDirectory::Confirm(const std::string& uid, const std:
       if (key.empty() && !ours.contains(k)) key = k;
     }
     return refuse(absl::PermissionDeniedError(
-        absl::StrCat("pod ", ref, "'s annotation ", key, " differs from the API server's")));
+        absl::StrCat("pod ", ref, "'s annotation ", key, " differs from the API server's")),
+                  RemotePodRefusal::kAnnotationsDiffer);
   }
   absl::MutexLock l(&mu_);
   ++stats_.confirmed;
@@ -692,6 +755,13 @@ std::string PodDirectory::RenderMetrics() const {
                "identities forwarded by other nodes' daemons, checked with the API server, by result",
                {{"confirmed", static_cast<double>(s.confirmed)}, {"refused", static_cast<double>(s.refused)}},
                "result");
+  std::map<std::string, double> by_reason;
+  for (size_t i = 0; i < s.refused_by.size(); ++i) {
+    by_reason[RemotePodRefusalText(static_cast<RemotePodRefusal>(i))] = static_cast<double>(s.refused_by[i]);
+  }
+  RenderFamily(&out, "podlink_remote_pod_refusals_total", "counter",
+               "identities of other nodes' pods refused, by the reason class the other node is told", by_reason,
+               "reason");
   return out;
 }
 

@@ -13,6 +13,7 @@
 // last event. Reads need only get/list/watch on pods (deploy/rbac.yaml).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <map>
 #include <memory>
@@ -108,6 +109,17 @@ struct PodDirectoryOptions {
   absl::Duration fetched_grace = absl::Minutes(1);
 };
 
+// What another node is told of a refused pod: a class, never the API
+// server's address, errors or other pods (the detail goes to the owner's log
+// and metrics).
+enum class RemotePodRefusal : int { kNotFound = 0, kOtherNode, kAnnotationsDiffer, kFinished, kCannotConfirmNow };
+const char* RemotePodRefusalText(RemotePodRefusal r);
+// Marks a refusal (its message stays the detail) with its class.
+absl::Status TagRefusal(absl::Status detail, RemotePodRefusal why);
+// The status to send the importing node: the code (UNAVAILABLE for "cannot
+// confirm now", else PERMISSION_DENIED) and the class alone.
+absl::Status ForPeerNode(const absl::Status& refusal);
+
 class PodDirectory {
  public:
   explicit PodDirectory(PodDirectoryOptions options);
@@ -148,6 +160,7 @@ class PodDirectory {
     uint64_t errors = 0;         // failed requests
     uint64_t confirmed = 0;      // Confirm: yes
     uint64_t refused = 0;        // Confirm: no
+    std::array<uint64_t, 5> refused_by{};  // by RemotePodRefusal
     bool synced = false;
     std::string resource_version;
   };

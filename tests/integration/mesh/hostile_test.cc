@@ -195,12 +195,19 @@ TEST_F(MeshApiServer, ADaemonImportsOnlyForPodsTheApiServerPlacesOnItsNode) {
   // A pod node t made up, in the victim's group: granted without the API server.
   grpc::Status st = Open(*stub, "node-t", &resp, "ml", "attacker-0", "uid-x");
   EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
-  EXPECT_NE(st.error_message().find("the API server has no pod ml/attacker-0"), std::string::npos)
-      << st.error_message();
-  // A real pod, but node a's.
+  // The calling node hears a reason class; the detail is the owner's (its log).
+  EXPECT_EQ(st.error_message(), "the owner's node refused the importing pod: pod not found") << st.error_message();
+  EXPECT_TRUE(nb_->WaitForLog("the API server has no pod ml/attacker-0")) << nb_->Log();
+  // A real pod, but node a's: its UID gives node t neither its name nor its node.
   st = Open(*stub, "node-t", &resp, "ml", "prefill-0", other_.pod_uid());
   EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
-  EXPECT_NE(st.error_message().find("on node 'node-a', not on node node-t"), std::string::npos) << st.error_message();
+  EXPECT_EQ(st.error_message(), "the owner's node refused the importing pod: pod on another node")
+      << st.error_message();
+  EXPECT_EQ(st.error_message().find("node-a"), std::string::npos);
+  EXPECT_TRUE(nb_->WaitForLog("on node 'node-a', not on node node-t")) << nb_->Log();
+  // A known UID under another pod's name: "not found", not the pod it names.
+  st = Open(*stub, "node-t", &resp, "ml", "guessed-name", other_.pod_uid());
+  EXPECT_EQ(st.error_message(), "the owner's node refused the importing pod: pod not found") << st.error_message();
   // Node t's own pod, with a group it does not have.
   st = Open(*stub, "node-t", &resp, "ml", "worker-t", "uid-t", "job-8");
   EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
@@ -241,8 +248,10 @@ TEST_F(MeshApiServer, NothingIsConfirmedWhileTheApiServerIsAway) {
   pb::OpenRegionResponse resp;
   grpc::Status st = Open(*Stub(dir_ + "/node-t"), "node-t", &resp, "ml", "worker-new", "uid-new");
   EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
-  EXPECT_NE(st.error_message().find("cannot confirm pod ml/worker-new with the API server"), std::string::npos)
+  // Nothing of the API server's address or errors reaches the other node; the owner's log has them.
+  EXPECT_EQ(st.error_message(), "the owner's node refused the importing pod: cannot confirm now (retry)")
       << st.error_message();
+  EXPECT_TRUE(nb_->WaitForLog("cannot confirm pod ml/worker-new with the API server")) << nb_->Log();
 }
 
 // Requests through relays carry the origin's signed claim; a relay (or any
