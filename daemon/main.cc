@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cerrno>
 #include <cstring>
 #include <iostream>
@@ -57,10 +58,12 @@ ABSL_FLAG(bool, no_gpu, false, "do not load the CUDA driver; serve host memory o
 ABSL_FLAG(std::string, pod_source, "standalone",
           "standalone (pod names and annotations from the config file) or cri (from the container runtime)");
 ABSL_FLAG(std::string, cri_socket, "", "CRI socket; empty: containerd's if present, else CRI-O's");
-ABSL_FLAG(std::string, remote_pods, "forwarded",
-          "how the owner of a region believes the pod another node's daemon imports for: forwarded (as that "
-          "daemon states it) or apiserver (only as the Kubernetes API server confirms it: UID, node, "
-          "podlink.io/ annotations; needs get/list/watch on pods); used with the mesh only");
+ABSL_FLAG(std::string, remote_pods, "auto",
+          "how the owner of a region believes the pod another node's daemon imports for: apiserver (only as the "
+          "Kubernetes API server confirms it: UID, node, podlink.io/ annotations; needs get/list/watch on pods), "
+          "forwarded (as that daemon states it: only where no API server exists), or auto (apiserver when "
+          "podlinkd runs in a cluster: KUBERNETES_SERVICE_HOST is set or --kube-api-server given; forwarded, "
+          "with a warning, otherwise); used with the mesh only");
 ABSL_FLAG(std::string, kube_api_server, "",
           "with --remote-pods apiserver: https://host:port of the API server; empty: in-cluster "
           "(KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT)");
@@ -133,8 +136,8 @@ bool ReadFlags(Args& a, std::string* why) {
     *why = "--log-level must be one of trace, debug, info, warn, error, critical, off (got '" + a.log_level + "')";
   } else if (a.pod_source != "standalone" && a.pod_source != "cri") {
     *why = "--pod-source must be standalone or cri (got '" + a.pod_source + "')";
-  } else if (a.remote_pods != "forwarded" && a.remote_pods != "apiserver") {
-    *why = "--remote-pods must be forwarded or apiserver (got '" + a.remote_pods + "')";
+  } else if (a.remote_pods != "forwarded" && a.remote_pods != "apiserver" && a.remote_pods != "auto") {
+    *why = "--remote-pods must be apiserver, forwarded or auto (got '" + a.remote_pods + "')";
   } else if (a.relay_workers > 64) {
     *why = "--relay-workers must be 0 (one per GPU) to 64";
   } else if (a.relay_streams == 0 || a.relay_streams > 64) {
@@ -350,7 +353,16 @@ int main(int argc, char** argv) {
   // Pods of other nodes (mesh only): as the API server states them, or as
   // their daemons forward them. Declared before the broker, which asks it.
   std::unique_ptr<podlink::PodDirectory> remote_pods;
-  if (cfg.broker.mesh.enabled && args.remote_pods == "apiserver") {
+  std::string remote_mode = args.remote_pods;
+  if (remote_mode == "auto") {
+    // In a cluster the API server is at hand: believing other nodes' word
+    // for their pods is only for meshes without one.
+    const char* in_cluster = std::getenv("KUBERNETES_SERVICE_HOST");
+    remote_mode = (in_cluster != nullptr && *in_cluster != '\0') || !args.kube_api_server.empty() ? "apiserver"
+                                                                                                : "forwarded";
+    if (cfg.broker.mesh.enabled) log->info("event=remote_pods_auto mode={}", remote_mode);
+  }
+  if (cfg.broker.mesh.enabled && remote_mode == "apiserver") {
     absl::StatusOr<podlink::KubeApiConfig> api = args.kube_api_server.empty()
                                                      ? podlink::InClusterConfig()
                                                      : podlink::ParseApiServerUrl(args.kube_api_server);
@@ -366,7 +378,8 @@ int main(int argc, char** argv) {
     remote_pods->Start();
   } else if (cfg.broker.mesh.enabled) {
     log->warn("event=remote_pods mode=forwarded msg=\"pods of other nodes are believed as their daemons state "
-              "them; --remote-pods apiserver confirms them with the Kubernetes API server\"");
+              "them (no API server: KUBERNETES_SERVICE_HOST is unset); --remote-pods apiserver confirms them with "
+              "the Kubernetes API server\"");
   }
   // The daemon's parts, wired here: the broker (sessions, policy), the relay
   // (sessions' rings, resolving exports through the broker) and the mesh

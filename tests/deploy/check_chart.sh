@@ -286,7 +286,7 @@ mesh: {enabled: true, dataPort: 7446}|mesh.port, mesh.dataPort and metrics.port 
 mesh: {enabled: true, certHostPath: certs}|mesh.certHostPath must be an absolute path
 mesh: {enabled: true, connectionsPerPath: 17}|mesh.connectionsPerPath must be in 1..16
 mesh: {enabled: true, transport: udp}|mesh.transport must be tcp or verbs
-mesh: {enabled: true, remotePods: trust}|mesh.remotePods must be apiserver or forwarded
+mesh: {enabled: true, remotePods: trust}|mesh.remotePods must be apiserver, forwarded or auto
 mesh: {enabled: true, verbsTcpFallback: "no"}|mesh.verbsTcpFallback must be true or false
 mesh: {enabled: true, verbsStagedOnly: "yes"}|mesh.verbsStagedOnly must be true or false
 mesh: {enabled: true, tcpZeroCopy: 0}|mesh.tcpZeroCopy must be true or false

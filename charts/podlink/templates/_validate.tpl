@@ -43,8 +43,8 @@
 {{- if or (eq $mp $dp) (eq $mp (int .Values.metrics.port)) (eq $dp (int .Values.metrics.port)) -}}
 {{- fail "mesh.port, mesh.dataPort and metrics.port must differ (the mesh puts podlinkd on the host network)" -}}
 {{- end -}}
-{{- if not (has .Values.mesh.remotePods (list "apiserver" "forwarded")) -}}
-{{- fail "mesh.remotePods must be apiserver or forwarded" -}}
+{{- if not (has .Values.mesh.remotePods (list "apiserver" "forwarded" "auto")) -}}
+{{- fail "mesh.remotePods must be apiserver, forwarded or auto" -}}
 {{- end -}}
 {{- $rs := int .Values.mesh.relayStagingMib -}}
 {{- if or (lt $rs 16) (gt $rs 65536) -}}

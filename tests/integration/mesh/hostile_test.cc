@@ -154,7 +154,8 @@ TEST_F(MeshHostile, ADaemonSpeaksOnlyForItsOwnNodesPods) {
 }
 
 // Node b confirms the pods other nodes' daemons speak for with a (fake)
-// Kubernetes API server (--remote-pods apiserver), reached from its
+// Kubernetes API server (--remote-pods auto, the default, which an API server
+// makes apiserver), reached from its
 // namespace over the host cable: a daemon with a valid certificate can
 // import only for pods the API server places on its node, with the
 // annotations the API server holds.
@@ -173,7 +174,8 @@ class MeshApiServer : public MeshHostile {
     api_->Put(FakePod{owner_.pod_uid(), "ml", "decode-0", "node-b", group});
     api_->Put(FakePod{other_.pod_uid(), "ml", "prefill-0", "node-a", group});
     api_->Put(FakePod{"uid-t", "ml", "worker-t", "node-t", group});
-    return {"--remote_pods=apiserver", absl::StrCat("--kube_api_server=https://", host, ":", api_->port()),
+    // No --remote-pods: podlinkd's default (auto) confirms with the API server it is given.
+    return {absl::StrCat("--kube_api_server=https://", host, ":", api_->port()),
             "--kube_token_file=" + dir_ + "/kube-token", "--kube_ca_file=" + ca_->ca()};
   }
   void TearDown() override {
@@ -189,6 +191,7 @@ class MeshApiServer : public MeshHostile {
 
 TEST_F(MeshApiServer, ADaemonImportsOnlyForPodsTheApiServerPlacesOnItsNode) {
   ASSERT_TRUE(nb_->WaitForLog("event=kube_pods_listed pods=3")) << nb_->Log();
+  EXPECT_TRUE(nb_->WaitForLog("event=remote_pods_auto mode=apiserver")) << nb_->Log();
   ca_->Issue("node-t", dir_ + "/node-t");
   auto stub = Stub(dir_ + "/node-t");
   pb::OpenRegionResponse resp;
