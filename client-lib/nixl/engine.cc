@@ -87,6 +87,15 @@ const PodlinkMD* AsPodlink(const nixlBackendMD* md) {
   return p->kind == PodlinkMD::Kind::kLocal || p->kind == PodlinkMD::Kind::kRemote ? p : nullptr;
 }
 
+// Takes over the engine's own metadata of `kind` behind `meta` (null: not
+// this engine's, or of the other kind; `meta` is then left alone).
+template <typename MD>
+std::unique_ptr<MD> TakeOwn(nixlBackendMD* meta, PodlinkMD::Kind kind) {
+  const PodlinkMD* p = AsPodlink(meta);
+  if (p == nullptr || p->kind != kind) return nullptr;
+  return std::unique_ptr<MD>(static_cast<MD*>(meta));
+}
+
 // Takes a batch's result once it completed: nullopt while in flight.
 std::optional<absl::Status> PollBatch(TransferEngine& eng, uint64_t batch) {
   absl::StatusOr<bool> done = eng.Poll(batch);
@@ -366,11 +375,8 @@ nixl_status_t PodlinkNixlEngine::registerMem(const nixlBlobDesc& mem, const nixl
 }
 
 nixl_status_t PodlinkNixlEngine::deregisterMem(nixlBackendMD* meta) {
-  const PodlinkMD* p = AsPodlink(meta);
-  if (p == nullptr || p->kind != PodlinkMD::Kind::kLocal) {
-    return Refuse(NIXL_ERR_INVALID_PARAM, "deregisterMem", "not a registration of this engine");
-  }
-  std::unique_ptr<LocalMD> md(static_cast<LocalMD*>(meta));
+  std::unique_ptr<LocalMD> md = TakeOwn<LocalMD>(meta, PodlinkMD::Kind::kLocal);
+  if (md == nullptr) return Refuse(NIXL_ERR_INVALID_PARAM, "deregisterMem", "not a registration of this engine");
   if (engine_ == nullptr) return NIXL_SUCCESS;
   // Self MDs opened from it may still exist (NIXL unloads them after this at
   // shutdown); their Close then tolerates the missing export.
@@ -441,11 +447,8 @@ nixl_status_t PodlinkNixlEngine::loadRemoteMD(const nixlBlobDesc& input, const n
 }
 
 nixl_status_t PodlinkNixlEngine::unloadMD(nixlBackendMD* input) {
-  const PodlinkMD* p = AsPodlink(input);
-  if (p == nullptr || p->kind != PodlinkMD::Kind::kRemote) {
-    return Refuse(NIXL_ERR_INVALID_PARAM, "unloadMD", "not metadata this engine loaded");
-  }
-  std::unique_ptr<RemoteMD> md(static_cast<RemoteMD*>(input));
+  std::unique_ptr<RemoteMD> md = TakeOwn<RemoteMD>(input, PodlinkMD::Kind::kRemote);
+  if (md == nullptr) return Refuse(NIXL_ERR_INVALID_PARAM, "unloadMD", "not metadata this engine loaded");
   if (engine_ == nullptr) return NIXL_SUCCESS;
   DrainOrphans(/*wait=*/true);  // released transfers may still use the region
   ReleaseOpened(md->key);

@@ -36,6 +36,7 @@
 #include "podlink/transfer.h"
 #include "podlink/v1/podlink.grpc.pb.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/host_peer.h"
 
 namespace podlink::testing {
 namespace {
@@ -73,27 +74,9 @@ uint64_t RelayOps(const Daemon& d) {
   return s.ok() ? s->relay_ops_total : 0;
 }
 
-struct Peer {
-  std::unique_ptr<Client> client;
-  std::unique_ptr<TransferEngine> engine;
-  std::unique_ptr<HostBuffer> buf;
-  LocalRegion region;
-};
+using Peer = HostPeer;
 
-Peer MakePeer(const Daemon& d, size_t size, uint8_t fill) {
-  Peer p;
-  p.client = *Client::Connect({.socket_dir = d.dir()});
-  TransferEngine::Options o;
-  o.force_relay = true;
-  o.log_transport = false;
-  auto e = TransferEngine::Create(*p.client, o);
-  EXPECT_TRUE(e.ok()) << e.status();
-  p.engine = *std::move(e);
-  p.buf = *p.client->AllocateHost(size);
-  std::memset(p.buf->data(), fill, size);
-  p.region = *p.engine->Register(*p.buf);
-  return p;
-}
+Peer MakePeer(const Daemon& d, size_t size, uint8_t fill) { return MakeHostPeer(d, size, /*force_relay=*/true, fill); }
 
 // Every case runs with one relay worker (both sessions on one thread) and
 // with two (sessions on different threads: notifications cross threads).

@@ -15,28 +15,14 @@
 #include "podlink/client.h"
 #include "podlink/transfer.h"
 #include "tests/integration/harness.h"
+#include "tests/integration/host_peer.h"
 
 namespace podlink::testing {
 namespace {
 
-struct Peer {
-  std::unique_ptr<Client> client;
-  std::unique_ptr<TransferEngine> engine;
-  std::unique_ptr<HostBuffer> buf;
-  LocalRegion region;
-};
+using Peer = HostPeer;
 
-Peer MakePeer(const Daemon& d, size_t size, bool force_relay) {
-  Peer p;
-  p.client = *Client::Connect({.socket_dir = d.dir()});
-  TransferEngine::Options o;
-  o.force_relay = force_relay;
-  o.log_transport = false;
-  p.engine = *TransferEngine::Create(*p.client, o);
-  p.buf = *p.client->AllocateHost(size);
-  p.region = *p.engine->Register(*p.buf);
-  return p;
-}
+Peer MakePeer(const Daemon& d, size_t size, bool force_relay) { return MakeHostPeer(d, size, force_relay); }
 
 RemoteRegion Open(Peer& from, Peer& to) {
   auto desc = to.engine->Describe(to.region);
