@@ -490,6 +490,7 @@ absl::StatusOr<v1::ExportResponse> Broker::Export(Session& s, const v1::ExportRe
     claim.address = req.address();
     claim.pid = s.peer.pid;
     claim.pidfd = s.peer.pidfd.get();
+    claim.session = s.id;
   }
   PODLINK_ASSIGN_OR_RETURN(rec.memory, backend->Adopt(claim, std::move(fd), req.fabric_handle()));
   if (kind == HandleKind::kProcessMemory && !PidfdAlive(s.peer.pidfd.get())) {

@@ -70,6 +70,7 @@ struct ExportClaim {
   uint64_t address = 0;
   int pid = 0;
   int pidfd = -1;
+  uint64_t session = 0;  // the exports of one session share one descriptor of its process's memory
 };
 
 // Page-locks host memory for the GPUs' copy engines. A relay copy from or to

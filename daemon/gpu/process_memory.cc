@@ -22,7 +22,7 @@ std::string Hex(uint64_t v) { return absl::StrCat("0x", absl::Hex(v)); }
 
 class ProcessMemoryObject : public MemoryObject {
  public:
-  ProcessMemoryObject(UniqueFd mem, uint64_t address, uint64_t size, int pid)
+  ProcessMemoryObject(std::shared_ptr<const UniqueFd> mem, uint64_t address, uint64_t size, int pid)
       : mem_(std::move(mem)), address_(address), size_(size), pid_(pid) {}
   absl::StatusOr<RelayView> MapForRelay() override {
     return absl::FailedPreconditionError(
@@ -34,7 +34,7 @@ class ProcessMemoryObject : public MemoryObject {
     RelayView v;
     v.address = address_;
     v.size = size_;
-    v.mem_fd = mem_.get();
+    v.mem_fd = mem_->get();
     return v;
   }
   HandleKind kind() const override { return HandleKind::kProcessMemory; }
@@ -44,7 +44,7 @@ class ProcessMemoryObject : public MemoryObject {
   }
 
  private:
-  const UniqueFd mem_;
+  const std::shared_ptr<const UniqueFd> mem_;  // shared by the session's exports
   const uint64_t address_, size_;
   const int pid_;
 };
@@ -130,6 +130,37 @@ absl::Status CheckRangeRegistrable(const std::vector<MapsEntry>& maps, uint64_t 
                                                     ": register only memory the process has allocated"));
 }
 
+absl::StatusOr<std::shared_ptr<const UniqueFd>> ProcessMemoryBackend::MemoryOf(const ExportClaim& claim) {
+  absl::MutexLock l(&mu_);
+  if (claim.session != 0) {
+    if (auto it = by_session_.find(claim.session); it != by_session_.end()) {
+      if (std::shared_ptr<const UniqueFd> held = it->second.lock()) return held;
+    }
+  }
+  const std::string path = absl::StrCat(proc_root_, "/", claim.pid, "/mem");
+  int raw = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (raw < 0) return ErrnoStatus(errno, absl::StrCat("open ", path, " (podlinkd needs CAP_SYS_PTRACE)"));
+  auto mem = std::make_shared<const UniqueFd>(raw);
+  if (claim.session != 0) {
+    for (auto it = by_session_.begin(); it != by_session_.end();) {  // sessions whose exports all went
+      if (it->second.expired()) {
+        it = by_session_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    by_session_[claim.session] = mem;
+  }
+  return mem;
+}
+
+size_t ProcessMemoryBackend::open_descriptors() const {
+  absl::MutexLock l(&mu_);
+  size_t n = 0;
+  for (const auto& [session, mem] : by_session_) n += !mem.expired();
+  return n;
+}
+
 absl::StatusOr<std::shared_ptr<MemoryObject>> ProcessMemoryBackend::Adopt(const ExportClaim& claim, UniqueFd fd,
                                                                           const std::string& fabric_handle) {
   if (fd.valid() || !fabric_handle.empty() || !claim.gpu_uuid.empty()) {
@@ -140,9 +171,7 @@ absl::StatusOr<std::shared_ptr<MemoryObject>> ProcessMemoryBackend::Adopt(const 
         "process memory needs the exporter pinned by a pidfd (Linux 5.3 or later): register podlink host memory");
   }
   const std::string dir = absl::StrCat(proc_root_, "/", claim.pid);
-  int raw = ::open((dir + "/mem").c_str(), O_RDWR | O_CLOEXEC);
-  if (raw < 0) return ErrnoStatus(errno, absl::StrCat("open ", dir, "/mem (podlinkd needs CAP_SYS_PTRACE)"));
-  UniqueFd mem(raw);
+  PODLINK_ASSIGN_OR_RETURN(std::shared_ptr<const UniqueFd> mem, MemoryOf(claim));
   std::ifstream in(dir + "/maps");
   std::stringstream text;
   text << in.rdbuf();
@@ -156,7 +185,7 @@ absl::StatusOr<std::shared_ptr<MemoryObject>> ProcessMemoryBackend::Adopt(const 
     if (e.end <= claim.address || e.start >= end) continue;
     uint64_t probe = std::max(e.start, claim.address);
     char byte;
-    if (absl::Status st = ProcessRead(mem.get(), probe, &byte, 1, "registration");
+    if (absl::Status st = ProcessRead(mem->get(), probe, &byte, 1, "registration");
         !st.ok()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "process memory at ", Hex(probe), " (", e.path.empty() ? "anonymous" : e.path,

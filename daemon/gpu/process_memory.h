@@ -18,11 +18,14 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/gpu/memory_object.h"
 
 namespace podlink {
@@ -46,8 +49,13 @@ absl::Status CheckRangeRegistrable(const std::vector<MapsEntry>& maps, uint64_t 
 class ProcessMemoryBackend : public MemoryBackend {
  public:
   explicit ProcessMemoryBackend(std::string proc_root = "/proc") : proc_root_(std::move(proc_root)) {}
+  // How many sessions' memory descriptors are open (one each, however many
+  // ranges a session exports: a NIXL agent registers thousands).
+  size_t open_descriptors() const ABSL_LOCKS_EXCLUDED(mu_);
   bool Handles(HandleKind kind) const override { return kind == HandleKind::kProcessMemory; }
-  // claim.address/size in process claim.pid (alive through claim.pidfd);
+  // claim.address/size in process claim.pid (alive through claim.pidfd), of
+  // session claim.session (whose exports share one descriptor, opened by the
+  // first and closed with the last);
   // `fd` and `fabric_handle` must be empty. Opens the process's memory,
   // checks the range against its maps, reads its first byte of every mapping
   // (a driver's mapping that the kernel cannot copy from fails here, not in
@@ -57,7 +65,11 @@ class ProcessMemoryBackend : public MemoryBackend {
                                                       const std::string& fabric_handle) override;
 
  private:
+  absl::StatusOr<std::shared_ptr<const UniqueFd>> MemoryOf(const ExportClaim& claim) ABSL_LOCKS_EXCLUDED(mu_);
+
   const std::string proc_root_;
+  mutable absl::Mutex mu_;
+  std::map<uint64_t, std::weak_ptr<const UniqueFd>> by_session_ ABSL_GUARDED_BY(mu_);
 };
 
 // Moves n bytes between the daemon's memory and process memory (`mem_fd` at

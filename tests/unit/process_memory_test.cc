@@ -3,6 +3,7 @@
 // execs, unmaps the range or forks while registered.
 #include "daemon/gpu/process_memory.h"
 
+#include <dirent.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -167,6 +168,44 @@ TEST(ProcessMemory, ReadsAndWritesTheChildsRangeAndNothingElse) {
   for (size_t i = 0; i < kSize; ++i) buf[i] = Pattern(i, 2);
   ASSERT_TRUE(ProcessWrite(v->mem_fd, v->address, buf.data(), kSize, "t").ok());
   EXPECT_EQ(child.Send('c'), '1');
+}
+
+int OpenFds() {
+  int n = 0;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (::readdir(d) != nullptr) ++n;
+    ::closedir(d);
+  }
+  return n;
+}
+
+// A NIXL agent registers thousands of buffers: one descriptor per session,
+// not per export, closed with the session's last export.
+TEST(ProcessMemory, ASessionsExportsShareOneDescriptor) {
+  Child child;
+  ProcessMemoryBackend b;
+  const int before = OpenFds();
+  std::vector<std::shared_ptr<MemoryObject>> mine;
+  ExportClaim c = child.Claim(0, 4096);
+  c.session = 7;
+  for (int i = 0; i < 100; ++i) {
+    c.address = child.address() + static_cast<uint64_t>(i) * 4096;
+    auto m = b.Adopt(c, UniqueFd(), "");
+    ASSERT_TRUE(m.ok()) << m.status();
+    mine.push_back(*m);
+  }
+  EXPECT_EQ(OpenFds(), before + 1);
+  for (const auto& m : mine) EXPECT_EQ(MemFd(m), MemFd(mine.front()));
+  EXPECT_EQ(b.open_descriptors(), 1u);
+  ExportClaim other = child.Claim();
+  other.session = 8;
+  auto o = b.Adopt(other, UniqueFd(), "");
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_NE(MemFd(*o), MemFd(mine.front()));
+  EXPECT_EQ(b.open_descriptors(), 2u);
+  mine.clear();
+  EXPECT_EQ(b.open_descriptors(), 1u);
+  EXPECT_EQ(OpenFds(), before + 1);
 }
 
 TEST(ProcessMemory, RefusesWhatTheProcessCannotWriteOrDoesNotHave) {
