@@ -51,7 +51,7 @@ class ProcessMemoryObject : public MemoryObject {
 
 // One transfer of at most n bytes; -1 with errno, or the count moved.
 template <typename Fn>
-absl::Status Loop(Fn fn, uint64_t address, uint64_t n, const char* verb, const std::string& what) {
+absl::Status Loop(Fn fn, uint64_t address, uint64_t n, const char* verb, absl::string_view what) {
   uint64_t done = 0;
   while (done < n) {
     ssize_t r = fn(done, n - done, static_cast<off_t>(address + done));
@@ -60,7 +60,7 @@ absl::Status Loop(Fn fn, uint64_t address, uint64_t n, const char* verb, const s
       // EOF: the address space is gone (exit, exec); EIO/EFAULT: the range
       // is no longer mapped, or not copyable.
       return absl::FailedPreconditionError(absl::StrCat(
-          what, ": podlinkd could not ", verb, " ", n - done, " bytes at ", Hex(address + done),
+          what, what.empty() ? "" : ": ", "podlinkd could not ", verb, " ", n - done, " bytes at ", Hex(address + done),
           " of the exporting process (", r == 0 ? "its address space is gone: it exited or exec'd"
                                                  : absl::StrCat(std::strerror(errno), ": the range was unmapped"),
           ")"));
@@ -72,13 +72,13 @@ absl::Status Loop(Fn fn, uint64_t address, uint64_t n, const char* verb, const s
 
 }  // namespace
 
-absl::Status ProcessRead(int mem_fd, uint64_t address, void* dst, uint64_t n, const std::string& what) {
+absl::Status ProcessRead(int mem_fd, uint64_t address, void* dst, uint64_t n, absl::string_view what) {
   auto* out = static_cast<char*>(dst);
   return Loop([&](uint64_t at, uint64_t len, off_t off) { return ::pread(mem_fd, out + at, len, off); }, address,
               n, "read", what);
 }
 
-absl::Status ProcessWrite(int mem_fd, uint64_t address, const void* src, uint64_t n, const std::string& what) {
+absl::Status ProcessWrite(int mem_fd, uint64_t address, const void* src, uint64_t n, absl::string_view what) {
   const auto* in = static_cast<const char*>(src);
   return Loop([&](uint64_t at, uint64_t len, off_t off) { return ::pwrite(mem_fd, in + at, len, off); }, address,
               n, "write", what);

@@ -25,6 +25,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/gpu/memory_object.h"
 
@@ -74,8 +75,9 @@ class ProcessMemoryBackend : public MemoryBackend {
 
 // Moves n bytes between the daemon's memory and process memory (`mem_fd` at
 // `address`), looping over short transfers; FAILED_PRECONDITION when the
-// process's range is gone (exited, exec'd, unmapped): `what` names it.
-absl::Status ProcessRead(int mem_fd, uint64_t address, void* dst, uint64_t n, const std::string& what);
-absl::Status ProcessWrite(int mem_fd, uint64_t address, const void* src, uint64_t n, const std::string& what);
+// process's range is gone (exited, exec'd, unmapped): `what` (may be empty)
+// names it. Nothing is formatted unless it fails (the relay's hot path).
+absl::Status ProcessRead(int mem_fd, uint64_t address, void* dst, uint64_t n, absl::string_view what);
+absl::Status ProcessWrite(int mem_fd, uint64_t address, const void* src, uint64_t n, absl::string_view what);
 
 }  // namespace podlink

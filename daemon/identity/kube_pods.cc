@@ -583,9 +583,7 @@ absl::StatusOr<KubePod> PodDirectory::Confirm(const std::string& uid, const std:
                                               const std::string& node, const std::map<std::string, std::string>& claimed) {
   auto refuse = [&](absl::Status st, RemotePodRefusal why) {
     absl::MutexLock l(&mu_);
-    ++stats_.refused;
-    ++stats_.refused_by[static_cast<size_t>(why)];
-    return TagRefusal(std::move(st), why);
+    return CountRefusal(std::move(st), why);
   };
   if (!ValidKubeName(ns) || !ValidKubeName(name)) {
     return refuse(absl::PermissionDeniedError("the forwarded pod's namespace or name is not a Kubernetes name"),
@@ -600,10 +598,8 @@ absl::StatusOr<KubePod> PodDirectory::Confirm(const std::string& uid, const std:
   {
     absl::MutexLock l(&mu_);
     if (deleted_.contains(uid)) {
-      ++stats_.refused;
-      ++stats_.refused_by[static_cast<size_t>(RemotePodRefusal::kNotFound)];
-      return TagRefusal(absl::PermissionDeniedError(absl::StrCat("pod ", ns, "/", name, " was deleted")),
-                        RemotePodRefusal::kNotFound);
+      return CountRefusal(absl::PermissionDeniedError(absl::StrCat("pod ", ns, "/", name, " was deleted")),
+                          RemotePodRefusal::kNotFound);
     }
     auto it = by_uid_.find(uid);
     // A stale view's pods are looked up again: it may hold deleted ones.
@@ -634,10 +630,8 @@ absl::StatusOr<KubePod> PodDirectory::Confirm(const std::string& uid, const std:
     pod = std::move(**got);
     absl::MutexLock l(&mu_);
     if (deleted_.contains(pod->uid)) {  // the watch delivered its deletion while we asked
-      ++stats_.refused;
-      ++stats_.refused_by[static_cast<size_t>(RemotePodRefusal::kNotFound)];
-      return TagRefusal(absl::PermissionDeniedError(absl::StrCat("pod ", ref, " was deleted")),
-                        RemotePodRefusal::kNotFound);
+      return CountRefusal(absl::PermissionDeniedError(absl::StrCat("pod ", ref, " was deleted")),
+                          RemotePodRefusal::kNotFound);
     }
     const absl::Time now = absl::Now();
     if (fetched_.size() >= 4096) {
@@ -694,6 +688,12 @@ absl::StatusOr<KubePod> PodDirectory::Confirm(const std::string& uid, const std:
   absl::MutexLock l(&mu_);
   ++stats_.confirmed;
   return *pod;
+}
+
+absl::Status PodDirectory::CountRefusal(absl::Status detail, RemotePodRefusal why) {
+  ++stats_.refused;
+  ++stats_.refused_by[static_cast<size_t>(why)];
+  return TagRefusal(std::move(detail), why);
 }
 
 bool PodDirectory::Gone(const std::string& uid) const {

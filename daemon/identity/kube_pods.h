@@ -178,6 +178,8 @@ class PodDirectory {
   // rate: all nodes together, and each node its share.
   bool TakeFetchToken(const std::string& node);
   void SetError(const absl::Status& st);
+  // Counts a refusal of Confirm by its class and tags it (TagRefusal).
+  absl::Status CountRefusal(absl::Status detail, RemotePodRefusal why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   PodDirectoryOptions options_;
   std::unique_ptr<Http> http_;        // list and watch (the directory's thread)

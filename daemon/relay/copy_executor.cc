@@ -266,14 +266,17 @@ bool CopyExecutor::RunHost(CopyQueue& q, OnDone done) {
 absl::Status CopyExecutor::CopyProcessSlice(const CopyQueue::HostJob& j, uint64_t n) {
   const uint64_t src = reinterpret_cast<uint64_t>(j.src_base) + j.src_off;
   const uint64_t dst = reinterpret_cast<uint64_t>(j.dst_base) + j.dst_off;
-  auto name = [](const ExportRecord& r) { return absl::StrCat("export ", r.id); };
-  if (j.dst_fd < 0) return ProcessRead(j.src_fd, src, j.dst_base + j.dst_off, n, name(*j.src));
-  if (j.src_fd < 0) return ProcessWrite(j.dst_fd, dst, j.src_base + j.src_off, n, name(*j.dst));
+  // The export is named only in a failure (no formatting per slice).
+  auto named = [](absl::Status st, const ExportRecord& r) {
+    return st.ok() ? st : absl::Status(st.code(), absl::StrCat("export ", r.id, ": ", st.message()));
+  };
+  if (j.dst_fd < 0) return named(ProcessRead(j.src_fd, src, j.dst_base + j.dst_off, n, ""), *j.src);
+  if (j.src_fd < 0) return named(ProcessWrite(j.dst_fd, dst, j.src_base + j.src_off, n, ""), *j.dst);
   if (bounce_ == nullptr) bounce_ = std::make_unique<char[]>(kBounceBytes);
   for (uint64_t at = 0; at < n; at += kBounceBytes) {
     uint64_t len = std::min(kBounceBytes, n - at);
-    PODLINK_RETURN_IF_ERROR(ProcessRead(j.src_fd, src + at, bounce_.get(), len, name(*j.src)));
-    PODLINK_RETURN_IF_ERROR(ProcessWrite(j.dst_fd, dst + at, bounce_.get(), len, name(*j.dst)));
+    if (absl::Status st = ProcessRead(j.src_fd, src + at, bounce_.get(), len, ""); !st.ok()) return named(st, *j.src);
+    if (absl::Status st = ProcessWrite(j.dst_fd, dst + at, bounce_.get(), len, ""); !st.ok()) return named(st, *j.dst);
   }
   return absl::OkStatus();
 }
