@@ -1,5 +1,7 @@
 #include "daemon/registry/registry.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace podlink {
@@ -11,20 +13,23 @@ std::string NameKey(const std::string& ns, const std::string& name) {
 
 absl::StatusOr<uint64_t> Registry::Add(ExportRecord rec) {
   absl::MutexLock l(&mu_);
+  const size_t w = std::max<size_t>(rec.weight, 1);
   size_t& mine = per_session_[rec.owner_session];
-  if (mine >= limits_.max_exports_per_session) {
+  if (mine + w > limits_.max_exports_per_session) {
     if (mine == 0) per_session_.erase(rec.owner_session);
     return absl::ResourceExhaustedError(absl::StrCat(
-        "this session already holds ", limits_.max_exports_per_session,
-        " exports (the per-session limit); release some first"));
+        "this session already holds ", mine, " of its ", limits_.max_exports_per_session,
+        " exports (the per-session limit; a GPU export of several cuMem allocations counts each); release some "
+        "first"));
   }
-  if (auto pod = per_pod_.find(rec.owner.key); pod != per_pod_.end() && pod->second >= limits_.max_exports_per_pod) {
+  auto pod = per_pod_.find(rec.owner.key);
+  if ((pod == per_pod_.end() ? 0 : pod->second) + w > limits_.max_exports_per_pod) {
     if (mine == 0) per_session_.erase(rec.owner_session);
     return absl::ResourceExhaustedError(absl::StrCat("pod ", rec.owner.Ref(), " already holds ",
                                                      limits_.max_exports_per_pod,
                                                      " exports (the per-pod limit); release some first"));
   }
-  if (exports_.size() >= limits_.max_exports_total) {
+  if (weight_total_ + w > limits_.max_exports_total) {
     if (mine == 0) per_session_.erase(rec.owner_session);
     return absl::ResourceExhaustedError(
         absl::StrCat("the node holds ", limits_.max_exports_total, " exports (the daemon's limit)"));
@@ -40,8 +45,10 @@ absl::StatusOr<uint64_t> Registry::Add(ExportRecord rec) {
     names_[key] = next_id_;
   }
   rec.id = next_id_++;
-  ++mine;
-  ++per_pod_[rec.owner.key];
+  rec.weight = w;
+  mine += w;
+  per_pod_[rec.owner.key] += w;
+  weight_total_ += w;
   uint64_t id = rec.id;
   exports_[id].record = std::make_shared<const ExportRecord>(std::move(rec));
   return id;
@@ -100,8 +107,9 @@ RemovedExport Registry::UnlinkLocked(std::map<uint64_t, Slot>::iterator it) {
   }
   const ExportRecord& rec = *slot.record;
   if (!rec.name.empty()) names_.erase(NameKey(rec.owner.namespace_, rec.name));
-  if (--per_session_[rec.owner_session] == 0) per_session_.erase(rec.owner_session);
-  if (--per_pod_[rec.owner.key] == 0) per_pod_.erase(rec.owner.key);
+  if ((per_session_[rec.owner_session] -= rec.weight) == 0) per_session_.erase(rec.owner_session);
+  if ((per_pod_[rec.owner.key] -= rec.weight) == 0) per_pod_.erase(rec.owner.key);
+  weight_total_ -= rec.weight;
   RemovedExport out{std::move(slot.record), std::move(slot.importers)};
   exports_.erase(it);
   return out;

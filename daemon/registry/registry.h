@@ -30,8 +30,14 @@ struct ExportRecord {
   PodInfo owner;
   std::vector<PodName> allowed_importers;
   std::shared_ptr<MemoryObject> memory;
+  // What the export counts against the limits below: the descriptors
+  // podlinkd holds for it (one per cuMem allocation of a chunked export).
+  size_t weight = 1;
 };
 
+// Counted in export weights (ExportRecord::weight): one per export, one per
+// allocation of a chunked GPU export, so the limits bound the descriptors a
+// pod makes podlinkd hold.
 struct RegistryLimits {
   size_t max_exports_per_session = 16384;  // as many as a pod: NIXL agents register thousands of buffers
   size_t max_exports_per_pod = 16384;  // summed over the pod's sessions (identity key)
@@ -100,6 +106,7 @@ class Registry {
   absl::flat_hash_map<std::string, uint64_t> names_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, size_t> per_session_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, size_t> per_pod_ ABSL_GUARDED_BY(mu_);  // owner identity key -> exports
+  size_t weight_total_ ABSL_GUARDED_BY(mu_) = 0;  // summed weights of every export
   absl::flat_hash_map<uint64_t, std::set<uint64_t>> imports_by_session_ ABSL_GUARDED_BY(mu_);
 };
 
