@@ -2,7 +2,8 @@
 // the daemon's defaults. See docs/usage.md.
 //
 //   {"limits": {"max_sessions": 1024, "max_exports_per_session": 4096,
-//               "max_exports_total": 65536, "max_pending_offers": 64},
+//               "max_exports_total": 65536, "max_pending_offers": 1024,
+//               "max_export_chunks": 1024},
 //    "pods": [ ...standalone pod rules... ],
 //    "node": {"name": "node-a", "id": "node-a"},
 //    "mesh": {"enabled": true, "listen": "0.0.0.0:7446", "data_port": 7447,

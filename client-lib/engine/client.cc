@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "client-lib/engine/existing_range.h"
 #include "common/cuda_driver.h"
 #include "common/fd_channel.h"
 #include "common/metadata_keys.h"
@@ -69,6 +70,8 @@ ExportInfo FromProto(const v1::ExportInfo& e) {
   out.import_count = e.import_count();
   out.imports_total = e.imports_total();
   out.owned_by_caller = e.owned_by_caller();
+  out.chunk_sizes.assign(e.chunk_sizes().begin(), e.chunk_sizes().end());
+  out.offset = e.offset();
   return out;
 }
 
@@ -268,16 +271,36 @@ Imported::Imported(Imported&& o) noexcept
     : remote_handle_(o.remote_handle_),
       info_(std::move(o.info_)),
       fd_(std::exchange(o.fd_, -1)),
+      chunk_fds_(std::exchange(o.chunk_fds_, {})),
       fabric_handle_(std::move(o.fabric_handle_)),
       gpu_pci_bus_id_(std::move(o.gpu_pci_bus_id_)),
       gpu_device_node_(std::move(o.gpu_device_node_)) {}
 
 Imported::~Imported() {
-  if (fd_ >= 0) ::close(fd_);
+  if (!chunk_fds_.empty()) {
+    for (int fd : chunk_fds_) ::close(fd);  // fd_ is the first of them
+  } else if (fd_ >= 0) {
+    ::close(fd_);
+  }
 }
 
 Mapping::~Mapping() {
   if (host_ != nullptr) ::munmap(host_, size_);
+  if (!chunks_.empty()) {
+    // A chunked export: each allocation was mapped on its own, at its place in one reservation.
+    auto d = cu::LoadDriver();
+    if (d.ok()) {
+      uint64_t at = base_;
+      for (const auto& [handle, size] : chunks_) {
+        if (at != 0) (*d)->MemUnmap(at, size);
+        (*d)->MemRelease(handle);
+        at += size;
+      }
+      (*d)->MemAddressFree(base_, reserved_);
+    }
+    ReleaseCuMemory(0, 0, 0, ctx_device_);
+    return;
+  }
   ReleaseCuMemory(va_, reserved_, handle_, ctx_device_);
 }
 
@@ -542,40 +565,30 @@ absl::StatusOr<uint64_t> Client::Export(const GpuBuffer& buf, const ExportOption
 
 absl::StatusOr<uint64_t> Client::ExportExisting(uint64_t device_ptr, size_t size, const ExportOptions& opts) {
   PODLINK_ASSIGN_OR_RETURN(const cu::Driver* d, cu::LoadDriver());
-  cu::MemHandle h = 0;
-  cu::Result r = d->MemRetainAllocationHandle(&h, reinterpret_cast<void*>(device_ptr));
-  if (r != cu::kSuccess) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "0x", absl::Hex(device_ptr), " is not the start of a cuMem allocation (",
-        cu::CuStatus(r, "cuMemRetainAllocationHandle").message(),
-        "); allocate with cuMemCreate and a POSIX-FD handle type, or use Client::AllocateGpu"));
-  }
-  struct Releaser {
-    const cu::Driver* d;
-    cu::MemHandle h;
-    ~Releaser() { d->MemRelease(h); }
-  } releaser{d, h};
-  cu::MemAllocationProp prop{};
-  PODLINK_RETURN_IF_ERROR(cu::CuStatus(d->MemGetAllocationPropertiesFromHandle(&prop, h),
-                                       "cuMemGetAllocationPropertiesFromHandle"));
-  if ((prop.requestedHandleTypes & cu::kHandleTypePosixFd) == 0) {
-    return absl::FailedPreconditionError(
-        "the allocation was created without CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR and cannot be "
-        "shared; create it with that requestedHandleTypes (PyTorch: expandable segments with "
-        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)");
-  }
-  int raw = -1;
-  PODLINK_RETURN_IF_ERROR(cu::CuStatus(d->MemExportToShareableHandle(&raw, h, cu::kHandleTypePosixFd, 0),
-                                       "cuMemExportToShareableHandle"));
-  UniqueFd fd(raw);
-  PODLINK_ASSIGN_OR_RETURN(std::string uuid, DeviceUuid(*d, prop.location.id));
-  PODLINK_ASSIGN_OR_RETURN(uint64_t slot, impl_->Offer(fd.get()));
+  PODLINK_ASSIGN_OR_RETURN(ExistingRange range, FindExistingRange(*d, device_ptr, size));
+  PODLINK_ASSIGN_OR_RETURN(std::string uuid, DeviceUuid(*d, range.device));
   v1::ExportRequest req;
   FillExport(req, opts);
   req.set_size(size);
   req.set_gpu_uuid(uuid);
   req.set_handle_type(v1::HANDLE_TYPE_POSIX_FD);
-  req.set_fd_slot(slot);
+  // Each allocation's descriptor goes to podlinkd (which keeps its own
+  // duplicate) before the request names them; this process's copies close here.
+  for (const ExistingChunk& c : range.chunks) {
+    int raw = -1;
+    PODLINK_RETURN_IF_ERROR(cu::CuStatus(d->MemExportToShareableHandle(&raw, c.handle, cu::kHandleTypePosixFd, 0),
+                                         "cuMemExportToShareableHandle"));
+    UniqueFd fd(raw);
+    PODLINK_ASSIGN_OR_RETURN(uint64_t slot, impl_->Offer(fd.get()));
+    if (range.Whole(size)) {
+      req.set_fd_slot(slot);  // one allocation from its start: the plain form every podlinkd knows
+    } else {
+      v1::ExportChunk* chunk = req.add_chunks();
+      chunk->set_fd_slot(slot);
+      chunk->set_size(c.size);
+    }
+  }
+  req.set_offset(range.Whole(size) ? 0 : range.offset);
   PODLINK_ASSIGN_OR_RETURN(v1::ExportResponse resp, (impl_->Call<v1::ExportRequest, v1::ExportResponse>(
                                                         &v1::Broker::Stub::Export, req)));
   return resp.export_id();
@@ -604,12 +617,46 @@ absl::StatusOr<Imported> Client::DoImport(const v1::ImportRequest& req) {
     imp.fabric_handle_ = r.fabric_handle();
   } else if (imp.info_.handle_type == HandleType::kProcessMemory) {
     // Nothing to hold: only podlinkd's relay reaches it.
+  } else if (r.chunk_delivery_slots_size() > 0) {
+    if (static_cast<size_t>(r.chunk_delivery_slots_size()) != imp.info_.chunk_sizes.size()) {
+      return absl::InternalError(absl::StrCat("podlinkd delivered ", r.chunk_delivery_slots_size(),
+                                              " descriptors for export ", imp.info_.export_id, " of ",
+                                              imp.info_.chunk_sizes.size(), " allocations"));
+    }
+    for (uint64_t slot : r.chunk_delivery_slots()) {
+      PODLINK_ASSIGN_OR_RETURN(UniqueFd fd, impl_->TakeDelivery(slot));
+      imp.chunk_fds_.push_back(fd.Release());
+    }
+    imp.fd_ = imp.chunk_fds_.front();
   } else {
     PODLINK_ASSIGN_OR_RETURN(UniqueFd fd, impl_->TakeDelivery(r.delivery_slot()));
     imp.fd_ = fd.Release();
   }
   return imp;
 }
+
+namespace {
+
+// Why an import of `imp`'s memory into this process failed (cuMemImportFromShareableHandle's `r`), and the way out.
+absl::Status MapFailure(const Imported& imp, cu::Result r) {
+  const ExportInfo& info = imp.info();
+  std::string where = imp.gpu_device_node().empty()
+                          ? absl::StrCat("GPU ", info.gpu_uuid)
+                          : absl::StrCat("GPU ", info.gpu_uuid, " (", imp.gpu_pci_bus_id(), ", ",
+                                         imp.gpu_device_node(), ")");
+  std::string cause = cu::CuStatus(r, "cuMemImportFromShareableHandle").ToString();
+  if (r == cu::kErrorInvalidDevice || r == cu::kErrorNoDevice) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot map export ", info.export_id, ": the ", where,
+        " that holds it is not accessible in this container (", cause,
+        "). Either let podlinkd move the bytes (relay: podlink write/read), or opt the pod into "
+        "direct mode (annotation podlink.io/direct=true, which mounts the peer GPU's device node)"));
+  }
+  return absl::Status(cu::CuStatus(r, "x").code(),
+                      absl::StrCat("cannot map export ", info.export_id, " of ", where, ": ", cause));
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Mapping>> Client::Map(const Imported& imp, int access_device) {
   std::unique_ptr<Mapping> m(new Mapping());
@@ -628,6 +675,91 @@ absl::StatusOr<std::unique_ptr<Mapping>> Client::Map(const Imported& imp, int ac
   }
   PODLINK_ASSIGN_OR_RETURN(const cu::Driver* d, cu::LoadDriver());
   if (access_device >= 0) PODLINK_RETURN_IF_ERROR(RetainAndUse(*d, access_device, &m->ctx_device_));
+  if (!info.chunk_sizes.empty()) {
+    // Several allocations (or one from an offset): each mapped whole at its place in one reservation, the
+    // mapping's pointer the export's byte 0. The layout was checked by podlinkd; checked again here, as it
+    // decides where this process maps.
+    if (imp.chunk_fds_.size() != info.chunk_sizes.size()) {
+      return absl::FailedPreconditionError(absl::StrCat("export ", info.export_id, " is ", info.chunk_sizes.size(),
+                                                        " allocations; this import holds ",
+                                                        imp.chunk_fds_.size(), " descriptors"));
+    }
+    uint64_t span = 0;
+    for (uint64_t c : info.chunk_sizes) {
+      if (c == 0 || span + c < span) return absl::InvalidArgumentError("export's allocation sizes do not add up");
+      span += c;
+    }
+    if (info.offset >= info.chunk_sizes[0] || info.size > span - info.offset) {
+      return absl::InvalidArgumentError(absl::StrCat("export ", info.export_id, ": ", info.size, " bytes from ",
+                                                     info.offset, " do not fit its allocations (", span, ")"));
+    }
+    std::vector<std::pair<unsigned long long, uint64_t>> chunks;
+    cu::DevicePtr base = 0;
+    size_t mapped = 0;
+    auto undo = [&] {
+      uint64_t at = base;
+      for (size_t i = 0; i < mapped; ++i) {
+        d->MemUnmap(at, chunks[i].second);
+        at += chunks[i].second;
+      }
+      if (base != 0) d->MemAddressFree(base, span);
+      for (const auto& c : chunks) d->MemRelease(c.first);
+    };
+    for (size_t i = 0; i < info.chunk_sizes.size(); ++i) {
+      cu::MemHandle h = 0;
+      cu::Result ri = d->MemImportFromShareableHandle(
+          &h, reinterpret_cast<void*>(static_cast<intptr_t>(imp.chunk_fds_[i])), cu::kHandleTypePosixFd);
+      if (ri != cu::kSuccess) {
+        undo();
+        return MapFailure(imp, ri);
+      }
+      chunks.emplace_back(h, info.chunk_sizes[i]);
+    }
+    cu::MemAllocationProp prop{};
+    absl::Status st = cu::CuStatus(d->MemGetAllocationPropertiesFromHandle(&prop, chunks[0].first),
+                                   "cuMemGetAllocationPropertiesFromHandle");
+    int dev = access_device >= 0 ? access_device : prop.location.id;
+    if (st.ok() && m->ctx_device_ < 0) st = RetainAndUse(*d, dev, &m->ctx_device_);
+    if (st.ok()) st = cu::CuStatus(d->MemAddressReserve(&base, span, 0, 0, 0), "cuMemAddressReserve");
+    uint64_t at = base;
+    for (size_t i = 0; st.ok() && i < chunks.size(); ++i) {
+      st = cu::CuStatus(d->MemMap(at, chunks[i].second, 0, chunks[i].first, 0), "cuMemMap");
+      if (!st.ok()) break;
+      ++mapped;
+      cu::MemAccessDesc access{{cu::kLocationTypeDevice, dev}, cu::kAccessProtReadWrite};
+      st = cu::CuStatus(d->MemSetAccess(at, chunks[i].second, &access, 1),
+                        absl::StrCat("cuMemSetAccess from device ", dev,
+                                     " (is peer access between the GPUs possible?)").c_str());
+      at += chunks[i].second;
+    }
+    if (!st.ok()) {
+      undo();
+      return st;
+    }
+    m->base_ = base;
+    m->chunks_ = std::move(chunks);
+    m->reserved_ = span;
+    m->va_ = base + info.offset;
+    m->size_ = info.size;
+    m->device_ = dev;
+    m->access_ = dev < 64 ? uint64_t{1} << dev : 0;
+    if (access_device >= 0) {
+      int count = 0;
+      if (d->DeviceGetCount(&count) != cu::kSuccess) count = 0;
+      for (int other = 0; other < std::min(count, 64); ++other) {
+        if (other == dev) continue;
+        cu::MemAccessDesc access{{cu::kLocationTypeDevice, other}, cu::kAccessProtReadWrite};
+        bool all = true;
+        uint64_t a = base;
+        for (const auto& c : m->chunks_) {
+          all = all && d->MemSetAccess(a, c.second, &access, 1) == cu::kSuccess;
+          a += c.second;
+        }
+        if (all) m->access_ |= uint64_t{1} << other;
+      }
+    }
+    return m;
+  }
   cu::Result r;
   if (info.handle_type == HandleType::kFabric) {
     cu::FabricHandle fh{};
@@ -637,22 +769,7 @@ absl::StatusOr<std::unique_ptr<Mapping>> Client::Map(const Imported& imp, int ac
     r = d->MemImportFromShareableHandle(&m->handle_, reinterpret_cast<void*>(static_cast<intptr_t>(imp.fd())),
                                         cu::kHandleTypePosixFd);
   }
-  if (r != cu::kSuccess) {
-    std::string where = imp.gpu_device_node().empty()
-                            ? absl::StrCat("GPU ", info.gpu_uuid)
-                            : absl::StrCat("GPU ", info.gpu_uuid, " (", imp.gpu_pci_bus_id(), ", ",
-                                           imp.gpu_device_node(), ")");
-    std::string cause = cu::CuStatus(r, "cuMemImportFromShareableHandle").ToString();
-    if (r == cu::kErrorInvalidDevice || r == cu::kErrorNoDevice) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot map export ", info.export_id, ": the ", where,
-          " that holds it is not accessible in this container (", cause,
-          "). Either let podlinkd move the bytes (relay: podlink write/read), or opt the pod into "
-          "direct mode (annotation podlink.io/direct=true, which mounts the peer GPU's device node)"));
-    }
-    return absl::Status(cu::CuStatus(r, "x").code(),
-                        absl::StrCat("cannot map export ", info.export_id, " of ", where, ": ", cause));
-  }
+  if (r != cu::kSuccess) return MapFailure(imp, r);
   cu::MemAllocationProp prop{};
   PODLINK_RETURN_IF_ERROR(cu::CuStatus(d->MemGetAllocationPropertiesFromHandle(&prop, m->handle_),
                                        "cuMemGetAllocationPropertiesFromHandle"));

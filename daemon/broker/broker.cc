@@ -416,10 +416,32 @@ absl::StatusOr<UniqueFd> Broker::TakeOffer(Session& s, uint64_t slot, const char
 }
 
 absl::StatusOr<v1::ExportResponse> Broker::Export(Session& s, const v1::ExportRequest& req) {
-  // Take the offered descriptor first so that it is consumed whatever happens.
+  // Take the offered descriptors first so that they are consumed whatever happens.
   UniqueFd fd;
-  bool wants_fd = req.handle_type() == v1::HANDLE_TYPE_POSIX_FD ||
-                  req.handle_type() == v1::HANDLE_TYPE_HOST_MEMFD;
+  const bool chunked = req.chunks_size() > 0;
+  bool wants_fd = !chunked && (req.handle_type() == v1::HANDLE_TYPE_POSIX_FD ||
+                               req.handle_type() == v1::HANDLE_TYPE_HOST_MEMFD);
+  std::vector<UniqueFd> chunk_fds;
+  std::vector<uint64_t> chunk_sizes;
+  if (chunked) {
+    if (static_cast<size_t>(req.chunks_size()) > options_.max_export_chunks) {
+      return absl::InvalidArgumentError(absl::StrCat("an export may span at most ", options_.max_export_chunks,
+                                                     " cuMem allocations (max_export_chunks), not ",
+                                                     req.chunks_size(), ": register the memory in parts"));
+    }
+    for (const v1::ExportChunk& c : req.chunks()) {
+      PODLINK_ASSIGN_OR_RETURN(UniqueFd cfd, TakeOffer(s, c.fd_slot(), "export's allocation"));
+      chunk_fds.push_back(std::move(cfd));
+      chunk_sizes.push_back(c.size());
+    }
+    if (req.handle_type() != v1::HANDLE_TYPE_POSIX_FD) {
+      return absl::InvalidArgumentError("chunks are for POSIX_FD exports (cuMem allocations) only");
+    }
+    if (req.fd_slot() != 0) return absl::InvalidArgumentError("an export names fd_slot or chunks, not both");
+    PODLINK_RETURN_IF_ERROR(CheckChunkLayout(chunk_sizes, req.offset(), req.size()));
+  } else if (req.offset() != 0) {
+    return absl::InvalidArgumentError("offset is given with chunks only");
+  }
   if (wants_fd) {
     PODLINK_ASSIGN_OR_RETURN(fd, TakeOffer(s, req.fd_slot(), "export"));
   }
@@ -466,7 +488,7 @@ absl::StatusOr<v1::ExportResponse> Broker::Export(Session& s, const v1::ExportRe
     }
     rec.allowed_importers.push_back({p.namespace_(), p.name()});
   }
-  if (!wants_fd && req.fd_slot() != 0) {
+  if (!wants_fd && !chunked && req.fd_slot() != 0) {
     return absl::InvalidArgumentError("fd_slot is only meaningful for POSIX_FD and HOST_MEMFD exports");
   }
   if (!req.mesh_affinity().empty()) {
@@ -492,6 +514,12 @@ absl::StatusOr<v1::ExportResponse> Broker::Export(Session& s, const v1::ExportRe
     claim.pidfd = s.peer.pidfd.get();
     claim.session = s.id;
   }
+  if (chunked) {
+    claim.chunk_sizes = chunk_sizes;
+    claim.chunk_fds = &chunk_fds;
+    claim.offset = req.offset();
+    rec.weight = chunk_sizes.size();
+  }
   PODLINK_ASSIGN_OR_RETURN(rec.memory, backend->Adopt(claim, std::move(fd), req.fabric_handle()));
   if (kind == HandleKind::kProcessMemory && !PidfdAlive(s.peer.pidfd.get())) {
     // Opened after the process exited: whatever holds its pid now is not it.
@@ -510,8 +538,9 @@ absl::StatusOr<v1::ExportResponse> Broker::Export(Session& s, const v1::ExportRe
     if (s.closed) return absl::UnavailableError("session closed during export");
     PODLINK_ASSIGN_OR_RETURN(uint64_t id, registry_.Add(std::move(rec)));
     exports_total_.fetch_add(1, std::memory_order_relaxed);
-    BrokerLog()->info("event=export session={} pod={} export={} name={} size={} kind={}", s.id, s.pod.Ref(), id,
-                req.name(), req.size(), HandleKindName(kind));
+    BrokerLog()->info("event=export session={} pod={} export={} name={} size={} kind={} chunks={} offset={}", s.id,
+                      s.pod.Ref(), id, req.name(), req.size(), HandleKindName(kind), req.chunks_size(),
+                      req.offset());
     v1::ExportResponse resp;
     resp.set_export_id(id);
     return resp;
@@ -536,6 +565,11 @@ v1::ExportInfo Broker::Describe(const ExportRecord& rec, size_t import_count, ui
   e.set_peer_group(rec.owner.PeerGroup());
   e.set_import_count(static_cast<uint32_t>(import_count));
   e.set_owned_by_caller(rec.owner_session == caller);
+  if (rec.memory != nullptr) {
+    const ChunkLayout layout = rec.memory->Layout();
+    for (uint64_t c : layout.sizes) e.add_chunk_sizes(c);
+    e.set_offset(layout.offset);
+  }
   e.set_imports_total(imports_total);
   return e;
 }
@@ -600,6 +634,33 @@ absl::StatusOr<v1::ImportResponse> Broker::Import(Session& s, const v1::ImportRe
     resp.set_fabric_handle(rec.memory->FabricHandle());
   } else if (rec.kind == HandleKind::kProcessMemory) {
     // No descriptor: only this daemon's relay reaches it.
+  } else if (!rec.memory->Layout().sizes.empty()) {
+    // One delivery per allocation, in order; any that cannot go undoes the import as below.
+    absl::StatusOr<std::vector<UniqueFd>> dups = rec.memory->DuplicateChunks();
+    absl::Status sent = dups.status();
+    if (dups.ok()) {
+      for (const UniqueFd& dup : *dups) {
+        uint64_t slot = 0;
+        {
+          absl::MutexLock l(&s.mu);
+          slot = s.next_delivery++;
+        }
+        FdMessage m;
+        m.type = static_cast<uint16_t>(FdMsgType::kDeliver);
+        m.seq = slot;
+        m.a = rec.id;
+        absl::MutexLock l(&s.send_mu);
+        sent = SendFdMessage(s.sock.get(), m, dup.get(), /*dontwait=*/true);
+        if (!sent.ok()) break;
+        resp.add_chunk_delivery_slots(slot);
+      }
+    }
+    if (!sent.ok()) {
+      if (new_record) (void)registry_.DropImport(rec.id, s.id);
+      return absl::ResourceExhaustedError(
+          absl::StrCat("could not deliver the export's ", rec.memory->Layout().sizes.size(),
+                       " descriptors: ", sent.message()));
+    }
   } else {
     absl::StatusOr<UniqueFd> dup = rec.memory->Duplicate();
     absl::Status sent = dup.status();

@@ -47,7 +47,10 @@ struct BrokerOptions {
   size_t max_sessions = 1024;
   size_t max_sessions_per_pod = 64;     // per identity key: one pod cannot take every session
   CgroupLayout cgroup_layout;           // where the kubelet's pod cgroups live
-  size_t max_pending_offers = 64;       // offered but not yet exported, per session
+  // Offered but not yet exported, per session: a GPU export of torch's expandable segments offers one
+  // descriptor per allocation (max_export_chunks) before it names them.
+  size_t max_pending_offers = 1024;
+  size_t max_export_chunks = 1024;  // cuMem allocations in one export: 20 GiB of torch's 20 MiB chunks
   absl::Duration offer_ttl = absl::Seconds(30);  // an offer unused this long is closed
   size_t max_watchers_per_session = 4;
   size_t max_allowed_importers = 64;

@@ -134,6 +134,12 @@ void FdServer::Run() {
   }
 }
 
+namespace {
+// Bytes; the kernel doubles it and charges each small SCM_RIGHTS message about 770 (2026-12-07, Debian 12's 6.1):
+// some 2,700 deliveries.
+constexpr int kSessionSendBuffer = 1 << 20;
+}  // namespace
+
 void FdServer::Accept() {
   for (int i = 0; i < kMessagesPerWake; ++i) {
     UniqueFd sock(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
@@ -143,6 +149,12 @@ void FdServer::Accept() {
       }
       return;
     }
+    // Room for an import's deliveries, which podlinkd sends without waiting before the client reads any: one
+    // per allocation of a chunked GPU export (up to max_export_chunks, 1024 by default; the default buffer holds
+    // about 270). SO_SNDBUFFORCE, as root; where it is refused the default stays and a larger import fails
+    // cleanly (ResourceExhausted).
+    const int sndbuf = kSessionSendBuffer;
+    (void)::setsockopt(sock.get(), SOL_SOCKET, SO_SNDBUFFORCE, &sndbuf, sizeof(sndbuf));
     absl::StatusOr<PeerIdentity> peer = broker_->IdentifyClient(sock.get());
     if (!peer.ok()) {
       absl::Status why = peer.status();

@@ -29,25 +29,41 @@ class CuMemHandle {
   cu::MemHandle h_;
 };
 
+// One allocation the daemon imported, at its place in the export.
+struct Chunk {
+  CuMemHandle handle;
+  UniqueFd fd;     // invalid for fabric handles
+  uint64_t size;   // what the daemon maps of it: the whole allocation, or the export's size for a plain export
+};
+
 class CudaObject : public MemoryObject {
  public:
+  // `chunks` are mapped back to back; the export is `size` bytes from
+  // `offset` in the first (a plain export: one chunk, offset 0, not chunked).
   // `access` lists the daemon ordinals that get read-write access when the
   // relay maps the memory: the owning GPU and its P2P peers.
-  CudaObject(HandleKind kind, CuMemHandle handle, UniqueFd fd, std::string fabric, const cu::Driver* d,
-             uint64_t size, int gpu, std::vector<int> access)
+  CudaObject(HandleKind kind, std::vector<Chunk> chunks, bool chunked, uint64_t offset, std::string fabric,
+             const cu::Driver* d, uint64_t size, int gpu, std::vector<int> access)
       : kind_(kind),
-        handle_(std::move(handle)),
-        fd_(std::move(fd)),
+        chunks_(std::move(chunks)),
+        chunked_(chunked),
+        offset_(offset),
         fabric_(std::move(fabric)),
         d_(d),
         size_(size),
         gpu_(gpu),
-        access_(std::move(access)) {}
+        access_(std::move(access)) {
+    for (const Chunk& c : chunks_) span_ += c.size;
+  }
   ~CudaObject() override {
     absl::MutexLock l(&mu_);
     if (va_ != 0) {
-      d_->MemUnmap(va_, size_);
-      d_->MemAddressFree(va_, size_);
+      uint64_t at = va_;
+      for (const Chunk& c : chunks_) {
+        d_->MemUnmap(at, c.size);
+        at += c.size;
+      }
+      d_->MemAddressFree(va_, span_);
     }
     if (ctx_ != nullptr) d_->DevicePrimaryCtxRelease(gpu_);
   }
@@ -55,33 +71,60 @@ class CudaObject : public MemoryObject {
     absl::MutexLock l(&mu_);
     if (va_ == 0) {
       cu::DevicePtr va = 0;
-      PODLINK_RETURN_IF_ERROR(cu::CuStatus(d_->MemAddressReserve(&va, size_, 0, 0, 0), "cuMemAddressReserve"));
-      if (cu::Result r = d_->MemMap(va, size_, 0, handle_.get(), 0); r != cu::kSuccess) {
-        d_->MemAddressFree(va, size_);
-        return cu::CuStatus(r, "cuMemMap (relay)");
-      }
+      PODLINK_RETURN_IF_ERROR(cu::CuStatus(d_->MemAddressReserve(&va, span_, 0, 0, 0), "cuMemAddressReserve"));
       std::vector<cu::MemAccessDesc> desc;
       for (int dev : access_) desc.push_back({{cu::kLocationTypeDevice, dev}, cu::kAccessProtReadWrite});
-      if (cu::Result r = d_->MemSetAccess(va, size_, desc.data(), desc.size()); r != cu::kSuccess) {
-        d_->MemUnmap(va, size_);
-        d_->MemAddressFree(va, size_);
-        return cu::CuStatus(r, "cuMemSetAccess (relay)");
+      // Each allocation mapped whole at its place, and its access set on its own mapping.
+      uint64_t at = va;
+      size_t mapped = 0;
+      absl::Status st;
+      for (const Chunk& c : chunks_) {
+        st = cu::CuStatus(d_->MemMap(at, c.size, 0, c.handle.get(), 0), "cuMemMap (relay)");
+        if (!st.ok()) break;
+        ++mapped;
+        st = cu::CuStatus(d_->MemSetAccess(at, c.size, desc.data(), desc.size()), "cuMemSetAccess (relay)");
+        if (!st.ok()) break;
+        at += c.size;
+      }
+      if (!st.ok()) {
+        at = va;
+        for (size_t i = 0; i < mapped; ++i) {
+          d_->MemUnmap(at, chunks_[i].size);
+          at += chunks_[i].size;
+        }
+        d_->MemAddressFree(va, span_);
+        return st;
       }
       va_ = va;
     }
-    return RelayView{true, gpu_, va_, size_};
+    return RelayView{true, gpu_, va_ + offset_, size_};
   }
   HandleKind kind() const override { return kind_; }
-  absl::StatusOr<UniqueFd> Duplicate() const override {
-    if (!fd_.valid()) return absl::FailedPreconditionError("fabric export has no descriptor");
-    int d = ::fcntl(fd_.get(), F_DUPFD_CLOEXEC, 0);
-    if (d < 0) return ErrnoStatus(errno, "dup cuMem descriptor");
-    return UniqueFd(d);
+  absl::StatusOr<UniqueFd> Duplicate() const override { return Dup(chunks_.front().fd); }
+  ChunkLayout Layout() const override {
+    if (!chunked_) return {};
+    ChunkLayout out;
+    out.offset = offset_;
+    for (const Chunk& c : chunks_) out.sizes.push_back(c.size);
+    return out;
+  }
+  absl::StatusOr<std::vector<UniqueFd>> DuplicateChunks() const override {
+    std::vector<UniqueFd> out;
+    for (const Chunk& c : chunks_) {
+      PODLINK_ASSIGN_OR_RETURN(UniqueFd fd, Dup(c.fd));
+      out.push_back(std::move(fd));
+    }
+    return out;
   }
   std::string FabricHandle() const override { return fabric_; }
   // On any thread (the mesh asks on its gRPC threads): the GPU's context is
   // made current for the call, as the copies below do.
   absl::StatusOr<UniqueFd> DmaBuf() override {
+    if (chunked_) {
+      // A NIC registers one dma-buf from offset 0: the mesh then moves this memory by copies instead.
+      return absl::FailedPreconditionError("an export of several cuMem allocations (or from an offset) has no "
+                                           "single dma-buf");
+    }
     if (d_->MemGetHandleForAddressRange == nullptr) {
       return absl::FailedPreconditionError("this CUDA driver has no cuMemGetHandleForAddressRange (dma-buf)");
     }
@@ -123,9 +166,18 @@ class CudaObject : public MemoryObject {
     return ctx_;
   }
 
+  static absl::StatusOr<UniqueFd> Dup(const UniqueFd& fd) {
+    if (!fd.valid()) return absl::FailedPreconditionError("fabric export has no descriptor");
+    int d = ::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0);
+    if (d < 0) return ErrnoStatus(errno, "dup cuMem descriptor");
+    return UniqueFd(d);
+  }
+
   HandleKind kind_;
-  CuMemHandle handle_;
-  UniqueFd fd_;
+  std::vector<Chunk> chunks_;
+  const bool chunked_;
+  const uint64_t offset_;
+  uint64_t span_ = 0;  // the chunks' summed sizes: the daemon's reservation
   std::string fabric_;
   const cu::Driver* d_;
   const uint64_t size_;
@@ -196,16 +248,47 @@ absl::StatusOr<std::shared_ptr<MemoryObject>> CudaBackend::Adopt(const ExportCla
   if (claim.size == 0) return absl::InvalidArgumentError("export size must be > 0");
   PODLINK_ASSIGN_OR_RETURN(const cu::Driver* d, cu::LoadDriver());
   PODLINK_RETURN_IF_ERROR(MakeCurrent(*d, gpu->ordinal));
-  cu::MemHandle h = 0;
-  if (claim.kind == HandleKind::kPosixFd) {
-    if (!fd.valid()) return absl::InvalidArgumentError("POSIX-FD export needs a descriptor");
+  // Imports one POSIX-FD descriptor and checks that it is an allocation on the claimed GPU.
+  auto import_fd = [&](const UniqueFd& from, const std::string& which) -> absl::StatusOr<CuMemHandle> {
+    if (!from.valid()) return absl::InvalidArgumentError("POSIX-FD export needs a descriptor");
+    cu::MemHandle h = 0;
     cu::Result r = d->MemImportFromShareableHandle(
-        &h, reinterpret_cast<void*>(static_cast<intptr_t>(fd.get())), cu::kHandleTypePosixFd);
+        &h, reinterpret_cast<void*>(static_cast<intptr_t>(from.get())), cu::kHandleTypePosixFd);
     if (r != cu::kSuccess) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "descriptor is not an importable cuMem POSIX-FD handle: ",
+          which, "descriptor is not an importable cuMem POSIX-FD handle: ",
           cu::CuStatus(r, "cuMemImportFromShareableHandle").message()));
     }
+    CuMemHandle handle(d, h);
+    cu::MemAllocationProp prop{};
+    PODLINK_RETURN_IF_ERROR(cu::CuStatus(d->MemGetAllocationPropertiesFromHandle(&prop, h),
+                                         "cuMemGetAllocationPropertiesFromHandle"));
+    if (prop.location.type != cu::kLocationTypeDevice || prop.location.id != gpu->ordinal) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          which, "export claims GPU ", claim.gpu_uuid, " but the allocation lives on device ordinal ",
+          prop.location.id));
+    }
+    return handle;
+  };
+  std::vector<Chunk> chunks;
+  const bool chunked = !claim.chunk_sizes.empty();
+  if (chunked) {
+    // Each allocation whole (CheckChunkLayout checked the layout): a real allocation of at least its size.
+    if (claim.kind != HandleKind::kPosixFd || claim.chunk_fds == nullptr ||
+        claim.chunk_fds->size() != claim.chunk_sizes.size()) {
+      return absl::InvalidArgumentError("a chunked export is POSIX-FD descriptors, one per allocation");
+    }
+    for (size_t i = 0; i < claim.chunk_sizes.size(); ++i) {
+      std::string which = absl::StrCat("allocation ", i, " of the export: ");
+      PODLINK_ASSIGN_OR_RETURN(CuMemHandle handle, import_fd((*claim.chunk_fds)[i], which));
+      absl::Status size_ok = CheckSize(*d, handle.get(), claim.chunk_sizes[i], gpu->granularity);
+      if (!size_ok.ok()) return absl::Status(size_ok.code(), absl::StrCat(which, size_ok.message()));
+      chunks.push_back(Chunk{std::move(handle), std::move((*claim.chunk_fds)[i]), claim.chunk_sizes[i]});
+    }
+  } else if (claim.kind == HandleKind::kPosixFd) {
+    PODLINK_ASSIGN_OR_RETURN(CuMemHandle handle, import_fd(fd, ""));
+    PODLINK_RETURN_IF_ERROR(CheckSize(*d, handle.get(), claim.size, gpu->granularity));
+    chunks.push_back(Chunk{std::move(handle), std::move(fd), claim.size});
   } else {
     if (!gpu->fabric_supported) {
       return absl::FailedPreconditionError(
@@ -217,28 +300,29 @@ absl::StatusOr<std::shared_ptr<MemoryObject>> CudaBackend::Adopt(const ExportCla
     }
     cu::FabricHandle fh;
     std::memcpy(fh.data, fabric.data(), sizeof(fh.data));
+    cu::MemHandle h = 0;
     cu::Result r = d->MemImportFromShareableHandle(&h, &fh, cu::kHandleTypeFabric);
     if (r != cu::kSuccess) {
       return absl::InvalidArgumentError(absl::StrCat(
           "fabric handle is not importable: ", cu::CuStatus(r, "cuMemImportFromShareableHandle").message()));
     }
+    CuMemHandle handle(d, h);
+    cu::MemAllocationProp prop{};
+    PODLINK_RETURN_IF_ERROR(cu::CuStatus(d->MemGetAllocationPropertiesFromHandle(&prop, h),
+                                         "cuMemGetAllocationPropertiesFromHandle"));
+    if (prop.location.type != cu::kLocationTypeDevice || prop.location.id != gpu->ordinal) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "export claims GPU ", claim.gpu_uuid, " but the allocation lives on device ordinal ", prop.location.id));
+    }
+    PODLINK_RETURN_IF_ERROR(CheckSize(*d, h, claim.size, gpu->granularity));
+    chunks.push_back(Chunk{std::move(handle), UniqueFd(), claim.size});
   }
-  CuMemHandle handle(d, h);
-  cu::MemAllocationProp prop{};
-  PODLINK_RETURN_IF_ERROR(cu::CuStatus(d->MemGetAllocationPropertiesFromHandle(&prop, h),
-                                       "cuMemGetAllocationPropertiesFromHandle"));
-  if (prop.location.type != cu::kLocationTypeDevice || prop.location.id != gpu->ordinal) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "export claims GPU ", claim.gpu_uuid, " but the allocation lives on device ordinal ",
-        prop.location.id));
-  }
-  PODLINK_RETURN_IF_ERROR(CheckSize(*d, h, claim.size, gpu->granularity));
   std::vector<int> access = {gpu->ordinal};
   for (const GpuPeer& p : gpu->peers) {
     const GpuDevice* pd = inventory_->FindByUuid(p.uuid);
     if (p.p2p_supported && pd != nullptr) access.push_back(pd->ordinal);
   }
-  return std::make_shared<CudaObject>(claim.kind, std::move(handle), std::move(fd),
+  return std::make_shared<CudaObject>(claim.kind, std::move(chunks), chunked, chunked ? claim.offset : 0,
                                       claim.kind == HandleKind::kFabric ? fabric : std::string(), d, claim.size,
                                       gpu->ordinal, std::move(access));
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/unique_fd.h"
@@ -26,6 +27,20 @@ struct RelayView {
   int mem_fd = -1;        // process memory: the exporter's /proc/<pid>/mem, read and written at `address`
 };
 
+// A GPU export of several cuMem allocations mapped back to back (torch's
+// expandable segments), or of one from an offset: each allocation's size, in
+// order, and where the export's byte 0 lies in the first. Empty sizes: one
+// allocation (or a memfd, ...) from its start.
+struct ChunkLayout {
+  std::vector<uint64_t> sizes;
+  uint64_t offset = 0;
+};
+
+// OK when `sizes` (each > 0) hold [offset, offset + size) with offset inside
+// the first and no allocation wholly past the end: what a chunked export must be
+// before any backend looks at its descriptors.
+absl::Status CheckChunkLayout(const std::vector<uint64_t>& sizes, uint64_t offset, uint64_t size);
+
 class MemoryObject {
  public:
   virtual ~MemoryObject() = default;
@@ -41,6 +56,12 @@ class MemoryObject {
   virtual HandleKind kind() const = 0;
   // A fresh duplicate of the descriptor for an importer (descriptor kinds).
   virtual absl::StatusOr<UniqueFd> Duplicate() const = 0;
+  // A chunked export's layout; empty for every other object.
+  virtual ChunkLayout Layout() const { return {}; }
+  // A chunked export: a fresh duplicate of each allocation's descriptor, in order.
+  virtual absl::StatusOr<std::vector<UniqueFd>> DuplicateChunks() const {
+    return absl::FailedPreconditionError("this export is one descriptor");
+  }
   // The 64-byte fabric handle (kFabric), empty otherwise.
   virtual std::string FabricHandle() const { return {}; }
   // OK when every page of [offset, offset + length) is populated (host
@@ -71,6 +92,12 @@ struct ExportClaim {
   int pid = 0;
   int pidfd = -1;
   uint64_t session = 0;  // the exports of one session share one descriptor of its process's memory
+  // A chunked POSIX-FD export (checked by CheckChunkLayout): each allocation's
+  // size and descriptor (the backend takes them), and the export's offset in
+  // the first; Adopt's own descriptor is then invalid.
+  std::vector<uint64_t> chunk_sizes;
+  std::vector<UniqueFd>* chunk_fds = nullptr;
+  uint64_t offset = 0;
 };
 
 // Page-locks host memory for the GPUs' copy engines. A relay copy from or to

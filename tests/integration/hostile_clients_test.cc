@@ -601,6 +601,75 @@ TEST_F(HostileClients, A12_ProcessMemoryOnlyWhereTheProcessCanWrite) {
   ExpectHealthy();
 }
 
+// 13. A chunked GPU export (torch's expandable segments: one descriptor per cuMem allocation) whose layout lies:
+// refused before any descriptor is looked at, every offered descriptor consumed (the session's offers are free
+// again), the daemon unharmed. A layout that holds reaches the GPU backend, which this daemon has none of.
+TEST_F(HostileClients, A13_ChunkedExportsWhoseLayoutLiesAreRefused) {
+  RawClient c(daemon_.dir());
+  const uint64_t chunk = 2 << 20;
+  uint64_t next_slot = 1000;
+  std::vector<UniqueFd> memfds;
+  auto chunked = [&](const std::vector<uint64_t>& sizes, uint64_t offset, uint64_t size, bool offer = true) {
+    v1::ExportRequest r;
+    r.set_size(size);
+    r.set_gpu_uuid("GPU-00000000-0000-0000-0000-000000000000");
+    r.set_handle_type(v1::HANDLE_TYPE_POSIX_FD);
+    r.set_offset(offset);
+    for (uint64_t sz : sizes) {
+      const uint64_t slot = next_slot++;
+      if (offer) {
+        memfds.push_back(SealedMemfd(4096));
+        EXPECT_EQ(c.Offer(memfds.back().get(), slot), 0u);
+      }
+      v1::ExportChunk* ch = r.add_chunks();
+      ch->set_fd_slot(slot);
+      ch->set_size(sz);
+    }
+    return r;
+  };
+  v1::ExportResponse er;
+  auto call = [&](const v1::ExportRequest& r) { return c.Call(&v1::Broker::Stub::Export, r, &er); };
+  auto refused = [&](const v1::ExportRequest& r, grpc::StatusCode want, const std::string& says) {
+    grpc::Status st = call(r);
+    EXPECT_EQ(st.error_code(), want) << st.error_message();
+    EXPECT_NE(st.error_message().find(says), std::string::npos) << st.error_message();
+  };
+  refused(chunked({chunk}, chunk, 1), grpc::StatusCode::INVALID_ARGUMENT, "past the first allocation");
+  refused(chunked({chunk, chunk}, 0, 2 * chunk + 1), grpc::StatusCode::INVALID_ARGUMENT, "does not fit");
+  refused(chunked({chunk, chunk, chunk}, 0, chunk), grpc::StatusCode::INVALID_ARGUMENT, "wholly past its end");
+  refused(chunked({chunk, 0}, 0, chunk + 1), grpc::StatusCode::INVALID_ARGUMENT, "size 0");
+  refused(chunked({~uint64_t{0} - 1, chunk}, 0, chunk), grpc::StatusCode::INVALID_ARGUMENT, "overflow");
+  v1::ExportRequest both = chunked({chunk}, 0, chunk);
+  UniqueFd extra = SealedMemfd(4096);
+  ASSERT_EQ(c.Offer(extra.get(), 1), 0u);
+  both.set_fd_slot(1);
+  refused(both, grpc::StatusCode::INVALID_ARGUMENT, "not both");
+  ASSERT_TRUE(call(HostExport(4096, 1)).ok());  // slot 1 was not the chunked export's to take
+  v1::ExportRequest host = chunked({chunk}, 0, chunk);
+  host.set_handle_type(v1::HANDLE_TYPE_HOST_MEMFD);
+  host.clear_gpu_uuid();
+  refused(host, grpc::StatusCode::INVALID_ARGUMENT, "POSIX_FD exports");
+  v1::ExportRequest offset_alone = HostExport(4096, 2);
+  offset_alone.set_offset(64);
+  refused(offset_alone, grpc::StatusCode::INVALID_ARGUMENT, "offset is given with chunks only");
+  // Descriptors never offered; more allocations than max_export_chunks (1024) without reading any.
+  refused(chunked({chunk, chunk}, 0, 2 * chunk, /*offer=*/false), grpc::StatusCode::FAILED_PRECONDITION,
+          "no descriptor offered");
+  refused(chunked(std::vector<uint64_t>(1025, chunk), 0, 1025 * chunk, /*offer=*/false),
+          grpc::StatusCode::INVALID_ARGUMENT, "at most 1024");
+  // A layout that holds gets to the GPU backend: this daemon has no CUDA.
+  grpc::Status st = call(chunked({chunk, chunk}, 4096, chunk));
+  EXPECT_NE(st.error_code(), grpc::StatusCode::OK);
+  EXPECT_NE(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  // Every offer above was consumed: the session may offer its whole allowance (16) again.
+  std::vector<UniqueFd> again;
+  for (uint64_t slot = 5000; slot < 5016; ++slot) {
+    again.push_back(SealedMemfd(4096));
+    EXPECT_EQ(c.Offer(again.back().get(), slot), 0u) << "slot " << slot;
+  }
+  ExpectHealthy();
+}
+
 // 5. A client offers its own end of the descriptor channel and never uses
 // the offer: podlinkd would hold the socket open and never see the client go.
 TEST_F(HostileClients, A05_OfferingItsOwnChannelCannotKeepTheSessionAlive) {

@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <vector>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -100,6 +101,11 @@ struct ExportInfo {
   uint32_t import_count = 0;   // sessions holding an import now
   uint64_t imports_total = 0;  // imports ever made
   bool owned_by_caller = false;
+  // GPU memory of several cuMem allocations (torch's expandable segments),
+  // or a range that does not start its allocation: each allocation's size,
+  // and where the export's byte 0 lies in the first. Empty otherwise.
+  std::vector<uint64_t> chunk_sizes;
+  uint64_t offset = 0;
 };
 
 struct ExportOptions {
@@ -176,6 +182,7 @@ class PODLINK_API Imported {
   uint64_t remote_handle_ = 0;
   ExportInfo info_;
   int fd_ = -1;
+  std::vector<int> chunk_fds_;  // a chunked export: one descriptor per allocation (fd_ is the first)
   std::string fabric_handle_;
   std::string gpu_pci_bus_id_;
   std::string gpu_device_node_;
@@ -207,6 +214,10 @@ class PODLINK_API Mapping {
   int device_ = -1;
   uint64_t access_ = 0;
   int ctx_device_ = -1;  // primary context retained for this mapping's lifetime
+  // A chunked export: the reservation's start (va_ is the export's byte 0 in
+  // it) and each allocation mapped there, in order, with its size.
+  unsigned long long base_ = 0;
+  std::vector<std::pair<unsigned long long, uint64_t>> chunks_;
 };
 
 struct WatchEvent {
