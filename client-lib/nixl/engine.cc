@@ -10,7 +10,6 @@
 #include "absl/time/clock.h"
 #include "client-lib/nixl/status.h"
 #include "client-lib/nixl/wire.h"
-#include "common/cuda_driver.h"
 
 namespace podlink::nixl {
 namespace {
@@ -329,35 +328,10 @@ nixl_status_t PodlinkNixlEngine::registerMem(const nixlBlobDesc& mem, const nixl
     md->region = r->region;
     md->offset = r->offset;
   } else if (nixl_mem == VRAM_SEG) {
-    size_t size = mem.len;
-    // A sub-range of a cuMem allocation that does not start it (torch's
-    // caching allocator hands those out) cannot be exported on its own yet.
-    absl::StatusOr<const cu::Driver*> drv = cu::LoadDriver();
-    cu::DevicePtr alloc_base = 0;
-    size_t alloc_size = 0;
-    if (drv.ok() && (*drv)->MemGetAddressRange != nullptr &&
-        (*drv)->MemGetAddressRange(&alloc_base, &alloc_size, mem.addr) == cu::kSuccess) {
-      if (alloc_base != mem.addr) {
-        return Refuse(NIXL_ERR_NOT_SUPPORTED, what,
-                      absl::StrCat("the range starts 0x", absl::Hex(mem.addr - alloc_base), " bytes into its CUDA "
-                                   "allocation at 0x", absl::Hex(alloc_base), "; podlink exports whole cuMem "
-                                   "allocations only for now: run with PYTORCH_CUDA_ALLOC_CONF="
-                                   "expandable_segments:True, or register each allocation from its start"));
-      }
-      if (alloc_size < mem.len) {
-        return Refuse(NIXL_ERR_INVALID_PARAM, what,
-                      absl::StrCat("the range is longer than its CUDA allocation (", alloc_size, " bytes)"));
-      }
-      size = alloc_size;
-    }
-    absl::StatusOr<LocalRegion> r = engine_->RegisterExisting(mem.addr, size);
-    if (!r.ok()) {
-      absl::Status st = r.status();
-      st = absl::Status(st.code(), absl::StrCat(st.message(), "; podlink exports GPU memory made by cuMemCreate "
-                                                              "with a POSIX file-descriptor handle type (torch: "
-                                                              "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)"));
-      return ToNixl(st, what);
-    }
+    // Any range of cuMem memory with POSIX-FD handles: torch's expandable segments at any offset and over any
+    // number of allocations (Client::ExportExisting); anything else is refused there, naming the way out.
+    absl::StatusOr<LocalRegion> r = engine_->RegisterExisting(mem.addr, mem.len);
+    if (!r.ok()) return ToNixl(r.status(), what);
     md->region = *r;
     md->offset = 0;
   } else {
