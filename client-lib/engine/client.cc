@@ -88,21 +88,54 @@ absl::Status RetainAndUse(const cu::Driver& d, int device, int* retained) {
 
 // Reserves `size` bytes of address space, maps `handle` there and grants
 // read-write access from `device`. Leaves nothing behind on failure.
-absl::StatusOr<cu::DevicePtr> MapWithAccess(const cu::Driver& d, cu::MemHandle handle, size_t size, int device) {
-  cu::DevicePtr va = 0;
-  PODLINK_RETURN_IF_ERROR(cu::CuStatus(d.MemAddressReserve(&va, size, 0, 0, 0), "cuMemAddressReserve"));
-  if (cu::Result r = d.MemMap(va, size, 0, handle, 0); r != cu::kSuccess) {
-    d.MemAddressFree(va, size);
-    return cu::CuStatus(r, "cuMemMap");
-  }
+// Gives `device` read-write access to every chunk mapped back to back from `base`: the first failure's result.
+cu::Result SetChunksAccess(const cu::Driver& d, const std::vector<std::pair<unsigned long long, uint64_t>>& chunks,
+                           cu::DevicePtr base, int device) {
   cu::MemAccessDesc access{{cu::kLocationTypeDevice, device}, cu::kAccessProtReadWrite};
-  if (cu::Result r = d.MemSetAccess(va, size, &access, 1); r != cu::kSuccess) {
-    d.MemUnmap(va, size);
-    d.MemAddressFree(va, size);
-    return cu::CuStatus(r, absl::StrCat("cuMemSetAccess from device ", device,
-                                        " (is peer access between the GPUs possible?)").c_str());
+  for (const auto& [handle, size] : chunks) {
+    if (cu::Result r = d.MemSetAccess(base, size, &access, 1); r != cu::kSuccess) return r;
+    base += size;
   }
-  return va;
+  return cu::kSuccess;
+}
+
+// Reserves `span` bytes and maps each allocation whole at its place, back to
+// back, with read-write access from `device`; on failure nothing stays mapped
+// or reserved (the handles stay the caller's).
+absl::StatusOr<cu::DevicePtr> MapChunksWithAccess(const cu::Driver& d,
+                                                  const std::vector<std::pair<unsigned long long, uint64_t>>& chunks,
+                                                  uint64_t span, int device) {
+  cu::DevicePtr base = 0;
+  PODLINK_RETURN_IF_ERROR(cu::CuStatus(d.MemAddressReserve(&base, span, 0, 0, 0), "cuMemAddressReserve"));
+  size_t mapped = 0;
+  cu::DevicePtr at = base;
+  absl::Status st;
+  for (const auto& [handle, size] : chunks) {
+    if (cu::Result r = d.MemMap(at, size, 0, handle, 0); r != cu::kSuccess) {
+      st = cu::CuStatus(r, "cuMemMap");
+      break;
+    }
+    ++mapped;
+    at += size;
+  }
+  if (cu::Result r = st.ok() ? SetChunksAccess(d, chunks, base, device) : cu::kSuccess; r != cu::kSuccess) {
+    st = cu::CuStatus(r, absl::StrCat("cuMemSetAccess from device ", device,
+                                      " (is peer access between the GPUs possible?)").c_str());
+  }
+  if (!st.ok()) {
+    at = base;
+    for (size_t i = 0; i < mapped; ++i) {
+      d.MemUnmap(at, chunks[i].second);
+      at += chunks[i].second;
+    }
+    d.MemAddressFree(base, span);
+    return st;
+  }
+  return base;
+}
+
+absl::StatusOr<cu::DevicePtr> MapWithAccess(const cu::Driver& d, cu::MemHandle handle, size_t size, int device) {
+  return MapChunksWithAccess(d, {{handle, size}}, size, device);
 }
 
 absl::StatusOr<std::string> DeviceUuid(const cu::Driver& d, int device) {
@@ -287,21 +320,19 @@ Imported::~Imported() {
 Mapping::~Mapping() {
   if (host_ != nullptr) ::munmap(host_, size_);
   if (!chunks_.empty()) {
-    // A chunked export: each allocation was mapped on its own, at its place in one reservation.
+    // Each allocation was mapped on its own, at its place in one reservation.
     auto d = cu::LoadDriver();
     if (d.ok()) {
       uint64_t at = base_;
       for (const auto& [handle, size] : chunks_) {
-        if (at != 0) (*d)->MemUnmap(at, size);
+        (*d)->MemUnmap(at, size);
         (*d)->MemRelease(handle);
         at += size;
       }
       (*d)->MemAddressFree(base_, reserved_);
     }
-    ReleaseCuMemory(0, 0, 0, ctx_device_);
-    return;
   }
-  ReleaseCuMemory(va_, reserved_, handle_, ctx_device_);
+  ReleaseCuMemory(0, 0, 0, ctx_device_);
 }
 
 // ---------------------------------------------------------------------------
@@ -675,16 +706,21 @@ absl::StatusOr<std::unique_ptr<Mapping>> Client::Map(const Imported& imp, int ac
   }
   PODLINK_ASSIGN_OR_RETURN(const cu::Driver* d, cu::LoadDriver());
   if (access_device >= 0) PODLINK_RETURN_IF_ERROR(RetainAndUse(*d, access_device, &m->ctx_device_));
+  // The allocations to map back to back in one reservation, each whole, with
+  // the export's byte 0 at `offset` in the first: one for a plain export, one
+  // per cuMem allocation for a chunked one (torch's expandable segments).
+  std::vector<std::pair<unsigned long long, uint64_t>> chunks;
+  auto release = [&] {
+    for (const auto& c : chunks) d->MemRelease(c.first);
+  };
+  uint64_t span = 0;
   if (!info.chunk_sizes.empty()) {
-    // Several allocations (or one from an offset): each mapped whole at its place in one reservation, the
-    // mapping's pointer the export's byte 0. The layout was checked by podlinkd; checked again here, as it
-    // decides where this process maps.
+    // The layout was checked by podlinkd; checked again here, as it decides where this process maps.
     if (imp.chunk_fds_.size() != info.chunk_sizes.size()) {
       return absl::FailedPreconditionError(absl::StrCat("export ", info.export_id, " is ", info.chunk_sizes.size(),
                                                         " allocations; this import holds ",
                                                         imp.chunk_fds_.size(), " descriptors"));
     }
-    uint64_t span = 0;
     for (uint64_t c : info.chunk_sizes) {
       if (c == 0 || span + c < span) return absl::InvalidArgumentError("export's allocation sizes do not add up");
       span += c;
@@ -693,94 +729,50 @@ absl::StatusOr<std::unique_ptr<Mapping>> Client::Map(const Imported& imp, int ac
       return absl::InvalidArgumentError(absl::StrCat("export ", info.export_id, ": ", info.size, " bytes from ",
                                                      info.offset, " do not fit its allocations (", span, ")"));
     }
-    std::vector<std::pair<unsigned long long, uint64_t>> chunks;
-    cu::DevicePtr base = 0;
-    size_t mapped = 0;
-    auto undo = [&] {
-      uint64_t at = base;
-      for (size_t i = 0; i < mapped; ++i) {
-        d->MemUnmap(at, chunks[i].second);
-        at += chunks[i].second;
-      }
-      if (base != 0) d->MemAddressFree(base, span);
-      for (const auto& c : chunks) d->MemRelease(c.first);
-    };
     for (size_t i = 0; i < info.chunk_sizes.size(); ++i) {
       cu::MemHandle h = 0;
-      cu::Result ri = d->MemImportFromShareableHandle(
+      cu::Result r = d->MemImportFromShareableHandle(
           &h, reinterpret_cast<void*>(static_cast<intptr_t>(imp.chunk_fds_[i])), cu::kHandleTypePosixFd);
-      if (ri != cu::kSuccess) {
-        undo();
-        return MapFailure(imp, ri);
+      if (r != cu::kSuccess) {
+        release();
+        return MapFailure(imp, r);
       }
       chunks.emplace_back(h, info.chunk_sizes[i]);
     }
-    cu::MemAllocationProp prop{};
-    absl::Status st = cu::CuStatus(d->MemGetAllocationPropertiesFromHandle(&prop, chunks[0].first),
-                                   "cuMemGetAllocationPropertiesFromHandle");
-    int dev = access_device >= 0 ? access_device : prop.location.id;
-    if (st.ok() && m->ctx_device_ < 0) st = RetainAndUse(*d, dev, &m->ctx_device_);
-    if (st.ok()) st = cu::CuStatus(d->MemAddressReserve(&base, span, 0, 0, 0), "cuMemAddressReserve");
-    uint64_t at = base;
-    for (size_t i = 0; st.ok() && i < chunks.size(); ++i) {
-      st = cu::CuStatus(d->MemMap(at, chunks[i].second, 0, chunks[i].first, 0), "cuMemMap");
-      if (!st.ok()) break;
-      ++mapped;
-      cu::MemAccessDesc access{{cu::kLocationTypeDevice, dev}, cu::kAccessProtReadWrite};
-      st = cu::CuStatus(d->MemSetAccess(at, chunks[i].second, &access, 1),
-                        absl::StrCat("cuMemSetAccess from device ", dev,
-                                     " (is peer access between the GPUs possible?)").c_str());
-      at += chunks[i].second;
-    }
-    if (!st.ok()) {
-      undo();
-      return st;
-    }
-    m->base_ = base;
-    m->chunks_ = std::move(chunks);
-    m->reserved_ = span;
-    m->va_ = base + info.offset;
-    m->size_ = info.size;
-    m->device_ = dev;
-    m->access_ = dev < 64 ? uint64_t{1} << dev : 0;
-    if (access_device >= 0) {
-      int count = 0;
-      if (d->DeviceGetCount(&count) != cu::kSuccess) count = 0;
-      for (int other = 0; other < std::min(count, 64); ++other) {
-        if (other == dev) continue;
-        cu::MemAccessDesc access{{cu::kLocationTypeDevice, other}, cu::kAccessProtReadWrite};
-        bool all = true;
-        uint64_t a = base;
-        for (const auto& c : m->chunks_) {
-          all = all && d->MemSetAccess(a, c.second, &access, 1) == cu::kSuccess;
-          a += c.second;
-        }
-        if (all) m->access_ |= uint64_t{1} << other;
-      }
-    }
-    return m;
-  }
-  cu::Result r;
-  if (info.handle_type == HandleType::kFabric) {
-    cu::FabricHandle fh{};
-    std::memcpy(fh.data, imp.fabric_handle_.data(), std::min(imp.fabric_handle_.size(), sizeof(fh.data)));
-    r = d->MemImportFromShareableHandle(&m->handle_, &fh, cu::kHandleTypeFabric);
   } else {
-    r = d->MemImportFromShareableHandle(&m->handle_, reinterpret_cast<void*>(static_cast<intptr_t>(imp.fd())),
-                                        cu::kHandleTypePosixFd);
+    cu::MemHandle h = 0;
+    cu::Result r;
+    if (info.handle_type == HandleType::kFabric) {
+      cu::FabricHandle fh{};
+      std::memcpy(fh.data, imp.fabric_handle_.data(), std::min(imp.fabric_handle_.size(), sizeof(fh.data)));
+      r = d->MemImportFromShareableHandle(&h, &fh, cu::kHandleTypeFabric);
+    } else {
+      r = d->MemImportFromShareableHandle(&h, reinterpret_cast<void*>(static_cast<intptr_t>(imp.fd())),
+                                          cu::kHandleTypePosixFd);
+    }
+    if (r != cu::kSuccess) return MapFailure(imp, r);
+    chunks.emplace_back(h, 0);
   }
-  if (r != cu::kSuccess) return MapFailure(imp, r);
   cu::MemAllocationProp prop{};
-  PODLINK_RETURN_IF_ERROR(cu::CuStatus(d->MemGetAllocationPropertiesFromHandle(&prop, m->handle_),
-                                       "cuMemGetAllocationPropertiesFromHandle"));
-  int dev = access_device >= 0 ? access_device : prop.location.id;
-  if (m->ctx_device_ < 0) PODLINK_RETURN_IF_ERROR(RetainAndUse(*d, dev, &m->ctx_device_));
-  size_t gran = 0;
-  PODLINK_RETURN_IF_ERROR(
-      cu::CuStatus(d->MemGetAllocationGranularity(&gran, &prop, 0), "cuMemGetAllocationGranularity"));
-  size_t reserved = (info.size + gran - 1) / gran * gran;
-  PODLINK_ASSIGN_OR_RETURN(m->va_, MapWithAccess(*d, m->handle_, reserved, dev));
-  m->reserved_ = reserved;
+  absl::Status st = cu::CuStatus(d->MemGetAllocationPropertiesFromHandle(&prop, chunks[0].first),
+                                 "cuMemGetAllocationPropertiesFromHandle");
+  const int dev = access_device >= 0 ? access_device : prop.location.id;
+  if (st.ok() && m->ctx_device_ < 0) st = RetainAndUse(*d, dev, &m->ctx_device_);
+  if (st.ok() && info.chunk_sizes.empty()) {
+    // A plain export maps its size rounded up to the allocation granularity.
+    size_t gran = 0;
+    st = cu::CuStatus(d->MemGetAllocationGranularity(&gran, &prop, 0), "cuMemGetAllocationGranularity");
+    span = chunks[0].second = (info.size + gran - 1) / gran * gran;
+  }
+  absl::StatusOr<cu::DevicePtr> base = st.ok() ? MapChunksWithAccess(*d, chunks, span, dev) : st;
+  if (!base.ok()) {
+    release();
+    return base.status();
+  }
+  m->base_ = *base;
+  m->chunks_ = std::move(chunks);
+  m->reserved_ = span;
+  m->va_ = *base + info.offset;
   m->size_ = info.size;
   m->device_ = dev;
   m->access_ = dev < 64 ? uint64_t{1} << dev : 0;
@@ -792,8 +784,7 @@ absl::StatusOr<std::unique_ptr<Mapping>> Client::Map(const Imported& imp, int ac
     if (d->DeviceGetCount(&count) != cu::kSuccess) count = 0;
     for (int other = 0; other < std::min(count, 64); ++other) {
       if (other == dev) continue;
-      cu::MemAccessDesc access{{cu::kLocationTypeDevice, other}, cu::kAccessProtReadWrite};
-      if (d->MemSetAccess(m->va_, reserved, &access, 1) == cu::kSuccess) m->access_ |= uint64_t{1} << other;
+      if (SetChunksAccess(*d, m->chunks_, m->base_, other) == cu::kSuccess) m->access_ |= uint64_t{1} << other;
     }
   }
   return m;

@@ -402,6 +402,22 @@ v1::WhoAmIResponse Broker::WhoAmI(const Session& s) const {
   return r;
 }
 
+absl::StatusOr<uint64_t> Broker::Deliver(Session& s, uint64_t export_id, int fd) {
+  uint64_t slot = 0;
+  {
+    absl::MutexLock l(&s.mu);
+    slot = s.next_delivery++;
+  }
+  FdMessage m;
+  m.type = static_cast<uint16_t>(FdMsgType::kDeliver);
+  m.seq = slot;
+  m.a = export_id;
+  absl::MutexLock l(&s.send_mu);
+  // Never blocks: a client that does not read its channel fails its own import, nothing else.
+  PODLINK_RETURN_IF_ERROR(SendFdMessage(s.sock.get(), m, fd, /*dontwait=*/true));
+  return slot;
+}
+
 absl::StatusOr<UniqueFd> Broker::TakeOffer(Session& s, uint64_t slot, const char* what) {
   absl::MutexLock l(&s.mu);
   auto it = s.offers.find(slot);
@@ -640,19 +656,10 @@ absl::StatusOr<v1::ImportResponse> Broker::Import(Session& s, const v1::ImportRe
     absl::Status sent = dups.status();
     if (dups.ok()) {
       for (const UniqueFd& dup : *dups) {
-        uint64_t slot = 0;
-        {
-          absl::MutexLock l(&s.mu);
-          slot = s.next_delivery++;
-        }
-        FdMessage m;
-        m.type = static_cast<uint16_t>(FdMsgType::kDeliver);
-        m.seq = slot;
-        m.a = rec.id;
-        absl::MutexLock l(&s.send_mu);
-        sent = SendFdMessage(s.sock.get(), m, dup.get(), /*dontwait=*/true);
+        absl::StatusOr<uint64_t> slot = Deliver(s, rec.id, dup.get());
+        sent = slot.status();
         if (!sent.ok()) break;
-        resp.add_chunk_delivery_slots(slot);
+        resp.add_chunk_delivery_slots(*slot);
       }
     }
     if (!sent.ok()) {
@@ -666,16 +673,9 @@ absl::StatusOr<v1::ImportResponse> Broker::Import(Session& s, const v1::ImportRe
     absl::Status sent = dup.status();
     uint64_t slot = 0;
     if (dup.ok()) {
-      {
-        absl::MutexLock l(&s.mu);
-        slot = s.next_delivery++;
-      }
-      FdMessage m;
-      m.type = static_cast<uint16_t>(FdMsgType::kDeliver);
-      m.seq = slot;
-      m.a = rec.id;
-      absl::MutexLock l(&s.send_mu);
-      sent = SendFdMessage(s.sock.get(), m, dup->get(), /*dontwait=*/true);
+      absl::StatusOr<uint64_t> delivered = Deliver(s, rec.id, dup->get());
+      sent = delivered.status();
+      if (delivered.ok()) slot = *delivered;
     }
     if (!sent.ok()) {
       // Only the record this call made goes; an earlier import of the same

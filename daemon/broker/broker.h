@@ -176,6 +176,8 @@ class Broker final : public mesh::MeshHost {
   // counted and logged with `who`; another namespace gets NOT_FOUND).
   absl::StatusOr<std::shared_ptr<const ExportRecord>> FindAuthorized(const PodInfo& importer, bool by_id, uint64_t id,
                                                                      const std::string& name, const std::string& who);
+  // Sends `fd` to the session's client in a fresh delivery slot (an import's descriptor), and returns the slot.
+  absl::StatusOr<uint64_t> Deliver(Session& s, uint64_t export_id, int fd);
   // Removes the descriptor offered in `slot` from the session.
   absl::StatusOr<UniqueFd> TakeOffer(Session& s, uint64_t slot, const char* what);
 

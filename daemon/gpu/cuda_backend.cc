@@ -248,17 +248,8 @@ absl::StatusOr<std::shared_ptr<MemoryObject>> CudaBackend::Adopt(const ExportCla
   if (claim.size == 0) return absl::InvalidArgumentError("export size must be > 0");
   PODLINK_ASSIGN_OR_RETURN(const cu::Driver* d, cu::LoadDriver());
   PODLINK_RETURN_IF_ERROR(MakeCurrent(*d, gpu->ordinal));
-  // Imports one POSIX-FD descriptor and checks that it is an allocation on the claimed GPU.
-  auto import_fd = [&](const UniqueFd& from, const std::string& which) -> absl::StatusOr<CuMemHandle> {
-    if (!from.valid()) return absl::InvalidArgumentError("POSIX-FD export needs a descriptor");
-    cu::MemHandle h = 0;
-    cu::Result r = d->MemImportFromShareableHandle(
-        &h, reinterpret_cast<void*>(static_cast<intptr_t>(from.get())), cu::kHandleTypePosixFd);
-    if (r != cu::kSuccess) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          which, "descriptor is not an importable cuMem POSIX-FD handle: ",
-          cu::CuStatus(r, "cuMemImportFromShareableHandle").message()));
-    }
+  // Owns an imported handle once it is known to be an allocation on the claimed GPU.
+  auto on_claimed_gpu = [&](cu::MemHandle h, const std::string& which) -> absl::StatusOr<CuMemHandle> {
     CuMemHandle handle(d, h);
     cu::MemAllocationProp prop{};
     PODLINK_RETURN_IF_ERROR(cu::CuStatus(d->MemGetAllocationPropertiesFromHandle(&prop, h),
@@ -269,6 +260,19 @@ absl::StatusOr<std::shared_ptr<MemoryObject>> CudaBackend::Adopt(const ExportCla
           prop.location.id));
     }
     return handle;
+  };
+  // Imports one POSIX-FD descriptor: an allocation on the claimed GPU.
+  auto import_fd = [&](const UniqueFd& from, const std::string& which) -> absl::StatusOr<CuMemHandle> {
+    if (!from.valid()) return absl::InvalidArgumentError("POSIX-FD export needs a descriptor");
+    cu::MemHandle h = 0;
+    cu::Result r = d->MemImportFromShareableHandle(
+        &h, reinterpret_cast<void*>(static_cast<intptr_t>(from.get())), cu::kHandleTypePosixFd);
+    if (r != cu::kSuccess) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          which, "descriptor is not an importable cuMem POSIX-FD handle: ",
+          cu::CuStatus(r, "cuMemImportFromShareableHandle").message()));
+    }
+    return on_claimed_gpu(h, which);
   };
   std::vector<Chunk> chunks;
   const bool chunked = !claim.chunk_sizes.empty();
@@ -306,15 +310,8 @@ absl::StatusOr<std::shared_ptr<MemoryObject>> CudaBackend::Adopt(const ExportCla
       return absl::InvalidArgumentError(absl::StrCat(
           "fabric handle is not importable: ", cu::CuStatus(r, "cuMemImportFromShareableHandle").message()));
     }
-    CuMemHandle handle(d, h);
-    cu::MemAllocationProp prop{};
-    PODLINK_RETURN_IF_ERROR(cu::CuStatus(d->MemGetAllocationPropertiesFromHandle(&prop, h),
-                                         "cuMemGetAllocationPropertiesFromHandle"));
-    if (prop.location.type != cu::kLocationTypeDevice || prop.location.id != gpu->ordinal) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "export claims GPU ", claim.gpu_uuid, " but the allocation lives on device ordinal ", prop.location.id));
-    }
-    PODLINK_RETURN_IF_ERROR(CheckSize(*d, h, claim.size, gpu->granularity));
+    PODLINK_ASSIGN_OR_RETURN(CuMemHandle handle, on_claimed_gpu(h, ""));
+    PODLINK_RETURN_IF_ERROR(CheckSize(*d, handle.get(), claim.size, gpu->granularity));
     chunks.push_back(Chunk{std::move(handle), UniqueFd(), claim.size});
   }
   std::vector<int> access = {gpu->ordinal};

@@ -95,7 +95,7 @@ struct ExportClaim {
   // A chunked POSIX-FD export (checked by CheckChunkLayout): each allocation's
   // size and descriptor (the backend takes them), and the export's offset in
   // the first; Adopt's own descriptor is then invalid.
-  std::vector<uint64_t> chunk_sizes;
+  std::vector<uint64_t> chunk_sizes{};
   std::vector<UniqueFd>* chunk_fds = nullptr;
   uint64_t offset = 0;
 };

@@ -210,12 +210,12 @@ class PODLINK_API Mapping {
   unsigned long long va_ = 0;
   size_t size_ = 0;
   size_t reserved_ = 0;
-  unsigned long long handle_ = 0;
   int device_ = -1;
   uint64_t access_ = 0;
   int ctx_device_ = -1;  // primary context retained for this mapping's lifetime
-  // A chunked export: the reservation's start (va_ is the export's byte 0 in
-  // it) and each allocation mapped there, in order, with its size.
+  // GPU memory: the reservation's start (va_ is the export's byte 0 in it)
+  // and each allocation mapped there, in order, with its size (one for a
+  // plain export, one per cuMem allocation for a chunked one).
   unsigned long long base_ = 0;
   std::vector<std::pair<unsigned long long, uint64_t>> chunks_;
 };
