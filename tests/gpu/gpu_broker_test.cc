@@ -112,7 +112,25 @@ TEST_F(GpuBroker, ExportExistingAllocation) {
   ASSERT_TRUE(buf.ok());
   auto id = client_->ExportExisting((*buf)->device_ptr(), (*buf)->size());
   EXPECT_TRUE(id.ok()) << id.status();
-  auto bad = client_->ExportExisting((*buf)->device_ptr() + 4096, 4096);
+  // From inside the allocation (as torch hands out tensors): the importer's byte 0 is the range's first byte.
+  const cu::Driver* d = *cu::LoadDriver();
+  std::vector<uint8_t> host((*buf)->size());
+  for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<uint8_t>(i * 13 + 5);
+  ASSERT_EQ(d->MemcpyHtoD((*buf)->device_ptr(), host.data(), host.size()), 0);
+  auto inner = client_->ExportExisting((*buf)->device_ptr() + 4096, 8192);
+  ASSERT_TRUE(inner.ok()) << inner.status();
+  auto other = Client::Connect({.socket_dir = daemon_.dir()});
+  auto imp = (*other)->Import(*inner);
+  ASSERT_TRUE(imp.ok()) << imp.status();
+  EXPECT_EQ(imp->info().offset, 4096u);
+  EXPECT_EQ(imp->info().chunk_sizes, std::vector<uint64_t>{(*buf)->size()});
+  auto m = (*other)->Map(*imp);
+  ASSERT_TRUE(m.ok()) << m.status();
+  std::vector<uint8_t> back(8192);
+  ASSERT_EQ(d->MemcpyDtoH(back.data(), (*m)->device_ptr(), back.size()), 0);
+  EXPECT_EQ(back, std::vector<uint8_t>(host.begin() + 4096, host.begin() + 4096 + 8192));
+  // Where no GPU memory is mapped: refused.
+  auto bad = client_->ExportExisting(4096, 8192);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
 }
 
