@@ -874,6 +874,8 @@ absl::StatusOr<Client::MeshStatus> Client::GetMeshStatus() {
   for (const auto& k : m.known_nodes()) {
     out.known_nodes.push_back({k.node(), {k.addresses().begin(), k.addresses().end()}, k.port(), k.advert_age_seconds()});
   }
+  out.remote_pods = m.remote_pods();
+  out.remote_pods_problem = m.remote_pods_problem();
   return out;
 }
 

@@ -427,6 +427,18 @@ int Peers(const Args& a) {
   return 0;
 }
 
+// How this node confirms other nodes' pods, in one line.
+std::string RemotePodsLine(const podlink::Client::MeshStatus& m) {
+  if (m.remote_pods == "forwarded") {
+    return "pods of other nodes: believed as their daemons state them (--remote-pods forwarded; no API server "
+           "confirms them)";
+  }
+  if (!m.remote_pods_problem.empty()) {
+    return "pods of other nodes: REFUSED, cannot be confirmed now: " + m.remote_pods_problem;
+  }
+  return "pods of other nodes: confirmed with the API server";
+}
+
 int Links(const Args& a) {
   auto c = Connect(a);
   if (!c.ok()) return Fail("connect", c.status());
@@ -477,7 +489,8 @@ int Links(const Args& a) {
               {"relayed_grants", m->relayed_grants}, {"relay_forwarded_bytes", m->relay_forwarded_bytes},
               {"served_write_bytes", m->served_write_bytes}, {"served_read_bytes", m->served_read_bytes},
               {"refused_connections", m->refused_connections}, {"refused_frames", m->refused_frames},
-              {"denials", m->denials}});
+              {"denials", m->denials}, {"remote_pods", m->remote_pods},
+              {"remote_pods_problem", m->remote_pods_problem}});
     return 0;
   }
   if (!m->enabled) {
@@ -493,6 +506,7 @@ int Links(const Args& a) {
                                "connections, %d frames, %d opens\n\n",
                                m->grants, Human(m->served_write_bytes), Human(m->served_read_bytes),
                                m->refused_connections, m->refused_frames, m->denials);
+  std::cout << RemotePodsLine(*m) << "\n\n";
   if (m->relayed_grants > 0 || m->relay_forwarded_bytes > 0) {
     std::cout << absl::StrFormat("relaying for other nodes: %d regions, %s forwarded\n\n", m->relayed_grants,
                                  Human(m->relay_forwarded_bytes));
@@ -701,6 +715,23 @@ int Doctor(const Args& a) {
       int owned = 0;
       for (const auto& e : *l) owned += (e.owner.namespace_ + "/" + e.owner.name) == name;
       f.push_back({true, "podlinkd", absl::StrFormat("reachable; %d export(s) owned by %s", owned, name), ""});
+    }
+    // Imports by pods of other nodes (the mesh): how this node confirms them.
+    if (auto m = (*c)->GetMeshStatus(); m.ok() && m->enabled) {
+      if (m->remote_pods == "forwarded") {
+        f.push_back({false, "pods of other nodes",
+                     "believed as their daemons state them (--remote-pods forwarded): a node with a mesh certificate "
+                     "can speak for any pod",
+                     "start podlinkd with --remote-pods apiserver (the chart and deploy/ do), with a service account "
+                     "that may get, list and watch pods"});
+      } else if (!m->remote_pods_problem.empty()) {
+        f.push_back({false, "pods of other nodes",
+                     "refused: podlinkd cannot confirm them with the API server now (" + m->remote_pods_problem + ")",
+                     "check the API server and podlinkd's service account; imports from other nodes resume once "
+                     "the API server answers"});
+      } else {
+        f.push_back({true, "pods of other nodes", "confirmed with the API server", ""});
+      }
     }
   }
   bool all_ok = true;

@@ -743,7 +743,12 @@ absl::StatusOr<v1::MeshStatus> Broker::GetMeshStatus(const Session& s) const {
     off.set_node_name(options_.node_name);
     return off;
   }
-  return mesh_->Status();
+  v1::MeshStatus st = mesh_->Status();
+  st.set_remote_pods(remote_pods_ != nullptr ? "apiserver" : "forwarded");
+  if (remote_pods_ != nullptr) {
+    if (absl::Status ready = remote_pods_->Ready(); !ready.ok()) st.set_remote_pods_problem(std::string(ready.message()));
+  }
+  return st;
 }
 
 absl::StatusOr<v1::Stats> Broker::GetStats(const Session& s) const {

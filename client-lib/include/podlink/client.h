@@ -366,6 +366,10 @@ class PODLINK_API Client {
     uint64_t relayed_grants = 0, relay_forwarded_bytes = 0;  // as a relay for other nodes
     std::vector<MeshLink> links;                              // this node's
     std::vector<MeshKnownNode> known_nodes;                   // relay candidates
+    // "apiserver": other nodes' pods are confirmed with the API server;
+    // "forwarded": believed as their daemons state them.
+    std::string remote_pods;
+    std::string remote_pods_problem;  // why they are refused now; empty: none
   };
   absl::StatusOr<MeshStatus> GetMeshStatus();
 

@@ -151,6 +151,22 @@ TEST_F(MeshHostile, ADaemonSpeaksOnlyForItsOwnNodesPods) {
   ca_->Issue("node-b", dir_ + "/fake-b");
   st = Open(*Stub(dir_ + "/fake-b"), "node-b", &resp);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED) << st.error_message();
+  // No API server here: node b believes the pods other daemons name (`forwarded`), and its operator's views say so.
+  json links = LinksOf(*nb_);
+  EXPECT_EQ(links.value("remote_pods", ""), "forwarded") << links;
+  const std::string pod_json = dir_ + "/decode-0.json";
+  std::ofstream(pod_json) << R"({"kind": "Pod", "metadata": {"name": "decode-0", "namespace": "ml",
+      "annotations": {"podlink.io/peer-group": "job-7"}}, "spec": {"containers": [{"name": "c",
+      "resources": {"limits": {"podlink.io/peer": "1"}}}]}, "status": {"phase": "Running"}})";
+  int rc = 0;
+  std::string text = RunCommand(absl::StrCat(KUBECTL_PODLINK_PATH, " doctor decode-0 -n ml --pod-json ", pod_json,
+                                             " --socket ", nb_->dir()),
+                                &rc);
+  EXPECT_NE(rc, 0) << text;
+  EXPECT_NE(text.find("FIX   pods of other nodes: believed as their daemons state them (--remote-pods forwarded)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("-> start podlinkd with --remote-pods apiserver"), std::string::npos) << text;
 }
 
 // Node b confirms the pods other nodes' daemons speak for with a (fake)
@@ -246,7 +262,41 @@ TEST_F(MeshApiServer, APodTheApiServerConfirmsWritesAcrossNodes) {
 
 TEST_F(MeshApiServer, NothingIsConfirmedWhileTheApiServerIsAway) {
   ASSERT_TRUE(nb_->WaitForLog("event=kube_pods_listed pods=3")) << nb_->Log();
+  json links = LinksOf(*nb_);
+  ASSERT_TRUE(links.is_object()) << links;
+  EXPECT_EQ(links.value("remote_pods", ""), "apiserver") << links;
+  EXPECT_EQ(links.value("remote_pods_problem", "?"), "") << links;
   api_.reset();  // gone: the pod a daemon forwards is not in the list, and cannot be fetched
+  // The operator's views say so once the view is stale (mesh.failing_grace after the first failed request):
+  // `kubectl podlink links`, doctor and /readyz.
+  std::string problem;
+  for (absl::Time end = absl::Now() + absl::Seconds(30); problem.empty() && absl::Now() < end;
+       absl::SleepFor(absl::Milliseconds(200))) {
+    links = LinksOf(*nb_);
+    if (links.is_object()) problem = links.value("remote_pods_problem", "");
+  }
+  EXPECT_NE(problem.find("the API server has failed for"), std::string::npos) << links;
+  int rc = 0;
+  std::string text = RunCommand(absl::StrCat(KUBECTL_PODLINK_PATH, " links --socket ", nb_->dir()), &rc);
+  EXPECT_NE(text.find("pods of other nodes: REFUSED, cannot be confirmed now: the API server has failed for"),
+            std::string::npos)
+      << text;
+  const std::string pod_json = dir_ + "/decode-0.json";
+  std::ofstream(pod_json) << R"({"kind": "Pod", "metadata": {"name": "decode-0", "namespace": "ml",
+      "annotations": {"podlink.io/peer-group": "job-7"}}, "spec": {"containers": [{"name": "c",
+      "resources": {"limits": {"podlink.io/peer": "1"}}}]}, "status": {"phase": "Running"}})";
+  text = RunCommand(absl::StrCat(KUBECTL_PODLINK_PATH, " doctor decode-0 -n ml --pod-json ", pod_json, " --socket ",
+                                 nb_->dir()),
+                    &rc);
+  EXPECT_NE(rc, 0) << text;
+  EXPECT_NE(text.find("FIX   pods of other nodes: refused: podlinkd cannot confirm them with the API server now"),
+            std::string::npos)
+      << text;
+  std::string ready = RunCommand(absl::StrCat("ip netns exec ", b_ns_,
+                                              " python3 -c 'import urllib.request as u; print(u.urlopen(\"http://127.0.0.1:",
+                                              nb_->metrics_port(), "/readyz\").read().decode())'"));
+  EXPECT_NE(ready.find("pods of other nodes are refused until the API server confirms them"), std::string::npos)
+      << ready;
   ca_->Issue("node-t", dir_ + "/node-t");
   pb::OpenRegionResponse resp;
   grpc::Status st = Open(*Stub(dir_ + "/node-t"), "node-t", &resp, "ml", "worker-new", "uid-new");
