@@ -8,4 +8,5 @@ BUILD=${PODLINK_BUILD_DIR:-build}
 DEBUG_INFO=${PODLINK_DEBUG_INFO:--g}
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 $DEBUG_INFO -DNDEBUG" \
   -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 $DEBUG_INFO -DNDEBUG" >/dev/null
-cmake --build "$BUILD" -j "$(nproc)"
+# PODLINK_BUILD_TARGET: one target instead of everything (the test command's plain pass: podlink_plain_pass).
+cmake --build "$BUILD" -j "$(nproc)" ${PODLINK_BUILD_TARGET:+--target "$PODLINK_BUILD_TARGET"}

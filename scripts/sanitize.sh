@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds podlink with a sanitizer into build-<name> and runs the tests there.
 #
-#   scripts/sanitize.sh asan   AddressSanitizer + UndefinedBehaviorSanitizer, every test that needs no GPU; built
+#   scripts/sanitize.sh asan   AddressSanitizer + UndefinedBehaviorSanitizer, every test that needs no GPU but the `script` ones; built
 #                              with clang, the libFuzzer targets in the same tree (tests/fuzz/run.sh then fuzzes
 #                              them there: PODLINK_FUZZ_BUILD_DIR=build-asan)
 #   scripts/sanitize.sh tsan   ThreadSanitizer: podlinkd and the broker/relay integration tests
@@ -41,7 +41,8 @@ case "$mode" in
       rm -rf "$build"
     fi
     targets=(all)
-    ctest_args=(-LE gpu)
+    # The `script` tests (tools, manifests, chart, image, exported symbols) run on the release build only.
+    ctest_args=(-LE 'gpu|script')
     # Two tests per core, as the plain pass (scripts/test.sh): they wait more than they compute (2 cores,
     # 2026-11-28: 196 s at -j 2, 122 s at -j 4).
     test_jobs=$((2 * jobs))
