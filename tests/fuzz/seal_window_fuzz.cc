@@ -41,17 +41,28 @@ struct Export : Lander {
   std::string bytes = std::string(kExport, kFirst);
   std::vector<HonestWrite> written;  // what the importer ever asked to write
   std::multiset<uint64_t> notified;
-  // Whether byte `i` holds its first value or one an honest write put there.
+  // Whether byte `i` holds its first value or one an honest write put there
+  // (the latest writes first: a byte just landed is nearly always the newest's).
   bool Allowed(uint64_t i) const {
     if (bytes[i] == kFirst) return true;
-    for (const HonestWrite& w : written) {
-      if (i >= w.offset && i - w.offset < w.length && bytes[i] == PatternByte(w.pattern, i - w.offset)) return true;
+    for (auto w = written.rbegin(); w != written.rend(); ++w) {
+      if (i >= w->offset && i - w->offset < w->length && bytes[i] == PatternByte(w->pattern, i - w->offset)) {
+        return true;
+      }
     }
     return false;
   }
+  // The export changes only here, and the honest writes only grow: checking
+  // each byte as it lands is checking every byte after every command. (A
+  // sweep of every seventh byte after each command, against every write,
+  // had been most of this target's time: 190 inputs/s.)
   absl::Status CopyIn(uint64_t offset, const char* src, uint64_t n) override {
     if (offset > kExport || n > kExport - offset) return absl::OutOfRangeError("range");
     std::memcpy(bytes.data() + offset, src, n);
+    for (uint64_t i = offset; i < offset + n; ++i) {
+      FUZZ_CHECK(Allowed(i), "byte %llu of the export was given a value the importer never wrote there",
+                 static_cast<unsigned long long>(i));
+    }
     return absl::OkStatus();
   }
   absl::Status CopyOut(uint64_t offset, char* dst, uint64_t n) override {
@@ -195,15 +206,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         (void)owner.Read(offset, b.data(), b.size(), exp);
       }
     }
-    for (uint64_t i = cmd % 7; i < kExport; i += 7) {
-      FUZZ_CHECK(exp.Allowed(i),
-                 "byte %llu of the export holds a value the importer never wrote there",
-                 static_cast<unsigned long long>(i));
-    }
     for (uint64_t v : exp.notified) {
       FUZZ_CHECK(exp.notified.count(v) <= sent_notifies.count(v), "value %llu notified more often than sent",
                  static_cast<unsigned long long>(v));
     }
+  }
+  // Nothing reached the export but through CopyIn (checked there); once more, whole, at the end.
+  for (uint64_t i = 0; i < kExport; ++i) {
+    FUZZ_CHECK(exp.Allowed(i), "byte %llu of the export holds a value the importer never wrote there",
+               static_cast<unsigned long long>(i));
   }
   return 0;
 }
