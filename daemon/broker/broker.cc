@@ -445,11 +445,18 @@ absl::StatusOr<v1::ExportResponse> Broker::Export(Session& s, const v1::ExportRe
                                                      " cuMem allocations (max_export_chunks), not ",
                                                      req.chunks_size(), ": register the memory in parts"));
     }
+    // Every chunk's offer is taken, also past one that is missing: none is left to wait out its TTL.
+    absl::Status missing;
     for (const v1::ExportChunk& c : req.chunks()) {
-      PODLINK_ASSIGN_OR_RETURN(UniqueFd cfd, TakeOffer(s, c.fd_slot(), "export's allocation"));
-      chunk_fds.push_back(std::move(cfd));
+      absl::StatusOr<UniqueFd> cfd = TakeOffer(s, c.fd_slot(), "export's allocation");
+      if (!cfd.ok()) {
+        if (missing.ok()) missing = cfd.status();
+        continue;
+      }
+      chunk_fds.push_back(*std::move(cfd));
       chunk_sizes.push_back(c.size());
     }
+    PODLINK_RETURN_IF_ERROR(missing);
     if (req.handle_type() != v1::HANDLE_TYPE_POSIX_FD) {
       return absl::InvalidArgumentError("chunks are for POSIX_FD exports (cuMem allocations) only");
     }

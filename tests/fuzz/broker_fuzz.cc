@@ -436,7 +436,13 @@ struct Harness {
       case kExport: {
         v1::ExportRequest req;
         if (!req.ParseFromString(bytes)) return;
-        if (req.handle_type() == v1::HANDLE_TYPE_POSIX_FD || req.handle_type() == v1::HANDLE_TYPE_HOST_MEMFD) {
+        if (req.chunks_size() > 0) {
+          // A chunked export takes each chunk's offer (not fd_slot's), unless it names too many chunks.
+          if (static_cast<size_t>(req.chunks_size()) <= BrokerOptions{}.max_export_chunks) {
+            for (const v1::ExportChunk& c : req.chunks()) s.offers.erase(c.fd_slot());
+          }
+        } else if (req.handle_type() == v1::HANDLE_TYPE_POSIX_FD ||
+                   req.handle_type() == v1::HANDLE_TYPE_HOST_MEMFD) {
           s.offers.erase(req.fd_slot());  // taken whatever happens next
         }
         absl::StatusOr<v1::ExportResponse> r = broker->Export(session, req);
