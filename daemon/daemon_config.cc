@@ -243,6 +243,10 @@ absl::StatusOr<DaemonConfig> ParseDaemonConfig(const std::string& json_text) {
         cfg.broker.registry.max_exports_total = v;
       } else if (it.key() == "max_pending_offers") {
         cfg.broker.max_pending_offers = v;
+      } else if (it.key() == "max_pending_offers_per_pod") {
+        cfg.broker.max_pending_offers_per_pod = v;
+      } else if (it.key() == "max_pending_offers_total") {
+        cfg.broker.max_pending_offers_total = v;
       } else if (it.key() == "max_export_chunks") {
         cfg.broker.max_export_chunks = v;
       } else if (it.key() == "offer_ttl_seconds") {

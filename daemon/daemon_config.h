@@ -3,6 +3,7 @@
 //
 //   {"limits": {"max_sessions": 1024, "max_exports_per_session": 4096,
 //               "max_exports_total": 65536, "max_pending_offers": 1024,
+//               "max_pending_offers_per_pod": 2048, "max_pending_offers_total": 16384,
 //               "max_export_chunks": 1024},
 //    "pods": [ ...standalone pod rules... ],
 //    "node": {"name": "node-a", "id": "node-a"},

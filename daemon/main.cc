@@ -178,6 +178,8 @@ void PrintDefaults(const podlink::cli::Program& program) {
                  {"max_exports_per_pod", c.broker.registry.max_exports_per_pod},
                  {"max_exports_total", c.broker.registry.max_exports_total},
                  {"max_pending_offers", c.broker.max_pending_offers},
+                 {"max_pending_offers_per_pod", c.broker.max_pending_offers_per_pod},
+                 {"max_pending_offers_total", c.broker.max_pending_offers_total},
                  {"max_export_chunks", c.broker.max_export_chunks},
                  {"offer_ttl_seconds", absl::ToInt64Seconds(c.broker.offer_ttl)},
                  {"max_grpc_connections", c.grpc.max_connections},

@@ -50,6 +50,10 @@ struct BrokerOptions {
   // Offered but not yet exported, per session: a GPU export of torch's expandable segments offers one
   // descriptor per allocation (max_export_chunks) before it names them.
   size_t max_pending_offers = 1024;
+  // ...and across all of a pod's sessions, and the node's: each offer is a descriptor podlinkd holds, and a pod's 64
+  // sessions could otherwise hold 65536 (podlinkd's own descriptor limit is often 20000 or less).
+  size_t max_pending_offers_per_pod = 2048;
+  size_t max_pending_offers_total = 16384;
   size_t max_export_chunks = 1024;  // cuMem allocations in one export: 20 GiB of torch's 20 MiB chunks
   absl::Duration offer_ttl = absl::Seconds(30);  // an offer unused this long is closed
   size_t max_watchers_per_session = 4;
@@ -166,7 +170,7 @@ class Broker final : public mesh::MeshHost {
 
  private:
   std::shared_ptr<Session> FindSession(uint64_t id) const ABSL_LOCKS_EXCLUDED(mu_);
-  void ExpireOffersLocked(Session& s, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  void ExpireOffersLocked(Session& s, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
   void NotifyGone(const RemovedExport& removed, const std::string& reason);
   void LeaveNcclNative(uint64_t session_id) ABSL_LOCKS_EXCLUDED(nccl_mu_);
   v1::ExportInfo Describe(const ExportRecord& rec, size_t import_count, uint64_t imports_total,
@@ -200,6 +204,13 @@ class Broker final : public mesh::MeshHost {
   absl::flat_hash_map<uint64_t, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<std::string, size_t> sessions_per_pod_ ABSL_GUARDED_BY(mu_);  // identity key -> sessions
+  // Offers held in every session, by identity key and in all (taken after a session's mu, never before).
+  absl::Mutex offers_mu_;
+  absl::flat_hash_map<std::string, size_t> offers_per_pod_ ABSL_GUARDED_BY(offers_mu_);
+  size_t offers_total_ ABSL_GUARDED_BY(offers_mu_) = 0;
+  // Counts `n` more offers of `s`'s pod; false (nothing counted) past a bound.
+  bool CountOffers(const Session& s, size_t n) ABSL_LOCKS_EXCLUDED(offers_mu_);
+  void UncountOffers(const Session& s, size_t n) ABSL_LOCKS_EXCLUDED(offers_mu_);
 
   std::atomic<uint64_t> imports_total_{0};
   std::atomic<uint64_t> denials_total_{0};

@@ -45,7 +45,8 @@
 //   - every message on a channel is well-formed: HELLO with the session id
 //     first; an OFFER_ACK per offer saying exactly what the broker promises
 //     (EBADF without a descriptor, EINVAL for a pipe, EMFILE past
-//     max_pending_offers, EEXIST for a slot in use, else 0; none once the
+//     max_pending_offers, EEXIST for a slot in use, EMFILE past the pod's or
+//     the node's offers (max_pending_offers_per_pod, _total), else 0; none once the
 //     session closed; possibly dropped for a client that does not read); a
 //     DELIVER per OK Import with the promised slot, export id and a memfd of
 //     at least the export's size
@@ -120,6 +121,8 @@ constexpr size_t kSlots = 5;
 constexpr size_t kMaxActions = 48;
 constexpr uid_t kUids[3] = {0, 1000, 2000};
 constexpr size_t kMaxPendingOffers = 4;
+constexpr size_t kMaxPendingOffersPerPod = 6;  // two sessions of one pod reach it
+constexpr size_t kMaxPendingOffersTotal = 10;
 constexpr uint64_t kNeverUsedId = 987654321;  // far above any id an input can reach
 constexpr auto kFdWait = std::chrono::seconds(2);
 
@@ -275,6 +278,7 @@ struct Slot {
   std::deque<Expected> expected;
   bool relay_open = false;
   bool live() const { return session != nullptr && !closed; }
+  uid_t uid = 0;  // the session's peer uid, which names its pod (MakeBroker's rules)
 };
 
 struct LiveExport {
@@ -372,6 +376,10 @@ struct Harness {
     if (s.session != nullptr) Drain(k, /*to_eof=*/true);  // the closed session's channel ends
     const bool lazy = lazy_bits & (1u << k);
     auto [client, daemon] = Channel(kUids[k % 3]);
+    ucred cred{};
+    socklen_t cred_len = sizeof(cred);
+    FUZZ_CHECK(::getsockopt(daemon.get(), SOL_SOCKET, SO_PEERCRED, &cred, &cred_len) == 0, "SO_PEERCRED: %s",
+               std::strerror(errno));
     if (lazy) {
       int one = 1;  // the kernel's minimum
       FUZZ_CHECK(::setsockopt(daemon.get(), SOL_SOCKET, SO_SNDBUF, &one, sizeof(one)) == 0, "SO_SNDBUF: %s",
@@ -392,6 +400,7 @@ struct Harness {
     }
     s.session = *opened;
     s.id = s.session->id;
+    s.uid = cred.uid;  // its pod: a uid of its own only where this process could switch (root)
     s.expected.push_back({FdMsgType::kHello, s.id, 0, false});
     if (!s.lazy) Drain(k, false);
   }
@@ -403,6 +412,15 @@ struct Harness {
     s.closed = true;
     s.offers.clear();
     std::erase_if(exports, [&](const auto& kv) { return kv.second.session == s.id; });
+  }
+
+  // Offers held by the open sessions of the pod of `uid` (every pod: -1).
+  size_t PendingOffers(int64_t uid = -1) const {
+    size_t n = 0;
+    for (size_t j = 0; j < kSlots; ++j) {
+      if (slots[j].live() && (uid < 0 || slots[j].uid == uid)) n += slots[j].offers.size();
+    }
+    return n;
   }
 
   void Offer(size_t k, uint64_t slot, OfferKind kind) {
@@ -419,6 +437,8 @@ struct Harness {
         err = EMFILE;
       } else if (s.offers.contains(slot)) {
         err = EEXIST;
+      } else if (PendingOffers(s.uid) >= kMaxPendingOffersPerPod || PendingOffers() >= kMaxPendingOffersTotal) {
+        err = EMFILE;
       } else {
         err = 0;
         s.offers.insert(slot);
@@ -589,6 +609,8 @@ std::unique_ptr<Broker> MakeBroker() {
   o.max_sessions = 4;
   o.max_sessions_per_pod = 3;
   o.max_pending_offers = kMaxPendingOffers;
+  o.max_pending_offers_per_pod = kMaxPendingOffersPerPod;
+  o.max_pending_offers_total = kMaxPendingOffersTotal;
   o.max_allowed_importers = 4;
   o.max_export_size = uint64_t{1} << 20;
   o.registry.max_exports_per_session = 3;

@@ -31,6 +31,8 @@ const size_t* LimitField(const DaemonConfig& cfg, const std::string& key) {
   if (key == "max_sessions") return &cfg.broker.max_sessions;
   if (key == "max_sessions_per_pod") return &cfg.broker.max_sessions_per_pod;
   if (key == "max_pending_offers") return &cfg.broker.max_pending_offers;
+  if (key == "max_pending_offers_per_pod") return &cfg.broker.max_pending_offers_per_pod;
+  if (key == "max_pending_offers_total") return &cfg.broker.max_pending_offers_total;
   if (key == "max_export_chunks") return &cfg.broker.max_export_chunks;
   if (key == "max_exports_per_session") return &cfg.broker.registry.max_exports_per_session;
   if (key == "max_exports_total") return &cfg.broker.registry.max_exports_total;
@@ -43,7 +45,8 @@ const size_t* LimitField(const DaemonConfig& cfg, const std::string& key) {
 void CheckLimits(const DaemonConfig& cfg, const json& doc) {
   const DaemonConfig defaults;
   const json limits = doc.contains("limits") ? doc.at("limits") : json::object();
-  for (const char* key : {"max_sessions", "max_sessions_per_pod", "max_pending_offers", "max_export_chunks",
+  for (const char* key : {"max_sessions", "max_sessions_per_pod", "max_pending_offers", "max_pending_offers_per_pod",
+                          "max_pending_offers_total", "max_export_chunks",
                           "max_exports_per_session",
                           "max_exports_total", "max_exports_per_pod", "max_grpc_connections",
                           "max_grpc_connections_per_pod"}) {

@@ -670,6 +670,62 @@ TEST_F(HostileClients, A13_ChunkedExportsWhoseLayoutLiesAreRefused) {
   ExpectHealthy();
 }
 
+// 14. One pod's sessions (64 of them) each holding their 1024 offers would
+// hold 65536 of podlinkd's descriptors: offers are bounded per pod and on the
+// node too, and every way an offer ends (used, expired, its session closed)
+// gives its place back.
+TEST(Attacks, A14_PendingOffersAreBoundedPerPodAndOnTheNode) {
+  Daemon d(R"({"limits": {"max_pending_offers": 16, "max_pending_offers_per_pod": 40,
+               "max_pending_offers_total": 100, "offer_ttl_seconds": 1}})");
+  std::vector<UniqueFd> memfds;
+  auto offer = [&](RawClient& c, uint64_t slot) {
+    memfds.push_back(SealedMemfd(4096));
+    return c.Offer(memfds.back().get(), slot);
+  };
+  auto offer_many = [&](RawClient& c, uint64_t first, int n) {
+    int accepted = 0;
+    for (int i = 0; i < n; ++i) {
+      const uint64_t err = offer(c, first + i);
+      if (err == 0) {
+        ++accepted;
+      } else {
+        EXPECT_EQ(err, static_cast<uint64_t>(EMFILE)) << "slot " << first + i;
+      }
+    }
+    return accepted;
+  };
+  // Three sessions of one pod (this test process): 16 + 16 + 8, then nothing more.
+  auto a = std::make_unique<RawClient>(d.dir());
+  RawClient b(d.dir()), c(d.dir());
+  EXPECT_EQ(offer_many(*a, 1, 16), 16);
+  EXPECT_EQ(offer_many(b, 1, 16), 16);
+  EXPECT_EQ(offer_many(c, 1, 16), 8);
+  // One used by an export: its place is free again.
+  v1::ExportResponse er;
+  ASSERT_TRUE(b.Call(&v1::Broker::Stub::Export, HostExport(4096, 1), &er).ok());
+  EXPECT_EQ(offer(c, 100), 0u);
+  EXPECT_EQ(offer(c, 101), static_cast<uint64_t>(EMFILE));
+  // A session closed with 16 offers: 16 places back (c may take 7 more of its own 16).
+  a.reset();
+  ASSERT_TRUE(WaitForSessions(d, 2)) << "the closed session stayed";
+  EXPECT_EQ(offer_many(c, 200, 10), 7);
+  // Offers that expire give theirs back too: after the TTL every session may offer its whole allowance again.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  EXPECT_EQ(offer_many(b, 300, 16), 16);  // the first offer in a session expires its old ones
+  EXPECT_EQ(offer_many(c, 300, 16), 16);
+
+  // The node's bound, below one pod's here: 20 offers in all.
+  Daemon small(R"({"limits": {"max_pending_offers": 16, "max_pending_offers_per_pod": 40,
+                   "max_pending_offers_total": 20}})");
+  RawClient x(small.dir()), y(small.dir());
+  EXPECT_EQ(offer_many(x, 1, 16), 16);
+  EXPECT_EQ(offer_many(y, 1, 16), 4);
+  ASSERT_TRUE(x.Call(&v1::Broker::Stub::Export, HostExport(4096, 1), &er).ok());
+  EXPECT_EQ(offer(y, 50), 0u);
+  EXPECT_TRUE(d.Alive());
+  EXPECT_TRUE(small.Alive());
+}
+
 // 5. A client offers its own end of the descriptor channel and never uses
 // the offer: podlinkd would hold the socket open and never see the client go.
 TEST_F(HostileClients, A05_OfferingItsOwnChannelCannotKeepTheSessionAlive) {
