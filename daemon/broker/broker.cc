@@ -687,15 +687,13 @@ absl::StatusOr<v1::ImportResponse> Broker::Import(Session& s, const v1::ImportRe
     // No descriptor: only this daemon's relay reaches it.
   } else if (!rec.memory->Layout().sizes.empty()) {
     // One delivery per allocation, in order; any that cannot go undoes the import as below.
-    absl::StatusOr<std::vector<UniqueFd>> dups = rec.memory->DuplicateChunks();
-    absl::Status sent = dups.status();
-    if (dups.ok()) {
-      for (const UniqueFd& dup : *dups) {
-        absl::StatusOr<uint64_t> slot = Deliver(s, rec.id, dup.get());
-        sent = slot.status();
-        if (!sent.ok()) break;
-        resp.add_chunk_delivery_slots(*slot);
-      }
+    absl::Status sent;
+    const size_t chunks = rec.memory->Layout().sizes.size();
+    for (size_t i = 0; i < chunks && sent.ok(); ++i) {
+      absl::StatusOr<UniqueFd> dup = rec.memory->DuplicateChunk(i);
+      absl::StatusOr<uint64_t> slot = dup.ok() ? Deliver(s, rec.id, dup->get()) : dup.status();
+      sent = slot.status();
+      if (sent.ok()) resp.add_chunk_delivery_slots(*slot);
     }
     if (!sent.ok()) {
       if (new_record) (void)registry_.DropImport(rec.id, s.id);

@@ -108,13 +108,9 @@ class CudaObject : public MemoryObject {
     for (const Chunk& c : chunks_) out.sizes.push_back(c.size);
     return out;
   }
-  absl::StatusOr<std::vector<UniqueFd>> DuplicateChunks() const override {
-    std::vector<UniqueFd> out;
-    for (const Chunk& c : chunks_) {
-      PODLINK_ASSIGN_OR_RETURN(UniqueFd fd, Dup(c.fd));
-      out.push_back(std::move(fd));
-    }
-    return out;
+  absl::StatusOr<UniqueFd> DuplicateChunk(size_t i) const override {
+    if (i >= chunks_.size()) return absl::OutOfRangeError(absl::StrCat("no allocation ", i, " in this export"));
+    return Dup(chunks_[i].fd);
   }
   std::string FabricHandle() const override { return fabric_; }
   // On any thread (the mesh asks on its gRPC threads): the GPU's context is

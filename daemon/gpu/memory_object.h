@@ -58,8 +58,9 @@ class MemoryObject {
   virtual absl::StatusOr<UniqueFd> Duplicate() const = 0;
   // A chunked export's layout; empty for every other object.
   virtual ChunkLayout Layout() const { return {}; }
-  // A chunked export: a fresh duplicate of each allocation's descriptor, in order.
-  virtual absl::StatusOr<std::vector<UniqueFd>> DuplicateChunks() const {
+  // A chunked export: a fresh duplicate of allocation `i`'s descriptor (one at a time: an import of 1024
+  // allocations then holds one more of podlinkd's descriptors while it delivers, not 1024).
+  virtual absl::StatusOr<UniqueFd> DuplicateChunk(size_t i) const {
     return absl::FailedPreconditionError("this export is one descriptor");
   }
   // The 64-byte fabric handle (kFabric), empty otherwise.
