@@ -231,6 +231,12 @@ class Client::Impl {
     }
   }
 
+  // Closes what arrived in `slot`, if anything did (an answer this client refuses: nothing waits for it).
+  void DiscardDelivery(uint64_t slot) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock l(&mu_);
+    delivered_.erase(slot);
+  }
+
   uint64_t session() const { return session_; }
   v1::Broker::Stub* stub() { return stub_.get(); }
   const std::string& credential() const { return credential_; }
@@ -650,6 +656,7 @@ absl::StatusOr<Imported> Client::DoImport(const v1::ImportRequest& req) {
     // Nothing to hold: only podlinkd's relay reaches it.
   } else if (r.chunk_delivery_slots_size() > 0) {
     if (static_cast<size_t>(r.chunk_delivery_slots_size()) != imp.info_.chunk_sizes.size()) {
+      for (uint64_t slot : r.chunk_delivery_slots()) impl_->DiscardDelivery(slot);
       return absl::InternalError(absl::StrCat("podlinkd delivered ", r.chunk_delivery_slots_size(),
                                               " descriptors for export ", imp.info_.export_id, " of ",
                                               imp.info_.chunk_sizes.size(), " allocations"));
