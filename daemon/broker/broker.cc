@@ -490,12 +490,11 @@ absl::StatusOr<v1::ExportResponse> Broker::Export(Session& s, const v1::ExportRe
     }
     if (req.fd_slot() != 0) return absl::InvalidArgumentError("an export names fd_slot or chunks, not both");
     PODLINK_RETURN_IF_ERROR(CheckChunkLayout(chunk_sizes, req.offset(), req.size()));
-  } else if (req.offset() != 0) {
-    return absl::InvalidArgumentError("offset is given with chunks only");
   }
   if (wants_fd) {
     PODLINK_ASSIGN_OR_RETURN(fd, TakeOffer(s, req.fd_slot(), "export"));
   }
+  if (!chunked && req.offset() != 0) return absl::InvalidArgumentError("offset is given with chunks only");
   HandleKind kind;
   switch (req.handle_type()) {
     case v1::HANDLE_TYPE_POSIX_FD:

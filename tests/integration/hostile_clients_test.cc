@@ -649,6 +649,9 @@ TEST_F(HostileClients, A13_ChunkedExportsWhoseLayoutLiesAreRefused) {
   host.set_handle_type(v1::HANDLE_TYPE_HOST_MEMFD);
   host.clear_gpu_uuid();
   refused(host, grpc::StatusCode::INVALID_ARGUMENT, "POSIX_FD exports");
+  // Refused after its offer was taken (as every refused export's is: the check at the end sees it gone).
+  UniqueFd host_fd = SealedMemfd(4096);
+  ASSERT_EQ(c.Offer(host_fd.get(), 2), 0u);
   v1::ExportRequest offset_alone = HostExport(4096, 2);
   offset_alone.set_offset(64);
   refused(offset_alone, grpc::StatusCode::INVALID_ARGUMENT, "offset is given with chunks only");
