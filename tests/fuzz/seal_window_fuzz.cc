@@ -43,7 +43,10 @@ struct Export : Lander {
   std::multiset<uint64_t> notified;
   // Whether byte `i` holds its first value or one an honest write put there
   // (the latest writes first: a byte just landed is nearly always the newest's).
-  bool Allowed(uint64_t i) const {
+  // The harness's own loop, left out of the coverage instrumentation: its
+  // comparison callbacks on every landed byte were 40% of this target's time
+  // (perf, 2026-12-07), and its branches are no code under test.
+  PODLINK_FUZZ_HARNESS_ONLY bool Allowed(uint64_t i) const {
     if (bytes[i] == kFirst) return true;
     for (auto w = written.rbegin(); w != written.rend(); ++w) {
       if (i >= w->offset && i - w->offset < w->length && bytes[i] == PatternByte(w->pattern, i - w->offset)) {
@@ -53,10 +56,10 @@ struct Export : Lander {
     return false;
   }
   // The export changes only here, and the honest writes only grow: checking
-  // each byte as it lands is checking every byte after every command. (A
-  // sweep of every seventh byte after each command, against every write,
-  // had been most of this target's time: 190 inputs/s.)
-  absl::Status CopyIn(uint64_t offset, const char* src, uint64_t n) override {
+  // each byte as it lands is checking every byte after every command, at the
+  // cost of the bytes that land. (A sweep of every seventh byte of the
+  // export after each command had been most of this target's time.)
+  PODLINK_FUZZ_HARNESS_ONLY absl::Status CopyIn(uint64_t offset, const char* src, uint64_t n) override {
     if (offset > kExport || n > kExport - offset) return absl::OutOfRangeError("range");
     std::memcpy(bytes.data() + offset, src, n);
     for (uint64_t i = offset; i < offset + n; ++i) {
@@ -210,11 +213,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       FUZZ_CHECK(exp.notified.count(v) <= sent_notifies.count(v), "value %llu notified more often than sent",
                  static_cast<unsigned long long>(v));
     }
-  }
-  // Nothing reached the export but through CopyIn (checked there); once more, whole, at the end.
-  for (uint64_t i = 0; i < kExport; ++i) {
-    FUZZ_CHECK(exp.Allowed(i), "byte %llu of the export holds a value the importer never wrote there",
-               static_cast<unsigned long long>(i));
   }
   return 0;
 }
