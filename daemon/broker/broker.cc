@@ -684,10 +684,9 @@ absl::StatusOr<v1::ImportResponse> Broker::Import(Session& s, const v1::ImportRe
     resp.set_fabric_handle(rec.memory->FabricHandle());
   } else if (rec.kind == HandleKind::kProcessMemory) {
     // No descriptor: only this daemon's relay reaches it.
-  } else if (!rec.memory->Layout().sizes.empty()) {
+  } else if (const size_t chunks = rec.memory->Layout().sizes.size(); chunks > 0) {
     // One delivery per allocation, in order; any that cannot go undoes the import as below.
     absl::Status sent;
-    const size_t chunks = rec.memory->Layout().sizes.size();
     for (size_t i = 0; i < chunks && sent.ok(); ++i) {
       absl::StatusOr<UniqueFd> dup = rec.memory->DuplicateChunk(i);
       absl::StatusOr<uint64_t> slot = dup.ok() ? Deliver(s, rec.id, dup->get()) : dup.status();
@@ -697,7 +696,7 @@ absl::StatusOr<v1::ImportResponse> Broker::Import(Session& s, const v1::ImportRe
     if (!sent.ok()) {
       if (new_record) (void)registry_.DropImport(rec.id, s.id);
       return absl::ResourceExhaustedError(
-          absl::StrCat("could not deliver the export's ", rec.memory->Layout().sizes.size(),
+          absl::StrCat("could not deliver the export's ", chunks,
                        " descriptors: ", sent.message()));
     }
   } else {
