@@ -123,6 +123,7 @@ constexpr uid_t kUids[3] = {0, 1000, 2000};
 constexpr size_t kMaxPendingOffers = 4;
 constexpr size_t kMaxPendingOffersPerPod = 6;  // two sessions of one pod reach it
 constexpr size_t kMaxPendingOffersTotal = 10;
+const size_t kMaxExportChunks = podlink::BrokerOptions{}.max_export_chunks;  // MakeBroker keeps the default
 constexpr uint64_t kNeverUsedId = 987654321;  // far above any id an input can reach
 constexpr auto kFdWait = std::chrono::seconds(2);
 
@@ -458,7 +459,7 @@ struct Harness {
         if (!req.ParseFromString(bytes)) return;
         if (req.chunks_size() > 0) {
           // A chunked export takes each chunk's offer (not fd_slot's), unless it names too many chunks.
-          if (static_cast<size_t>(req.chunks_size()) <= BrokerOptions{}.max_export_chunks) {
+          if (static_cast<size_t>(req.chunks_size()) <= kMaxExportChunks) {
             for (const v1::ExportChunk& c : req.chunks()) s.offers.erase(c.fd_slot());
           }
         } else if (req.handle_type() == v1::HANDLE_TYPE_POSIX_FD ||
