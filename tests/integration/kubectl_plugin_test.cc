@@ -87,6 +87,9 @@ TEST(KubectlPodlink, CommandsAgainstALiveDaemon) {
   // Inside a pod the node-wide views are refused, with the way to get them.
   Pod inside(d, &cg, {"exports", "--socket", d.dir()}, KUBECTL_PODLINK_DIR "/kubectl-podlink");
   EXPECT_EQ(inside.Wait(), 1);
+  // The mesh status too, which names the API server's errors when other nodes' pods cannot be confirmed.
+  Pod inside_links(d, &cg, {"links", "-o", "json", "--socket", d.dir()}, KUBECTL_PODLINK_DIR "/kubectl-podlink");
+  EXPECT_EQ(inside_links.Wait(), 1);
   // Unreachable daemon: a clear error, not a hang.
   ShellResult none = Shell("kubectl podlink status --socket /nonexistent");
   EXPECT_EQ(none.code, 1);
